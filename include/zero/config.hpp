@@ -1,0 +1,142 @@
+// Training configuration: DeepSpeed's key names and meanings, loaded from YAML or JSON.
+//
+// A DeepSpeed JSON config loads unchanged (JSON is a subset of YAML). Every key is checked:
+// an unknown key, a wrong type or an impossible value throws zero::ConfigError naming the
+// file, the line and what is allowed; a DeepSpeed key we do not implement is an error too,
+// so nothing is silently ignored.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zero {
+
+// Thrown for bad configuration: the message is meant for the user as it is.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Dtype { kFloat32, kBFloat16, kFloat16 };
+const char* dtype_name(Dtype d);
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // "AdamW", "Adam" (DeepSpeed's Adam is AdamW by default), "SGD"
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.0;  // SGD
+  double dampening = 0.0;
+  bool nesterov = false;
+};
+
+struct SchedulerConfig {
+  // "" (constant lr), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR" (DeepSpeed's names).
+  std::string type;
+  double warmup_min_lr = 0.0;
+  std::optional<double> warmup_max_lr;  // defaults to optimizer.lr
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // "log" or "linear", as DeepSpeed
+  int64_t total_num_steps = 0;      // required by the decaying schedules
+  double warmup_min_ratio = 0.0;    // WarmupCosineLR
+  double cos_min_ratio = 1e-4;      // WarmupCosineLR
+};
+
+struct ZeroOptimizationConfig {
+  int stage = 0;
+  int64_t reduce_bucket_size = 500'000'000;     // elements, as DeepSpeed
+  int64_t allgather_bucket_size = 500'000'000;  // elements in flight while gathering params
+  bool overlap_comm = true;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0 = dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1.0;
+};
+
+struct Config {
+  // Batch triple: 0 means "derive from the other two and the world size" (see resolve_batch).
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+
+  double gradient_clipping = 0.0;  // 0 = off
+  bool bf16 = false;
+  Fp16Config fp16;
+  ZeroOptimizationConfig zero_optimization;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  int steps_per_print = 10;
+
+  // Dtype gradients travel in; defaults to the model's compute dtype.
+  std::optional<Dtype> communication_data_type;
+  Dtype grad_accum_dtype = Dtype::kFloat32;  // data_types.grad_accum_dtype
+
+  // Our own keys.
+  std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};  // comm_timeout_s
+  uint64_t seed = 42;
+  // Parameters whose name contains one of these substrings get no weight decay.
+  std::vector<std::string> no_weight_decay = {"bias", "norm"};
+
+  // Application-defined section (`trainer:` by default): keys declared by the application
+  // through ConfigExtension, values kept as strings.
+  std::map<std::string, std::string> extra;
+
+  // Non-fatal remarks found while loading (a DeepSpeed key that only affects diagnostics, ...).
+  // The engine prints them once, on rank 0.
+  std::vector<std::string> warnings;
+
+  // Where this config came from, for error messages ("configs/zero2.yaml" or "<string>").
+  std::string source = "<defaults>";
+
+  // Keys an application adds under one top-level section, with their types, so they are
+  // checked like ours. Values land in Config::extra as "section.key" -> text.
+  struct Extension {
+    enum class Type { kInt, kFloat, kBool, kString };
+    struct Key {
+      std::string name;  // without the section prefix
+      Type type;
+      std::string default_value;
+      std::string help;
+    };
+    std::string section = "trainer";
+    std::vector<Key> keys;
+  };
+
+  // `overrides` are "dotted.key=value" strings (from --set); they are checked like file keys.
+  static Config from_file(const std::string& path, const std::vector<std::string>& overrides = {},
+                          const Extension* ext = nullptr);
+  static Config from_string(const std::string& text, const std::string& source_name,
+                            const std::vector<std::string>& overrides = {},
+                            const Extension* ext = nullptr);
+
+  // Fills in the batch triple for `world_size` ranks and checks
+  // train_batch_size == micro * accumulation * world_size. Throws ConfigError.
+  void resolve_batch(int world_size);
+
+  // Typed access to Config::extra (throws ConfigError for an undeclared key).
+  int64_t extra_int(const std::string& key) const;
+  double extra_float(const std::string& key) const;
+  bool extra_bool(const std::string& key) const;
+  const std::string& extra_string(const std::string& key) const;
+
+  // The compute dtype of the model's parameters.
+  Dtype param_dtype() const {
+    return bf16 ? Dtype::kBFloat16 : (fp16.enabled ? Dtype::kFloat16 : Dtype::kFloat32);
+  }
+};
+
+}  // namespace zero
