@@ -1,1 +1,17 @@
-// placeholder
+// Built when torch has no CUDA: asking for NCCL is a clear error, not a link failure.
+#include <c10/util/Exception.h>
+
+#include "comm/backend.hpp"
+
+namespace zero::comm {
+
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>&, int, int,
+                                            const GroupOptions&) {
+  TORCH_CHECK(false,
+              "zero: CUDA tensors need the NCCL backend, but this build of zero was compiled "
+              "against a CPU-only torch. Rebuild with a CUDA build of torch.");
+}
+
+bool nccl_available() { return false; }
+
+}  // namespace zero::comm

@@ -1,0 +1,37 @@
+#include "support/thread_group.hpp"
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace zero::testing {
+
+void run_ranks(int world, const std::function<void(std::shared_ptr<comm::Group>)>& fn,
+               std::chrono::milliseconds timeout) {
+  // Ranks share two cores: intra-op threads would only oversubscribe them.
+  at::set_num_threads(1);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        comm::GroupOptions opts;
+        opts.timeout = timeout;
+        fn(comm::Group::over_store(store, r, world, opts));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+}  // namespace zero::testing
