@@ -1,0 +1,27 @@
+// AdamW over a flat fp32 shard, numerically the same as torch::optim::AdamW.
+#pragma once
+
+#include <c10/core/TensorOptions.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "optim/shard_optimizer.hpp"
+
+namespace zero::optim {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // decoupled; applied only inside the decay ranges
+};
+
+// State: "exp_avg" and "exp_avg_sq" (numel fp32 each), plus one numel fp32 scratch buffer for
+// the denominator (scratch_bytes()). `opts`: fp32 on the shard's device.
+std::unique_ptr<ShardOptimizer> make_adamw(const AdamWOptions& options, int64_t numel,
+                                           std::vector<Range> decay_ranges,
+                                           const at::TensorOptions& opts);
+
+}  // namespace zero::optim

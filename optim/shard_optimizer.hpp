@@ -1,0 +1,145 @@
+// The optimizer interface over one rank's flat fp32 shard.
+//
+// The engine keeps the rank's master weights as one contiguous 1-D fp32 tensor and hands the
+// reduced gradient as another of the same size. An optimizer owns its state tensors (each the
+// shard's size) and updates the whole shard with a handful of fused tensor ops per step, so the
+// cost of a step does not grow with the number of model parameters.
+//
+// Header-only on purpose: the base class is a few checks and a range list, and keeping it here
+// leaves each optimizer a single translation unit.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zero::optim {
+
+// Element range [begin, end) inside the shard.
+struct Range {
+  int64_t begin;
+  int64_t end;
+};
+
+class ShardOptimizer {
+ public:
+  virtual ~ShardOptimizer() = default;
+  ShardOptimizer(const ShardOptimizer&) = delete;
+  ShardOptimizer& operator=(const ShardOptimizer&) = delete;
+
+  // One step; param and grad are 1-D contiguous fp32 tensors of numel() on the optimizer's
+  // device; lr for this step.
+  virtual void step(at::Tensor& param, const at::Tensor& grad, double lr) = 0;
+
+  // Named state tensors (each numel() fp32), for memory accounting and checkpoints. They alias
+  // the optimizer's own storage, so a checkpoint loads by copying into them.
+  virtual std::vector<std::pair<std::string, at::Tensor>> state() const = 0;
+
+  // Working memory kept between steps so a step allocates nothing. Not part of state(): it
+  // carries nothing from one step to the next and is never checkpointed.
+  virtual int64_t scratch_bytes() const { return 0; }
+
+  virtual std::string name() const = 0;
+
+  // Steps taken so far (bias correction, first-step initialisation). A resumed run restores it
+  // together with the state tensors.
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) {
+    TORCH_CHECK(steps >= 0, "zero: ", name(), ".set_steps(", steps,
+                "): the step count must be >= 0; take it from the checkpoint being resumed");
+    steps_ = steps;
+  }
+
+  int64_t numel() const { return numel_; }
+  int64_t state_bytes() const {
+    int64_t total = 0;
+    for (const auto& entry : state()) total += static_cast<int64_t>(entry.second.nbytes());
+    return total;
+  }
+
+  // The ranges that get weight decay, as validated: empty ones dropped, adjacent ones merged.
+  const std::vector<Range>& decay_ranges() const { return decay_ranges_; }
+
+ protected:
+  // `decay_ranges`: sorted, disjoint ranges inside [0, numel) whose elements get weight decay.
+  ShardOptimizer(int64_t numel, std::vector<Range> decay_ranges, const at::TensorOptions& opts)
+      : numel_(numel), opts_(opts) {
+    TORCH_CHECK(numel >= 0, "zero: the optimizer's shard numel must be >= 0, got ", numel);
+    TORCH_CHECK(opts.dtype() == caffe2::TypeMeta::Make<float>(),
+                "zero: optimizer state must be fp32 like the master weights, got ", opts.dtype(),
+                "; pass the master shard's options (dtype at::kFloat)");
+    int64_t prev_end = 0;
+    for (const Range& r : decay_ranges) {
+      TORCH_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= numel, "zero: decay range [",
+                  r.begin, ", ", r.end, ") is not inside the shard [0, ", numel, ")");
+      TORCH_CHECK(r.begin >= prev_end, "zero: decay ranges must be sorted and disjoint; [", r.begin,
+                  ", ", r.end, ") starts before the previous one ends at ", prev_end);
+      if (r.begin == r.end) continue;
+      // Adjacent parameters that both decay become one slice: fewer, larger ops per step.
+      if (!decay_ranges_.empty() && decay_ranges_.back().end == r.begin) {
+        decay_ranges_.back().end = r.end;
+      } else {
+        decay_ranges_.push_back(r);
+      }
+      prev_end = r.end;
+    }
+    decay_all_ = numel > 0 && decay_ranges_.size() == 1 && decay_ranges_[0].begin == 0 &&
+                 decay_ranges_[0].end == numel;
+  }
+
+  // Checks what step() relies on. Reads only metadata, so it costs nothing next to the update.
+  void check_step_args(const at::Tensor& param, const at::Tensor& grad, double lr) const {
+    TORCH_CHECK(std::isfinite(lr) && lr >= 0, "zero: ", name(),
+                ".step: lr must be finite and >= 0, got ", lr, "; check the lr schedule");
+    check_operand("param", param);
+    check_operand("grad", grad);
+  }
+
+  // Calls fn(slice) for each part of `t` that gets weight decay: once, with `t` itself, when
+  // the ranges cover the shard, so the common case stays a single op.
+  template <typename Fn>
+  void for_each_decay_slice(const at::Tensor& t, Fn&& fn) const {
+    if (decay_all_) {
+      fn(t);
+      return;
+    }
+    for (const Range& r : decay_ranges_) fn(t.slice(0, r.begin, r.end));
+  }
+  bool decays_anything() const { return !decay_ranges_.empty(); }
+  bool decays_everything() const { return decay_all_; }
+
+  // A zero-filled fp32 tensor of numel() on the optimizer's device.
+  at::Tensor zeros() const { return at::zeros({numel_}, opts_); }
+
+  int64_t steps_ = 0;
+
+ private:
+  void check_operand(const char* what, const at::Tensor& t) const {
+    TORCH_CHECK(t.defined(), "zero: ", name(), ".step: ", what, " is undefined");
+    TORCH_CHECK(t.dim() == 1 && t.numel() == numel_ && t.is_contiguous(), "zero: ", name(),
+                ".step: ", what, " must be a contiguous 1-D tensor of the shard's ", numel_,
+                " elements, got sizes ", t.sizes(), (t.is_contiguous() ? "" : " (non-contiguous)"));
+    TORCH_CHECK(t.scalar_type() == at::kFloat, "zero: ", name(), ".step: ", what,
+                " must be fp32, got ", t.scalar_type(),
+                "; cast the reduced gradient to fp32 first");
+    // "cuda" in the options means the current device; only an explicit index must match.
+    const c10::Device want = opts_.device();
+    TORCH_CHECK(t.device().type() == want.type() &&
+                    (!want.has_index() || t.device().index() == want.index()),
+                "zero: ", name(), ".step: ", what, " is on ", t.device(),
+                " but the optimizer state is on ", want);
+  }
+
+  int64_t numel_;
+  std::vector<Range> decay_ranges_;
+  bool decay_all_ = false;
+  at::TensorOptions opts_;
+};
+
+}  // namespace zero::optim
