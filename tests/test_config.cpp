@@ -1,0 +1,425 @@
+// Config loading: DeepSpeed JSON and our YAML presets load; every mistake is an error that
+// names the key, the position and what is allowed.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "zero/config.hpp"
+
+using zero::Config;
+using zero::ConfigError;
+using zero::Dtype;
+
+namespace {
+
+const std::string kSrc = ZERO_SOURCE_DIR;
+
+// The example trainer's keys, as examples/zero_train.cpp declares them.
+Config::Extension trainer_ext() {
+  using T = Config::Extension::Type;
+  Config::Extension ext;
+  ext.section = "trainer";
+  ext.keys = {{"model", T::kString, "small", ""},
+              {"steps", T::kInt, "100", ""},
+              {"seq_len", T::kInt, "64", ""},
+              {"data", T::kString, "synthetic", ""}};
+  return ext;
+}
+
+// The message of the ConfigError `f` throws; fails the test if it throws nothing.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError thrown";
+  return "";
+}
+
+std::string load_error(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  const auto ext = trainer_ext();
+  return error_of([&] { Config::from_string(yaml, "t.yaml", sets, &ext); });
+}
+
+Config load(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  const auto ext = trainer_ext();
+  return Config::from_string(yaml, "t.yaml", sets, &ext);
+}
+
+#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << (msg)
+
+}  // namespace
+
+TEST(Config, DeepSpeedJsonLoadsUnchanged) {
+  const std::string path = kSrc + "/tests/data/deepspeed_zero2.json";
+  Config c = Config::from_file(path);
+  EXPECT_EQ(c.source, path);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.steps_per_print, 50);
+  EXPECT_TRUE(c.bf16);
+  EXPECT_EQ(c.param_dtype(), Dtype::kBFloat16);
+  EXPECT_EQ(c.zero_optimization.stage, 2);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500'000'000);
+  EXPECT_EQ(c.zero_optimization.allgather_bucket_size, 500'000'000);
+  EXPECT_TRUE(c.zero_optimization.overlap_comm);
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(c.scheduler.type, "WarmupLR");
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_min_lr, 0.0);
+  ASSERT_TRUE(c.scheduler.warmup_max_lr.has_value());
+  EXPECT_DOUBLE_EQ(*c.scheduler.warmup_max_lr, 3e-4);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 100);
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();  // wall_clock_breakdown is off
+
+  Config two = c;
+  EXPECT_NO_THROW(two.resolve_batch(2));
+  const std::string m = error_of([&] { c.resolve_batch(3); });
+  EXPECT_HAS(m, path);
+  EXPECT_HAS(m,
+             "train_batch_size (16) must equal train_micro_batch_size_per_gpu (4) x "
+             "gradient_accumulation_steps (2) x world size (3) = 24");
+  EXPECT_HAS(m, "launch with 2 ranks");
+}
+
+TEST(Config, PresetsLoadWithTrainerExtension) {
+  const auto ext = trainer_ext();
+  for (int stage : {0, 1, 2}) {
+    const std::string path = kSrc + "/configs/zero" + std::to_string(stage) + ".yaml";
+    Config c = Config::from_file(path, {}, &ext);
+    EXPECT_EQ(c.zero_optimization.stage, stage) << path;
+    EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 2'000'000);
+    EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
+    EXPECT_EQ(c.gradient_accumulation_steps, 1);
+    EXPECT_EQ(c.optimizer.type, "AdamW");
+    EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-3);
+    EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+    EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+    EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
+    EXPECT_EQ(c.scheduler.total_num_steps, 200);
+    EXPECT_EQ(c.scheduler.warmup_num_steps, 20);
+    EXPECT_EQ(c.comm_timeout, std::chrono::seconds(120));
+    EXPECT_EQ(c.seed, 1234u);
+    EXPECT_EQ(c.extra_string("trainer.model"), "small");
+    EXPECT_EQ(c.extra_int("trainer.steps"), 200);
+    EXPECT_EQ(c.extra_int("trainer.seq_len"), 64);
+    EXPECT_EQ(c.extra_string("trainer.data"), "synthetic");
+    EXPECT_TRUE(c.warnings.empty());
+    c.resolve_batch(2);
+    EXPECT_EQ(c.train_batch_size, 16);
+  }
+}
+
+TEST(Config, UnknownKeySuggestsNearestWithPosition) {
+  std::string m = load_error("seed: 1\n\nzero_optimisation:\n  stage: 1\n");
+  EXPECT_HAS(m, "zero: t.yaml:3:1: unknown key 'zero_optimisation'");
+  EXPECT_HAS(m, "did you mean 'zero_optimization'?");
+  EXPECT_HAS(m, "Allowed here: train_batch_size, ");
+  EXPECT_HAS(m, "trainer");
+
+  m = load_error("zero_optimization:\n  stage: 1\n  reduce_bucket_sise: 10\n");
+  EXPECT_HAS(m, "t.yaml:3:3: unknown key 'zero_optimization.reduce_bucket_sise'");
+  EXPECT_HAS(m, "did you mean 'zero_optimization.reduce_bucket_size'?");
+
+  m = load_error("trainer:\n  modle: tiny\n");
+  EXPECT_HAS(m, "t.yaml:2:3: unknown key 'trainer.modle'; did you mean 'trainer.model'?");
+  EXPECT_HAS(m, "Allowed here: model, steps, seq_len, data");
+
+  m = load_error("banana: 1\n");
+  EXPECT_HAS(m, "unknown key 'banana'; Allowed here: ");
+
+  m = load_error("scheduler: {type: WarmupCosinLR}\n");
+  EXPECT_HAS(m, "'scheduler.type' 'WarmupCosinLR' is unknown; did you mean 'WarmupCosineLR'?");
+
+  // Without an extension the section is just another unknown key.
+  m = error_of([] { Config::from_string("trainer:\n  steps: 3\n", "t.yaml"); });
+  EXPECT_HAS(m, "t.yaml:1:1: unknown key 'trainer'");
+}
+
+TEST(Config, DuplicateKeyIsAnError) {
+  const std::string m = load_error("seed: 1\nseed: 2\n");
+  EXPECT_HAS(m, "t.yaml:2:1: duplicate key 'seed' (first given at t.yaml:1:1)");
+}
+
+TEST(Config, WrongTypeNamesKeyAndValue) {
+  std::string m = load_error("zero_optimization:\n  stage: two\n");
+  EXPECT_HAS(m, "zero: t.yaml:2:10: 'zero_optimization.stage' must be an integer, got 'two'");
+  m = load_error("zero_optimization: 2\n");
+  EXPECT_HAS(m, "'zero_optimization' must be a section (a map of keys), got '2'");
+  m = load_error("bf16:\n  enabled: maybe\n");
+  EXPECT_HAS(m, "'bf16.enabled' must be true or false, got 'maybe'");
+  m = load_error("optimizer:\n  type: AdamW\n  params:\n    betas: 0.9\n");
+  EXPECT_HAS(m, "t.yaml:4:12: 'optimizer.params.betas' must be a list of numbers, got '0.9'");
+  m = load_error("no_weight_decay: bias\n");
+  EXPECT_HAS(m, "'no_weight_decay' must be a list of strings");
+  m = load_error("trainer:\n  steps: lots\n");
+  EXPECT_HAS(m, "'trainer.steps' must be an integer, got 'lots'");
+  m = load_error("communication_data_type: int8\n");
+  EXPECT_HAS(m, "'communication_data_type' must be one of fp32, bf16, fp16, got 'int8'");
+  m = load_error("- 1\n- 2\n");
+  EXPECT_HAS(m, "the config must be a map of keys, got a list");
+}
+
+TEST(Config, ImpossibleValuesNameTheRange) {
+  EXPECT_HAS(load_error("train_batch_size: -4\n"),
+             "'train_batch_size' must be a positive integer (or \"auto\" to derive it), got '-4'");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 5}\n"),
+             "'zero_optimization.stage' must be 0, 1 or 2, got '5'");
+  EXPECT_HAS(load_error("gradient_clipping: -1\n"),
+             "'gradient_clipping' must be a number >= 0, got '-1'");
+  EXPECT_HAS(load_error("optimizer: {type: AdamW, params: {lr: -0.1}}\n"),
+             "'optimizer.params.lr' must be a number >= 0, got '-0.1'");
+  EXPECT_HAS(load_error("optimizer: {type: AdamW, params: {betas: [0.9, 1.0]}}\n"),
+             "'optimizer.params.betas' values must be in [0, 1), got 1.0");
+  EXPECT_HAS(load_error("optimizer: {type: AdamW, params: {betas: [0.9]}}\n"),
+             "must be a list of two numbers");
+  EXPECT_HAS(load_error("optimizer: {type: AdamW, params: {eps: -1e-8}}\n"),
+             "'optimizer.params.eps' must be a number >= 0");
+  EXPECT_HAS(load_error("zero_optimization: {reduce_bucket_size: 0}\n"),
+             "'zero_optimization.reduce_bucket_size' must be a positive number of elements, got "
+             "'0'");
+  EXPECT_HAS(load_error("zero_optimization: {allgather_bucket_size: 1.5}\n"),
+             "'zero_optimization.allgather_bucket_size' must be an integer, got '1.5'");
+  EXPECT_HAS(load_error("comm_timeout_s: 0\n"),
+             "'comm_timeout_s' must be a positive number of seconds, got '0'");
+  EXPECT_HAS(load_error("scheduler: {type: WarmupLR, params: {warmup_type: cubic}}\n"),
+             "'scheduler.params.warmup_type' must be log or linear, got 'cubic'");
+}
+
+TEST(Config, StageThreeIsNotImplemented) {
+  const std::string m = load_error("zero_optimization:\n  stage: 3\n");
+  EXPECT_HAS(m, "t.yaml:2:10: 'zero_optimization.stage' 3");
+  EXPECT_HAS(m, "not implemented");
+  EXPECT_HAS(m, "use 0, 1 or 2");
+}
+
+TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
+  std::string m =
+      load_error("zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: cpu\n");
+  EXPECT_HAS(m,
+             "t.yaml:3:3: 'zero_optimization.offload_optimizer' is a DeepSpeed option not "
+             "supported by zero yet");
+  EXPECT_HAS(load_error("zero_optimization: {stage3_max_live_parameters: 1}\n"),
+             "'zero_optimization.stage3_max_live_parameters' is a DeepSpeed option not supported");
+  EXPECT_HAS(load_error("zero_optimization: {allgather_partitions: false}\n"),
+             "only true is supported");
+  EXPECT_HAS(load_error("prescale_gradients: true\n"), "only false is supported");
+  EXPECT_NO_THROW(load("prescale_gradients: false\ngradient_predivide_factor: 1.0\n"));
+  EXPECT_HAS(load_error("gradient_predivide_factor: 2\n"), "only 1.0 is supported");
+  EXPECT_HAS(load_error("fp16: {enabled: true, auto_cast: true}\n"), "not supported yet");
+  EXPECT_HAS(load_error("optimizer: {type: Lamb}\n"),
+             "'optimizer.type' 'Lamb' is not supported by zero; use AdamW, Adam or SGD");
+  EXPECT_HAS(load_error("optimizer: {type: Adam, params: {adam_w_mode: false}}\n"),
+             "adam_w_mode: false");
+  EXPECT_HAS(load_error("optimizer: {type: SGD, params: {betas: [0.9, 0.9]}}\n"),
+             "'optimizer.params.betas' does not apply to optimizer type SGD");
+  m = load_error("scheduler:\n  type: OneCycle\n");
+  EXPECT_HAS(m,
+             "'scheduler.type' 'OneCycle' is not supported by zero; supported: WarmupLR, "
+             "WarmupDecayLR, WarmupCosineLR");
+  EXPECT_HAS(load_error("scheduler: {type: WarmupCosineLR, params: {warmup_num_steps: 5}}\n"),
+             "'scheduler.params.total_num_steps' (> 0) is required for WarmupCosineLR");
+  EXPECT_HAS(load_error("scheduler: {type: WarmupDecayLR, params: {total_num_steps: 0}}\n"),
+             "'scheduler.params.total_num_steps' must be a positive integer for WarmupDecayLR");
+  EXPECT_HAS(load_error("scheduler: {type: WarmupLR, params: {cos_min_ratio: 0.1}}\n"),
+             "does not apply to scheduler type WarmupLR");
+}
+
+TEST(Config, TypesAreCanonicalised) {
+  Config c = load(
+      "optimizer: {type: adam, params: {torch_adam: true}}\n"
+      "scheduler: {type: warmupdecaylr, params: {total_num_steps: 10, warmup_num_steps: 2}}\n"
+      "communication_data_type: bfloat16\ndata_types: {grad_accum_dtype: fp32}\n"
+      "bfloat16: {enabled: true}\nno_weight_decay: [bias, ln_]\nseed: 18446744073709551615\n"
+      "activation_checkpointing: {partition_activations: true, number_checkpoints: 4}\n");
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
+  EXPECT_EQ(c.communication_data_type, Dtype::kBFloat16);
+  EXPECT_EQ(c.grad_accum_dtype, Dtype::kFloat32);
+  EXPECT_TRUE(c.bf16);
+  EXPECT_EQ(c.no_weight_decay, (std::vector<std::string>{"bias", "ln_"}));
+  EXPECT_EQ(c.seed, 18446744073709551615ull);
+  EXPECT_TRUE(c.extra_bool("activation_checkpointing.partition_activations"));
+  EXPECT_FALSE(c.extra_bool("activation_checkpointing.cpu_checkpointing"));
+  EXPECT_EQ(c.extra_int("activation_checkpointing.number_checkpoints"), 4);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_HAS(c.warnings[0], "t.yaml:1: 'optimizer.params.torch_adam'");
+  EXPECT_STREQ(zero::dtype_name(Dtype::kFloat32), "fp32");
+  EXPECT_STREQ(zero::dtype_name(Dtype::kBFloat16), "bf16");
+  EXPECT_STREQ(zero::dtype_name(Dtype::kFloat16), "fp16");
+}
+
+TEST(Config, DiagnosticKeysWarn) {
+  Config c = load(
+      "seed: 3\nwall_clock_breakdown: true\nflops_profiler:\n  enabled: true\n"
+      "tensorboard: {enabled: false}\n");
+  ASSERT_EQ(c.warnings.size(), 2u);
+  EXPECT_EQ(c.warnings[0],
+            "zero: t.yaml:2: 'wall_clock_breakdown' only affects DeepSpeed diagnostics and is "
+            "ignored");
+  EXPECT_HAS(c.warnings[1], "t.yaml:3: 'flops_profiler'");
+}
+
+TEST(Config, OverridesApplyAndAreChecked) {
+  Config c = load("zero_optimization:\n  stage: 1\n",
+                  {"zero_optimization.stage=2", "optimizer.params.betas=[0.8, 0.9]",
+                   "trainer.steps=7", "bf16.enabled=true"});
+  EXPECT_EQ(c.zero_optimization.stage, 2);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
+  EXPECT_EQ(c.extra_int("trainer.steps"), 7);
+  EXPECT_TRUE(c.bf16);
+
+  std::string m = load_error("zero_optimization:\n  stage: 1\n", {"zero_optimization.stage=x"});
+  EXPECT_HAS(m,
+             "zero: --set zero_optimization.stage=x: 'zero_optimization.stage' must be an "
+             "integer, got 'x'");
+  m = load_error("", {"zero_optimization.stagee=2"});
+  EXPECT_HAS(m,
+             "zero: --set zero_optimization.stagee=2: unknown key 'zero_optimization.stagee'; "
+             "did you mean 'zero_optimization.stage'?");
+  m = load_error("", {"scheduler.params.warmup_num_steps=5"});
+  EXPECT_HAS(m, "zero: --set scheduler.params.warmup_num_steps=5: 'scheduler.type' is required");
+  m = load_error("seed: 1\n", {"seed.x=1"});
+  EXPECT_HAS(m, "--set seed.x=1: 'seed' is '1' in t.yaml, not a section");
+  c = load("", {"wall_clock_breakdown=true"});
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_HAS(c.warnings[0], "zero: --set wall_clock_breakdown=true: ");
+}
+
+TEST(Config, BadOverrideFormat) {
+  std::string m = load_error("", {"zero_optimization.stage"});
+  EXPECT_HAS(m, "override 'zero_optimization.stage' has no '='");
+  EXPECT_HAS(m, "--set zero_optimization.stage=2");
+  EXPECT_HAS(load_error("", {"zero..stage=1"}), "empty key segment");
+  EXPECT_HAS(load_error("", {"seed=[1"}), "--set seed=[1: the value is not valid YAML");
+}
+
+TEST(Config, MissingFile) {
+  const std::string m = error_of([] { Config::from_file("/nonexistent/zero.yaml"); });
+  EXPECT_HAS(m,
+             "zero: cannot read config file '/nonexistent/zero.yaml': No such file or directory");
+  EXPECT_HAS(m, "--config");
+  EXPECT_HAS(error_of([] { Config::from_file(kSrc + "/configs"); }), "Is a directory");
+}
+
+TEST(Config, YamlSyntaxErrorHasLine) {
+  EXPECT_HAS(load_error("seed: 1\noptimizer:\n  type: AdamW\n  lr: 1: 2\n"),
+             "zero: t.yaml:4:8: illegal map value");
+  // A missing comma in JSON.
+  EXPECT_HAS(
+      error_of([] { Config::from_string("{\n  \"seed\": 1\n  \"bf16\": {}\n}", "ds.json"); }),
+      "zero: ds.json:3:9: ");
+}
+
+TEST(Config, BatchDerivations) {
+  const auto resolved = [](int64_t tbs, int64_t mb, int64_t ga, int world) {
+    Config c;
+    c.train_batch_size = tbs, c.train_micro_batch_size_per_gpu = mb,
+    c.gradient_accumulation_steps = ga;
+    c.resolve_batch(world);
+    return std::vector<int64_t>{c.train_batch_size, c.train_micro_batch_size_per_gpu,
+                                c.gradient_accumulation_steps};
+  };
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(resolved(16, 4, 2, 2), (V{16, 4, 2}));
+  EXPECT_EQ(resolved(16, 4, 0, 2), (V{16, 4, 2}));  // ga derived
+  EXPECT_EQ(resolved(16, 0, 2, 2), (V{16, 4, 2}));  // micro derived
+  EXPECT_EQ(resolved(0, 4, 2, 2), (V{16, 4, 2}));   // tbs derived
+  EXPECT_EQ(resolved(16, 0, 0, 4), (V{16, 4, 1}));  // only tbs
+  EXPECT_EQ(resolved(0, 4, 0, 3), (V{12, 4, 1}));   // only micro
+  EXPECT_EQ(resolved(0, 0, 0, 2), (V{2, 1, 1}));    // nothing
+
+  const auto err = [&](int64_t tbs, int64_t mb, int64_t ga, int world) {
+    return error_of([&] { resolved(tbs, mb, ga, world); });
+  };
+  EXPECT_HAS(err(0, 0, 4, 2), "set train_micro_batch_size_per_gpu or train_batch_size");
+  EXPECT_HAS(err(10, 4, 0, 2),
+             "train_batch_size (10) is not divisible by "
+             "train_micro_batch_size_per_gpu (4) x world size (2) = 8");
+  EXPECT_HAS(err(10, 0, 2, 2), "train_micro_batch_size_per_gpu cannot be derived");
+  EXPECT_HAS(err(10, 0, 0, 4), "train_batch_size (10) is not divisible by world size (4)");
+  const std::string m = err(32, 4, 2, 3);
+  EXPECT_HAS(m,
+             "zero: <defaults>: train_batch_size (32) must equal train_micro_batch_size_per_gpu "
+             "(4) x gradient_accumulation_steps (2) x world size (3) = 24; change one of them "
+             "or launch with 4 ranks");
+  EXPECT_EQ(err(30, 4, 2, 3).find("launch with"), std::string::npos);
+  EXPECT_HAS(err(8, 4, 2, 0), "world size must be positive");
+}
+
+TEST(Config, ExtensionDefaultsAndTypedAccess) {
+  using T = Config::Extension::Type;
+  Config::Extension ext;
+  ext.section = "app";
+  ext.keys = {{"lr_scale", T::kFloat, "0.5", ""},
+              {"verbose", T::kBool, "false", ""},
+              {"name", T::kString, "x", ""},
+              {"n", T::kInt, "3", ""}};
+  Config c = Config::from_string("seed: 1\n", "t.yaml", {}, &ext);
+  EXPECT_DOUBLE_EQ(c.extra_float("app.lr_scale"), 0.5);
+  EXPECT_FALSE(c.extra_bool("app.verbose"));
+  EXPECT_EQ(c.extra_string("app.name"), "x");
+  EXPECT_EQ(c.extra_int("app.n"), 3);
+
+  c = Config::from_string("app:\n  verbose: yes\n  n: 1e3\n  lr_scale: 2\n", "t.yaml", {}, &ext);
+  EXPECT_TRUE(c.extra_bool("app.verbose"));
+  EXPECT_EQ(c.extra_int("app.n"), 1000);
+  EXPECT_DOUBLE_EQ(c.extra_float("app.lr_scale"), 2.0);
+  EXPECT_HAS(error_of([&] { c.extra_int("app.name"); }), "'app.name' is 'x', not an integer");
+  EXPECT_HAS(error_of([&] { Config::from_string("app: {verbose: 2}\n", "t.yaml", {}, &ext); }),
+             "'app.verbose' must be true or false, got '2'");
+
+  ext.section = "optimizer";
+  EXPECT_HAS(error_of([&] { Config::from_string("", "t.yaml", {}, &ext); }),
+             "section 'optimizer' is a DeepSpeed key");
+}
+
+TEST(Config, ExtraOnMissingKeyThrows) {
+  Config c = load("");
+  EXPECT_HAS(error_of([&] { c.extra_int("trainer.x"); }),
+             "zero: config has no key 'trainer.x' (declare it in the application's "
+             "Config::Extension)");
+  EXPECT_HAS(error_of([&] { c.extra_string("nope"); }), "no key 'nope'");
+  EXPECT_HAS(error_of([&] { c.extra_bool("trainer.y"); }), "no key 'trainer.y'");
+  EXPECT_HAS(error_of([&] { c.extra_float("trainer.z"); }), "no key 'trainer.z'");
+}
+
+TEST(Config, Fp16AndBf16Conflict) {
+  const std::string m = load_error("bf16:\n  enabled: true\nfp16:\n  enabled: true\n");
+  EXPECT_HAS(m, "t.yaml:4:12: fp16.enabled and bf16.enabled are both true");
+  Config c = load("fp16: {enabled: true, loss_scale: 0, initial_scale_power: 12, hysteresis: 1}\n");
+  EXPECT_TRUE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.initial_scale_power, 12);
+  EXPECT_EQ(c.param_dtype(), Dtype::kFloat16);
+  EXPECT_HAS(load_error("bf16: {enabled: true}\nbfloat16: {enabled: true}\n"), "give one");
+}
+
+TEST(Config, AutoMeansUnset) {
+  Config c = Config::from_string(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+          "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+          "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})",
+      "hf.json");
+  EXPECT_EQ(c.train_batch_size, 0);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 0);
+  EXPECT_EQ(c.gradient_accumulation_steps, 0);
+  EXPECT_EQ(c.gradient_clipping, 0.0);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, zero::OptimizerConfig{}.lr);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size,
+            zero::ZeroOptimizationConfig{}.reduce_bucket_size);
+  c.resolve_batch(4);
+  EXPECT_EQ(c.train_batch_size, 4);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
+  EXPECT_HAS(error_of([] { Config::from_string("zero_optimization: {stage: auto}", "hf.json"); }),
+             "'zero_optimization.stage' must be an integer, got 'auto'");
+}

@@ -1,0 +1,108 @@
+// Machinery behind Config::from_string: walking a YAML tree against a table of known keys,
+// typed readers, and messages that point at the file position (or the --set override) that
+// a value came from. The key table itself lives in config.cpp.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "zero/config.hpp"
+
+namespace zero::config_detail {
+
+// Strict scalar parsing, shared with Config::extra_*. Integers also accept a float that is an
+// exact integer ("5e8"), because DeepSpeed JSON configs routinely write bucket sizes so.
+std::optional<int64_t> parse_int(std::string_view s);
+std::optional<uint64_t> parse_uint(std::string_view s);
+std::optional<double> parse_float(std::string_view s);  // finite values only
+std::optional<bool> parse_bool(std::string_view s);     // YAML 1.1 spellings, any case
+
+std::string lower(std::string_view s);
+size_t edit_distance(std::string_view a, std::string_view b);  // case-insensitive
+// The candidate closest to `key` when it is close enough to be a plausible typo, else "".
+std::string nearest(const std::string& key, const std::vector<std::string>& candidates);
+
+class Loader {
+ public:
+  struct Entry {
+    std::string path;  // dotted, "zero_optimization.stage"; "" for the document root
+    YAML::Node key;    // positions "unknown key" style messages
+    YAML::Node value;  // positions "bad value" style messages
+  };
+  using Handler = std::function<void(const Entry&)>;
+  struct Field {
+    std::string name;  // a trailing '*' matches any suffix ("stage3_*")
+    Handler handle;
+    // Unlisted fields (unsupported DeepSpeed keys, keys accepted only at their neutral value)
+    // are recognised but neither suggested for typos nor offered under "Allowed here".
+    bool listed = true;
+  };
+
+  Loader(std::string source, std::vector<std::string>* warnings)
+      : source_(std::move(source)), warnings_(warnings) {}
+
+  // Applies one "dotted.key=value" override to `root` so that it is validated like file keys,
+  // and remembers it so that messages about that key point at the override.
+  void apply_override(YAML::Node& root, const std::string& text);
+
+  // Calls the handler of every key of the section `s` (a map; null counts as empty). Unknown
+  // and duplicate keys are errors.
+  void walk(const Entry& s, const std::vector<Field>& fields);
+
+  // The entry for `path` if the walk met it: cross-key checks need its position.
+  const Entry* seen(const std::string& path) const;
+
+  // "file:3:5", "file:3" or "--set a.b=1".
+  std::string where(const std::string& path, const YAML::Node& at, bool column = true) const;
+  [[noreturn]] void fail(const Entry& e, const std::string& msg) const;
+  [[noreturn]] void fail_at_key(const Entry& e, const std::string& msg) const;
+  void warn(const Entry& e, const std::string& msg) const;
+
+  // Typed readers: a mismatch throws "'path' must be an integer, got 'two'".
+  int64_t integer(const Entry& e) const;
+  uint64_t unsigned_integer(const Entry& e) const;
+  double number(const Entry& e) const;
+  bool boolean(const Entry& e) const;
+  std::string string(const Entry& e) const;
+  std::vector<std::string> strings(const Entry& e) const;
+  std::vector<double> numbers(const Entry& e) const;
+  Dtype dtype(const Entry& e) const;
+  // HF's DeepSpeed integration writes "auto" for values its Trainer fills in; without it the
+  // nearest meaning is "not set".
+  static bool is_auto(const Entry& e);
+  static bool is_null(const Entry& e) { return e.value.IsNull(); }
+
+  // Throws "'path' must be <allowed>, got <value>" unless `ok`.
+  void require(const Entry& e, bool ok, const std::string& allowed) const;
+
+  // A DeepSpeed key zero does not implement: an error, since ignoring it would change training.
+  Field unsupported(std::string name);
+  // A DeepSpeed key that only affects its diagnostics: a warning unless it is switched off.
+  Field diagnostic(std::string name);
+
+  const std::string& source() const { return source_; }
+
+ private:
+  [[noreturn]] void mismatch(const Entry& e, const std::string& expected) const;
+
+  std::string source_;
+  std::vector<std::string>* warnings_;
+  std::vector<std::pair<std::string, std::string>> overrides_;  // dotted path, override text
+  std::map<std::string, Entry> seen_;
+};
+
+// "'3'", "a list", "a map", "nothing": what a value was, for messages.
+std::string describe(const YAML::Node& n);
+
+// Reads the whole tree into `c` (the key table, config.cpp).
+void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Config& c);
+
+}  // namespace zero::config_detail
