@@ -1,0 +1,90 @@
+// The training engine: wraps a torch::nn::Module for data-parallel training with ZeRO sharding.
+//
+//   auto cfg = zero::Config::from_file("configs/zero2.yaml");
+//   auto engine = zero::initialize(model, cfg);   // process group from torchrun's environment
+//   for (...) {
+//     auto loss = compute_loss(model, batch);     // ordinary LibTorch code
+//     engine.backward(loss);                      // scaled for accumulation, reduced as it goes
+//     engine.step();                              // optimizer step at accumulation boundaries
+//   }
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "zero/config.hpp"
+#include "zero/memory.hpp"
+
+namespace torch::nn {
+class Module;
+template <typename Contained>
+class ModuleHolder;
+}  // namespace torch::nn
+
+namespace zero {
+namespace comm {
+class Group;
+}
+
+// Counters a user (and our tests) can read to see what the engine did.
+struct EngineStats {
+  int64_t buckets_launched_in_backward = 0;  // reductions started while autograd was running
+  int64_t buckets_launched_after_backward = 0;
+  double comm_wait_seconds = 0;  // time spent waiting on reductions after backward returned
+  double last_grad_norm = 0;     // global norm before clipping, of the last optimizer step
+  int64_t optimizer_steps = 0;
+  int64_t micro_steps = 0;
+};
+
+class Engine {
+ public:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+  ~Engine();
+
+  // Back-propagates loss / gradient_accumulation_steps and reduces gradients as their buckets
+  // fill. Call it instead of loss.backward().
+  void backward(const at::Tensor& loss);
+  // Applies the optimizer at a gradient-accumulation boundary; returns whether it did.
+  bool step();
+  bool is_gradient_accumulation_boundary() const;
+
+  int rank() const;
+  int world_size() const;
+  int stage() const;
+  double lr() const;  // the learning rate the next optimizer step will use
+  const Config& config() const;
+  const EngineStats& stats() const;
+  std::shared_ptr<torch::nn::Module> module() const;
+  comm::Group& group() const;
+
+  // This rank's memory for model states (no collective).
+  MemoryReport memory_report() const;
+  // Every rank's report, in rank order (a collective: call on all ranks).
+  std::vector<MemoryReport> gather_memory_reports() const;
+  // Mean of `value` over ranks (a collective), e.g. to log the loss of the global batch.
+  double all_reduce_mean(double value) const;
+  // The full flat parameters as fp32 (every rank holds them), padding excluded, in the
+  // module's named_parameters() order: for checksums and comparisons.
+  at::Tensor flat_parameters() const;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Process group from the launcher's environment (world size 1 needs none).
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg);
+// Over a given group (tests, or programs that manage their own).
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
+                  std::shared_ptr<comm::Group> group);
+
+template <typename M>
+Engine initialize(const torch::nn::ModuleHolder<M>& model, Config cfg) {
+  return initialize(std::shared_ptr<torch::nn::Module>(model.ptr()), std::move(cfg));
+}
+
+}  // namespace zero

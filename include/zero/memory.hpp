@@ -1,0 +1,51 @@
+// Per-rank memory of model states: what the engine holds, next to what the ZeRO formulas predict.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero {
+
+struct MemoryBreakdown {
+  int64_t params = 0;        // the model's (compute dtype) parameters: full on every rank
+  int64_t grads = 0;         // gradient storage kept between micro-steps, and the reduced shard
+  int64_t master = 0;        // fp32 master weights (0 when the fp32 model itself is the master)
+  int64_t optimizer = 0;     // optimizer states
+  int64_t comm_buffers = 0;  // declared bucket buffers
+  int64_t total() const { return params + grads + master + optimizer + comm_buffers; }
+};
+
+// What a memory prediction needs to know; sizes in bytes per element.
+struct MemoryModelInput {
+  int64_t num_params = 0;  // Ψ, trainable elements
+  int world_size = 1;
+  int stage = 0;
+  int param_bytes = 4;       // 2 under bf16/fp16
+  int grad_accum_bytes = 4;  // fp32 accumulation by default
+  int optimizer_states = 2;  // fp32 tensors of Ψ/N elements per rank: AdamW 2, SGD momentum 1
+  int64_t comm_buffer_bytes = 0;
+};
+
+// The ZeRO paper's per-rank formulas, adjusted to this engine's buffers:
+//   stage 0: params Ψp + grads 4Ψ + master (4Ψ unless p = 4) + states 4KΨ
+//   (stages 1/2 at N = 1 with p = 4 need no master either: the one shard is the model)
+//   stage 1: params Ψp + grads 4Ψ + 4Ψ/N + master 4Ψ/N + states 4KΨ/N
+//   stage 2: params Ψp + grads 4Ψ/N + master 4Ψ/N + states 4KΨ/N
+MemoryBreakdown predict_model_states(const MemoryModelInput& in);
+
+struct MemoryReport {
+  int rank = 0;
+  int world_size = 1;
+  int stage = 0;
+  int64_t num_params = 0;     // real trainable elements
+  int64_t padded_params = 0;  // flat buffer elements with padding
+  MemoryBreakdown measured;   // bytes of the tensors the engine holds (aliases counted once)
+  MemoryBreakdown predicted;  // predict_model_states for this run
+};
+
+// A fixed-width table, one row per category, measured vs predicted.
+std::string format_memory_report(const MemoryReport& r);
+std::string format_bytes(int64_t bytes);
+
+}  // namespace zero

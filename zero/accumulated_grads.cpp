@@ -1,0 +1,123 @@
+// Stages 0 and 1: gradients accumulate in a full fp32 flat buffer across micro-steps (autograd's
+// per-parameter gradients are added in and freed at once), and are reduced bucket by bucket
+// during the backward pass that closes the accumulation window.
+#include <ATen/ATen.h>
+
+#include "zero/grad_buckets.hpp"
+#include "zero/grad_sync.hpp"
+
+namespace zero {
+namespace {
+
+class AccumulatedGrads final : public GradSync {
+ public:
+  AccumulatedGrads(const FlatLayout& layout, comm::Group& group, bool sharded,
+                   const GradSyncOptions& opts)
+      : layout_(layout),
+        group_(group),
+        sharded_(sharded),
+        opts_(opts),
+        tracker_(layout),
+        pipeline_(layout.max_bucket_numel(), layout.max_bucket_numel() / layout.world(),
+                  at::TensorOptions().dtype(opts.comm_dtype).device(opts.device),
+                  // fp32 gradients are reduced in place; other dtypes travel through a copy.
+                  opts.comm_dtype == at::kFloat ? 0 : 2) {
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(opts.device);
+    full_ = at::zeros({layout.total_numel()}, f32);
+    // Stage 0's shard is the whole buffer (the layout was built for one shard), so the reduced
+    // gradient stays in place; stage 1 reduces into a separate 1/N shard.
+    shard_ = sharded_ ? at::zeros({layout.shard_numel()}, f32) : full_;
+  }
+
+  void begin_backward(bool boundary) override {
+    boundary_ = boundary;
+    tracker_.reset();
+  }
+
+  void on_grad(int param, const at::Tensor& grad) override {
+    const ParamSlot& p = layout_.params()[param];
+    full_.narrow(0, p.flat_offset, p.numel).add_(grad.reshape({-1}));
+    tracker_.mark(param);
+    if (!boundary_ || !opts_.overlap) return;
+    for (int b = tracker_.next_ready(); b >= 0; b = tracker_.next_ready()) {
+      launch(b);
+      ++counters_.launched_in_backward;
+    }
+  }
+
+  void end_backward() override {
+    if (!boundary_) return;
+    for (int b = tracker_.next_unreleased(); b >= 0; b = tracker_.next_unreleased()) {
+      launch(b);
+      ++counters_.launched_after_backward;
+    }
+    counters_.wait_seconds += pipeline_.drain();
+  }
+
+  at::Tensor& grad_shard() override { return shard_; }
+
+  void zero_grad() override {
+    full_.zero_();
+    if (sharded_) shard_.zero_();
+  }
+
+  int64_t grad_bytes() const override { return full_.nbytes() + (sharded_ ? shard_.nbytes() : 0); }
+  int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
+
+ private:
+  void launch(int b) {
+    const BucketSlot& bucket = layout_.buckets()[b];
+    const int64_t padded = bucket.shard.padded_numel();
+    const int64_t S = bucket.shard.shard_numel();
+    at::Tensor grads = full_.narrow(0, bucket.flat_offset, padded);
+    at::Tensor mine = shard_.narrow(0, bucket.shard_offset, S);
+    const std::string what = std::string(sharded_ ? "reduce_scatter" : "all_reduce") +
+                             " of gradient bucket " + std::to_string(b);
+    const bool cast = opts_.comm_dtype != at::kFloat;
+    int buf = -1;
+    at::Tensor in = grads;
+    if (cast) {
+      buf = pipeline_.acquire();
+      in = pipeline_.buffer(buf).in.narrow(0, 0, padded);
+      in.copy_(grads);
+    }
+    if (!sharded_) {
+      auto work = group_.all_reduce_sum(in, what);
+      pipeline_.push(std::move(work), buf, [in, grads, cast] {
+        if (cast) grads.copy_(in);
+      });
+      return;
+    }
+    const int rank = group_.rank();
+    if (!opts_.reduce_scatter) {
+      auto work = group_.all_reduce_sum(in, what);
+      pipeline_.push(std::move(work), buf,
+                     [in, mine, rank, S] { mine.copy_(in.narrow(0, rank * S, S)); });
+      return;
+    }
+    at::Tensor out = cast ? pipeline_.buffer(buf).out.narrow(0, 0, S) : mine;
+    auto work = group_.reduce_scatter_sum(out, in, what);
+    pipeline_.push(std::move(work), buf, [out, mine, cast] {
+      if (cast) mine.copy_(out);
+    });
+  }
+
+  const FlatLayout& layout_;
+  comm::Group& group_;
+  bool sharded_;
+  GradSyncOptions opts_;
+  BucketTracker tracker_;
+  BucketPipeline pipeline_;
+  at::Tensor full_;
+  at::Tensor shard_;
+  bool boundary_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
+                                                 bool sharded, const GradSyncOptions& opts) {
+  return std::make_unique<AccumulatedGrads>(layout, group, sharded, opts);
+}
+
+}  // namespace zero

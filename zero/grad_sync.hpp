@@ -1,0 +1,60 @@
+// Where gradients go between autograd and the optimizer. One implementation per way of
+// keeping them: AccumulatedGrads (stages 0 and 1: a full fp32 gradient buffer, reduced once per
+// accumulation window) and PartitionedGrads (stage 2: only this rank's fp32 shard survives a
+// micro-step; buckets are reduce-scattered as backward produces them).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+#include "comm/group.hpp"
+#include "zero/shard_info.hpp"
+
+namespace zero {
+
+struct GradSyncOptions {
+  at::ScalarType comm_dtype = at::kFloat;  // dtype gradients travel in
+  at::Device device = at::kCPU;
+  bool overlap = true;         // launch a bucket's reduction as soon as it is complete
+  bool reduce_scatter = true;  // false: all-reduce and keep the own shard (DeepSpeed's option)
+};
+
+struct GradSyncCounters {
+  int64_t launched_in_backward = 0;
+  int64_t launched_after_backward = 0;
+  double wait_seconds = 0;
+};
+
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  // A micro-step's backward starts; `boundary`: it closes an accumulation window, so this
+  // pass's gradients must be fully reduced when it ends.
+  virtual void begin_backward(bool boundary) = 0;
+  // From the post-accumulate hook of parameter `param` (layout index) during backward.
+  virtual void on_grad(int param, const at::Tensor& grad) = 0;
+  // After autograd returned: launches what is left and waits for all of it.
+  virtual void end_backward() = 0;
+  // This rank's fp32 gradient shard: the sum over ranks (not yet averaged) once a boundary
+  // pass ended. Laid out like the master shard.
+  virtual at::Tensor& grad_shard() = 0;
+  // Forget the accumulated gradients (after the optimizer step).
+  virtual void zero_grad() = 0;
+  virtual int64_t grad_bytes() const = 0;
+  virtual int64_t comm_buffer_bytes() const = 0;
+  const GradSyncCounters& counters() const { return counters_; }
+
+ protected:
+  GradSyncCounters counters_;
+};
+
+// Stage 0 (`sharded` false: all-reduce, every rank keeps the whole gradient) and stage 1
+// (`sharded` true: reduce-scatter into this rank's shard).
+std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
+                                                 bool sharded, const GradSyncOptions& opts);
+// Stage 2.
+std::unique_ptr<GradSync> make_partitioned_grads(const FlatLayout& layout, comm::Group& group,
+                                                 const GradSyncOptions& opts);
+
+}  // namespace zero

@@ -1,0 +1,69 @@
+#include <cstdio>
+#include <sstream>
+
+#include "zero/memory.hpp"
+
+namespace zero {
+
+MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
+  const double psi = static_cast<double>(in.num_params);
+  const double n = in.world_size;
+  // Stage 0 keeps whole optimizer partitions; stages 1 and 2 keep 1/N of them.
+  const double part = in.stage == 0 ? psi : psi / n;
+  MemoryBreakdown b;
+  b.params = static_cast<int64_t>(psi * in.param_bytes);
+  switch (in.stage) {
+    case 0:
+      b.grads = static_cast<int64_t>(psi * in.grad_accum_bytes);
+      break;
+    case 1:  // full accumulation buffer + the reduced fp32 shard
+      b.grads = static_cast<int64_t>(psi * in.grad_accum_bytes + 4.0 * psi / n);
+      break;
+    default:  // only the reduced fp32 shard survives a micro-step
+      b.grads = static_cast<int64_t>(4.0 * psi / n);
+      break;
+  }
+  // With an fp32 model and nothing sharded (stage 0, or one rank), the model's weights are the
+  // master weights.
+  const bool unsharded = in.stage == 0 || in.world_size == 1;
+  b.master = (unsharded && in.param_bytes == 4) ? 0 : static_cast<int64_t>(4.0 * part);
+  b.optimizer = static_cast<int64_t>(4.0 * in.optimizer_states * part);
+  b.comm_buffers = in.comm_buffer_bytes;
+  return b;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+std::string format_memory_report(const MemoryReport& r) {
+  std::ostringstream os;
+  os << "rank " << r.rank << "/" << r.world_size << "  ZeRO stage " << r.stage << "  params "
+     << r.num_params << " (padded " << r.padded_params << ")\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-14s %14s %14s\n", "", "measured", "predicted");
+  os << line;
+  auto row = [&](const char* name, int64_t m, int64_t p) {
+    std::snprintf(line, sizeof line, "  %-14s %14s %14s\n", name, format_bytes(m).c_str(),
+                  format_bytes(p).c_str());
+    os << line;
+  };
+  row("parameters", r.measured.params, r.predicted.params);
+  row("gradients", r.measured.grads, r.predicted.grads);
+  row("fp32 master", r.measured.master, r.predicted.master);
+  row("optimizer", r.measured.optimizer, r.predicted.optimizer);
+  row("comm buffers", r.measured.comm_buffers, r.predicted.comm_buffers);
+  row("total", r.measured.total(), r.predicted.total());
+  return os.str();
+}
+
+}  // namespace zero

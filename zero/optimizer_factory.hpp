@@ -1,0 +1,25 @@
+// From the config's optimizer/scheduler sections to optim/ objects over this rank's shard.
+#pragma once
+
+#include <ATen/core/TensorBody.h>
+
+#include <memory>
+
+#include "optim/lr_schedule.hpp"
+#include "optim/shard_optimizer.hpp"
+#include "zero/config.hpp"
+#include "zero/shard_info.hpp"
+
+namespace zero {
+
+struct OptimizerBundle {
+  std::unique_ptr<optim::ShardOptimizer> optimizer;
+  std::unique_ptr<optim::LrSchedule> schedule;
+};
+
+// `owner`: whose shard of `layout` the optimizer updates. Weight decay skips parameters whose
+// name contains one of cfg.no_weight_decay.
+OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int owner,
+                               const at::TensorOptions& opts);
+
+}  // namespace zero
