@@ -1,0 +1,150 @@
+#include "gpt.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace zero::examples {
+
+int64_t GptConfig::ffn_dim() const {
+  if (ffn > 0) return ffn;
+  const int64_t h = 2 * 4 * dim / 3;
+  return (h + 255) / 256 * 256;
+}
+
+int64_t GptConfig::num_params() const {
+  const int64_t per_layer = 4 * dim * dim + 3 * dim * ffn_dim() + 2 * dim;
+  return vocab * dim * (tied ? 1 : 2) + layers * per_layer + dim;
+}
+
+GptConfig gpt_preset(const std::string& name) {
+  GptConfig c;
+  if (name == "tiny") {  // ~0.15 M: unit tests, seconds on a CPU
+    c.dim = 64, c.layers = 2, c.heads = 4, c.max_seq = 128;
+  } else if (name == "small") {  // ~2.7 M: the README demo, a loss curve within a minute on CPU
+    c.dim = 192, c.layers = 6, c.heads = 6, c.max_seq = 256;
+  } else if (name == "gpt-25m") {
+    c.vocab = 8192, c.dim = 384, c.layers = 8, c.heads = 6, c.max_seq = 512;
+  } else if (name == "gpt-50m") {
+    c.vocab = 8192, c.dim = 512, c.layers = 12, c.heads = 8, c.max_seq = 512;
+  } else if (name == "gpt-100m") {
+    c.vocab = 32000, c.dim = 640, c.layers = 12, c.heads = 10, c.max_seq = 1024, c.tied = false;
+  } else if (name == "gpt-1.3b") {
+    c.vocab = 32000, c.dim = 2048, c.layers = 24, c.heads = 16, c.max_seq = 2048, c.tied = false;
+  } else if (name == "llama-7b") {  // LLaMA-7B: 6,738,415,616 parameters
+    c.vocab = 32000, c.dim = 4096, c.layers = 32, c.heads = 32, c.ffn = 11008, c.max_seq = 2048;
+    c.tied = false;
+  } else {
+    std::string all;
+    for (const auto& n : gpt_preset_names()) all += (all.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown model preset '" + name + "'; known: " + all);
+  }
+  return c;
+}
+
+std::vector<std::string> gpt_preset_names() {
+  return {"tiny", "small", "gpt-25m", "gpt-50m", "gpt-100m", "gpt-1.3b", "llama-7b"};
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps(eps) {
+  weight = register_parameter("weight", at::ones({dim}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  // Normalise in fp32 even for bf16 activations: the mean of squares loses too much otherwise.
+  auto xf = x.to(at::kFloat);
+  auto y = xf * at::rsqrt(xf.square().mean({-1}, true) + eps);
+  return y.to(x.scalar_type()) * weight;
+}
+
+namespace {
+
+torch::nn::Linear linear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+// Rotates channel pairs (i, i + d/2) by position-dependent angles (the "rotate half" form).
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  auto rotated = at::cat({-x2, x1}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+BlockImpl::BlockImpl(const GptConfig& c) : heads(c.heads) {
+  attn_norm = register_module("attn_norm", RMSNorm(c.dim));
+  wq = register_module("wq", linear(c.dim, c.dim));
+  wk = register_module("wk", linear(c.dim, c.dim));
+  wv = register_module("wv", linear(c.dim, c.dim));
+  wo = register_module("wo", linear(c.dim, c.dim));
+  mlp_norm = register_module("mlp_norm", RMSNorm(c.dim));
+  w_gate = register_module("w_gate", linear(c.dim, c.ffn_dim()));
+  w_up = register_module("w_up", linear(c.dim, c.ffn_dim()));
+  w_down = register_module("w_down", linear(c.ffn_dim(), c.dim));
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), hd = D / heads;
+  auto h = attn_norm->forward(x);
+  auto split = [&](const at::Tensor& t) { return t.view({B, T, heads, hd}).transpose(1, 2); };
+  auto q = apply_rope(split(wq->forward(h)), cos, sin);
+  auto k = apply_rope(split(wk->forward(h)), cos, sin);
+  auto v = split(wv->forward(h));
+  auto a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  auto out = x + wo->forward(a.transpose(1, 2).reshape({B, T, D}));
+  auto m = mlp_norm->forward(out);
+  return out + w_down->forward(at::silu(w_gate->forward(m)) * w_up->forward(m));
+}
+
+GptImpl::GptImpl(const GptConfig& c) : cfg(c) {
+  if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0) {
+    throw std::invalid_argument("model dim must split into heads of an even size");
+  }
+  embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c));
+  norm = register_module("norm", RMSNorm(c.dim));
+  if (!c.tied) head = register_module("head", linear(c.dim, c.vocab));
+
+  const int64_t hd = c.dim / c.heads;
+  auto inv = at::pow(c.rope_theta, -at::arange(0, hd, 2, at::kDouble) / hd);
+  auto angles = at::outer(at::arange(c.max_seq, at::kDouble), inv);  // [T, hd/2]
+  angles = at::cat({angles, angles}, -1).to(at::kFloat);
+  rope_cos = register_buffer("rope_cos", at::cos(angles));
+  rope_sin = register_buffer("rope_sin", at::sin(angles));
+
+  // GPT-2 style init: small normal weights, residual projections scaled by depth.
+  at::NoGradGuard g;
+  const double std = 0.02, resid = 0.02 / std::sqrt(2.0 * c.layers);
+  for (auto& item : named_parameters()) {
+    auto& p = item.value();
+    if (p.dim() < 2) continue;
+    const bool residual = item.key().find("wo.") != std::string::npos ||
+                          item.key().find("w_down.") != std::string::npos;
+    p.normal_(0.0, residual ? resid : std);
+  }
+}
+
+at::Tensor GptImpl::forward(const at::Tensor& tokens) {
+  const int64_t T = tokens.size(1);
+  if (T > cfg.max_seq) throw std::invalid_argument("sequence longer than the model's max_seq");
+  auto x = embed->forward(tokens);
+  const auto dtype = x.scalar_type();
+  auto cos = rope_cos.narrow(0, 0, T).to(dtype);
+  auto sin = rope_sin.narrow(0, 0, T).to(dtype);
+  for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x, cos, sin);
+  x = norm->forward(x);
+  return head ? head->forward(x) : at::linear(x, embed->weight);
+}
+
+at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
+  auto logits = forward(tokens);
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                targets.reshape({-1}));
+}
+
+}  // namespace zero::examples

@@ -1,0 +1,67 @@
+// A LLaMA-style decoder in LibTorch: token embedding, RMSNorm, rotary positions, causal
+// attention through scaled_dot_product_attention, SwiGLU MLP, tied or untied head.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <string>
+#include <vector>
+
+namespace zero::examples {
+
+struct GptConfig {
+  int64_t vocab = 256;
+  int64_t dim = 256;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t ffn = 0;  // 0: LLaMA's rule, 2/3 * 4 * dim rounded up to a multiple of 256
+  int64_t max_seq = 256;
+  bool tied = true;
+  double rope_theta = 10000.0;
+
+  int64_t ffn_dim() const;
+  int64_t num_params() const;  // exact, without building anything
+};
+
+// Named sizes, from a few million parameters to LLaMA-7B's exact shapes.
+GptConfig gpt_preset(const std::string& name);
+std::vector<std::string> gpt_preset_names();
+
+struct RMSNormImpl : torch::nn::Module {
+  explicit RMSNormImpl(int64_t dim, double eps = 1e-5);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(const GptConfig& c);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  int64_t heads;
+  RMSNorm attn_norm{nullptr}, mlp_norm{nullptr};
+  torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  torch::nn::Linear w_gate{nullptr}, w_up{nullptr}, w_down{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct GptImpl : torch::nn::Module {
+  explicit GptImpl(const GptConfig& c);
+  // tokens [batch, seq] int64 -> logits [batch, seq, vocab]
+  at::Tensor forward(const at::Tensor& tokens);
+  // Mean next-token cross-entropy of `tokens` predicting `targets`.
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
+
+  GptConfig cfg;
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::ModuleList blocks;
+  RMSNorm norm{nullptr};
+  torch::nn::Linear head{nullptr};  // null when tied to the embedding
+  at::Tensor rope_cos, rope_sin;    // buffers [max_seq, head_dim]
+};
+TORCH_MODULE(Gpt);
+
+}  // namespace zero::examples
