@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what zero needs on a fresh Debian machine and builds it into build/.
+# Idempotent: a second run only rebuilds what changed (ccache keeps even a clean build quick).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+debs=(cmake ninja-build ccache g++ libyaml-cpp-dev libboost-program-options-dev libgtest-dev
+      libgmock-dev libgloo-dev)
+missing=()
+for p in "${debs[@]}"; do dpkg -s "$p" > /dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  echo "setup: apt-get install ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" > /dev/null
+fi
+
+# LibTorch comes from the torch wheel. ZERO_TORCH=skip keeps whatever torch is installed
+# (a CUDA build, say); otherwise the pinned CPU build is installed when torch is absent.
+if ! python3 -c 'import torch' 2> /dev/null; then
+  echo "setup: pip install torch==${ZERO_TORCH_VERSION:-2.13.0}"
+  python3 -m pip install -q "torch==${ZERO_TORCH_VERSION:-2.13.0}"
+fi
+
+build=${ZERO_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${ZERO_BUILD_TYPE:-RelWithDebInfo} > /dev/null
+# Two jobs at most: each torch translation unit needs ~1.5 GB of RAM to compile.
+ninja -C "$build" -j "${ZERO_JOBS:-2}"
