@@ -93,7 +93,7 @@ int run(int argc, char** argv) {
         cfg.extra_string("trainer.model").c_str(), (long long)mc.num_params(), world,
         engine.stage(), c.bf16 ? "bf16" : "fp32", (long long)micro, (long long)ga, world,
         (long long)c.train_batch_size, (long long)seq);
-    std::printf("%s", format_memory_report(reports[0]).c_str());
+    std::printf("%s", format_memory_reports(reports).c_str());
     std::fflush(stdout);
   }
 

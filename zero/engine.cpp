@@ -8,12 +8,10 @@
 #include <torch/nn/module.h>
 
 #include <cmath>
+#include <deque>
 #include <iostream>
 
-#include "comm/group.hpp"
-#include "zero/flat_params.hpp"
-#include "zero/grad_sync.hpp"
-#include "zero/optimizer_factory.hpp"
+#include "zero/engine_impl.hpp"
 
 namespace zero {
 
@@ -29,69 +27,55 @@ at::ScalarType to_scalar_type(Dtype d) {
   return at::kFloat;
 }
 
-struct Engine::Impl {
-  Config cfg;
-  std::shared_ptr<torch::nn::Module> module;
-  std::shared_ptr<comm::Group> group;
-  int stage = 0;
-  int64_t accumulation = 1;
-  at::ScalarType param_dtype = at::kFloat;
-  FlatParams fp;
-  std::unique_ptr<GradSync> sync;
-  OptimizerBundle opt;
-  EngineStats stats;
-  bool in_backward = false;
+Engine::Impl::~Impl() {
+  // The hooks point at this object: detach them so a model that outlives its engine is safe.
+  for (auto& p : fp.params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+}
 
-  ~Impl() {
-    // The hooks point at this object: detach them so a model that outlives its engine is safe.
-    for (auto& p : fp.params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+void Engine::Impl::on_grad(int index, const at::Tensor& param) {
+  TORCH_CHECK(in_backward, "zero: a gradient of '", fp.layout.params()[index].name,
+              "' arrived outside engine.backward(); call engine.backward(loss) instead of "
+              "loss.backward()");
+  at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
+  sync->on_grad(index, grad);
+  // The engine owns the gradient now; freeing autograd's copy is what makes stage 2 save memory.
+  grad.reset();
+}
+
+void Engine::Impl::publish_parameters() {
+  at::NoGradGuard no_grad;
+  if (fp.master_aliases_flat) return;
+  if (stage == 0) {
+    fp.flat.copy_(fp.master);
+    return;
   }
-
-  void on_grad(int index, const at::Tensor& param) {
-    TORCH_CHECK(in_backward, "zero: a gradient of '", fp.layout.params()[index].name,
-                "' arrived outside engine.backward(); call engine.backward(loss) instead of "
-                "loss.backward()");
-    at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
-    sync->on_grad(index, grad);
-    // The engine owns the gradient now; freeing autograd's copy is what makes stage 2 save memory.
-    grad.reset();
-  }
-
-  void publish_parameters() {
-    at::NoGradGuard no_grad;
-    if (fp.master_aliases_flat) return;
-    if (stage == 0) {
-      fp.flat.copy_(fp.master);
-      return;
+  // Gathers run asynchronously; bound what is in flight (and the cast temporaries it holds).
+  struct InFlight {
+    comm::Work work;
+    at::Tensor input;
+    int64_t numel;
+  };
+  std::deque<InFlight> inflight;
+  int64_t inflight_numel = 0;
+  const auto& buckets = fp.layout.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const BucketSlot& bucket = buckets[b];
+    const int64_t S = bucket.shard.shard_numel();
+    at::Tensor in = fp.master.narrow(0, bucket.shard_offset, S);
+    if (param_dtype != at::kFloat) in = in.to(param_dtype);
+    at::Tensor out = fp.flat.narrow(0, bucket.flat_offset, bucket.shard.padded_numel());
+    while (!inflight.empty() &&
+           inflight_numel + out.numel() > cfg.zero_optimization.allgather_bucket_size) {
+      inflight.front().work.wait();
+      inflight_numel -= inflight.front().numel;
+      inflight.pop_front();
     }
-    // Gathers run asynchronously; bound what is in flight (and the cast temporaries it holds).
-    struct InFlight {
-      comm::Work work;
-      at::Tensor input;
-      int64_t numel;
-    };
-    std::deque<InFlight> inflight;
-    int64_t inflight_numel = 0;
-    const auto& buckets = fp.layout.buckets();
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      const BucketSlot& bucket = buckets[b];
-      const int64_t S = bucket.shard.shard_numel();
-      at::Tensor in = fp.master.narrow(0, bucket.shard_offset, S);
-      if (param_dtype != at::kFloat) in = in.to(param_dtype);
-      at::Tensor out = fp.flat.narrow(0, bucket.flat_offset, bucket.shard.padded_numel());
-      while (!inflight.empty() &&
-             inflight_numel + out.numel() > cfg.zero_optimization.allgather_bucket_size) {
-        inflight.front().work.wait();
-        inflight_numel -= inflight.front().numel;
-        inflight.pop_front();
-      }
-      auto work = group->all_gather(out, in, "all_gather of parameter bucket " + std::to_string(b));
-      inflight.push_back({std::move(work), in, out.numel()});
-      inflight_numel += out.numel();
-    }
-    for (auto& f : inflight) f.work.wait();
+    auto work = group->all_gather(out, in, "all_gather of parameter bucket " + std::to_string(b));
+    inflight.push_back({std::move(work), in, out.numel()});
+    inflight_numel += out.numel();
   }
-};
+  for (auto& f : inflight) f.work.wait();
+}
 
 namespace {
 
@@ -264,6 +248,10 @@ MemoryReport Engine::memory_report() const {
   in.optimizer_states = static_cast<int>(m.opt.optimizer->state().size());
   in.comm_buffer_bytes = r.measured.comm_buffers;
   r.predicted = predict_model_states(in);
+  MemoryModelInput dp = in;
+  dp.stage = 0;
+  dp.comm_buffer_bytes = 0;
+  r.stage0 = predict_model_states(dp);
   return r;
 }
 

@@ -49,20 +49,48 @@ std::string format_memory_report(const MemoryReport& r) {
   std::ostringstream os;
   os << "rank " << r.rank << "/" << r.world_size << "  ZeRO stage " << r.stage << "  params "
      << r.num_params << " (padded " << r.padded_params << ")\n";
-  char line[160];
-  std::snprintf(line, sizeof line, "  %-14s %14s %14s\n", "", "measured", "predicted");
+  char line[200];
+  std::snprintf(line, sizeof line, "  %-14s %14s %14s %18s\n", "", "measured", "predicted",
+                "stage 0 (plain DP)");
   os << line;
-  auto row = [&](const char* name, int64_t m, int64_t p) {
-    std::snprintf(line, sizeof line, "  %-14s %14s %14s\n", name, format_bytes(m).c_str(),
-                  format_bytes(p).c_str());
+  auto row = [&](const char* name, int64_t m, int64_t p, int64_t b) {
+    std::snprintf(line, sizeof line, "  %-14s %14s %14s %18s\n", name, format_bytes(m).c_str(),
+                  format_bytes(p).c_str(), format_bytes(b).c_str());
     os << line;
   };
-  row("parameters", r.measured.params, r.predicted.params);
-  row("gradients", r.measured.grads, r.predicted.grads);
-  row("fp32 master", r.measured.master, r.predicted.master);
-  row("optimizer", r.measured.optimizer, r.predicted.optimizer);
-  row("comm buffers", r.measured.comm_buffers, r.predicted.comm_buffers);
-  row("total", r.measured.total(), r.predicted.total());
+  row("parameters", r.measured.params, r.predicted.params, r.stage0.params);
+  row("gradients", r.measured.grads, r.predicted.grads, r.stage0.grads);
+  row("fp32 master", r.measured.master, r.predicted.master, r.stage0.master);
+  row("optimizer", r.measured.optimizer, r.predicted.optimizer, r.stage0.optimizer);
+  row("comm buffers", r.measured.comm_buffers, r.predicted.comm_buffers, r.stage0.comm_buffers);
+  row("total", r.measured.total(), r.predicted.total(), r.stage0.total());
+  const int64_t saved = r.stage0.total() - r.measured.total();
+  if (r.stage0.total() > 0) {
+    std::snprintf(line, sizeof line, "  %s vs plain data parallel: %s (%.1f%%)\n",
+                  saved >= 0 ? "saved" : "extra", format_bytes(saved >= 0 ? saved : -saved).c_str(),
+                  100.0 * static_cast<double>(saved >= 0 ? saved : -saved) /
+                      static_cast<double>(r.stage0.total()));
+    os << line;
+  }
+  return os.str();
+}
+
+std::string format_memory_reports(const std::vector<MemoryReport>& reports) {
+  if (reports.empty()) return "";
+  std::ostringstream os;
+  os << format_memory_report(reports[0]);
+  if (reports.size() == 1) return os.str();
+  char line[160];
+  for (const MemoryReport& r : reports) {
+    const double err = r.predicted.total() > 0
+                           ? 100.0 * static_cast<double>(r.measured.total() - r.predicted.total()) /
+                                 static_cast<double>(r.predicted.total())
+                           : 0.0;
+    std::snprintf(line, sizeof line, "  rank %-3d total %12s measured, %12s predicted (%+.2f%%)\n",
+                  r.rank, format_bytes(r.measured.total()).c_str(),
+                  format_bytes(r.predicted.total()).c_str(), err);
+    os << line;
+  }
   return os.str();
 }
 

@@ -42,10 +42,14 @@ struct MemoryReport {
   int64_t padded_params = 0;  // flat buffer elements with padding
   MemoryBreakdown measured;   // bytes of the tensors the engine holds (aliases counted once)
   MemoryBreakdown predicted;  // predict_model_states for this run
+  // The same model under plain data parallel (stage 0, predicted): what the sharding saved.
+  MemoryBreakdown stage0;
 };
 
 // A fixed-width table, one row per category, measured vs predicted.
 std::string format_memory_report(const MemoryReport& r);
+// Rank 0's table, then one line per rank with its measured and predicted totals.
+std::string format_memory_reports(const std::vector<MemoryReport>& reports);
 std::string format_bytes(int64_t bytes);
 
 }  // namespace zero
