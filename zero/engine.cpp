@@ -115,7 +115,6 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   TORCH_CHECK(group, "zero::initialize: the process group is null");
   auto impl = std::make_unique<Engine::Impl>();
   cfg.resolve_batch(group->size());
-  TORCH_CHECK(!cfg.fp16.enabled, "zero: fp16.enabled is not implemented yet; use bf16.enabled");
   impl->cfg = std::move(cfg);
   const Config& c = impl->cfg;
   impl->module = std::move(model);
@@ -123,6 +122,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   impl->stage = c.zero_optimization.stage;
   impl->accumulation = c.gradient_accumulation_steps;
   impl->param_dtype = to_scalar_type(c.param_dtype());
+  if (c.fp16.enabled) impl->scaler = LossScaler(c.fp16);
   if (impl->group->rank() == 0) {
     for (const auto& w : c.warnings) std::cerr << "zero: warning: " << w << "\n";
   }
@@ -162,9 +162,11 @@ void Engine::backward(const at::Tensor& loss) {
   m.in_backward = true;
   try {
     // Each micro-batch's loss is a mean; dividing by the accumulation steps makes the sum of
-    // the window's gradients the gradient of the whole window's mean.
-    if (m.accumulation > 1) {
-      (loss / static_cast<double>(m.accumulation)).backward();
+    // the window's gradients the gradient of the whole window's mean. Under fp16 the loss scale
+    // rides along in the same multiply.
+    const double factor = m.scaler.scale() / static_cast<double>(m.accumulation);
+    if (factor != 1.0) {
+      (loss * factor).backward();
     } else {
       loss.backward();
     }
@@ -195,13 +197,30 @@ bool Engine::step() {
   // The reduced shard holds the sum over ranks; the norm of the average is that over N.
   at::Tensor sq = at::linalg_vector_norm(g, 2, {}, false, at::kDouble).square().reshape({1});
   if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
-  const double norm = std::sqrt(sq.item<double>()) / world;
+  // The norm is a global quantity (stage 0 holds the all-reduced gradient, stages 1/2 the
+  // all-reduced square sum), so every rank sees the same verdict on inf/NaN and skips together.
+  const double loss_scale = m.scaler.scale();
+  const double norm = std::sqrt(sq.item<double>()) / world / loss_scale;
+  if (m.cfg.fp16.enabled) {
+    const bool overflow = !std::isfinite(norm);
+    m.scaler.update(overflow);
+    if (overflow) {
+      ++m.stats.skipped_steps;
+      if (m.group->rank() == 0) {
+        std::cerr << "zero: fp16 gradient overflow at optimizer step " << m.stats.optimizer_steps
+                  << ": step skipped on every rank, loss scale " << loss_scale << " -> "
+                  << m.scaler.scale() << "\n";
+      }
+      m.sync->zero_grad();
+      return false;
+    }
+  }
   TORCH_CHECK(std::isfinite(norm), "zero: the gradient norm is ", norm, " at optimizer step ",
               m.stats.optimizer_steps,
               "; the loss or the gradients hold inf/NaN. Lower the learning rate or enable "
               "gradient_clipping; the master weights were not updated.");
   m.stats.last_grad_norm = norm;
-  double scale = 1.0 / world;
+  double scale = 1.0 / (world * loss_scale);
   if (m.cfg.gradient_clipping > 0) {
     const double coef = m.cfg.gradient_clipping / (norm + 1e-6);
     if (coef < 1.0) scale *= coef;
@@ -220,6 +239,7 @@ int Engine::rank() const { return impl_->group->rank(); }
 int Engine::world_size() const { return impl_->group->size(); }
 int Engine::stage() const { return impl_->stage; }
 double Engine::lr() const { return impl_->opt.schedule->lr_at(impl_->stats.optimizer_steps); }
+double Engine::loss_scale() const { return impl_->scaler.scale(); }
 const Config& Engine::config() const { return impl_->cfg; }
 const EngineStats& Engine::stats() const { return impl_->stats; }
 std::shared_ptr<torch::nn::Module> Engine::module() const { return impl_->module; }

@@ -10,6 +10,7 @@
 #include "zero/engine.hpp"
 #include "zero/flat_params.hpp"
 #include "zero/grad_sync.hpp"
+#include "zero/loss_scaler.hpp"
 #include "zero/optimizer_factory.hpp"
 
 namespace zero {
@@ -27,6 +28,7 @@ struct Engine::Impl {
   std::unique_ptr<GradSync> sync;
   OptimizerBundle opt;
   EngineStats stats;
+  LossScaler scaler;  // active under fp16 only
   bool in_backward = false;
 
   ~Impl();

@@ -36,6 +36,7 @@ struct EngineStats {
   double last_grad_norm = 0;     // global norm before clipping, of the last optimizer step
   int64_t optimizer_steps = 0;
   int64_t micro_steps = 0;
+  int64_t skipped_steps = 0;  // fp16 overflows: the step was skipped on every rank
 };
 
 class Engine {
@@ -49,14 +50,16 @@ class Engine {
   // Back-propagates loss / gradient_accumulation_steps and reduces gradients as their buckets
   // fill. Call it instead of loss.backward().
   void backward(const at::Tensor& loss);
-  // Applies the optimizer at a gradient-accumulation boundary; returns whether it did.
+  // Applies the optimizer at a gradient-accumulation boundary; returns whether it did (false
+  // also when fp16 found an overflow and skipped the step on every rank).
   bool step();
   bool is_gradient_accumulation_boundary() const;
 
   int rank() const;
   int world_size() const;
   int stage() const;
-  double lr() const;  // the learning rate the next optimizer step will use
+  double lr() const;          // the learning rate the next optimizer step will use
+  double loss_scale() const;  // fp16: the current dynamic loss scale; 1 otherwise
   const Config& config() const;
   const EngineStats& stats() const;
   std::shared_ptr<torch::nn::Module> module() const;
