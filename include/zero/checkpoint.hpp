@@ -79,12 +79,15 @@ struct CheckpointOptions {
   ActivationOffloader* offload = nullptr;
 };
 
-// Runs `fn(inputs)` without keeping its activations; backward recomputes them. Grad mode off
-// (eval, NoGradGuard): just `fn(inputs)`. Inputs that don't require grad get no gradient; the
-// block's parameters still do, even if no input requires grad. Works any number of times per
-// forward and across gradient accumulation. Not supported: create_graph (double backward), and
-// torch::autograd::grad limited to some inputs still accumulates into the block's parameters
-// (the same trade-off as PyTorch's reentrant checkpoint).
+// Runs `fn(inputs)` without keeping its activations; backward recomputes them, replaying the
+// RNG (see CheckpointOptions) and the CPU/CUDA autocast state of forward. Grad mode off (eval,
+// NoGradGuard): just `fn(inputs)`. Inputs that don't require grad get no gradient; the block's
+// parameters still do, even if no input requires grad. Works any number of times per forward
+// and across gradient accumulation.
+// Caveats, as with PyTorch's reentrant checkpoint: the recomputation's backward is a separate
+// pass, so a parameter used by two checkpointed blocks (tied weights) accumulates twice in one
+// outer backward, which the engine's bucket tracker rejects; torch::autograd::grad restricted to
+// some inputs still accumulates into the block's parameters; create_graph is not supported.
 std::vector<at::Tensor> checkpoint(const Block& fn, const std::vector<at::Tensor>& inputs,
                                    const CheckpointOptions& options = {});
 at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x,

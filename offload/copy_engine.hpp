@@ -1,0 +1,44 @@
+// The device-specific half of activation offload, behind one small interface so that the
+// bookkeeping (activation_offloader.cpp) is the same code on CPU-only and CUDA builds. Exactly one
+// of cuda_copy.cpp / no_cuda_copy.cpp defines make_copy_engine (see offload/CMakeLists.txt).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+
+namespace zero::offload_detail {
+
+// An opaque handle on one copy in flight; null means the copy has already finished.
+using Ticket = std::shared_ptr<void>;
+
+struct Copy {
+  at::Tensor dst;  // contiguous; not to be read before wait()/ready() says the copy finished
+  Ticket ticket;
+};
+
+class CopyEngine {
+ public:
+  virtual ~CopyEngine() = default;
+  // Copies `src` (on this engine's device) into a fresh host buffer. The caller keeps `src` alive
+  // until ready(ticket): device memory freed earlier could be reused while still being read.
+  virtual Copy to_host_async(const at::Tensor& src) = 0;
+  // Copies a buffer from to_host_async back to this engine's device.
+  virtual Copy to_device_async(const at::Tensor& host) = 0;
+  // Orders the current stream after the copy: work enqueued from now on may use its dst.
+  virtual void wait(const Ticket& ticket) = 0;
+  // Host-side poll: has the copy finished (so its source may be released)?
+  virtual bool ready(const Ticket& ticket) = 0;
+  // Blocks the calling thread until the copy has finished.
+  virtual void synchronize(const Ticket& ticket) = 0;
+};
+
+// Host "device": copies are synchronous clones into separate buffers. Used for CPU tensors on
+// every build, so CPU-only builds exercise the whole offload path.
+std::unique_ptr<CopyEngine> make_host_copy_engine();
+
+// The engine for tensors on `device`; errors for devices this build cannot copy from.
+std::unique_ptr<CopyEngine> make_copy_engine(c10::Device device);
+
+}  // namespace zero::offload_detail
