@@ -33,6 +33,11 @@ set(ZERO_WITH_CUDA OFF)
 if(TORCH_CUDA_VERSION)
   set(ZERO_WITH_CUDA ON)
   find_package(CUDAToolkit REQUIRED)
+  # ATen's CUDA headers include cuBLAS/cuSPARSE/NCCL headers, which a bare toolkit may lack; the
+  # wheel's nvidia-* packages carry the very versions torch was built with, so they come first.
+  file(GLOB _nvidia_includes ${TORCH_ROOT}/../nvidia/*/include)
+  target_include_directories(zero_torch SYSTEM INTERFACE ${_nvidia_includes}
+                             ${CUDAToolkit_INCLUDE_DIRS})
   list(APPEND _torch_libs torch_cuda c10_cuda)
   target_compile_definitions(zero_torch INTERFACE USE_C10D_NCCL USE_CUDA)
   target_link_libraries(zero_torch INTERFACE CUDA::cudart)

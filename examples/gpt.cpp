@@ -136,9 +136,29 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   const auto dtype = x.scalar_type();
   auto cos = rope_cos.narrow(0, 0, T).to(dtype);
   auto sin = rope_sin.narrow(0, 0, T).to(dtype);
-  for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x, cos, sin);
+  zero::CheckpointOptions opts;
+  opts.offload = offloader.get();
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto* block = (*blocks)[i]->as<BlockImpl>();
+    if (checkpointing.enabled && static_cast<int64_t>(i) % checkpointing.every == 0) {
+      // The closure outlives this call (backward re-runs it): capture by value.
+      x = zero::checkpoint(
+          [block, cos, sin](const at::Tensor& in) { return block->forward(in, cos, sin); }, x,
+          opts);
+    } else {
+      x = block->forward(x, cos, sin);
+    }
+  }
   x = norm->forward(x);
   return head ? head->forward(x) : at::linear(x, embed->weight);
+}
+
+void apply_activation_checkpointing(Gpt& model, const CheckpointPolicy& policy) {
+  if (policy.every < 1) throw std::invalid_argument("checkpoint every must be >= 1");
+  model->checkpointing = policy;
+  model->offloader = policy.enabled && policy.cpu_offload
+                         ? std::make_unique<zero::ActivationOffloader>()
+                         : nullptr;
 }
 
 at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {

@@ -7,8 +7,11 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "zero/checkpoint.hpp"
 
 namespace zero::examples {
 
@@ -48,6 +51,14 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// Which blocks recompute in backward instead of keeping their activations, and whether the
+// block inputs that checkpointing keeps go to host memory (DeepSpeed's cpu_checkpointing).
+struct CheckpointPolicy {
+  bool enabled = false;
+  bool cpu_offload = false;
+  int64_t every = 1;  // checkpoint blocks 0, every, 2*every, ...
+};
+
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& c);
   // tokens [batch, seq] int64 -> logits [batch, seq, vocab]
@@ -61,7 +72,12 @@ struct GptImpl : torch::nn::Module {
   RMSNorm norm{nullptr};
   torch::nn::Linear head{nullptr};  // null when tied to the embedding
   at::Tensor rope_cos, rope_sin;    // buffers [max_seq, head_dim]
+  CheckpointPolicy checkpointing;
+  std::unique_ptr<zero::ActivationOffloader> offloader;  // set when checkpointing.cpu_offload
 };
 TORCH_MODULE(Gpt);
+
+// Turns activation checkpointing (and CPU offload of the kept inputs) on for the model's blocks.
+void apply_activation_checkpointing(Gpt& model, const CheckpointPolicy& policy);
 
 }  // namespace zero::examples

@@ -1,4 +1,5 @@
-// zero-train: trains the example GPT on the built-in synthetic corpus with the ZeRO engine.
+// zero-train: trains the example GPT with the ZeRO engine, on the built-in synthetic corpus, a
+// text file (bytes) or a pre-tokenized uint16 .bin file.
 //
 //   torchrun --no-python --nproc-per-node 2 build/examples/zero-train \
 //       --config configs/zero2.yaml --summary-json out/summary.json
@@ -14,8 +15,11 @@
 #include <iostream>
 #include <vector>
 
+#include "data.hpp"
 #include "gpt.hpp"
-#include "synthetic_data.hpp"
+#include "metrics.hpp"
+#include "train_summary.hpp"
+#include "zero/device.hpp"
 #include "zero/zero.hpp"
 
 namespace po = boost::program_options;
@@ -23,6 +27,11 @@ using namespace zero;
 using namespace zero::examples;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 Config::Extension trainer_keys() {
   using T = Config::Extension::Type;
@@ -32,19 +41,15 @@ Config::Extension trainer_keys() {
       {"model", T::kString, "small", "GPT preset: tiny, small, gpt-25m, gpt-50m, gpt-100m, ..."},
       {"steps", T::kInt, "100", "optimizer steps to train"},
       {"seq_len", T::kInt, "64", "tokens per sample"},
-      {"data", T::kString, "synthetic", "synthetic (the built-in corpus)"},
+      {"data", T::kString, "synthetic", "synthetic, text:PATH (bytes) or bin:PATH (uint16)"},
+      {"activation_checkpointing", T::kBool, "false",
+       "recompute each block in backward; activation_checkpointing.cpu_checkpointing also "
+       "moves the kept block inputs to host memory"},
+      {"metrics_file", T::kString, "", "rank 0 appends one JSON line per optimizer step here"},
+      {"peak_tflops", T::kFloat, "0",
+       "peak FLOP/s per rank for MFU, in TFLOP/s; 0: from the accelerator's name"},
   };
   return ext;
-}
-
-std::string json_breakdown(const MemoryBreakdown& b) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "{\"params\": %lld, \"grads\": %lld, \"master\": %lld, \"optimizer\": %lld, "
-                "\"comm_buffers\": %lld, \"total\": %lld}",
-                (long long)b.params, (long long)b.grads, (long long)b.master,
-                (long long)b.optimizer, (long long)b.comm_buffers, (long long)b.total());
-  return buf;
 }
 
 int run(int argc, char** argv) {
@@ -65,106 +70,107 @@ int run(int argc, char** argv) {
 
   const auto ext = trainer_keys();
   Config cfg = Config::from_file(config_path, sets, &ext);
-  const GptConfig mc = gpt_preset(cfg.extra_string("trainer.model"));
+  const std::string preset = cfg.extra_string("trainer.model");
+  const GptConfig mc = gpt_preset(preset);
   const int64_t steps = cfg.extra_int("trainer.steps");
   const int64_t seq = cfg.extra_int("trainer.seq_len");
-  if (cfg.extra_string("trainer.data") != "synthetic") {
-    throw ConfigError(config_path + ": trainer.data: only 'synthetic' is built in");
-  }
   if (seq > mc.max_seq || seq < 1) {
     throw ConfigError(config_path + ": trainer.seq_len " + std::to_string(seq) +
-                      " must be in [1, " + std::to_string(mc.max_seq) + "] for this model");
+                      " must be in [1, " + std::to_string(mc.max_seq) + "] for model " + preset);
   }
+  std::shared_ptr<const Dataset> data =
+      open_dataset(cfg.extra_string("trainer.data"), seq, mc.vocab, cfg.seed);
 
   at::manual_seed(cfg.seed);
   Gpt model(mc);
+  CheckpointPolicy policy;
+  policy.enabled = cfg.extra_bool("trainer.activation_checkpointing");
+  policy.cpu_offload = cfg.extra_bool("activation_checkpointing.cpu_checkpointing");
+  if (policy.cpu_offload && !policy.enabled) {
+    throw ConfigError(config_path +
+                      ": activation_checkpointing.cpu_checkpointing offloads what checkpointing "
+                      "keeps; also set trainer.activation_checkpointing: true");
+  }
+  apply_activation_checkpointing(model, policy);
   Engine engine = initialize(model, cfg);
   const Config& c = engine.config();  // batch sizes resolved for the world size
   const int rank = engine.rank(), world = engine.world_size();
   const int64_t micro = c.train_micro_batch_size_per_gpu;
   const int64_t ga = c.gradient_accumulation_steps;
-  SyntheticCorpus corpus(mc.vocab, cfg.seed);
+  const c10::Device device = model->parameters().front().device();
+  BatchLoader loader(data, DistributedSampler(data->size(), rank, world, cfg.seed), micro);
 
-  auto reports = engine.gather_memory_reports();
+  const auto reports = engine.gather_memory_reports();
+  const std::string dev_name = device_name(device);
+  double peak = cfg.extra_float("trainer.peak_tflops") * 1e12;
+  if (peak <= 0) peak = known_peak_flops(dev_name);
   if (rank == 0) {
     std::printf(
-        "zero-train: %s (%lld parameters), %d ranks, ZeRO stage %d, %s, micro-batch %lld "
-        "x accumulation %lld x %d ranks = %lld sequences of %lld tokens\n",
-        cfg.extra_string("trainer.model").c_str(), (long long)mc.num_params(), world,
-        engine.stage(), c.bf16 ? "bf16" : "fp32", (long long)micro, (long long)ga, world,
-        (long long)c.train_batch_size, (long long)seq);
+        "zero-train: %s (%lld parameters), %d ranks on %s, ZeRO stage %d, %s%s, micro-batch "
+        "%lld x accumulation %lld x %d ranks = %lld sequences of %lld tokens, data: %s\n",
+        preset.c_str(), (long long)mc.num_params(), world, dev_name.c_str(), engine.stage(),
+        c.bf16 ? "bf16" : (c.fp16.enabled ? "fp16" : "fp32"),
+        policy.enabled ? (policy.cpu_offload ? ", checkpointing + CPU offload" : ", checkpointing")
+                       : "",
+        (long long)micro, (long long)ga, world, (long long)c.train_batch_size, (long long)seq,
+        data->describe().c_str());
     std::printf("%s", format_memory_reports(reports).c_str());
     std::fflush(stdout);
   }
 
-  double final_loss = NAN, first_loss = NAN;
-  std::vector<double> step_seconds;
-  auto t0 = std::chrono::steady_clock::now();
-  auto last = t0;
+  MetricsLog metrics(rank == 0 ? cfg.extra_string("trainer.metrics_file") : "");
+  const double flops_token = flops_per_token(mc, seq);
+  const double tokens_per_step = static_cast<double>(c.train_batch_size * seq);
+  TrainSummary sum;
+  const auto t0 = Clock::now();
   for (int64_t step = 0; step < steps; ++step) {
-    const auto step_start = std::chrono::steady_clock::now();
+    const auto step_start = Clock::now();
+    StepRecord rec;
     double loss_sum = 0;
+    const double comm_before = engine.stats().comm_wait_seconds;
     for (int64_t m = 0; m < ga; ++m) {
-      // Rows of the global batch are dealt out so ranks never share a sample.
-      const int64_t first = ((step * ga + m) * world + rank) * micro;
-      auto [x, y] = corpus.batch(first, micro, seq);
-      at::Tensor loss = model->loss(x, y);
-      loss_sum += loss.item<double>();
+      auto t = Clock::now();
+      auto batch = loader.next();
+      rec.data_s += since(t);
+      t = Clock::now();
+      at::Tensor loss = model->loss(batch.tokens.to(device), batch.targets.to(device));
+      loss_sum += loss.item<double>();  // also waits for the forward pass to finish
+      rec.forward_s += since(t);
+      t = Clock::now();
       engine.backward(loss);
+      rec.backward_s += since(t);
+      t = Clock::now();
       engine.step();
+      rec.optimizer_s += since(t);
     }
-    const double loss = engine.all_reduce_mean(loss_sum / ga);
-    step_seconds.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-    if (step == 0) first_loss = loss;
-    final_loss = loss;
-    const bool log = (step + 1) % c.steps_per_print == 0 || step == 0 || step + 1 == steps;
+    rec.comm_exposed_s = engine.stats().comm_wait_seconds - comm_before;
+    rec.backward_s -= rec.comm_exposed_s;
+    rec.loss = engine.all_reduce_mean(loss_sum / static_cast<double>(ga));
+    rec.step_s = since(step_start);
+    rec.step = step + 1;
+    rec.total_steps = steps;
+    rec.lr = engine.lr();
+    rec.grad_norm = engine.stats().last_grad_norm;
+    rec.loss_scale = engine.loss_scale();
+    rec.tokens_per_s = tokens_per_step / rec.step_s;
+    rec.mfu = peak > 0 ? rec.tokens_per_s * flops_token / (peak * world) : -1;
+    rec.eta_s = since(t0) / static_cast<double>(rec.step) * static_cast<double>(steps - rec.step);
+    const DeviceMemory dm = device_memory(device);
+    rec.memory_bytes = dm.available ? dm.peak_allocated : reports[0].measured.total();
+    sum.add(rec);
+    metrics.write(rec);
+    const bool log = rec.step % c.steps_per_print == 0 || step == 0 || rec.step == steps;
     if (rank == 0 && log) {
-      auto now = std::chrono::steady_clock::now();
-      const double dt = std::chrono::duration<double>(now - last).count();
-      const double elapsed = std::chrono::duration<double>(now - t0).count();
-      const int64_t done = step + 1;
-      const double tokens = static_cast<double>(c.train_batch_size * seq) *
-                            (step == 0 ? 1 : std::min<int64_t>(c.steps_per_print, done));
-      std::printf("step %5lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  tokens/s %.0f  eta %.0fs\n",
-                  (long long)done, (long long)steps, loss, engine.lr(),
-                  engine.stats().last_grad_norm, tokens / std::max(dt, 1e-9),
-                  elapsed / done * (steps - done));
+      std::printf("%s\n", format_progress(rec).c_str());
       std::fflush(stdout);
-      last = now;
     }
   }
 
-  at::Tensor flat = engine.flat_parameters();
-  const double checksum = flat.sum().item<double>();
-  const double norm = flat.norm().item<double>();
+  sum.finish(engine, *model, policy, data->describe(), loader.wait_seconds());
   if (rank == 0) {
-    std::printf("done: loss %.4f -> %.4f (corpus entropy %.4f), parameter L2 norm %.6f\n",
-                first_loss, final_loss, corpus.entropy(), norm);
-  }
-  // The first step pays for allocations and gloo connection set-up: leave it out of the median.
-  std::vector<double> timed(step_seconds.begin() + (step_seconds.size() > 1 ? 1 : 0),
-                            step_seconds.end());
-  std::sort(timed.begin(), timed.end());
-  const double median_step = timed.empty() ? NAN : timed[timed.size() / 2];
-  if (rank == 0 && !summary_path.empty()) {
-    std::ofstream out(summary_path);
-    if (!out) throw std::runtime_error("cannot write --summary-json file '" + summary_path + "'");
-    out.precision(17);
-    out << "{\n  \"world_size\": " << world << ",\n  \"stage\": " << engine.stage()
-        << ",\n  \"steps\": " << steps << ",\n  \"model\": \"" << cfg.extra_string("trainer.model")
-        << "\",\n  \"num_params\": " << mc.num_params() << ",\n  \"first_loss\": " << first_loss
-        << ",\n  \"final_loss\": " << final_loss << ",\n  \"param_checksum\": " << checksum
-        << ",\n  \"param_norm\": " << norm << ",\n  \"step_seconds_median\": " << median_step
-        << ",\n  \"comm_wait_seconds\": " << engine.stats().comm_wait_seconds
-        << ",\n  \"seq_len\": " << seq << ",\n  \"train_batch_size\": " << c.train_batch_size
-        << ",\n  \"memory\": [";
-    for (size_t r = 0; r < reports.size(); ++r) {
-      out << (r ? ",\n" : "\n") << "    {\"rank\": " << r
-          << ", \"measured\": " << json_breakdown(reports[r].measured)
-          << ", \"predicted\": " << json_breakdown(reports[r].predicted) << "}";
-    }
-    out << "\n  ]\n}\n";
+    std::printf("done: loss %.4f -> %.4f, parameter L2 norm %.6f, median step %.3f s\n",
+                sum.first_loss, sum.final_loss, sum.param_norm, sum.median_step_s());
+    if (!summary_path.empty()) sum.write_json(summary_path, engine, preset, mc, seq, reports);
   }
   return 0;
 }
@@ -177,9 +183,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // c10::Error carries a C++ backtrace after the message: the first line is the useful part.
     std::string msg = e.what();
-    if (dynamic_cast<const c10::Error*>(&e) != nullptr) {
-      msg = static_cast<const c10::Error&>(e).what_without_backtrace();
-    }
+    if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) msg = ce->what_without_backtrace();
     const char* rank = std::getenv("RANK");
     std::fprintf(stderr, "zero-train%s%s: error: %s\n", rank ? " rank " : "", rank ? rank : "",
                  msg.c_str());

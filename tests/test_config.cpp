@@ -97,7 +97,7 @@ TEST(Config, PresetsLoadWithTrainerExtension) {
     const std::string path = kSrc + "/configs/zero" + std::to_string(stage) + ".yaml";
     Config c = Config::from_file(path, {}, &ext);
     EXPECT_EQ(c.zero_optimization.stage, stage) << path;
-    EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 2'000'000);
+    EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500'000);
     EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
     EXPECT_EQ(c.gradient_accumulation_steps, 1);
     EXPECT_EQ(c.optimizer.type, "AdamW");
@@ -240,7 +240,7 @@ TEST(Config, TypesAreCanonicalised) {
       "scheduler: {type: warmupdecaylr, params: {total_num_steps: 10, warmup_num_steps: 2}}\n"
       "communication_data_type: bfloat16\ndata_types: {grad_accum_dtype: fp32}\n"
       "bfloat16: {enabled: true}\nno_weight_decay: [bias, ln_]\nseed: 18446744073709551615\n"
-      "activation_checkpointing: {partition_activations: true, number_checkpoints: 4}\n");
+      "activation_checkpointing: {cpu_checkpointing: true, number_checkpoints: 4}\n");
   EXPECT_EQ(c.optimizer.type, "AdamW");
   EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
   EXPECT_EQ(c.communication_data_type, Dtype::kBFloat16);
@@ -248,14 +248,21 @@ TEST(Config, TypesAreCanonicalised) {
   EXPECT_TRUE(c.bf16);
   EXPECT_EQ(c.no_weight_decay, (std::vector<std::string>{"bias", "ln_"}));
   EXPECT_EQ(c.seed, 18446744073709551615ull);
-  EXPECT_TRUE(c.extra_bool("activation_checkpointing.partition_activations"));
-  EXPECT_FALSE(c.extra_bool("activation_checkpointing.cpu_checkpointing"));
+  EXPECT_FALSE(c.extra_bool("activation_checkpointing.partition_activations"));
+  EXPECT_TRUE(c.extra_bool("activation_checkpointing.cpu_checkpointing"));
   EXPECT_EQ(c.extra_int("activation_checkpointing.number_checkpoints"), 4);
   ASSERT_EQ(c.warnings.size(), 1u);
   EXPECT_HAS(c.warnings[0], "t.yaml:1: 'optimizer.params.torch_adam'");
   EXPECT_STREQ(zero::dtype_name(Dtype::kFloat32), "fp32");
   EXPECT_STREQ(zero::dtype_name(Dtype::kBFloat16), "bf16");
   EXPECT_STREQ(zero::dtype_name(Dtype::kFloat16), "fp16");
+}
+
+TEST(Config, PartitionActivationsIsRefusedWithoutModelParallelism) {
+  const std::string err = load_error("activation_checkpointing: {partition_activations: true}\n");
+  EXPECT_HAS(err, "t.yaml:1");
+  EXPECT_HAS(err, "partition_activations");
+  EXPECT_HAS(err, "set it to false");
 }
 
 TEST(Config, DiagnosticKeysWarn) {

@@ -300,7 +300,23 @@ void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {
   for (const char* k :
        {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
         "synchronize_checkpoint_boundary", "profile"}) {
-    f.push_back({k, [&, k](const Entry& e) { c.extra[p + k] = l.boolean(e) ? "true" : "false"; }});
+    f.push_back({k, [&, k](const Entry& e) {
+                   const bool on = l.boolean(e);
+                   c.extra[p + k] = on ? "true" : "false";
+                   const std::string key = k;
+                   // Partitioning splits activations across tensor-parallel ranks; without model
+                   // parallelism there is nothing to split it over, and pretending would hide it.
+                   if (on && key == "partition_activations") {
+                     l.fail(e,
+                            "'activation_checkpointing.partition_activations' needs tensor "
+                            "model parallelism, which zero does not have; set it to false");
+                   }
+                   if (on && key != "cpu_checkpointing" && key != "partition_activations") {
+                     l.warn(e, "'" + e.path +
+                                   "' only tunes DeepSpeed's buffers/profiling and is "
+                                   "ignored");
+                   }
+                 }});
   }
   f.push_back({"number_checkpoints", [&](const Entry& e) {
                  if (!Loader::is_null(e)) {

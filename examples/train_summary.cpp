@@ -1,0 +1,113 @@
+#include "train_summary.hpp"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <stdexcept>
+
+namespace zero::examples {
+namespace {
+
+std::string json_breakdown(const MemoryBreakdown& b) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "{\"params\": %lld, \"grads\": %lld, \"master\": %lld, \"optimizer\": %lld, "
+                "\"comm_buffers\": %lld, \"total\": %lld}",
+                (long long)b.params, (long long)b.grads, (long long)b.master,
+                (long long)b.optimizer, (long long)b.comm_buffers, (long long)b.total());
+  return buf;
+}
+
+// A JSON string literal: the data description may hold a user's path.
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+void TrainSummary::add(const StepRecord& r) {
+  if (records.empty()) first_loss = r.loss;
+  final_loss = r.loss;
+  records.push_back(r);
+}
+
+void TrainSummary::finish(const Engine& engine, GptImpl& model, const CheckpointPolicy& policy,
+                          const std::string& data_description, double loader_wait_s) {
+  at::Tensor flat = engine.flat_parameters();
+  param_checksum = flat.sum().item<double>();
+  param_norm = flat.norm().item<double>();
+  peak_rss_bytes = examples::peak_rss_bytes();
+  offload_peak_host_bytes = model.offloader ? model.offloader->stats().peak_host_bytes : 0;
+  checkpointing = policy.enabled;
+  cpu_offload = policy.cpu_offload;
+  data = data_description;
+  data_wait_s = loader_wait_s;
+}
+
+double TrainSummary::median_step_s() const {
+  std::vector<double> t;
+  for (size_t i = records.size() > 1 ? 1 : 0; i < records.size(); ++i) {
+    t.push_back(records[i].step_s);
+  }
+  if (t.empty()) return NAN;
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void TrainSummary::write_json(const std::string& path, const Engine& engine,
+                              const std::string& preset, const GptConfig& mc, int64_t seq_len,
+                              const std::vector<MemoryReport>& reports) const {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write the --summary-json file '" + path + "'");
+  const Config& c = engine.config();
+  auto mean = [&](double StepRecord::*field) {
+    double s = 0;
+    for (size_t i = records.size() > 1 ? 1 : 0; i < records.size(); ++i) s += records[i].*field;
+    return s / std::max<size_t>(1, records.size() - (records.size() > 1 ? 1 : 0));
+  };
+  auto b = [](bool v) { return v ? "true" : "false"; };
+  out.precision(17);
+  out << "{\n  \"world_size\": " << engine.world_size() << ",\n  \"stage\": " << engine.stage()
+      << ",\n  \"steps\": " << records.size() << ",\n  \"model\": " << quoted(preset)
+      << ",\n  \"num_params\": " << mc.num_params() << ",\n  \"data\": " << quoted(data)
+      << ",\n  \"first_loss\": " << first_loss << ",\n  \"final_loss\": " << final_loss
+      << ",\n  \"param_checksum\": " << param_checksum << ",\n  \"param_norm\": " << param_norm
+      << ",\n  \"step_seconds_median\": " << median_step_s()
+      << ",\n  \"forward_s_mean\": " << mean(&StepRecord::forward_s)
+      << ",\n  \"backward_s_mean\": " << mean(&StepRecord::backward_s)
+      << ",\n  \"comm_exposed_s_mean\": " << mean(&StepRecord::comm_exposed_s)
+      << ",\n  \"optimizer_s_mean\": " << mean(&StepRecord::optimizer_s)
+      << ",\n  \"tokens_per_s_mean\": " << mean(&StepRecord::tokens_per_s)
+      << ",\n  \"data_wait_s\": " << data_wait_s
+      << ",\n  \"comm_wait_seconds\": " << engine.stats().comm_wait_seconds
+      << ",\n  \"skipped_steps\": " << engine.stats().skipped_steps
+      << ",\n  \"bf16\": " << b(c.bf16) << ",\n  \"activation_checkpointing\": " << b(checkpointing)
+      << ",\n  \"cpu_offload\": " << b(cpu_offload)
+      << ",\n  \"offload_peak_host_bytes\": " << offload_peak_host_bytes
+      << ",\n  \"peak_rss_bytes\": " << peak_rss_bytes << ",\n  \"seq_len\": " << seq_len
+      << ",\n  \"train_batch_size\": " << c.train_batch_size << ",\n  \"memory\": [";
+  for (size_t r = 0; r < reports.size(); ++r) {
+    out << (r ? ",\n" : "\n") << "    {\"rank\": " << r
+        << ", \"measured\": " << json_breakdown(reports[r].measured)
+        << ", \"predicted\": " << json_breakdown(reports[r].predicted) << "}";
+  }
+  out << "\n  ]\n}\n";
+}
+
+}  // namespace zero::examples

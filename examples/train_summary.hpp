@@ -1,0 +1,39 @@
+// What zero-train reports at the end: losses, a checksum and norm of the full parameters, the
+// step-time median and the per-rank memory, as the --summary-json file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpt.hpp"
+#include "metrics.hpp"
+#include "zero/engine.hpp"
+
+namespace zero::examples {
+
+struct TrainSummary {
+  double first_loss = NAN, final_loss = NAN;
+  double param_checksum = 0, param_norm = 0;
+  std::vector<StepRecord> records;
+  int64_t peak_rss_bytes = 0;
+  int64_t offload_peak_host_bytes = 0;
+  double data_wait_s = 0;
+  bool checkpointing = false, cpu_offload = false;
+  std::string data;
+
+  void add(const StepRecord& r);
+  // Collective: reads the full parameters (every rank holds them after a step).
+  void finish(const Engine& engine, GptImpl& model, const CheckpointPolicy& policy,
+              const std::string& data_description, double loader_wait_s);
+  // Median over the steps after the first, which pays for allocations and connection set-up.
+  double median_step_s() const;
+  void write_json(const std::string& path, const Engine& engine, const std::string& preset,
+                  const GptConfig& mc, int64_t seq_len,
+                  const std::vector<MemoryReport>& reports) const;
+};
+
+// Peak resident memory of this process (Linux VmHWM): on CPU it is where activations show up.
+int64_t peak_rss_bytes();
+
+}  // namespace zero::examples

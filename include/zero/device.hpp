@@ -1,0 +1,28 @@
+// What the accelerator says about itself: its name (for the peak-FLOP/s table behind MFU) and
+// the caching allocator's memory counters. One implementation per device family, picked by
+// CMake (zero/device_cuda.cpp or zero/device_cpu.cpp), so callers need no #ifdef.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+
+namespace zero {
+
+struct DeviceMemory {
+  bool available = false;  // false on CPU: the host allocator keeps no such counters
+  int64_t allocated = 0;   // bytes in live tensors now
+  int64_t reserved = 0;    // bytes the caching allocator holds from the driver
+  int64_t peak_allocated = 0;
+};
+
+// "NVIDIA H200", or "cpu".
+std::string device_name(c10::Device device);
+DeviceMemory device_memory(c10::Device device);
+// Starts a new peak_allocated window (no-op on CPU).
+void reset_peak_memory(c10::Device device);
+// Dense bf16 peak FLOP/s of known accelerators (A100 312 T, H100/H200 989 T); 0 if unknown.
+double known_peak_flops(const std::string& name);
+
+}  // namespace zero

@@ -1,0 +1,10 @@
+// CPU-only builds: no device allocator counters to read.
+#include "zero/device.hpp"
+
+namespace zero {
+
+std::string device_name(c10::Device device) { return device.str(); }
+DeviceMemory device_memory(c10::Device) { return {}; }
+void reset_peak_memory(c10::Device) {}
+
+}  // namespace zero

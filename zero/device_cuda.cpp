@@ -1,0 +1,36 @@
+// CUDA builds: names from the device properties, memory from the caching allocator, which is
+// where every tensor of the engine (flat buffers, shards, bucket buffers) is allocated.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include "zero/device.hpp"
+
+namespace zero {
+
+std::string device_name(c10::Device device) {
+  if (!device.is_cuda()) return device.str();
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  return at::cuda::getDeviceProperties(index)->name;
+}
+
+DeviceMemory device_memory(c10::Device device) {
+  if (!device.is_cuda()) return {};
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  using c10::CachingAllocator::StatType;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+  DeviceMemory m;
+  m.available = true;
+  m.allocated = stats.allocated_bytes[agg].current;
+  m.reserved = stats.reserved_bytes[agg].current;
+  m.peak_allocated = stats.allocated_bytes[agg].peak;
+  return m;
+}
+
+void reset_peak_memory(c10::Device device) {
+  if (!device.is_cuda()) return;
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+}
+
+}  // namespace zero
