@@ -7,6 +7,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "zero/device.hpp"
+
 namespace zero::examples {
 namespace {
 
@@ -54,6 +56,11 @@ void TrainSummary::finish(const Engine& engine, GptImpl& model, const Checkpoint
   param_norm = flat.norm().item<double>();
   peak_rss_bytes = examples::peak_rss_bytes();
   offload_peak_host_bytes = model.offloader ? model.offloader->stats().peak_host_bytes : 0;
+  const auto params = model.parameters();
+  if (!params.empty()) {
+    const DeviceMemory m = device_memory(params.front().device());
+    device_peak_allocated_bytes = m.available ? m.peak_allocated : 0;
+  }
   checkpointing = policy.enabled;
   cpu_offload = policy.cpu_offload;
   data = data_description;
@@ -94,6 +101,8 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"comm_exposed_s_mean\": " << mean(&StepRecord::comm_exposed_s)
       << ",\n  \"optimizer_s_mean\": " << mean(&StepRecord::optimizer_s)
       << ",\n  \"tokens_per_s_mean\": " << mean(&StepRecord::tokens_per_s)
+      << ",\n  \"mfu_mean\": " << mean(&StepRecord::mfu)
+      << ",\n  \"device_peak_allocated_bytes\": " << device_peak_allocated_bytes
       << ",\n  \"data_wait_s\": " << data_wait_s
       << ",\n  \"comm_wait_seconds\": " << engine.stats().comm_wait_seconds
       << ",\n  \"skipped_steps\": " << engine.stats().skipped_steps

@@ -18,6 +18,7 @@ struct TrainSummary {
   std::vector<StepRecord> records;
   int64_t peak_rss_bytes = 0;
   int64_t offload_peak_host_bytes = 0;
+  int64_t device_peak_allocated_bytes = 0;  // CUDA caching allocator; 0 on CPU
   double data_wait_s = 0;
   bool checkpointing = false, cpu_offload = false;
   std::string data;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "gpt.hpp"
 #include "metrics.hpp"
 #include "train_summary.hpp"
+#include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/zero.hpp"
 
@@ -46,8 +48,15 @@ Config::Extension trainer_keys() {
        "recompute each block in backward; activation_checkpointing.cpu_checkpointing also "
        "moves the kept block inputs to host memory"},
       {"metrics_file", T::kString, "", "rank 0 appends one JSON line per optimizer step here"},
+      {"device", T::kString, "auto",
+       "cpu, cuda (GPU LOCAL_RANK) or auto: cuda when this build and machine have one"},
       {"peak_tflops", T::kFloat, "0",
        "peak FLOP/s per rank for MFU, in TFLOP/s; 0: from the accelerator's name"},
+      {"save_dir", T::kString, "", "checkpoint directory (for save_interval and resume)"},
+      {"save_interval", T::kInt, "0", "save a checkpoint every N optimizer steps (0 = off)"},
+      {"keep_last", T::kInt, "0", "keep only the N newest checkpoints (0 = keep all)"},
+      {"resume", T::kString, "false",
+       "false, true (the tag save_dir/latest names), auto (latest if there is one), or a tag"},
   };
   return ext;
 }
@@ -81,8 +90,26 @@ int run(int argc, char** argv) {
   std::shared_ptr<const Dataset> data =
       open_dataset(cfg.extra_string("trainer.data"), seq, mc.vocab, cfg.seed);
 
+  const std::string want = cfg.extra_string("trainer.device");
+  if (want != "auto" && want != "cpu" && want != "cuda") {
+    throw ConfigError(config_path + ": trainer.device '" + want + "': use cpu, cuda or auto");
+  }
+  if (want == "cuda" && !at::hasCUDA()) {
+    throw ConfigError(config_path +
+                      ": trainer.device is cuda but this build or machine has no "
+                      "CUDA device; use trainer.device: cpu");
+  }
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  const c10::Device device =
+      (want == "cuda" || (want == "auto" && at::hasCUDA()))
+          ? c10::Device(c10::kCUDA,
+                        static_cast<c10::DeviceIndex>(local_rank ? std::atoi(local_rank) : 0))
+          : c10::Device(c10::kCPU);
+  set_current_device(device);
+
   at::manual_seed(cfg.seed);
   Gpt model(mc);
+  model->to(device);
   CheckpointPolicy policy;
   policy.enabled = cfg.extra_bool("trainer.activation_checkpointing");
   policy.cpu_offload = cfg.extra_bool("activation_checkpointing.cpu_checkpointing");
@@ -97,7 +124,6 @@ int run(int argc, char** argv) {
   const int rank = engine.rank(), world = engine.world_size();
   const int64_t micro = c.train_micro_batch_size_per_gpu;
   const int64_t ga = c.gradient_accumulation_steps;
-  const c10::Device device = model->parameters().front().device();
   BatchLoader loader(data, DistributedSampler(data->size(), rank, world, cfg.seed), micro);
 
   const auto reports = engine.gather_memory_reports();
@@ -118,12 +144,44 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  // Checkpoints. Resuming replays the loader to the saved step, so the run sees the batches the
+  // interrupted one would have seen next (the same global batches on another world size).
+  const std::string save_dir = cfg.extra_string("trainer.save_dir");
+  const int64_t save_interval = cfg.extra_int("trainer.save_interval");
+  const int keep_last = static_cast<int>(cfg.extra_int("trainer.keep_last"));
+  const std::string resume = cfg.extra_string("trainer.resume");
+  if ((save_interval > 0 || resume != "false") && save_dir.empty()) {
+    throw ConfigError(config_path +
+                      ": trainer.save_interval and trainer.resume need a "
+                      "trainer.save_dir");
+  }
+  auto report_io = [&](const char* verb, const std::string& tag, double seconds) {
+    if (rank != 0) return;
+    uintmax_t bytes = 0;  // the checkpoint's files, shared by the ranks that wrote or read them
+    for (const auto& f : std::filesystem::directory_iterator(save_dir + "/" + tag)) {
+      bytes += f.file_size();
+    }
+    const double mb = static_cast<double>(bytes) / world / 1e6;
+    std::printf("checkpoint: %s %s/%s in %.3f s: %.1f MB per rank, %.1f MB/s per rank\n", verb,
+                save_dir.c_str(), tag.c_str(), seconds, mb, mb / std::max(seconds, 1e-9));
+    std::fflush(stdout);
+  };
+  int64_t start_step = 0;
+  if (resume != "false" && !(resume == "auto" && latest_checkpoint_tag(save_dir).empty())) {
+    const auto t = Clock::now();
+    const std::string tag =
+        engine.load_checkpoint(save_dir, resume == "true" || resume == "auto" ? "" : resume);
+    report_io("loaded", tag, since(t));
+    start_step = engine.stats().optimizer_steps;
+    for (int64_t i = 0; i < start_step * ga; ++i) loader.next();
+  }
+
   MetricsLog metrics(rank == 0 ? cfg.extra_string("trainer.metrics_file") : "");
   const double flops_token = flops_per_token(mc, seq);
   const double tokens_per_step = static_cast<double>(c.train_batch_size * seq);
   TrainSummary sum;
   const auto t0 = Clock::now();
-  for (int64_t step = 0; step < steps; ++step) {
+  for (int64_t step = start_step; step < steps; ++step) {
     const auto step_start = Clock::now();
     StepRecord rec;
     double loss_sum = 0;
@@ -163,6 +221,11 @@ int run(int argc, char** argv) {
     if (rank == 0 && log) {
       std::printf("%s\n", format_progress(rec).c_str());
       std::fflush(stdout);
+    }
+    if (save_interval > 0 && rec.step % save_interval == 0) {
+      const auto t = Clock::now();
+      engine.save_checkpoint(save_dir, "", keep_last);
+      report_io("saved", "step" + std::to_string(engine.stats().optimizer_steps), since(t));
     }
   }
 

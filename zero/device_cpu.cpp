@@ -6,5 +6,6 @@ namespace zero {
 std::string device_name(c10::Device device) { return device.str(); }
 DeviceMemory device_memory(c10::Device) { return {}; }
 void reset_peak_memory(c10::Device) {}
+void set_current_device(c10::Device) {}
 
 }  // namespace zero

@@ -27,6 +27,10 @@ DeviceMemory device_memory(c10::Device device) {
   return m;
 }
 
+void set_current_device(c10::Device device) {
+  if (device.is_cuda() && device.has_index()) c10::cuda::set_device(device.index());
+}
+
 void reset_peak_memory(c10::Device device) {
   if (!device.is_cuda()) return;
   const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();

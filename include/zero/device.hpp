@@ -20,6 +20,9 @@ struct DeviceMemory {
 // "NVIDIA H200", or "cpu".
 std::string device_name(c10::Device device);
 DeviceMemory device_memory(c10::Device device);
+// Makes `device` the current CUDA device of this thread (no-op on CPU): NCCL and the caching
+// allocator use it for work that names no device.
+void set_current_device(c10::Device device);
 // Starts a new peak_allocated window (no-op on CPU).
 void reset_peak_memory(c10::Device device);
 // Dense bf16 peak FLOP/s of known accelerators (A100 312 T, H100/H200 989 T); 0 if unknown.

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with one NVIDIA GPU, a CUDA build of torch (2.11 / CUDA 13),
+# nvcc, CMake and ninja, and no package registry. Within ~10 minutes it
+#   1. unpacks the Debian packages from scripts/fetch-gpu-debs.sh into a local prefix,
+#   2. builds zero against that torch (so the NCCL group, device_cuda.cpp, cuda_copy.cpp and
+#      every CUDA-gated test compile and link),
+#   3. runs the CUDA-gated tests (they skip without a GPU; here they must pass),
+#   4. benchmarks the example GPT at ~1.3 B parameters, bf16, sequence 2048, world size 1:
+#      ZeRO stage 0 and 2, each with and without activation checkpointing, next to the same
+#      model in PyTorch eager Python on the same GPU in the same run,
+# and writes logs, JSON and a markdown table under $OUT (default out/gpu-check).
+#
+#   scripts/fetch-gpu-debs.sh                      # here, once
+#   OUT=/tmp/out scripts/gpu-check.sh              # there (carry gpu-debs/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT:-$root/out/gpu-check}
+mkdir -p "$out"
+start=$(date +%s)
+stamp() { echo "gpu-check: $(( $(date +%s) - start ))s: $*" | tee -a "$out/progress.log"; }
+
+# 1. Dependencies from the carried .deb files.
+prefix=/tmp/zero-deps
+if [[ ! -d $prefix/usr ]]; then
+  ls gpu-debs/*.deb > /dev/null || { echo "gpu-check: no gpu-debs/*.deb; run scripts/fetch-gpu-debs.sh here and carry gpu-debs" >&2; exit 2; }
+  for deb in gpu-debs/*.deb; do dpkg-deb -x "$deb" "$prefix"; done
+fi
+export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+python3 -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' | tee -a "$out/gpu.txt"
+stamp "deps unpacked"
+
+# 2. Build. Release: the benchmark should measure optimised code.
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix/usr" -DPython3_EXECUTABLE="$(command -v python3)" \
+  2>&1 | tee "$out/configure.log" | tail -3
+ninja -C build-gpu -j "$(nproc)" 2>&1 | tee "$out/build.log" | tail -3
+stamp "built"
+
+# 3. CUDA-gated tests (names contain Cuda), then the rest of the unit tests on this CUDA build.
+ctest --test-dir build-gpu -R 'Cuda' --output-on-failure 2>&1 | tee "$out/ctest-cuda.log" | tail -15
+ctest --test-dir build-gpu -E 'Cuda|e2e' -j 8 --output-on-failure --timeout 120 2>&1 \
+  | tee "$out/ctest-rest.log" | tail -5 || true
+stamp "tests done"
+
+# 4. Benchmarks: gpt-1.3b, bf16, seq 2048, micro-batch 1, world size 1.
+train=build-gpu/examples/zero-train
+steps=${GPU_CHECK_STEPS:-8}
+for stage in 0 2; do
+  for ckpt in false true; do
+    name="zero-s${stage}-ckpt-${ckpt}"
+    "$train" --config configs/zero2.yaml --set trainer.model=gpt-1.3b --set trainer.seq_len=2048 \
+      --set trainer.steps="$steps" --set scheduler.params.total_num_steps="$steps" \
+      --set scheduler.params.warmup_num_steps=2 --set train_micro_batch_size_per_gpu=1 \
+      --set gradient_accumulation_steps=1 --set bf16.enabled=true --set trainer.device=cuda \
+      --set zero_optimization.stage=$stage --set zero_optimization.reduce_bucket_size=5e7 \
+      --set trainer.activation_checkpointing=$ckpt --set steps_per_print=1 \
+      --set trainer.metrics_file="$out/$name.jsonl" --summary-json "$out/$name.json" \
+      > "$out/$name.log" 2>&1 || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
+    stamp "$name"
+  done
+done
+for ckpt in "" --checkpointing; do
+  name="eager${ckpt:+-ckpt}"
+  python3 bench/torch_eager_gpt.py --dim 2048 --layers 24 --heads 16 --vocab 32000 \
+    --seq-len 2048 --micro-batch 1 --steps "$steps" $ckpt --out "$out/$name.json" \
+    > "$out/$name.log" 2>&1 || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
+  stamp "$name"
+done
+
+python3 - "$out" <<'PY' | tee "$out/gpu_check.md"
+import json, os, sys
+out = sys.argv[1]
+def load(n):
+    p = os.path.join(out, n + ".json")
+    return json.load(open(p)) if os.path.exists(p) else None
+print("| implementation | ZeRO stage | checkpointing | tokens/s | MFU | peak allocated (GiB) | vs eager |")
+print("|---|---|---|---|---|---|---|")
+eager = {c: load("eager" + ("-ckpt" if c else "")) for c in (False, True)}
+for stage in (0, 2):
+    for ckpt in (False, True):
+        s = load(f"zero-s{stage}-ckpt-{'true' if ckpt else 'false'}")
+        if not s:
+            print(f"| zero | {stage} | {ckpt} | failed | | | |"); continue
+        e = eager[ckpt]
+        tps = s["tokens_per_s_mean"]
+        ratio = f"{tps / e['tokens_per_s']:.2f}x" if e else "n/a"
+        print(f"| zero | {stage} | {ckpt} | {tps:.0f} | {100 * s.get('mfu_mean', 0):.1f}% | "
+              f"{s.get('device_peak_allocated_bytes', 0) / 2**30:.1f} | {ratio} |")
+for ckpt, e in eager.items():
+    if e:
+        print(f"| PyTorch eager | - | {ckpt} | {e['tokens_per_s']:.0f} | {100 * e['mfu']:.1f}% | "
+              f"{e['peak_allocated_bytes'] / 2**30:.1f} | 1.00x |")
+PY
+stamp "done"
