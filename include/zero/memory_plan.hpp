@@ -1,0 +1,162 @@
+// Memory planning before a run: per-rank bytes of ZeRO stages 0-2 for a LLaMA-style decoder
+// (model states and activations), and the cheapest configuration that fits a device.
+// No torch here: the planner runs on a laptop for a model that only fits on a cluster.
+//
+// Model states come from predict_model_states (memory.hpp) plus the engine's bucket buffers.
+//
+// Activations: the bytes autograd keeps for backward, counted tensor by tensor the way
+// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models")
+// count a GPT layer, s·b·h·(34 + 5·a·s/h) bytes in fp16 with dropout. The example block
+// (examples/gpt.cpp) differs, so the count is redone for it, with p = bytes of the compute dtype:
+//   attention  norm output h, Q, K (after RoPE), V, SDPA output      5·p·sbh
+//              scaled_dot_product_attention is flash / memory-efficient: no a·s² scores are
+//              kept, only the fp32 log-sum-exp                     + 4·a·s·b
+//              (the out-projection's input is a view of the SDPA output: not counted twice)
+//   MLP        norm output m                                        1·p·sbh
+//              SwiGLU: gate input, silu output, up output, product  4·p·sbf    (f = d_ff)
+//   RMSNorm    x2, each: its fp32 upcast of the input (4 bytes, the input itself when p = 4),
+//              the normalised p-byte tensor, fp32 rsqrt per token   2·(4 + p)·sbh + 8·s·b
+//   no dropout: Korthikanti's masks are absent.
+//   block = s·b·h·(8p + 8) + 4p·s·b·f + 4·a·s·b + 8·s·b
+// bf16: 24·sbh + 8·sbf; a GPT block with a 4h GeLU MLP and fp16 LayerNorms would be 34·sbh.
+// The count was checked against torch.autograd.graph.saved_tensors_hooks on a replica of the
+// block (bench/memory_compare.py --activations): equal to the byte.
+// Outside the blocks: the final norm and the head's input, s·b·h·(4 + 2p) + 4·s·b, the token
+// ids 8·s·b, and the loss: cross-entropy in fp32 keeps the log-probabilities (4 bytes per logit)
+// and at the start of backward also holds the gradient from NLL and log-softmax's input gradient:
+// 12·s·b·V bytes at the peak.
+//
+// Full checkpointing (every block) keeps only each block's p·sbh input, and rebuilds one block's
+// activations at a time in backward; by then the loss tensors are freed, so the peak is
+//   L·p·sbh + max(head + loss, block).
+// With CPU offload the kept inputs live in host memory; the device holds two (the one in use
+// and the next, prefetched): 2·p·sbh + max(head + loss, block).
+//
+// Not counted, left to the reserve: the CUDA context, allocator fragmentation, backward's
+// transient gradients (a block's activation gradients, autograd's per-parameter gradient before
+// it is copied into its bucket) and the optimizer step's temporaries.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero/memory.hpp"
+
+namespace zero {
+
+// What activations depend on; 0 = unknown. The layout follows examples/gpt.hpp.
+struct ModelShape {
+  int64_t layers = 0;
+  int64_t hidden = 0;
+  int64_t heads = 0;  // 0: hidden / 128
+  int64_t ffn = 0;    // 0: LLaMA's rule, 2/3 · 4h rounded up to a multiple of 256
+  int64_t vocab = 0;  // 0: no logits counted
+  bool tied = false;
+  bool known() const { return layers > 0 && hidden > 0; }
+  int64_t ffn_dim() const;
+  int64_t head_count() const;
+  int64_t num_params() const;  // the example GPT's count for this shape
+};
+
+enum class Recompute { kNone, kCheckpoint, kCheckpointOffload };
+const char* recompute_name(Recompute r);
+
+struct PlanInput {
+  int64_t num_params = 0;  // Ψ
+  ModelShape shape;
+  int world_size = 1;
+  int64_t micro_batch = 1;
+  int64_t seq_len = 2048;
+  int param_bytes = 2;       // compute dtype of parameters and activations: bf16 2, fp32 4
+  int grad_accum_bytes = 4;  // this engine accumulates gradients in fp32 whatever the dtype
+  int optimizer_states = 2;  // AdamW
+  int comm_bytes = 2;        // gradients travel in the compute dtype (communication_data_type)
+  int64_t bucket_elements = 500'000'000;  // zero_optimization.reduce_bucket_size
+};
+
+struct ActivationEstimate {
+  int64_t blocks = 0;     // kept on the device by the blocks (or their checkpointed inputs)
+  int64_t recompute = 0;  // one block rebuilt in backward (checkpointing only)
+  int64_t head = 0;       // final norm, head input, token ids
+  int64_t loss = 0;       // logits at their peak
+  int64_t host = 0;       // offloaded block inputs, in host memory
+  bool checkpointed = false;
+  int64_t peak() const;  // device bytes at the worst moment
+};
+
+// Saved bytes of one block for micro-batch b and sequence s (the formula above).
+int64_t block_activation_bytes(const ModelShape& m, int64_t b, int64_t s, int p);
+ActivationEstimate predict_activations(const PlanInput& in, Recompute r);
+
+// Elements of the largest gradient bucket: the example GPT's parameters in the engine's order
+// (reverse registration), a bucket closing at the first parameter that reaches the size.
+int64_t max_bucket_elements(const PlanInput& in);
+// predict_model_states plus the bucket buffers the engine declares for this stage.
+MemoryBreakdown plan_model_states(const PlanInput& in, int stage);
+// "2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ": the terms of predict_model_states, buffers left out.
+std::string model_state_formula(const PlanInput& in, int stage);
+
+struct PlanLimits {
+  int64_t device_bytes = 0;
+  double reserve = 0.10;  // fraction kept free: context, fragmentation, transients
+  int64_t max_micro_batch = 64;
+  int64_t budget() const;
+};
+
+struct PlanCandidate {
+  int stage = 0;
+  Recompute recompute = Recompute::kNone;
+  int64_t micro_batch = 1;
+  MemoryBreakdown states;
+  ActivationEstimate act;
+  int64_t total() const { return states.total() + act.peak(); }
+};
+
+// For one (stage, recompute): the largest power-of-two micro-batch that fits, if any.
+struct StageOption {
+  bool fits = false;
+  PlanCandidate best;     // valid when fits
+  PlanCandidate refused;  // the next micro-batch up (or b = 1 when nothing fits); micro_batch 0
+                          // when the search stopped at max_micro_batch
+};
+
+struct MemoryPlan {
+  PlanLimits limits;
+  StageOption options[3][3];  // [stage][recompute]
+  bool found = false;
+  PlanCandidate best;
+  std::vector<std::string> reasons;  // why, line by line, for people
+};
+
+// Search stage ∈ {0,1,2} × recompute × micro-batch ∈ {1,2,4,...,max}. Ranking: least
+// recompute first, then the largest micro-batch, then the lowest stage (the header of
+// memory_plan.cpp says why).
+MemoryPlan plan_memory(const PlanInput& in, const PlanLimits& limits);
+
+// "80GB" = 80e9, "80GiB" = 80·2^30, "80e9", "85899345920"; throws std::invalid_argument.
+int64_t parse_byte_size(const std::string& text);
+// Decimal gigabytes, "107.81 GB": device sizes are sold in them.
+std::string format_gb(int64_t bytes);
+
+// A stacked bar chart in the style of Figure 1 of the ZeRO paper: one bar per configuration,
+// one <rect> per nonzero category, a dashed line at the device's memory. Colours follow the
+// order in which categories first appear; the legend uses circles, so rects are segments only.
+struct ChartSegment {
+  std::string category;
+  int64_t bytes = 0;
+};
+struct ChartBar {
+  std::string label;
+  std::vector<ChartSegment> segments;
+};
+struct MemoryChart {
+  std::string title;
+  std::string subtitle;
+  std::vector<ChartBar> bars;
+  int64_t limit_bytes = 0;  // 0: no line
+  std::string limit_label;
+};
+std::string memory_chart_svg(const MemoryChart& chart);
+
+}  // namespace zero

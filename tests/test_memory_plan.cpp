@@ -1,0 +1,219 @@
+// The memory planner's numbers for cases worked out by hand, its recommendation for LLaMA-7B,
+// and the SVG chart's structure.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "zero/memory_plan.hpp"
+
+namespace zero {
+namespace {
+
+constexpr int64_t kLlama7b = 6'738'415'616;  // examples/gpt.hpp's "llama-7b", exact
+
+// LLaMA-7B's shape as the example GPT builds it.
+PlanInput llama7b(int world) {
+  PlanInput in;
+  in.shape = {/*layers=*/32, /*hidden=*/4096, /*heads=*/32,
+              /*ffn=*/11008, /*vocab=*/32000,
+              /*tied=*/false};
+  in.num_params = kLlama7b;
+  in.world_size = world;
+  in.micro_batch = 1;
+  in.seq_len = 2048;
+  return in;  // bf16, fp32 accumulation, AdamW, 5e8-element buckets
+}
+
+int64_t count(const std::string& text, const std::string& what) {
+  int64_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(MemoryPlan, ShapeCountsLlama7bExactly) { EXPECT_EQ(llama7b(8).shape.num_params(), kLlama7b); }
+
+TEST(MemoryPlan, PaperAccountingGivesSixteenPsiAtStage0) {
+  // The ZeRO paper's mixed precision: fp16 params 2Ψ + fp16 grads 2Ψ + fp32 master, m, v 12Ψ.
+  PlanInput in = llama7b(8);
+  in.grad_accum_bytes = 2;
+  const MemoryBreakdown s0 = plan_model_states(in, 0);
+  EXPECT_EQ(s0.total() - s0.comm_buffers, 16 * kLlama7b);
+  EXPECT_EQ(s0.total() - s0.comm_buffers, 107'814'649'856);
+}
+
+TEST(MemoryPlan, EngineStagesAtEightRanks) {
+  // This engine accumulates gradients in fp32 (4Ψ) whatever the compute dtype; Ψ/8 is exact.
+  const PlanInput in = llama7b(8);
+  const int64_t psi = kLlama7b, shard = psi / 8;
+  ASSERT_EQ(shard * 8, psi);
+  const MemoryBreakdown s0 = plan_model_states(in, 0), s1 = plan_model_states(in, 1),
+                        s2 = plan_model_states(in, 2);
+  // stage 0: 2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ
+  EXPECT_EQ(s0.params, 2 * psi);
+  EXPECT_EQ(s0.grads, 4 * psi);
+  EXPECT_EQ(s0.master, 4 * psi);
+  EXPECT_EQ(s0.optimizer, 8 * psi);
+  EXPECT_EQ(s0.total() - s0.comm_buffers, 121'291'481'088);
+  // stage 1: 2Ψ + (4Ψ + 4Ψ/8) + 4Ψ/8 + 8Ψ/8 = 8Ψ
+  EXPECT_EQ(s1.grads, 4 * psi + 4 * shard);
+  EXPECT_EQ(s1.master, 4 * shard);
+  EXPECT_EQ(s1.optimizer, 8 * shard);
+  EXPECT_EQ(s1.total() - s1.comm_buffers, 53'907'324'928);
+  // stage 2: 2Ψ + 4Ψ/8 + 4Ψ/8 + 8Ψ/8 = 4Ψ
+  EXPECT_EQ(s2.grads, 4 * shard);
+  EXPECT_EQ(s2.total() - s2.comm_buffers, 26'953'662'464);
+  EXPECT_EQ(model_state_formula(in, 0), "2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ");
+  EXPECT_EQ(model_state_formula(in, 1), "2Ψ + 4Ψ + 4Ψ/8 + 4Ψ/8 + 8Ψ/8 = 8Ψ");
+  EXPECT_EQ(model_state_formula(in, 2), "2Ψ + 4Ψ/8 + 4Ψ/8 + 8Ψ/8 = 4Ψ");
+}
+
+TEST(MemoryPlan, BucketBuffersFollowTheEngine) {
+  const PlanInput in = llama7b(8);
+  const int64_t b = max_bucket_elements(in);
+  // A bucket closes at the first parameter that reaches 5e8 elements: it overshoots by less
+  // than the parameter that closed it (at most the 131 M-element head; in practice an MLP
+  // matrix of 45 M).
+  EXPECT_GE(b, 500'000'000);
+  EXPECT_LT(b, 500'000'000 + 32000LL * 4096);
+  // bf16 gradients travel through two in/out pairs; stage 0's "out" is a whole bucket.
+  EXPECT_EQ(plan_model_states(in, 0).comm_buffers, 2 * 2 * (b + b));
+  EXPECT_EQ(plan_model_states(in, 1).comm_buffers, 2 * 2 * (b + b / 8));
+  EXPECT_EQ(plan_model_states(in, 2).comm_buffers, 2 * 2 * (b + b / 8));
+  // fp32 gradients reduce in place at stages 0/1; stage 2 always uses its buffers.
+  PlanInput f = in;
+  f.param_bytes = f.comm_bytes = 4;
+  EXPECT_EQ(plan_model_states(f, 0).comm_buffers, 0);
+  EXPECT_EQ(plan_model_states(f, 1).comm_buffers, 0);
+  EXPECT_EQ(plan_model_states(f, 2).comm_buffers, 2 * 4 * (b + b / 8));
+  EXPECT_EQ(plan_model_states(f, 0).master, 0) << "an fp32 model is its own master";
+}
+
+TEST(MemoryPlan, BlockActivationsMatchAHandCount) {
+  // b = 2, s = 64, h = 128, a = 4, f = 352: sb = 128, sbh = 16384, sbf = 45056.
+  // bf16: 24·sbh = 393216, 8·sbf = 360448, log-sum-exp 4·a·sb = 2048, rsqrt 8·sb = 1024.
+  // torch.autograd.graph.saved_tensors_hooks on a replica of the block saw 756736 bytes too.
+  const ModelShape m{1, 128, 4, 352, 0, false};
+  EXPECT_EQ(block_activation_bytes(m, 2, 64, 2), 393216 + 360448 + 2048 + 1024);
+  // fp32: 40·sbh + 16·sbf + ... (the RMSNorm upcast is the input itself)
+  EXPECT_EQ(block_activation_bytes(m, 2, 64, 4), 655360 + 720896 + 2048 + 1024);
+}
+
+TEST(MemoryPlan, ActivationsWithAndWithoutCheckpointing) {
+  const PlanInput in = llama7b(8);
+  const int64_t sb = 2048, sbh = sb * 4096, sbf = sb * 11008;
+  const int64_t block = 24 * sbh + 8 * sbf + 4 * 32 * sb + 8 * sb;
+  const int64_t head = 8 * sbh + 12 * sb, loss = 12 * sb * 32000;
+  EXPECT_EQ(block_activation_bytes(in.shape, 1, 2048, 2), block);
+  const ActivationEstimate none = predict_activations(in, Recompute::kNone);
+  EXPECT_EQ(none.peak(), 32 * block + head + loss);
+  // Checkpointing keeps each block's bf16 input; the loss is freed before the first rebuild.
+  const ActivationEstimate ckpt = predict_activations(in, Recompute::kCheckpoint);
+  EXPECT_EQ(ckpt.peak(), 32 * 2 * sbh + std::max(head + loss, block));
+  const ActivationEstimate off = predict_activations(in, Recompute::kCheckpointOffload);
+  EXPECT_EQ(off.peak(), 2 * 2 * sbh + std::max(head + loss, block));
+  EXPECT_EQ(off.host, 32 * 2 * sbh);
+}
+
+TEST(MemoryPlan, Llama7bOnEight80GbGpus) {
+  // Budget 72 GB (10% reserve). Stage 0's states alone are 18Ψ + buffers = 125.5 GB: out.
+  // Stage 1: 8Ψ + 2.4 GB = 56.3 GB leaves room for micro-batch 1 without checkpointing
+  // (13.1 GB of activations). Stage 2: 4Ψ + 2.4 GB = 29.3 GB fits micro-batch 2 (2 x 13.1):
+  // nothing recomputed and the larger micro-batch, so stage 2 wins over stage 1.
+  PlanLimits lim;
+  lim.device_bytes = parse_byte_size("80GB");
+  const MemoryPlan plan = plan_memory(llama7b(8), lim);
+  ASSERT_TRUE(plan.found);
+  EXPECT_EQ(plan.best.stage, 2);
+  EXPECT_EQ(plan.best.recompute, Recompute::kNone);
+  EXPECT_EQ(plan.best.micro_batch, 2);
+  EXPECT_LE(plan.best.total(), lim.budget());
+  EXPECT_FALSE(plan.options[0][0].fits);
+  EXPECT_TRUE(plan.options[1][0].fits);
+  EXPECT_EQ(plan.options[1][0].best.micro_batch, 1);
+  EXPECT_EQ(plan.options[2][0].refused.micro_batch, 4) << "micro-batch 4 is what did not fit";
+  std::string all;
+  for (const auto& r : plan.reasons) all += r + "\n";
+  EXPECT_NE(all.find("stage 0: model states 2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ"), std::string::npos) << all;
+  EXPECT_NE(all.find("does not fit at any micro-batch"), std::string::npos) << all;
+  EXPECT_NE(all.find("=> stage 2, no checkpointing, micro-batch 2"), std::string::npos) << all;
+}
+
+TEST(MemoryPlan, Llama7bOnEight24GbGpusFitsNothing) {
+  // 21.6 GB budget: even stage 2's 4Ψ = 27 GB of model states exceed it, so no checkpointing
+  // can help; the planner says so and how many such GPUs stage 2 would need (16Ψ/N shrinks).
+  PlanLimits lim;
+  lim.device_bytes = parse_byte_size("24GB");
+  const MemoryPlan plan = plan_memory(llama7b(8), lim);
+  EXPECT_FALSE(plan.found);
+  std::string all;
+  for (const auto& r : plan.reasons) all += r + "\n";
+  EXPECT_NE(all.find("nothing fits"), std::string::npos) << all;
+  EXPECT_NE(all.find("stage 2 would fit on 22 or more"), std::string::npos) << all;
+  // At 24 ranks the same device holds stage 2, and then only with checkpoints in some form.
+  const MemoryPlan wide = plan_memory(llama7b(24), lim);
+  ASSERT_TRUE(wide.found);
+  EXPECT_EQ(wide.best.stage, 2);
+  EXPECT_NE(wide.best.recompute, Recompute::kNone);
+}
+
+TEST(MemoryPlan, WithoutAShapeOnlyModelStagesCount) {
+  PlanInput in;
+  in.num_params = 7'000'000'000;
+  in.world_size = 8;
+  PlanLimits lim;
+  lim.device_bytes = parse_byte_size("80GiB");
+  const MemoryPlan plan = plan_memory(in, lim);
+  EXPECT_EQ(predict_activations(in, Recompute::kNone).peak(), 0);
+  ASSERT_TRUE(plan.found);
+  EXPECT_EQ(plan.best.stage, 1) << "stages 1 and 2 both fit; the lower one does less";
+  EXPECT_EQ(plan.best.micro_batch, 1);
+}
+
+TEST(MemoryPlan, ParsesDeviceSizes) {
+  EXPECT_EQ(parse_byte_size("80GB"), 80'000'000'000);
+  EXPECT_EQ(parse_byte_size("80GiB"), 80LL << 30);
+  EXPECT_EQ(parse_byte_size("80e9"), 80'000'000'000);
+  EXPECT_EQ(parse_byte_size("24 gb"), 24'000'000'000);
+  EXPECT_EQ(parse_byte_size("1.5TB"), 1'500'000'000'000);
+  EXPECT_EQ(parse_byte_size("512MiB"), 512LL << 20);
+  EXPECT_THROW(parse_byte_size("80 parsecs"), std::invalid_argument);
+  EXPECT_THROW(parse_byte_size("GB"), std::invalid_argument);
+}
+
+TEST(MemoryPlan, SvgIsWellFormedWithOneRectPerNonzeroSegment) {
+  PlanInput in = llama7b(8);
+  in.param_bytes = in.comm_bytes = 4;  // fp32: stage 0 has no master and no buffers
+  const ActivationEstimate act = predict_activations(in, Recompute::kNone);
+  MemoryChart chart;
+  chart.title = "LLaMA-7B <fp32> & friends";  // escaped, or the XML breaks
+  chart.limit_bytes = parse_byte_size("80GB");
+  chart.limit_label = "80 GB";
+  int nonzero = 0;
+  for (int s = 0; s < 3; ++s) {
+    const MemoryBreakdown b = plan_model_states(in, s);
+    ChartBar bar{"stage " + std::to_string(s),
+                 {{"parameters", b.params},
+                  {"gradients", b.grads},
+                  {"fp32 master", b.master},
+                  {"optimizer states", b.optimizer},
+                  {"bucket buffers", b.comm_buffers},
+                  {"activations", act.peak()}}};
+    for (const auto& seg : bar.segments) nonzero += seg.bytes > 0;
+    chart.bars.push_back(bar);
+  }
+  ASSERT_EQ(nonzero, 3 * 6 - 3) << "stage 0: no master, no buffers; stage 1: no buffers";
+  const std::string svg = memory_chart_svg(chart);
+  EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
+  EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+  EXPECT_EQ(count(svg, "<rect"), nonzero);
+  EXPECT_EQ(count(svg, "</rect>"), nonzero);
+  EXPECT_EQ(count(svg, "<svg"), 1);
+  EXPECT_EQ(count(svg, "stroke-dasharray"), 1) << "one device-memory line";
+  EXPECT_EQ(count(svg, "<circle"), 6) << "one legend entry per category";
+  EXPECT_NE(svg.find("LLaMA-7B &lt;fp32&gt; &amp; friends"), std::string::npos);
+  EXPECT_EQ(svg.find("<fp32>"), std::string::npos);
+  EXPECT_EQ(count(svg, "<text"), count(svg, "</text>"));
+}
+
+}  // namespace
+}  // namespace zero

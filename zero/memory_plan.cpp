@@ -1,0 +1,344 @@
+// The memory planner: formulas in include/zero/memory_plan.hpp.
+//
+// Ranking of configurations that fit, and why:
+//  1. Least recompute: checkpointing re-runs every block's forward in backward (about a third
+//     more compute); CPU offload adds two PCIe copies of every block input on top.
+//  2. The largest micro-batch: fuller kernels, and fewer accumulation steps per global batch.
+//  3. The lowest stage. With NCCL, stage 1's reduce-scatter + all-gather moves the same bytes as
+//     stage 0's all-reduce, and so does stage 2: the stage buys memory, not bandwidth. Memory
+//     matters only through 1 and 2, so among otherwise equal configurations the stage that does
+//     less wins: stages 1 and 2 all-gather the updated parameters after the step, outside
+//     backward's overlap, and stage 2 reduce-scatters every micro-step under gradient
+//     accumulation where stages 0 and 1 reduce once per step.
+#include "zero/memory_plan.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <regex>
+#include <stdexcept>
+
+namespace zero {
+
+int64_t ModelShape::ffn_dim() const {
+  if (ffn > 0) return ffn;
+  const int64_t h = 2 * 4 * hidden / 3;  // examples/gpt.cpp's rule
+  return (h + 255) / 256 * 256;
+}
+
+int64_t ModelShape::head_count() const {
+  return heads > 0 ? heads : std::max<int64_t>(1, hidden / 128);
+}
+
+int64_t ModelShape::num_params() const {
+  const int64_t per_layer = 4 * hidden * hidden + 3 * hidden * ffn_dim() + 2 * hidden;
+  return vocab * hidden * (tied ? 1 : 2) + layers * per_layer + hidden;
+}
+
+const char* recompute_name(Recompute r) {
+  static const char* const names[] = {"no checkpointing", "checkpointing",
+                                      "checkpointing + CPU offload"};
+  return names[static_cast<int>(r)];
+}
+
+int64_t ActivationEstimate::peak() const {
+  // Without checkpointing everything is alive when backward starts. With it, the loss and head
+  // tensors are gone before the first block is rebuilt.
+  return checkpointed ? blocks + std::max(head + loss, recompute) : blocks + head + loss;
+}
+
+int64_t block_activation_bytes(const ModelShape& m, int64_t b, int64_t s, int p) {
+  const int64_t sb = s * b;
+  return sb * m.hidden * (8 * p + 8) + 4 * p * sb * m.ffn_dim() + 4 * m.head_count() * sb + 8 * sb;
+}
+
+ActivationEstimate predict_activations(const PlanInput& in, Recompute r) {
+  ActivationEstimate a;
+  const ModelShape& m = in.shape;
+  if (!m.known()) return a;
+  const int p = in.param_bytes;
+  const int64_t sb = in.seq_len * in.micro_batch;
+  const int64_t input = p * sb * m.hidden;  // what a checkpointed block keeps
+  const int64_t block = block_activation_bytes(m, in.micro_batch, in.seq_len, p);
+  a.head = sb * m.hidden * (4 + 2 * p) + 4 * sb + 8 * sb;
+  a.loss = 12 * sb * m.vocab;
+  a.checkpointed = r != Recompute::kNone;
+  switch (r) {
+    case Recompute::kNone:
+      a.blocks = m.layers * block;
+      break;
+    case Recompute::kCheckpoint:
+      a.blocks = m.layers * input;
+      a.recompute = block;
+      break;
+    case Recompute::kCheckpointOffload:
+      a.blocks = std::min<int64_t>(m.layers, 2) * input;
+      a.host = m.layers * input;
+      a.recompute = block;
+      break;
+  }
+  return a;
+}
+
+int64_t max_bucket_elements(const PlanInput& in) {
+  const int64_t bucket = std::max<int64_t>(1, in.bucket_elements);
+  const ModelShape& m = in.shape;
+  // Only a shape that is the model (a preset) has a known parameter order.
+  if (!m.known() || m.vocab == 0 || m.num_params() != in.num_params) {
+    return std::min(bucket, in.num_params);
+  }
+  const int64_t h = m.hidden, f = m.ffn_dim();
+  std::vector<int64_t> sizes{m.vocab * h};  // registration order, as named_parameters()
+  for (int64_t l = 0; l < m.layers; ++l) {
+    for (int64_t n : {h, h * h, h * h, h * h, h * h, h, h * f, h * f, f * h}) sizes.push_back(n);
+  }
+  sizes.push_back(h);
+  if (!m.tied) sizes.push_back(m.vocab * h);
+  int64_t open = 0, largest = 0;
+  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {  // the engine's order: reversed
+    open += *it;
+    if (open >= bucket) largest = std::max(largest, open), open = 0;
+  }
+  return std::max(largest, open);
+}
+
+MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
+  MemoryModelInput mi;
+  mi.num_params = in.num_params;
+  mi.world_size = in.world_size;
+  mi.stage = stage;
+  mi.param_bytes = in.param_bytes;
+  mi.grad_accum_bytes = in.grad_accum_bytes;
+  mi.optimizer_states = in.optimizer_states;
+  // Two in/out buffer pairs: stage 2 always (every gradient goes through them), stages 0/1 only
+  // when gradients travel in another dtype than their fp32 accumulator. Stage 0's layout has one
+  // shard, so its reduced bucket is full size.
+  const int buffers = (stage == 2 || in.comm_bytes != 4) ? 2 : 0;
+  const int64_t b = max_bucket_elements(in);
+  const int64_t shards = stage == 0 ? 1 : in.world_size;
+  mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + b / shards);
+  return predict_model_states(mi);
+}
+
+std::string model_state_formula(const PlanInput& in, int stage) {
+  const int n = in.world_size;
+  const bool split = stage > 0 && n > 1;
+  std::string out;
+  double sum = 0;
+  auto term = [&](double c, bool divided) {
+    char buf[48];
+    if (divided && n > 1) {
+      std::snprintf(buf, sizeof buf, "%gΨ/%d", c, n);
+      sum += c / n;
+    } else {
+      std::snprintf(buf, sizeof buf, "%gΨ", c);
+      sum += c;
+    }
+    out += (out.empty() ? "" : " + ") + std::string(buf);
+  };
+  term(in.param_bytes, false);
+  if (stage <= 1) term(in.grad_accum_bytes, false);
+  if (stage >= 1) term(4, true);  // the reduced fp32 gradient shard
+  if (split || in.param_bytes != 4) term(4, split);
+  term(4.0 * in.optimizer_states, split);
+  char total[40];
+  std::snprintf(total, sizeof total, " = %.4gΨ", sum);
+  return out + total;
+}
+
+int64_t PlanLimits::budget() const {
+  return static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - reserve));
+}
+
+namespace {
+
+constexpr Recompute kModes[] = {Recompute::kNone, Recompute::kCheckpoint,
+                                Recompute::kCheckpointOffload};
+
+PlanCandidate candidate(const PlanInput& in, int stage, Recompute r) {
+  return {stage, r, in.micro_batch, plan_model_states(in, stage), predict_activations(in, r)};
+}
+
+StageOption search(const PlanInput& in, const PlanLimits& lim, int stage, Recompute r) {
+  StageOption o;
+  PlanInput x = in;
+  // Without a shape activations are unknown: only the micro-batch asked for is meaningful.
+  const bool sweep = in.shape.known();
+  const int64_t max_b = sweep ? std::max<int64_t>(1, lim.max_micro_batch) : in.micro_batch;
+  for (int64_t b = sweep ? 1 : in.micro_batch;; b *= 2) {
+    x.micro_batch = b;
+    const PlanCandidate c = candidate(x, stage, r);
+    if (c.total() > lim.budget()) {
+      o.refused = c;
+      break;
+    }
+    o.fits = true;
+    o.best = c;
+    if (b * 2 > max_b) {
+      o.refused.micro_batch = 0;
+      break;
+    }
+  }
+  return o;
+}
+
+std::string fmt(const char* f, auto... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, f, args...);
+  return buf;
+}
+
+std::string stage_line(const PlanInput& in, const MemoryPlan& plan, int s) {
+  const MemoryBreakdown st = plan_model_states(in, s);
+  std::string line =
+      fmt("stage %d: model states %s = %s + %s bucket buffers = %s", s,
+          model_state_formula(in, s).c_str(), format_gb(st.total() - st.comm_buffers).c_str(),
+          format_gb(st.comm_buffers).c_str(), format_gb(st.total()).c_str());
+  if (st.total() > plan.limits.budget()) {
+    return line +
+           fmt(" > %s: does not fit at any micro-batch", format_gb(plan.limits.budget()).c_str());
+  }
+  for (int r = 0; r < (in.shape.known() ? 3 : 1); ++r) {
+    const StageOption& o = plan.options[s][r];
+    line += fmt("\n    %s: ", recompute_name(kModes[r]));
+    if (!o.fits) {
+      line += fmt("micro-batch %lld needs %s", (long long)o.refused.micro_batch,
+                  format_gb(o.refused.total()).c_str());
+      continue;
+    }
+    line += fmt("micro-batch %lld fits (%s", (long long)o.best.micro_batch,
+                format_gb(o.best.total()).c_str());
+    if (o.best.act.host > 0) line += fmt("; %s in host memory", format_gb(o.best.act.host).c_str());
+    line += ")";
+    if (!in.shape.known()) continue;  // one micro-batch, activations not counted
+    line += o.refused.micro_batch == 0
+                ? fmt(", the search stops at %lld", (long long)plan.limits.max_micro_batch)
+                : fmt(", %lld needs %s", (long long)o.refused.micro_batch,
+                      format_gb(o.refused.total()).c_str());
+  }
+  return line;
+}
+
+// The smallest world size at which stage 2 with offloaded checkpoints fits micro-batch 1.
+int min_world_for_stage2(PlanInput in, const PlanLimits& lim) {
+  in.micro_batch = 1;
+  for (int n = in.world_size + 1; n <= (1 << 16); ++n) {
+    in.world_size = n;
+    if (candidate(in, 2, Recompute::kCheckpointOffload).total() <= lim.budget()) return n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const PlanInput& in, const PlanLimits& limits) {
+  MemoryPlan plan;
+  plan.limits = limits;
+  for (int s = 0; s < 3; ++s) {
+    for (int r = 0; r < 3; ++r) plan.options[s][r] = search(in, limits, s, kModes[r]);
+  }
+  auto& why = plan.reasons;
+  why.push_back(
+      fmt("budget per rank: %s - %.0f%% reserve (CUDA context, fragmentation, backward's "
+          "transient gradients) = %s",
+          format_gb(limits.device_bytes).c_str(), 100.0 * limits.reserve,
+          format_gb(limits.budget()).c_str()));
+  if (!in.shape.known()) {
+    why.push_back("activations not estimated (no model shape): model states only");
+  }
+  for (int s = 0; s < 3; ++s) why.push_back(stage_line(in, plan, s));
+  why.push_back(
+      "rule: least recompute first (none < checkpointing < checkpointing + offload), then the "
+      "largest micro-batch, then the lowest stage.");
+  why.push_back(
+      "  The stage comes last because with NCCL all three move the same gradient bytes "
+      "(reduce-scatter + all-gather = all-reduce): it buys memory, which only matters through "
+      "the first two. Among equals the lower stage does less: stages 1-2 all-gather parameters "
+      "after the step, outside backward's overlap, and stage 2 reduce-scatters every micro-step "
+      "under gradient accumulation.");
+
+  for (int r = 0; r < 3 && !plan.found; ++r) {
+    for (int s = 0; s < 3; ++s) {
+      const StageOption& o = plan.options[s][r];
+      if (o.fits && (!plan.found || o.best.micro_batch > plan.best.micro_batch)) {
+        plan.found = true;
+        plan.best = o.best;
+      }
+    }
+  }
+  if (plan.found) {
+    const PlanCandidate& b = plan.best;
+    std::string because =
+        b.recompute == Recompute::kNone
+            ? "nothing is recomputed"
+            : fmt("no stage fits without %s", b.recompute == Recompute::kCheckpoint
+                                                  ? "checkpointing"
+                                                  : "offloading the checkpoints");
+    const int r = static_cast<int>(b.recompute);
+    for (int s = 0; s < 3; ++s) {
+      const StageOption& o = plan.options[s][r];
+      if (s == b.stage) continue;
+      if (!o.fits) {
+        because += fmt("; stage %d does not fit that way", s);
+      } else if (o.best.micro_batch < b.micro_batch) {
+        because += fmt("; stage %d fits only micro-batch %lld", s, (long long)o.best.micro_batch);
+      } else {
+        because += fmt("; stage %d fits it too but does more per step", s);
+      }
+    }
+    why.push_back(fmt("=> stage %d, %s, micro-batch %lld: %s", b.stage, recompute_name(b.recompute),
+                      (long long)b.micro_batch, because.c_str()));
+    return plan;
+  }
+  const StageOption& least = plan.options[2][2];
+  why.push_back(
+      fmt("=> nothing fits: the smallest configuration, stage 2 with %s at micro-batch "
+          "%lld, needs %s > %s",
+          recompute_name(Recompute::kCheckpointOffload), (long long)least.refused.micro_batch,
+          format_gb(least.refused.total()).c_str(), format_gb(limits.budget()).c_str()));
+  const int64_t buffers = least.refused.states.comm_buffers;
+  if (least.refused.total() - buffers <= limits.budget()) {
+    why.push_back(fmt("   %s of it are bucket buffers: a smaller reduce_bucket_size makes it fit",
+                      format_gb(buffers).c_str()));
+  }
+  if (const int n = min_world_for_stage2(in, limits); n > 0) {
+    why.push_back(
+        fmt("   stage 2 would fit on %d or more such devices: its sharded states, "
+            "%gΨ/N, shrink with N",
+            n, 8.0 + 4.0 * in.optimizer_states));
+  } else {
+    why.push_back(
+        fmt("   the %dΨ of parameters every rank holds leaves no room: it needs "
+            "parameter partitioning (ZeRO stage 3, not in this engine) or a larger "
+            "device",
+            in.param_bytes));
+  }
+  return plan;
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  static const std::regex re(R"(\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*)");
+  std::smatch m;
+  if (!std::regex_match(text, m, re)) {
+    throw std::invalid_argument("not a size: '" + text + "' (try 80GB, 80GiB or 80e9)");
+  }
+  std::string unit = m[2].str();
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!unit.empty() && unit.back() == 'b') unit.pop_back();  // "gb" -> "g", "gib" -> "gi"
+  const std::string prefixes = "kmgt";
+  double scale = 1;
+  if (!unit.empty()) {
+    const auto k = prefixes.find(unit[0]);
+    const bool binary = unit.size() == 2 && unit[1] == 'i';
+    if (k == std::string::npos || (unit.size() > 1 && !binary)) {
+      throw std::invalid_argument("unknown size unit in '" + text + "' (B, KB..TB, KiB..TiB)");
+    }
+    scale = std::pow(binary ? 1024.0 : 1000.0, static_cast<double>(k + 1));
+  }
+  return static_cast<int64_t>(std::llround(std::stod(m[1].str()) * scale));
+}
+
+std::string format_gb(int64_t bytes) { return fmt("%.2f GB", static_cast<double>(bytes) / 1e9); }
+
+}  // namespace zero

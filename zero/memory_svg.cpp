@@ -1,0 +1,154 @@
+// A stacked bar chart of per-rank memory as plain SVG text: no plotting library, so the planner
+// and the trainer can both write one wherever they run.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "zero/memory_plan.hpp"
+
+namespace zero {
+namespace {
+
+// Colour-blind-safe (Okabe-Ito), in ZeRO Figure 1's order: parameters, gradients, optimizer...
+const char* const kColours[] = {"#0072B2", "#E69F00", "#009E73", "#CC79A7",
+                                "#56B4E9", "#D55E00", "#F0E442", "#999999"};
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// A round step for the axis: 1, 2 or 5 times a power of ten, at most eight ticks to the top.
+double tick_step(double top) {
+  const double p = std::pow(10.0, std::floor(std::log10(top)));
+  for (double m : {0.1, 0.2, 0.5, 1.0, 2.0, 5.0}) {
+    if (top / (m * p) <= 8) return m * p;
+  }
+  return 10 * p;
+}
+
+}  // namespace
+
+std::string memory_chart_svg(const MemoryChart& chart) {
+  std::vector<std::string> categories;  // first appearance decides the colour
+  double top = static_cast<double>(chart.limit_bytes);
+  for (const ChartBar& bar : chart.bars) {
+    double sum = 0;
+    for (const ChartSegment& s : bar.segments) {
+      if (s.bytes <= 0) continue;
+      sum += static_cast<double>(s.bytes);
+      if (std::find(categories.begin(), categories.end(), s.category) == categories.end()) {
+        categories.push_back(s.category);
+      }
+    }
+    top = std::max(top, sum);
+  }
+  top = std::max(top * 1.1, 1.0);
+
+  const int left = 80, plot_top = 70, plot_h = 360, bar_w = 90, gap = 50;
+  const int plot_w = gap + static_cast<int>(chart.bars.size()) * (bar_w + gap);
+  const int legend_x = left + plot_w + 30;
+  const int width = legend_x + 190, height = plot_top + plot_h + 60;
+  auto y_of = [&](double bytes) { return plot_top + plot_h - bytes / top * plot_h; };
+  const bool gb = top >= 1e9;  // axis in GB for real models, MB for the small demo
+  const double unit = gb ? 1e9 : 1e6;
+
+  std::ostringstream o;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
+                width, height, width, height);
+  o << buf;
+  o << "<text x=\"" << left << "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">"
+    << escape(chart.title) << "</text>\n";
+  o << "<text x=\"" << left << "\" y=\"44\" fill=\"#444\">" << escape(chart.subtitle)
+    << "</text>\n";
+  // Axis and grid.
+  const double step = tick_step(top / unit) * unit;
+  for (double v = 0; v <= top; v += step) {
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>\n"
+                  "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n",
+                  left, y_of(v), left + plot_w, y_of(v), left - 6, y_of(v) + 4, v / unit);
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "<text x=\"20\" y=\"%d\" transform=\"rotate(-90 20 %d)\" text-anchor=\"middle\">"
+                "per-rank memory (%s)</text>\n",
+                plot_top + plot_h / 2, plot_top + plot_h / 2, gb ? "GB" : "MB");
+  o << buf;
+  // Bars: one rect per nonzero segment, bottom up, each with its exact bytes as a tooltip.
+  for (size_t i = 0; i < chart.bars.size(); ++i) {
+    const ChartBar& bar = chart.bars[i];
+    const int x = left + gap + static_cast<int>(i) * (bar_w + gap);
+    double base = 0;
+    for (const ChartSegment& s : bar.segments) {
+      if (s.bytes <= 0) continue;
+      const double v = static_cast<double>(s.bytes);
+      const size_t c =
+          std::find(categories.begin(), categories.end(), s.category) - categories.begin();
+      std::snprintf(buf, sizeof buf,
+                    "<rect x=\"%d\" y=\"%.2f\" width=\"%d\" height=\"%.2f\" fill=\"%s\">"
+                    "<title>%s %s: %s</title></rect>\n",
+                    x, y_of(base + v), bar_w, v / top * plot_h, kColours[c % 8],
+                    escape(bar.label).c_str(), escape(s.category).c_str(),
+                    format_gb(s.bytes).c_str());
+      o << buf;
+      base += v;
+    }
+    std::snprintf(buf, sizeof buf,
+                  "<text x=\"%d\" y=\"%.1f\" text-anchor=\"middle\">%.4g</text>\n"
+                  "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%s</text>\n",
+                  x + bar_w / 2, y_of(base) - 5, base / unit, x + bar_w / 2, plot_top + plot_h + 18,
+                  escape(bar.label).c_str());
+    o << buf;
+  }
+  if (chart.limit_bytes > 0) {
+    const double y = y_of(static_cast<double>(chart.limit_bytes));
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#c00\" "
+                  "stroke-width=\"2\" stroke-dasharray=\"6 4\"/>\n"
+                  "<text x=\"%d\" y=\"%.1f\" fill=\"#c00\" text-anchor=\"end\">%s</text>\n",
+                  left, y, left + plot_w, y, left + plot_w, y - 5,
+                  escape(chart.limit_label).c_str());
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#000\"/>\n", left,
+                plot_top + plot_h, left + plot_w, plot_top + plot_h);
+  o << buf;
+  // Legend, top first as the stack reads; circles keep <rect> for the data alone.
+  for (size_t c = 0; c < categories.size(); ++c) {
+    const int y = plot_top + 10 + static_cast<int>(categories.size() - 1 - c) * 22;
+    std::snprintf(buf, sizeof buf,
+                  "<circle cx=\"%d\" cy=\"%d\" r=\"7\" fill=\"%s\"/>"
+                  "<text x=\"%d\" y=\"%d\">%s</text>\n",
+                  legend_x, y, kColours[c % 8], legend_x + 14, y + 4,
+                  escape(categories[c]).c_str());
+    o << buf;
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
+}  // namespace zero
