@@ -75,6 +75,17 @@ class Engine {
   // module's named_parameters() order: for checksums and comparisons.
   at::Tensor flat_parameters() const;
 
+  // Checkpoints (zero/checkpoint_*.cpp; on-disk format and consolidation: checkpoint_io.hpp).
+  // Both are collectives: every rank calls them, and a failure throws zero::CheckpointError on
+  // every rank. save_checkpoint writes dir/tag/ (tag "" = "step<optimizer_steps>") atomically,
+  // then points dir/latest at it and, with keep_last > 0, deletes older checkpoints. Call it
+  // right after a step() that returned true.
+  void save_checkpoint(const std::string& dir, const std::string& tag = "", int keep_last = 0);
+  // Restores parameters, optimizer states and step counters from dir/tag (tag "" = the one
+  // dir/latest names; returns the tag), on any number of ranks and any stage: the files hold
+  // parameters by name, so a checkpoint of N ranks loads on M.
+  std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+
  private:
   std::unique_ptr<Impl> impl_;
 };

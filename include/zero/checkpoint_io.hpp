@@ -1,0 +1,73 @@
+// Sharded training checkpoints on disk, read without a process group.
+//
+// Engine::save_checkpoint(dir, tag) writes dir/tag/ with one shard file per rank and a
+// manifest; Engine::load_checkpoint(dir, tag) reads it back on any number of ranks (the files
+// hold each parameter's pieces by name, in logical element order, without padding). This header
+// is the part that needs no engine: consolidation into one safetensors file (tools/
+// zero-consolidate), inspection, and pruning old checkpoints.
+//
+//   dir/latest                        the tag of the newest complete checkpoint (written last)
+//   dir/<tag>/manifest.json           run fingerprint, world size, stage, steps, files, checksums
+//   dir/<tag>/shard_rank<r>_of_<N>.bin fp32 master values and optimizer states of rank r's pieces
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zero {
+
+// A checkpoint could not be written or read: the message names the file and what to do. Engine
+// checkpoint calls raise it on every rank together, never on one rank alone.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct CheckpointParam {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// What the manifest says about a checkpoint.
+struct CheckpointInfo {
+  std::string dir;  // dir/tag
+  std::string tag;
+  std::string fingerprint;  // hash of parameter names, shapes and compute dtype
+  int world_size = 1;
+  int stage = 0;
+  std::string param_dtype;  // "fp32", "bf16", "fp16"
+  std::string optimizer;
+  std::vector<std::string> state_names;  // optimizer state tensors, e.g. exp_avg, exp_avg_sq
+  int64_t optimizer_steps = 0;
+  int64_t micro_steps = 0;
+  std::vector<CheckpointParam> params;  // the model's named_parameters() order
+};
+
+// The tag `dir/latest` names; empty when there is no `latest` file.
+std::string latest_checkpoint_tag(const std::string& dir);
+// Reads dir/tag/manifest.json (tag "" = latest). Throws CheckpointError.
+CheckpointInfo read_checkpoint_info(const std::string& dir, const std::string& tag = "");
+
+// The full, unpadded fp32 tensors of one kind, by parameter name in model order: `state`
+// "master" for the parameters, or an optimizer state name from CheckpointInfo::state_names.
+// Verifies every file's checksum. Throws CheckpointError naming the file on any mismatch.
+std::vector<std::pair<std::string, at::Tensor>> read_consolidated(
+    const std::string& dir, const std::string& tag = "", const std::string& state = "master");
+
+// Writes `tensors` as a safetensors file (cast to `dtype`: at::kFloat or at::kBFloat16),
+// atomically. `metadata` lands in the header's "__metadata__".
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       at::ScalarType dtype, const std::map<std::string, std::string>& metadata);
+
+// Deletes complete checkpoints in `dir` except the `keep_last` newest (by optimizer step) and
+// the one `latest` names. keep_last <= 0 keeps everything. No collective: call it on one rank.
+void prune_checkpoints(const std::string& dir, int keep_last);
+
+}  // namespace zero

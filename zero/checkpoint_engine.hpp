@@ -1,0 +1,47 @@
+// What Engine::save_checkpoint and Engine::load_checkpoint share. Private to zero/.
+//
+// The rule that keeps failures from hanging: a rank never throws on its own between
+// collectives. Each phase runs under attempt(), which turns an exception into a message, and
+// agree() then makes every rank throw the same CheckpointError (or none).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "zero/checkpoint_format.hpp"
+#include "zero/engine_impl.hpp"
+
+namespace zero::ckpt {
+
+// Runs fn(); returns its exception's message, or "" when it returned.
+template <typename Fn>
+std::string attempt(Fn&& fn) {
+  try {
+    fn();
+    return "";
+  } catch (const std::exception& e) {
+    const std::string s = message_of(e);
+    return s.empty() ? "unknown error" : s;
+  } catch (...) {
+    return "unknown non-standard exception";
+  }
+}
+
+// A collective: throws CheckpointError on every rank when `error` is non-empty on any rank,
+// with the message of the lowest such rank. `what` names the operation ("load_checkpoint").
+void agree(Engine::Impl& m, const std::string& error, const std::string& what);
+// A collective: `root`'s `text` on every rank.
+std::string broadcast_string(Engine::Impl& m, const std::string& text, int root);
+
+// The trainable parameters by name and shape, in named_parameters() order.
+std::vector<CheckpointParam> current_params(const Engine::Impl& m);
+std::string current_dtype(const Engine::Impl& m);
+
+// This process's default CPU generator state, as bytes, and back.
+std::string cpu_rng_state();
+void set_cpu_rng_state(const std::string& bytes, const std::string& source);
+
+// Key values of the config, for the manifest (humans read them; loading never does).
+std::vector<std::pair<std::string, std::string>> config_values(const Config& c);
+
+}  // namespace zero::ckpt

@@ -1,0 +1,140 @@
+// Engine::save_checkpoint: every rank writes its pieces into dir/tag.tmp/, rank 0 adds the
+// manifest, renames the directory to dir/tag and only then points dir/latest at it. A crash at
+// any point leaves the previous checkpoint and `latest` as they were.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <filesystem>
+
+#include "zero/checkpoint_engine.hpp"
+
+namespace zero {
+namespace fs = std::filesystem;
+namespace {
+
+ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
+  const FlatLayout& L = m.fp.layout;
+  const int rank = m.group->rank(), world = m.group->size();
+  // Stage 0 keeps every value on every rank: rank 0 writes them, the others only their RNG.
+  std::vector<OwnedPiece> pieces;
+  if (m.stage != 0) {
+    pieces = L.owned_pieces(rank);
+  } else if (rank == 0) {
+    pieces = L.owned_pieces(0);
+  }
+  ckpt::ShardIndex index;
+  index.rank = rank;
+  index.world = world;
+  index.rng_state = ckpt::cpu_rng_state();
+  std::vector<at::Tensor> tensors{m.fp.master};
+  for (auto& [name, t] : m.opt.optimizer->state()) {
+    index.state_names.push_back(name);
+    tensors.push_back(t);
+  }
+  for (at::Tensor& t : tensors) t = t.contiguous().cpu();  // no copy on CPU
+  for (const OwnedPiece& p : pieces) {
+    const ParamSlot& slot = L.params()[p.param];
+    index.entries.push_back({slot.name, slot.numel, p.param_offset, p.numel, 0});
+  }
+  ckpt::assign_payload_offsets(index);
+  ckpt::ShardWriter w((tmp_dir / ckpt::shard_file_name(rank, world)).string(), index);
+  for (const OwnedPiece& p : pieces) {
+    for (const at::Tensor& t : tensors) w.append(t.data_ptr<float>() + p.shard_offset, p.numel);
+  }
+  return w.finish();
+}
+
+ckpt::Manifest make_manifest(const Engine::Impl& m, const std::string& tag,
+                             const at::Tensor& file_stats) {
+  ckpt::Manifest man;
+  man.tag = tag;
+  man.world_size = m.group->size();
+  man.stage = m.stage;
+  man.param_dtype = ckpt::current_dtype(m);
+  man.params = ckpt::current_params(m);
+  man.fingerprint = ckpt::run_fingerprint(man.params, man.param_dtype);
+  man.optimizer = m.opt.optimizer->name();
+  for (const auto& s : m.opt.optimizer->state()) man.state_names.push_back(s.first);
+  man.optimizer_internal_steps = m.opt.optimizer->steps();
+  man.optimizer_steps = m.stats.optimizer_steps;
+  man.micro_steps = m.stats.micro_steps;
+  man.skipped_steps = m.stats.skipped_steps;
+  man.accumulation = m.accumulation;
+  man.last_grad_norm = m.stats.last_grad_norm;
+  const LossScaler::State s = m.scaler.state();
+  man.loss_scale = s.scale;
+  man.scaler_iter = s.iter;
+  man.scaler_last_overflow_iter = s.last_overflow_iter;
+  man.scaler_hysteresis_left = s.hysteresis_left;
+  man.config_source = m.cfg.source;
+  // The file as written (before --set overrides; `config` has the resolved values).
+  std::error_code ec;
+  if (fs::is_regular_file(m.cfg.source, ec) && fs::file_size(m.cfg.source, ec) < (1 << 20)) {
+    man.config_text = ckpt::read_text(m.cfg.source, "the config file");
+  }
+  man.config = ckpt::config_values(m.cfg);
+  const int64_t* v = file_stats.data_ptr<int64_t>();
+  for (int r = 0; r < man.world_size; ++r) {
+    man.files.push_back({ckpt::shard_file_name(r, man.world_size), static_cast<uint64_t>(v[2 * r]),
+                         static_cast<uint32_t>(v[2 * r + 1])});
+  }
+  return man;
+}
+
+}  // namespace
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg, int keep_last) {
+  auto& m = *impl_;
+  at::NoGradGuard no_grad;
+  const std::string tag =
+      tag_arg.empty() ? "step" + std::to_string(m.stats.optimizer_steps) : tag_arg;
+  // Checks every rank makes alike, so they may throw before the first collective.
+  ckpt::check_tag(tag);
+  ZERO_CKPT_CHECK(!dir.empty(), "zero: save_checkpoint needs a directory (trainer.save_dir)");
+  ZERO_CKPT_CHECK(m.stats.micro_steps % m.accumulation == 0, "zero: save_checkpoint at micro-step ",
+                  m.stats.micro_steps, " is inside a gradient-accumulation window of ",
+                  m.accumulation,
+                  " micro-steps, whose gradients a checkpoint does not keep; save right after "
+                  "engine.step() returned true");
+  const std::string what = "save_checkpoint('" + dir + "', '" + tag + "')";
+  const fs::path root(dir);
+  const fs::path final_dir = root / tag;
+  const fs::path tmp_dir = root / (tag + ".tmp");
+  const int rank = m.group->rank(), world = m.group->size();
+
+  std::string err;
+  if (rank == 0) {
+    err = ckpt::attempt([&] {
+      fs::create_directories(root);
+      fs::remove_all(tmp_dir);  // left by a save that crashed
+      fs::create_directory(tmp_dir);
+    });
+  }
+  ckpt::agree(m, err, what);
+
+  ckpt::WrittenFile written;
+  err = ckpt::attempt([&] { written = write_shard(m, tmp_dir); });
+  ckpt::agree(m, err, what);
+
+  at::Tensor mine =
+      at::tensor({static_cast<int64_t>(written.bytes), static_cast<int64_t>(written.payload_crc)},
+                 at::kLong)
+          .to(m.fp.flat.device());
+  at::Tensor all = at::empty({2 * world}, mine.options());
+  m.group->all_gather(all, mine, "all_gather of checkpoint file sizes").wait();
+  all = all.cpu();
+
+  if (rank == 0) {
+    err = ckpt::attempt([&] {
+      const ckpt::Manifest man = make_manifest(m, tag, all);
+      ckpt::write_file_atomic((tmp_dir / "manifest.json").string(), ckpt::manifest_to_json(man));
+      ckpt::fsync_dir(tmp_dir.string());
+      ckpt::publish_dir(tmp_dir.string(), final_dir.string());
+      ckpt::write_file_atomic((root / "latest").string(), tag + "\n");
+      prune_checkpoints(dir, keep_last);
+    });
+  }
+  ckpt::agree(m, err, what);
+}
+
+}  // namespace zero
