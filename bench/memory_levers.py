@@ -8,7 +8,7 @@ moved to host memory. On a CPU-only machine "offload" copies host to host: its m
 cannot drop and its time is pure overhead; the host-bytes column is what would leave the GPU.
 Full recomputation costs one extra forward, 2N of the 6N FLOPs per token: ~33% in theory.
 
-  python3 bench/memory_levers.py [--model gpt-25m] [--micro-batch 4] [--seq-len 128] [--steps 4]
+  python3 bench/memory_levers.py [--model gpt-25m] [--micro-batch 8] [--seq-len 256] [--steps 4]
 """
 import argparse
 import json
@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt-25m")
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))

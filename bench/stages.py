@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = ap.parse_args()
@@ -49,12 +50,18 @@ def main():
         for n in args.ranks:
             port += 1
             comm_rows.append(json.loads(torchrun(n, port, [comm, str(1 << 23)]).splitlines()[-1]))
-            for stage in (0, 1, 2):
+            # Stage 2 once more with reduce_scatter: false (all-reduce, keep the own shard):
+            # DeepSpeed's switch, and the faster one on gloo (see the collectives table).
+            variants = [(d, st, True) for d in args.dtypes for st in (0, 1, 2)]
+            variants += [(d, 2, False) for d in args.dtypes]
+            for dtype, stage, rs in variants:
                 port += 1
-                summary = os.path.join(tmp, f"n{n}s{stage}.json")
+                summary = os.path.join(tmp, f"n{n}s{stage}{dtype}{rs}.json")
                 torchrun(n, port, [
                     train, "--config", os.path.join(ROOT, "configs", "zero2.yaml"),
                     "--set", f"zero_optimization.stage={stage}",
+                    "--set", f"zero_optimization.reduce_scatter={'true' if rs else 'false'}",
+                    "--set", f"bf16.enabled={'true' if dtype == 'bf16' else 'false'}",
                     "--set", f"trainer.model={args.model}",
                     "--set", f"trainer.steps={args.steps}",
                     "--set", f"trainer.seq_len={args.seq_len}",
@@ -63,29 +70,33 @@ def main():
                     "--set", "steps_per_print=1000",
                     "--summary-json", summary])
                 s = json.load(open(summary))
+                s["dtype"], s["reduce_scatter"] = dtype, rs
                 rows.append(s)
-                print(f"bench: N={n} stage {stage}: {s['step_seconds_median']:.3f} s/step",
-                      file=sys.stderr)
+                print(f"bench: N={n} {dtype} stage {stage} rs={rs}: "
+                      f"{s['step_seconds_median']:.3f} s/step", file=sys.stderr)
 
-    lines = [f"Model `{args.model}` ({rows[0]['num_params']:,} parameters), fp32, AdamW, "
-             f"micro-batch 1 x {args.seq_len} tokens per rank, median of {args.steps - 1} steps "
-             f"after the first; per-rank memory is what the engine accounts (rank 0), next to "
-             "the ZeRO formula.", "",
-             "| N | stage | step time (s) | vs stage 0 | params | grads | master | optimizer "
-             "| comm buffers | total (MiB) | predicted (MiB) | vs stage 0 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Model `{args.model}` ({rows[0]['num_params']:,} parameters), AdamW, micro-batch 1 "
+             f"x {args.seq_len} tokens per rank, median of {args.steps - 1} steps after the "
+             "first; per-rank memory is what the engine accounts (rank 0), next to the ZeRO "
+             "formula. Ranks share 2 CPU cores: compare times within a row group only.", "",
+             "| N | dtype | stage | step time (s) | vs stage 0 | params | grads | master "
+             "| optimizer | comm buffers | total (MiB) | predicted (MiB) | vs stage 0 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in args.ranks:
-        base = next(r for r in rows if r["world_size"] == n and r["stage"] == 0)
-        for r in (r for r in rows if r["world_size"] == n):
-            m, p = r["memory"][0]["measured"], r["memory"][0]["predicted"]
+        for dtype in args.dtypes:
+            group = [r for r in rows if r["world_size"] == n and r["dtype"] == dtype]
+            base = next(r for r in group if r["stage"] == 0)
             bm = base["memory"][0]["measured"]
-            lines.append(
-                f"| {n} | {r['stage']} | {r['step_seconds_median']:.3f} | "
-                f"{r['step_seconds_median'] / base['step_seconds_median']:.2f}x | "
-                f"{mib(m['params']):.0f} | {mib(m['grads']):.0f} | {mib(m['master']):.0f} | "
-                f"{mib(m['optimizer']):.0f} | {mib(m['comm_buffers']):.0f} | "
-                f"{mib(m['total']):.0f} | {mib(p['total']):.0f} | "
-                f"{m['total'] / bm['total']:.2f}x |")
+            for r in group:
+                m, p = r["memory"][0]["measured"], r["memory"][0]["predicted"]
+                label = str(r["stage"]) + ("" if r["reduce_scatter"] else " (all-reduce)")
+                lines.append(
+                    f"| {n} | {dtype} | {label} | {r['step_seconds_median']:.3f} | "
+                    f"{r['step_seconds_median'] / base['step_seconds_median']:.2f}x | "
+                    f"{mib(m['params']):.0f} | {mib(m['grads']):.0f} | {mib(m['master']):.0f} | "
+                    f"{mib(m['optimizer']):.0f} | {mib(m['comm_buffers']):.0f} | "
+                    f"{mib(m['total']):.0f} | {mib(p['total']):.0f} | "
+                    f"{m['total'] / bm['total']:.2f}x |")
     lines += ["", "Gloo collectives on the same machine (fp32 payload, median of 5):", "",
               "| N | payload (MB) | all-reduce (s) | reduce-scatter (s) | all-gather (s) "
               "| reduce-scatter / all-reduce (NCCL model: 0.5) |", "|---|---|---|---|---|---|"]

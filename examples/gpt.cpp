@@ -25,7 +25,7 @@ GptConfig gpt_preset(const std::string& name) {
   } else if (name == "small") {  // ~2.7 M: the README demo, a loss curve within a minute on CPU
     c.dim = 192, c.layers = 6, c.heads = 6, c.max_seq = 256;
   } else if (name == "gpt-25m") {
-    c.vocab = 8192, c.dim = 384, c.layers = 8, c.heads = 6, c.max_seq = 512;
+    c.vocab = 8192, c.dim = 384, c.layers = 12, c.heads = 6, c.max_seq = 512;
   } else if (name == "gpt-50m") {
     c.vocab = 8192, c.dim = 512, c.layers = 12, c.heads = 8, c.max_seq = 512;
   } else if (name == "gpt-100m") {

@@ -12,16 +12,6 @@
 namespace zero::examples {
 namespace {
 
-std::string json_breakdown(const MemoryBreakdown& b) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "{\"params\": %lld, \"grads\": %lld, \"master\": %lld, \"optimizer\": %lld, "
-                "\"comm_buffers\": %lld, \"total\": %lld}",
-                (long long)b.params, (long long)b.grads, (long long)b.master,
-                (long long)b.optimizer, (long long)b.comm_buffers, (long long)b.total());
-  return buf;
-}
-
 // A JSON string literal: the data description may hold a user's path.
 std::string quoted(const std::string& s) {
   std::string out = "\"";
@@ -113,8 +103,8 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"train_batch_size\": " << c.train_batch_size << ",\n  \"memory\": [";
   for (size_t r = 0; r < reports.size(); ++r) {
     out << (r ? ",\n" : "\n") << "    {\"rank\": " << r
-        << ", \"measured\": " << json_breakdown(reports[r].measured)
-        << ", \"predicted\": " << json_breakdown(reports[r].predicted) << "}";
+        << ", \"measured\": " << to_json(reports[r].measured)
+        << ", \"predicted\": " << to_json(reports[r].predicted) << "}";
   }
   out << "\n  ]\n}\n";
 }

@@ -241,15 +241,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    // c10::Error carries a C++ backtrace after the message: the first line is the useful part.
-    std::string msg = e.what();
-    if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) msg = ce->what_without_backtrace();
-    const char* rank = std::getenv("RANK");
-    std::fprintf(stderr, "zero-train%s%s: error: %s\n", rank ? " rank " : "", rank ? rank : "",
-                 msg.c_str());
-    return 1;
-  }
+  return zero::run_main("zero-train", [&] { return run(argc, argv); });
 }

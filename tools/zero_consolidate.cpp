@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "zero/checkpoint_io.hpp"
+#include "zero/errors.hpp"
 
 namespace po = boost::program_options;
 
@@ -55,10 +56,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "zero-consolidate: error: %s\n", e.what());
-    return 1;
-  }
+  return zero::run_main("zero-consolidate", [&] { return run(argc, argv); });
 }

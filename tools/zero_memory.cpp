@@ -13,6 +13,7 @@
 #include <string>
 
 #include "gpt.hpp"
+#include "zero/errors.hpp"
 #include "zero/memory_plan.hpp"
 
 namespace po = boost::program_options;
@@ -133,15 +134,6 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
 }
 
 void print_json(const PlanInput& in, const MemoryPlan& plan) {
-  auto breakdown = [](const MemoryBreakdown& b) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf,
-                  "{\"params\": %lld, \"grads\": %lld, \"master\": %lld, \"optimizer\": %lld, "
-                  "\"comm_buffers\": %lld, \"total\": %lld}",
-                  (long long)b.params, (long long)b.grads, (long long)b.master,
-                  (long long)b.optimizer, (long long)b.comm_buffers, (long long)b.total());
-    return std::string(buf);
-  };
   std::printf(
       "{\"num_params\": %lld, \"world_size\": %d, \"micro_batch\": %lld, \"seq_len\": %lld,"
       "\n \"block_activation_bytes\": %lld,\n \"stages\": [",
@@ -151,7 +143,7 @@ void print_json(const PlanInput& in, const MemoryPlan& plan) {
                       : 0));
   for (int s = 0; s < 3; ++s) {
     std::printf("%s\n  {\"stage\": %d, \"model_states\": %s, \"activations\": {", s ? "," : "", s,
-                breakdown(plan_model_states(in, s)).c_str());
+                to_json(plan_model_states(in, s)).c_str());
     for (int r = 0; r < 3; ++r) {
       std::printf("%s\"%s\": %lld", r ? ", " : "", kModeIds[r],
                   (long long)predict_activations(in, kModes[r]).peak());
@@ -270,10 +262,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "zero-memory: error: %s\n", e.what());
-    return 1;
-  }
+  return zero::run_main("zero-memory", [&] { return run(argc, argv); });
 }

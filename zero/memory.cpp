@@ -45,6 +45,17 @@ std::string format_bytes(int64_t bytes) {
   return buf;
 }
 
+std::string to_json(const MemoryBreakdown& b) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "{\"params\": %lld, \"grads\": %lld, \"master\": %lld, \"optimizer\": %lld, "
+                "\"comm_buffers\": %lld, \"total\": %lld}",
+                static_cast<long long>(b.params), static_cast<long long>(b.grads),
+                static_cast<long long>(b.master), static_cast<long long>(b.optimizer),
+                static_cast<long long>(b.comm_buffers), static_cast<long long>(b.total()));
+  return buf;
+}
+
 std::string format_memory_report(const MemoryReport& r) {
   std::ostringstream os;
   os << "rank " << r.rank << "/" << r.world_size << "  ZeRO stage " << r.stage << "  params "

@@ -1,7 +1,9 @@
 // Errors zero throws on purpose; every message is meant to be read by the user as it is.
 #pragma once
 
+#include <functional>
 #include <stdexcept>
+#include <string>
 
 namespace zero {
 
@@ -17,5 +19,12 @@ class LaunchError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The message of `e` as a user should see it: c10::Error's C++ backtrace is dropped.
+std::string error_message(const std::exception& e);
+
+// The body of a command-line tool's main(): runs `body`, and turns an exception into one line
+// "program[ rank R]: error: message" on stderr and exit status 1, on every rank that failed.
+int run_main(const char* program, const std::function<int()>& body);
 
 }  // namespace zero

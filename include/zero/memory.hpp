@@ -51,5 +51,7 @@ std::string format_memory_report(const MemoryReport& r);
 // Rank 0's table, then one line per rank with its measured and predicted totals.
 std::string format_memory_reports(const std::vector<MemoryReport>& reports);
 std::string format_bytes(int64_t bytes);
+// {"params": ..., "grads": ..., "master": ..., "optimizer": ..., "comm_buffers": ..., "total": ...}
+std::string to_json(const MemoryBreakdown& b);
 
 }  // namespace zero

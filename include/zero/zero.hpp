@@ -1,7 +1,10 @@
 // Everything a training program needs: #include <zero/zero.hpp>.
 #pragma once
 
+#include "zero/checkpoint.hpp"
+#include "zero/checkpoint_io.hpp"
 #include "zero/config.hpp"
+#include "zero/device.hpp"
 #include "zero/engine.hpp"
 #include "zero/errors.hpp"
 #include "zero/memory.hpp"
