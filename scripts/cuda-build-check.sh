@@ -7,7 +7,7 @@
 set -euo pipefail
 export PYTHONWARNINGS=ignore  # the CUDA wheel warns about a missing numpy on import
 cd "$(dirname "$0")/.."
-venv=${ZERO_CUDA_VENV:-.venv-cuda}
+venv=$(realpath -m "${ZERO_CUDA_VENV:-.venv-cuda}")  # CMake needs an absolute interpreter path
 if ! "$venv/bin/python" -c 'import torch,sys; sys.exit(0 if torch.version.cuda else 1)' 2> /dev/null; then
   echo "cuda-check: creating $venv with torch==${ZERO_CUDA_TORCH:-2.14.1} (CUDA build)"
   python3 -m venv "$venv"
