@@ -220,6 +220,15 @@ int run(int argc, char** argv) {
     const bool log = rec.step % c.steps_per_print == 0 || step == 0 || rec.step == steps;
     if (rank == 0 && log) {
       std::printf("%s\n", format_progress(rec).c_str());
+      if (step == 0 && model->offloader) {
+        // What checkpointing kept between forward and backward went to host memory.
+        const OffloadStats os = model->offloader->stats();
+        std::printf(
+            "activations: %s of block inputs offloaded to host memory at peak, %s left "
+            "on the device; %lld blocks offloaded, %lld prefetched\n",
+            format_bytes(os.peak_host_bytes).c_str(), format_bytes(os.device_bytes_kept).c_str(),
+            (long long)os.offloaded, (long long)os.prefetched);
+      }
       std::fflush(stdout);
     }
     if (save_interval > 0 && rec.step % save_interval == 0) {

@@ -251,8 +251,9 @@ TEST(Config, TypesAreCanonicalised) {
   EXPECT_FALSE(c.extra_bool("activation_checkpointing.partition_activations"));
   EXPECT_TRUE(c.extra_bool("activation_checkpointing.cpu_checkpointing"));
   EXPECT_EQ(c.extra_int("activation_checkpointing.number_checkpoints"), 4);
-  ASSERT_EQ(c.warnings.size(), 1u);
+  ASSERT_EQ(c.warnings.size(), 2u);
   EXPECT_HAS(c.warnings[0], "t.yaml:1: 'optimizer.params.torch_adam'");
+  EXPECT_HAS(c.warnings[1], "t.yaml:8: 'activation_checkpointing.number_checkpoints'");
   EXPECT_STREQ(zero::dtype_name(Dtype::kFloat32), "fp32");
   EXPECT_STREQ(zero::dtype_name(Dtype::kBFloat16), "bf16");
   EXPECT_STREQ(zero::dtype_name(Dtype::kFloat16), "fp16");

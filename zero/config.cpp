@@ -321,6 +321,11 @@ void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {
   f.push_back({"number_checkpoints", [&](const Entry& e) {
                  if (!Loader::is_null(e)) {
                    c.extra[p + "number_checkpoints"] = std::to_string(count(l, e, 1));
+                   // DeepSpeed sizes its contiguous checkpoint buffers with it; which blocks
+                   // are checkpointed is the model's choice, here as in DeepSpeed.
+                   l.warn(e, "'" + e.path +
+                                 "' only sizes DeepSpeed's contiguous buffers and is "
+                                 "ignored; the model decides which blocks are checkpointed");
                  }
                }});
   l.walk(s, f);
