@@ -17,46 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "support/block_mlp.hpp"
 #include "zero/checkpoint.hpp"
 
 namespace zero::testing {
 namespace {
 
-// Blocks of Linear + GELU + Dropout + LayerNorm: every kind of saved activation, and randomness.
-class Mlp : public torch::nn::Module {
- public:
-  Mlp(int blocks, int64_t width, double p) {
-    for (int i = 0; i < blocks; ++i) {
-      const std::string n = std::to_string(i);
-      fc_.push_back(register_module("fc" + n, torch::nn::Linear(width, width)));
-      act_.push_back(register_module("act" + n, torch::nn::GELU()));
-      drop_.push_back(register_module("drop" + n, torch::nn::Dropout(p)));
-      norm_.push_back(
-          register_module("norm" + n, torch::nn::LayerNorm(torch::nn::LayerNormOptions({width}))));
-    }
-  }
-
-  at::Tensor block(size_t i, const at::Tensor& x) { return norm_[i](drop_[i](act_[i](fc_[i](x)))); }
-
-  // One checkpoint per block when `ckpt` is given.
-  at::Tensor forward(const at::Tensor& x, const CheckpointOptions* ckpt = nullptr) {
-    at::Tensor h = x;
-    for (size_t i = 0; i < fc_.size(); ++i) {
-      if (ckpt != nullptr) {
-        h = checkpoint([this, i](const at::Tensor& t) { return block(i, t); }, h, *ckpt);
-      } else {
-        h = block(i, h);
-      }
-    }
-    return h;
-  }
-
- private:
-  std::vector<torch::nn::Linear> fc_;
-  std::vector<torch::nn::GELU> act_;
-  std::vector<torch::nn::Dropout> drop_;
-  std::vector<torch::nn::LayerNorm> norm_;
-};
+using Mlp = BlockMlp;
 
 struct Result {
   at::Tensor loss, x_grad, after;

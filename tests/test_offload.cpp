@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "support/block_mlp.hpp"
 #include "zero/checkpoint.hpp"
 
 namespace zero::testing {
@@ -22,35 +23,7 @@ constexpr int64_t kBatch = 8;
 constexpr int64_t kWidth = 32;
 constexpr int64_t kBlockInputBytes = kBatch * kWidth * 4;  // each block's input: one fp32 matrix
 
-class Mlp : public torch::nn::Module {
- public:
-  Mlp(int blocks, int64_t width, double p) {
-    for (int i = 0; i < blocks; ++i) {
-      const std::string n = std::to_string(i);
-      fc_.push_back(register_module("fc" + n, torch::nn::Linear(width, width)));
-      act_.push_back(register_module("act" + n, torch::nn::GELU()));
-      drop_.push_back(register_module("drop" + n, torch::nn::Dropout(p)));
-      norm_.push_back(
-          register_module("norm" + n, torch::nn::LayerNorm(torch::nn::LayerNormOptions({width}))));
-    }
-  }
-
-  at::Tensor forward(const at::Tensor& x, const CheckpointOptions& opts) {
-    at::Tensor h = x;
-    for (size_t i = 0; i < fc_.size(); ++i) {
-      h = checkpoint(
-          [this, i](const at::Tensor& t) { return norm_[i](drop_[i](act_[i](fc_[i](t)))); }, h,
-          opts);
-    }
-    return h;
-  }
-
- private:
-  std::vector<torch::nn::Linear> fc_;
-  std::vector<torch::nn::GELU> act_;
-  std::vector<torch::nn::Dropout> drop_;
-  std::vector<torch::nn::LayerNorm> norm_;
-};
+using Mlp = BlockMlp;
 
 struct Result {
   at::Tensor loss, x_grad, after;
@@ -67,7 +40,7 @@ Result train(ActivationOffloader* offloader, c10::Device device = c10::kCPU) {
   CheckpointOptions opts;
   opts.offload = offloader;
   Result r;
-  r.loss = (net.forward(x, opts) * probe).sum();
+  r.loss = (net.forward(x, &opts) * probe).sum();
   r.loss.backward();
   r.x_grad = x.grad();
   r.after = at::rand({8});
@@ -102,7 +75,7 @@ TEST(Offload, StatsAcrossForwardAndBackward) {
   ActivationOffloader offloader;
   CheckpointOptions opts;
   opts.offload = &offloader;
-  at::Tensor loss = net.forward(at::randn({kBatch, kWidth}), opts).sum();
+  at::Tensor loss = net.forward(at::randn({kBatch, kWidth}), &opts).sum();
 
   OffloadStats s = offloader.stats();
   EXPECT_EQ(s.device_bytes_kept, 0);
@@ -159,7 +132,7 @@ TEST(Offload, SecondBackwardFailsClearly) {
   opts.offload = &offloader;
   // Summed straight off the last checkpoint, so that the checkpoint is the first node of the
   // second backward to need its saved state.
-  at::Tensor loss = net.forward(at::randn({kBatch, kWidth}), opts).sum();
+  at::Tensor loss = net.forward(at::randn({kBatch, kWidth}), &opts).sum();
   loss.backward();
   const std::string msg = message_of([&] { loss.backward(); });
   EXPECT_NE(msg.find("already fetched and freed"), std::string::npos) << msg;
@@ -181,7 +154,7 @@ TEST(Offload, ResetBetweenSteps) {
   CheckpointOptions opts;
   opts.offload = &offloader;
   for (int step = 0; step < 3; ++step) {
-    net.forward(at::randn({kBatch, kWidth}), opts).sum().backward();
+    net.forward(at::randn({kBatch, kWidth}), &opts).sum().backward();
     const OffloadStats s = offloader.stats();
     EXPECT_EQ(s.offloaded, kBlocks) << "step " << step;
     EXPECT_EQ(s.fetched, kBlocks) << "step " << step;
@@ -194,7 +167,7 @@ TEST(Offload, ResetBetweenSteps) {
   }
 
   // A forward whose backward never came: reset() drops its blocks, and a late backward says so.
-  at::Tensor stale = net.forward(at::randn({kBatch, kWidth}), opts).sum();
+  at::Tensor stale = net.forward(at::randn({kBatch, kWidth}), &opts).sum();
   EXPECT_EQ(offloader.stats().host_bytes, kBlocks * kBlockInputBytes);
   offloader.reset();
   EXPECT_EQ(offloader.stats().host_bytes, 0);
@@ -209,7 +182,7 @@ TEST(Offload, DestroyedGraphFreesItsBlocks) {
   CheckpointOptions opts;
   opts.offload = &offloader;
   {
-    at::Tensor unused = net.forward(at::randn({kBatch, kWidth}), opts);
+    at::Tensor unused = net.forward(at::randn({kBatch, kWidth}), &opts);
     EXPECT_EQ(offloader.stats().host_bytes, kBlocks * kBlockInputBytes);
   }
   const OffloadStats s = offloader.stats();
