@@ -18,19 +18,7 @@ trap 'rm -rf "$out"' EXIT
 port=$((33500 + RANDOM % 2000))
 K=4
 N=8
-passed=0
-failed=0
-check() {  # check NAME COMMAND...: one test result
-  local name=$1
-  shift
-  if "$@"; then
-    echo "PASS $name"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $name"
-    failed=$((failed + 1))
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"
 common=(--config "$src/configs/zero2.yaml" --set trainer.model=tiny --set trainer.seq_len=32
         --set train_batch_size=8 --set steps_per_print=100)
 # launch NAME RANKS ARGS...: zero-train on RANKS processes (1: no torchrun); log in $out/NAME.log
@@ -169,5 +157,4 @@ check "every rank names the missing file" every_rank_says missing 2 "shard_rank0
 check "refused loads changed no file" \
   bash -c "diff <(grep -v shard_rank0 '$out/bad.before') <(cd '$out/bad' && find . -type f | sort | xargs sha256sum) >/dev/null && diff '$out/ck.before' <(cd '$out/ck' && find . -type f | sort | xargs sha256sum) >/dev/null"
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+summary

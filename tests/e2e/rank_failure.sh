@@ -15,19 +15,7 @@ cleanup() {
 trap cleanup EXIT
 timeout_s=10
 margin_s=30
-passed=0
-failed=0
-check() {
-  local name=$1
-  shift
-  if "$@"; then
-    echo "PASS $name"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $name"
-    failed=$((failed + 1))
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"
 
 # scenario VICTIM SIGNAL: 3 ranks train; once rank 0 has logged a few steps, VICTIM gets SIGNAL:
 # KILL (it dies, its sockets close) or STOP (it hangs with sockets open: only the collective
@@ -83,5 +71,4 @@ scenario 1 KILL  # a worker dies
 scenario 0 KILL  # the rank that serves the rendezvous store dies
 scenario 2 STOP  # a worker stalls: the survivors' collectives time out after comm_timeout_s
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+summary
