@@ -1,9 +1,12 @@
 #include "comm/group.hpp"
 
+#include <signal.h>
+
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <csignal>
 #include <sstream>
 
 #include "comm/backend.hpp"
@@ -61,9 +64,25 @@ std::shared_ptr<Group> Group::over_store(const c10::intrusive_ptr<c10d::Store>& 
   return std::make_shared<Group>(std::move(backend), rank, size, opts);
 }
 
+namespace {
+
+// A write to a socket whose peer died raises SIGPIPE, which kills the process before the
+// collective can fail with a message naming the rank: rank 0, which serves the store, died
+// that way in our kill test. Python ignores SIGPIPE at start-up, so torch never sees it there;
+// a C++ program must do the same. A handler the application installed is left alone.
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
   const LaunchInfo info = read_launch_env();
   if (info.world_size == 1) return single(opts);
+  ignore_sigpipe();
 
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info.master_port);
