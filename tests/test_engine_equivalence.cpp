@@ -104,9 +104,8 @@ TEST(EquivalenceSgd, Stage2MatchesTorchSgd) {
   for (auto& f : finals) EXPECT_LT((f - ref.params).abs().max().item<double>(), 2e-5);
 }
 
-// Stage 2 launches reductions from inside backward, before autograd has finished.
-TEST(Overlap, Stage2LaunchesBucketsDuringBackward) {
-  Config cfg = test_config(2, 24, 1, 0, /*bucket=*/100);
+// Each of 2 ranks runs one micro-step's backward under `cfg`; returns their engine stats.
+std::vector<EngineStats> one_backward_stats(const Config& cfg) {
   std::vector<EngineStats> stats(2);
   run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
     auto net = make_tiny_net(1);
@@ -115,7 +114,12 @@ TEST(Overlap, Stage2LaunchesBucketsDuringBackward) {
     engine.backward(mse(net->forward(b.x), b.y));
     stats[group->rank()] = engine.stats();
   });
-  for (const auto& s : stats) {
+  return stats;
+}
+
+// Stage 2 launches reductions from inside backward, before autograd has finished.
+TEST(Overlap, Stage2LaunchesBucketsDuringBackward) {
+  for (const auto& s : one_backward_stats(test_config(2, 24, 1, 0, /*bucket=*/100))) {
     // 100-element buckets give this model 3 buckets; all complete during backward.
     EXPECT_GE(s.buckets_launched_in_backward, 2);
     EXPECT_EQ(s.buckets_launched_after_backward, 0);
@@ -125,15 +129,7 @@ TEST(Overlap, Stage2LaunchesBucketsDuringBackward) {
 TEST(Overlap, OverlapOffDefersStage1ReductionToTheEnd) {
   Config cfg = test_config(1, 24, 1, 0, 100);
   cfg.zero_optimization.overlap_comm = false;
-  std::vector<EngineStats> stats(2);
-  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
-    auto net = make_tiny_net(1);
-    auto engine = initialize(net, cfg, group);
-    Batch b = rank_micro_batch(global_batch(0, kGlobalRows), group->rank(), 2, 0, 1);
-    engine.backward(mse(net->forward(b.x), b.y));
-    stats[group->rank()] = engine.stats();
-  });
-  for (const auto& s : stats) {
+  for (const auto& s : one_backward_stats(cfg)) {
     EXPECT_EQ(s.buckets_launched_in_backward, 0);
     EXPECT_GE(s.buckets_launched_after_backward, 2);
   }
