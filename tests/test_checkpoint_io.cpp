@@ -248,6 +248,37 @@ std::string damaged_copy(const std::string& src, const std::string& name,
   return dst;
 }
 
+// The shards hold fp32 masters whatever the compute dtype: a bf16 run's checkpoint resumes an
+// fp32 run (and the other way round) with the same masters and optimizer states.
+TEST(CrossDtype, MastersLoadIntoARunOfAnotherComputeDtype) {
+  for (const bool saved_bf16 : {true, false}) {
+    TempDir a, b;
+    Config save_cfg = make_config(2, 2);
+    save_cfg.bf16 = saved_bf16;
+    Config load_cfg = make_config(1, 2);
+    load_cfg.bf16 = !saved_bf16;
+    run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+      auto net = make_tiny_net(5);
+      auto e = initialize(net, save_cfg, group);
+      train(e, *net, 0, 2);
+      e.save_checkpoint(a.path);
+    });
+    run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+      auto net = make_tiny_net(6);
+      auto e = initialize(net, load_cfg, group);
+      e.load_checkpoint(a.path);
+      EXPECT_EQ(e.stats().optimizer_steps, 2);
+      e.save_checkpoint(b.path, "resaved");
+      train(e, *net, 2, 3);  // and it trains on
+    });
+    for (const std::string kind : {"master", "exp_avg", "exp_avg_sq"}) {
+      EXPECT_TRUE(same_tensors(read_consolidated(a.path, "", kind),
+                               read_consolidated(b.path, "resaved", kind)))
+          << kind << (saved_bf16 ? " bf16 -> fp32" : " fp32 -> bf16");
+    }
+  }
+}
+
 void flip_byte(const fs::path& file, int64_t from_end) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(-from_end, std::ios::end);
