@@ -11,6 +11,7 @@
 #include <optional>
 #include <utility>
 
+#include "offload/checkpoint_node.hpp"
 #include "zero/checkpoint.hpp"
 
 namespace zero {
@@ -234,6 +235,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 };
 
 }  // namespace
+
+bool runs_nested_backward(const torch::autograd::Node& node) {
+  return dynamic_cast<const torch::autograd::CppNode<CheckpointFunction>*>(&node) != nullptr;
+}
 
 std::vector<at::Tensor> checkpoint(const Block& fn, const std::vector<at::Tensor>& inputs,
                                    const CheckpointOptions& options) {

@@ -29,20 +29,17 @@ class AccumulatedGrads final : public GradSync {
     shard_ = sharded_ ? at::zeros({layout.shard_numel()}, f32) : full_;
   }
 
-  void begin_backward(bool boundary) override {
+  void begin_backward(bool boundary, const std::vector<int>& expected) override {
     boundary_ = boundary;
-    tracker_.reset();
+    tracker_.reset(expected);
+    launch_ready();  // buckets whose parameters the loss does not reach at all
   }
 
   void on_grad(int param, const at::Tensor& grad) override {
     const ParamSlot& p = layout_.params()[param];
     full_.narrow(0, p.flat_offset, p.numel).add_(grad.reshape({-1}));
     tracker_.mark(param);
-    if (!boundary_ || !opts_.overlap) return;
-    for (int b = tracker_.next_ready(); b >= 0; b = tracker_.next_ready()) {
-      launch(b);
-      ++counters_.launched_in_backward;
-    }
+    launch_ready();
   }
 
   void end_backward() override {
@@ -54,6 +51,12 @@ class AccumulatedGrads final : public GradSync {
     counters_.wait_seconds += pipeline_.drain();
   }
 
+  void abort() override {
+    pipeline_.abort();
+    tracker_.reset();
+    zero_grad();
+  }
+
   at::Tensor& grad_shard() override { return shard_; }
 
   void zero_grad() override {
@@ -63,8 +66,18 @@ class AccumulatedGrads final : public GradSync {
 
   int64_t grad_bytes() const override { return full_.nbytes() + (sharded_ ? shard_.nbytes() : 0); }
   int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
+  int bucket_buffers() const override { return pipeline_.buffers(); }
+  int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
 
  private:
+  void launch_ready() {
+    if (!boundary_ || !opts_.overlap) return;
+    for (int b = tracker_.next_ready(); b >= 0; b = tracker_.next_ready()) {
+      launch(b);
+      ++counters_.launched_in_backward;
+    }
+  }
+
   void launch(int b) {
     const BucketSlot& bucket = layout_.buckets()[b];
     const int64_t padded = bucket.shard.padded_numel();
@@ -78,6 +91,8 @@ class AccumulatedGrads final : public GradSync {
     at::Tensor in = grads;
     if (cast) {
       buf = pipeline_.acquire();
+      // Buckets take a buffer only when released, in order: one is always free or in flight.
+      TORCH_INTERNAL_ASSERT(buf >= 0, "zero: no free buffer for gradient bucket ", b);
       in = pipeline_.buffer(buf).in.narrow(0, 0, padded);
       in.copy_(grads);
     }

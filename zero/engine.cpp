@@ -3,8 +3,6 @@
 #include "zero/engine.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
 #include <cmath>
@@ -29,17 +27,33 @@ at::ScalarType to_scalar_type(Dtype d) {
 
 Engine::Impl::~Impl() {
   // The hooks point at this object: detach them so a model that outlives its engine is safe.
-  for (auto& p : fp.params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+  hooks.remove();
 }
 
 void Engine::Impl::on_grad(int index, const at::Tensor& param) {
   TORCH_CHECK(in_backward, "zero: a gradient of '", fp.layout.params()[index].name,
               "' arrived outside engine.backward(); call engine.backward(loss) instead of "
               "loss.backward()");
+  order->on_grad(index);
   at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
   sync->on_grad(index, grad);
   // The engine owns the gradient now; freeing autograd's copy is what makes stage 2 save memory.
   grad.reset();
+}
+
+void Engine::Impl::make_sync() {
+  sync = stage == 2 ? make_partitioned_grads(fp.layout, *group, sync_opts)
+                    : make_accumulated_grads(fp.layout, *group, stage == 1, sync_opts);
+}
+
+void Engine::Impl::discard_window() {
+  // Reductions already launched pair with the other ranks' (they failed at the same point,
+  // or will time out): wait for them, then forget the whole window, as if its micro-batches had
+  // never been seen. What autograd still holds of this pass goes too.
+  sync->abort();
+  for (auto& p : fp.params) p.mutable_grad().reset();
+  stats.micro_steps -= stats.micro_steps % accumulation;
+  awaiting_step = false;
 }
 
 void Engine::Impl::publish_parameters() {
@@ -77,22 +91,6 @@ void Engine::Impl::publish_parameters() {
   for (auto& f : inflight) f.work.wait();
 }
 
-namespace {
-
-class GradHook final : public torch::autograd::PostAccumulateGradHook {
- public:
-  GradHook(Engine::Impl* impl, int index) : impl_(impl), index_(index) {}
-  void operator()(const torch::autograd::Variable& param) override {
-    impl_->on_grad(index_, param);
-  }
-
- private:
-  Engine::Impl* impl_;
-  int index_;
-};
-
-}  // namespace
-
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
@@ -127,38 +125,46 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
     for (const auto& w : c.warnings) std::cerr << "zero: warning: " << w << "\n";
   }
 
-  FlattenOptions fo;
+  FlattenOptions& fo = impl->flat_opts;
   fo.param_dtype = impl->param_dtype;
   fo.bucket_numel = c.zero_optimization.reduce_bucket_size;
   fo.shards = impl->stage == 0 ? 1 : impl->group->size();
   impl->fp = flatten_parameters(*impl->module, *impl->group, fo);
 
-  GradSyncOptions so;
+  GradSyncOptions& so = impl->sync_opts;
   so.comm_dtype = to_scalar_type(c.communication_data_type.value_or(c.param_dtype()));
   so.device = impl->fp.flat.device();
   so.overlap = c.zero_optimization.overlap_comm;
   so.reduce_scatter = c.zero_optimization.reduce_scatter;
-  auto& grp = *impl->group;
-  impl->sync = impl->stage == 2
-                   ? make_partitioned_grads(impl->fp.layout, grp, so)
-                   : make_accumulated_grads(impl->fp.layout, grp, impl->stage == 1, so);
+  impl->make_sync();
+  impl->order = std::make_unique<GradOrder>(impl->fp.params);
 
-  const int owner = impl->stage == 0 ? 0 : grp.rank();
+  const int owner = impl->stage == 0 ? 0 : impl->group->rank();
   impl->opt = make_optimizer(c, impl->fp.layout, owner, impl->fp.master.options());
 
-  for (size_t i = 0; i < impl->fp.params.size(); ++i) {
-    torch::autograd::impl::set_post_acc_grad_hooks(
-        impl->fp.params[i], std::make_unique<GradHook>(impl.get(), static_cast<int>(i)));
-  }
+  impl->hooks.install(impl.get(), impl->fp.params);
   return Engine(std::move(impl));
 }
 
 void Engine::backward(const at::Tensor& loss) {
   auto& m = *impl_;
+  TORCH_CHECK(!m.taken_over,
+              "zero: this engine's model was taken over by another engine (a later "
+              "zero::initialize on the same model); train with that one");
   TORCH_CHECK(loss.numel() == 1, "zero: engine.backward expects a scalar loss, got shape ",
               loss.sizes());
+  TORCH_CHECK(!m.awaiting_step,
+              "zero: engine.backward() called twice without engine.step() in between; call "
+              "step() after every backward() (it applies the optimizer only at accumulation "
+              "boundaries), otherwise gradients would be counted twice");
+  const bool window_start = m.stats.micro_steps % m.accumulation == 0;
+  if (window_start && m.order->has_new_order()) {
+    // Once, between windows (nothing is held then): buckets in the order gradients arrive.
+    m.apply_arrival_order();
+  }
   const bool boundary = (m.stats.micro_steps + 1) % m.accumulation == 0;
-  m.sync->begin_backward(boundary);
+  const GradSyncCounters before = m.sync->counters();
+  m.sync->begin_backward(boundary, m.order->begin_pass(loss));
   m.in_backward = true;
   try {
     // Each micro-batch's loss is a mean; dividing by the accumulation steps makes the sum of
@@ -170,16 +176,24 @@ void Engine::backward(const at::Tensor& loss) {
     } else {
       loss.backward();
     }
+    m.in_backward = false;
+    m.sync->end_backward();
   } catch (...) {
     m.in_backward = false;
+    m.order->end_pass(false);
+    m.discard_window();
     throw;
   }
-  m.in_backward = false;
-  m.sync->end_backward();
+  m.order->end_pass(true);
+  m.awaiting_step = true;
+  // Since the engine started (the gradient path is rebuilt with the layout, its counters too).
   const auto& c = m.sync->counters();
-  m.stats.buckets_launched_in_backward = c.launched_in_backward;
-  m.stats.buckets_launched_after_backward = c.launched_after_backward;
-  m.stats.comm_wait_seconds = c.wait_seconds;
+  m.stats.buckets_launched_in_backward += c.launched_in_backward - before.launched_in_backward;
+  m.stats.buckets_launched_after_backward +=
+      c.launched_after_backward - before.launched_after_backward;
+  m.stats.comm_wait_seconds += c.wait_seconds - before.wait_seconds;
+  m.stats.bucket_buffers = m.sync->bucket_buffers();
+  m.stats.bucket_buffers_in_use_peak = m.sync->bucket_buffers_peak();
 }
 
 bool Engine::is_gradient_accumulation_boundary() const {
@@ -188,6 +202,10 @@ bool Engine::is_gradient_accumulation_boundary() const {
 
 bool Engine::step() {
   auto& m = *impl_;
+  TORCH_CHECK(m.awaiting_step,
+              "zero: engine.step() called without an engine.backward() since the last step(); "
+              "call backward(loss) once before every step()");
+  m.awaiting_step = false;
   at::NoGradGuard no_grad;
   ++m.stats.micro_steps;
   if (m.stats.micro_steps % m.accumulation != 0) return false;

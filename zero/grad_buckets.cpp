@@ -2,29 +2,35 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace zero {
 
 BucketTracker::BucketTracker(const FlatLayout& layout) : layout_(layout) { reset(); }
 
-void BucketTracker::reset() {
-  missing_.clear();
-  for (const auto& b : layout_.buckets()) missing_.push_back(static_cast<int>(b.params.size()));
-  received_.assign(layout_.params().size(), 0);
+void BucketTracker::reset(const std::vector<int>& expected) {
+  const size_t n = layout_.params().size();
+  TORCH_INTERNAL_ASSERT(expected.empty() || expected.size() == n);
+  expected_ = expected.empty() ? std::vector<int>(n, 1) : expected;
+  received_.assign(n, 0);
+  missing_.assign(layout_.buckets().size(), 0);
+  for (size_t p = 0; p < n; ++p) {
+    if (expected_[p] != 0) ++missing_[layout_.params()[p].bucket];
+  }
   next_ = 0;
 }
 
-void BucketTracker::mark(int param) {
+int BucketTracker::mark(int param) {
   const ParamSlot& p = layout_.params()[param];
-  TORCH_CHECK(!received_[param], "zero: parameter '", p.name,
-              "' received a second gradient in one backward pass after the engine had taken the "
-              "first. Use the parameter through one autograd graph per backward (a checkpointed "
-              "block recomputes inside the same pass, which is fine).");
-  TORCH_CHECK(p.bucket >= next_, "zero: parameter '", p.name, "' produced its gradient after ",
-              "its bucket had been reduced");
-  received_[param] = 1;
-  --missing_[p.bucket];
+  TORCH_CHECK(p.bucket >= next_, "zero: parameter '", p.name, "' produced a gradient after its ",
+              "bucket had been reduced (", received_[param], " gradient(s) of it were expected in ",
+              "this backward pass and had arrived). A parameter used both inside and outside a "
+              "checkpointed block, or whose use changes from step to step, can do this; use it "
+              "the same way in every step.");
+  const int n = ++received_[param];
+  if (expected_[param] > 0 && n == expected_[param]) --missing_[p.bucket];
+  return n;
 }
 
 int BucketTracker::next_ready() {
@@ -38,23 +44,24 @@ int BucketTracker::next_unreleased() {
 }
 
 BucketPipeline::BucketPipeline(int64_t in_numel, int64_t out_numel, const at::TensorOptions& opts,
-                               int buffers)
-    : in_numel_(in_numel), out_numel_(out_numel), opts_(opts) {
+                               int buffers) {
   for (int i = 0; i < buffers; ++i) {
-    buffers_.push_back({at::empty({in_numel_}, opts_), at::empty({out_numel_}, opts_)});
+    buffers_.push_back({at::empty({in_numel}, opts), at::empty({out_numel}, opts)});
     free_.push_back(i);
   }
 }
 
 int BucketPipeline::acquire() {
   while (free_.empty() && !inflight_.empty()) finish_oldest();
-  if (free_.empty()) {
-    buffers_.push_back({at::empty({in_numel_}, opts_), at::empty({out_numel_}, opts_)});
-    return static_cast<int>(buffers_.size()) - 1;
-  }
+  if (free_.empty()) return -1;
   const int i = free_.back();
   free_.pop_back();
+  peak_in_use_ = std::max(peak_in_use_, buffers() - static_cast<int>(free_.size()));
   return i;
+}
+
+void BucketPipeline::release(int buffer) {
+  if (buffer >= 0) free_.push_back(buffer);
 }
 
 void BucketPipeline::push(comm::Work work, int buffer, std::function<void()> done) {
@@ -66,13 +73,27 @@ void BucketPipeline::finish_oldest() {
   inflight_.pop_front();
   e.work.wait();
   if (e.done) e.done();
-  if (e.buffer >= 0) free_.push_back(e.buffer);
+  release(e.buffer);
 }
 
 double BucketPipeline::drain() {
   const auto t0 = std::chrono::steady_clock::now();
   while (!inflight_.empty()) finish_oldest();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void BucketPipeline::abort() {
+  while (!inflight_.empty()) {
+    Entry e = std::move(inflight_.front());
+    inflight_.pop_front();
+    try {
+      // The backend may still write into the buffer: it is reused only once this returned.
+      e.work.wait();
+    } catch (const std::exception&) {
+    }
+  }
+  free_.clear();
+  for (int i = buffers() - 1; i >= 0; --i) free_.push_back(i);
 }
 
 int64_t BucketPipeline::bytes() const {

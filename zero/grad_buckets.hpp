@@ -1,5 +1,5 @@
 // The bucket logic shared by every ZeRO stage: which buckets are ready, launching their
-// reductions in one global order, and the in-flight queue with its reusable buffers.
+// reductions in one global order, and the in-flight queue with its bounded pool of buffers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,6 +13,12 @@
 
 namespace zero {
 
+// How many gradients a parameter is expected to deliver in one backward pass (see GradOrder):
+// 0 for a parameter the loss does not reach (it counts as delivered with a zero gradient), 1 for
+// most, more for one used inside several checkpointed blocks (each recomputation is a separate
+// backward), kUnknown when it cannot be known yet (its bucket then waits for the end of backward).
+constexpr int kUnknownArrivals = -1;
+
 // Counts the gradients each bucket still waits for during one backward pass. Buckets are
 // released strictly in index order: every rank then issues the same collectives in the same
 // order, whatever order autograd happened to produce gradients in.
@@ -20,20 +26,23 @@ class BucketTracker {
  public:
   explicit BucketTracker(const FlatLayout& layout);
 
-  void reset();
-  // Records that `param` delivered its gradient. Throws if it already did in this pass, or if its
-  // bucket was already released (its reduction would miss this gradient).
-  void mark(int param);
+  // A new pass; `expected` per parameter (layout order), empty: one gradient each.
+  void reset(const std::vector<int>& expected = {});
+  // Records that `param` delivered a gradient; returns how many it delivered in this pass so far.
+  // Throws if its bucket was already released (its reduction would miss this gradient).
+  int mark(int param);
   // The next bucket whose gradients are all in and whose predecessors were released, or -1.
   int next_ready();
   // The next bucket not yet released, ready or not (for the flush after backward), or -1.
   int next_unreleased();
-  bool received(int param) const { return received_[param]; }
+  // The first bucket not yet released.
+  int next() const { return next_; }
 
  private:
   const FlatLayout& layout_;
-  std::vector<int> missing_;  // per bucket
-  std::vector<char> received_;
+  std::vector<int> missing_;  // per bucket: parameters whose gradients are not all in
+  std::vector<int> expected_;
+  std::vector<int> received_;
   int next_ = 0;
 };
 
@@ -48,21 +57,27 @@ class BucketPipeline {
 
   // `in_numel`/`out_numel`: the largest padded bucket and its shard. `buffers` are allocated up
   // front (the declared bucket buffers: two let one bucket fill while the previous one is in
-  // flight); 0 when the stage needs none.
+  // flight) and never grow; 0 when the stage needs none.
   BucketPipeline(int64_t in_numel, int64_t out_numel, const at::TensorOptions& opts, int buffers);
 
-  // A free buffer; when none is free, finishes the oldest reduction to free one. The pool grows
-  // past its declared size only when nothing is in flight (gradients arriving far out of
-  // bucket order), which buffers_allocated() shows.
+  // A free buffer; when none is free, finishes the oldest reduction to free one; -1 when none
+  // is free and nothing is in flight (every buffer is held by a bucket still filling).
   int acquire();
   Buffer& buffer(int i) { return buffers_[i]; }
+  // Hands back a buffer that no reduction uses.
+  void release(int buffer);
   // Registers a launched reduction; `done` runs once it finished, then `buffer` (or -1) is freed.
   void push(comm::Work work, int buffer, std::function<void()> done);
   // Finishes every reduction in flight; returns the seconds spent waiting.
   double drain();
+  // After a failed backward: waits for what is in flight without running its `done` (errors
+  // are swallowed: the caller is already reporting one) and frees every buffer.
+  void abort();
   bool idle() const { return inflight_.empty(); }
   int64_t bytes() const;
-  int64_t buffers_allocated() const { return static_cast<int64_t>(buffers_.size()); }
+  int buffers() const { return static_cast<int>(buffers_.size()); }
+  // Most buffers held at once (by buckets filling or in flight) since construction.
+  int peak_in_use() const { return peak_in_use_; }
 
  private:
   void finish_oldest();
@@ -72,12 +87,10 @@ class BucketPipeline {
     int buffer;
     std::function<void()> done;
   };
-  int64_t in_numel_;
-  int64_t out_numel_;
-  at::TensorOptions opts_;
   std::vector<Buffer> buffers_;
   std::vector<int> free_;
   std::deque<Entry> inflight_;
+  int peak_in_use_ = 0;
 };
 
 }  // namespace zero

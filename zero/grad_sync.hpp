@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <vector>
 
 #include "comm/group.hpp"
 #include "zero/shard_info.hpp"
@@ -30,12 +31,18 @@ class GradSync {
  public:
   virtual ~GradSync() = default;
   // A micro-step's backward starts; `boundary`: it closes an accumulation window, so this
-  // pass's gradients must be fully reduced when it ends.
-  virtual void begin_backward(bool boundary) = 0;
-  // From the post-accumulate hook of parameter `param` (layout index) during backward.
+  // pass's gradients must be fully reduced when it ends. `expected`: gradients each parameter
+  // will deliver (layout order; see BucketTracker), empty: one each.
+  virtual void begin_backward(bool boundary, const std::vector<int>& expected) = 0;
+  // From the post-accumulate hook of parameter `param` (layout index) during backward. May be
+  // called more than once per pass for a parameter (checkpointed blocks sharing it): the
+  // gradients add up.
   virtual void on_grad(int param, const at::Tensor& grad) = 0;
   // After autograd returned: launches what is left and waits for all of it.
   virtual void end_backward() = 0;
+  // After a backward that failed: waits for the reductions in flight, returns their buffers and
+  // forgets every gradient of the current accumulation window (the next pass starts afresh).
+  virtual void abort() = 0;
   // This rank's fp32 gradient shard: the sum over ranks (not yet averaged) once a boundary
   // pass ended. Laid out like the master shard.
   virtual at::Tensor& grad_shard() = 0;
@@ -43,6 +50,9 @@ class GradSync {
   virtual void zero_grad() = 0;
   virtual int64_t grad_bytes() const = 0;
   virtual int64_t comm_buffer_bytes() const = 0;
+  // The bucket pool: buffers it has, and the most held at once so far.
+  virtual int bucket_buffers() const = 0;
+  virtual int bucket_buffers_peak() const = 0;
   const GradSyncCounters& counters() const { return counters_; }
 
  protected:

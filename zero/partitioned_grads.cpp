@@ -1,6 +1,13 @@
 // Stage 2: no full-size gradient outlives a micro-step. Autograd's gradient of each parameter is
 // copied into its bucket's communication buffer and freed; a complete bucket is reduce-scattered
 // at once, overlapping the rest of backward, and the rank's part is added to its fp32 shard.
+//
+// The pool has two buffers and never grows. A bucket may take one only while it is among the
+// next two to be released: the bucket released next can then always get one (by finishing the
+// oldest reduction if need be). A gradient whose bucket is further ahead (gradients out of bucket
+// order, or a bucket held back by a parameter that has not delivered yet) is kept as autograd
+// produced it, and copied in when its bucket's turn comes: no memory beyond what autograd
+// allocated, where a growing pool would add a full bucket pair per stalled bucket.
 #include <ATen/ATen.h>
 
 #include "zero/grad_buckets.hpp"
@@ -8,6 +15,8 @@
 
 namespace zero {
 namespace {
+
+constexpr int kPoolBuffers = 2;
 
 class PartitionedGrads final : public GradSync {
  public:
@@ -17,27 +26,34 @@ class PartitionedGrads final : public GradSync {
         opts_(opts),
         tracker_(layout),
         pipeline_(layout.max_bucket_numel(), layout.max_bucket_numel() / layout.world(),
-                  at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), /*buffers=*/2),
-        bucket_buffer_(layout.buckets().size(), -1) {
+                  at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers),
+        bucket_buffer_(layout.buckets().size(), -1),
+        deferred_(layout.params().size()) {
     shard_ = at::zeros({layout.shard_numel()},
                        at::TensorOptions().dtype(at::kFloat).device(opts.device));
   }
 
-  void begin_backward(bool /*boundary: every pass is reduced*/) override {
-    tracker_.reset();
+  void begin_backward(bool /*boundary: every pass is reduced*/,
+                      const std::vector<int>& expected) override {
+    tracker_.reset(expected);
     std::fill(bucket_buffer_.begin(), bucket_buffer_.end(), -1);
+    launch_ready();  // buckets whose parameters the loss does not reach at all
   }
 
   void on_grad(int param, const at::Tensor& grad) override {
     const ParamSlot& p = layout_.params()[param];
-    tracker_.mark(param);
-    at::Tensor in = bucket_input(p.bucket);
-    in.narrow(0, p.flat_offset - layout_.buckets()[p.bucket].flat_offset, p.numel)
-        .copy_(grad.reshape({-1}));
-    for (int b = tracker_.next_ready(); b >= 0; b = tracker_.next_ready()) {
-      launch(b);
-      ++counters_.launched_in_backward;
+    const bool first = tracker_.mark(param) == 1;
+    if (bucket_buffer_[p.bucket] < 0 && p.bucket < tracker_.next() + kPoolBuffers) {
+      take_buffer(p.bucket);
     }
+    if (bucket_buffer_[p.bucket] >= 0) {
+      add_to_bucket(param, grad, first);
+    } else if (deferred_[param].defined()) {
+      deferred_[param] = deferred_[param] + grad;
+    } else {
+      deferred_[param] = grad;  // autograd's tensor: the engine drops only its own reference
+    }
+    launch_ready();
   }
 
   void end_backward() override {
@@ -49,28 +65,65 @@ class PartitionedGrads final : public GradSync {
     counters_.wait_seconds += pipeline_.drain();
   }
 
+  void abort() override {
+    pipeline_.abort();
+    std::fill(bucket_buffer_.begin(), bucket_buffer_.end(), -1);
+    for (auto& d : deferred_) d.reset();
+    tracker_.reset();
+    shard_.zero_();
+  }
+
   at::Tensor& grad_shard() override { return shard_; }
   void zero_grad() override { shard_.zero_(); }
   int64_t grad_bytes() const override { return shard_.nbytes(); }
   int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
+  int bucket_buffers() const override { return pipeline_.buffers(); }
+  int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
 
  private:
-  // The bucket's buffer, taken from the pool (and zeroed: padding and parameters without a
-  // gradient in this pass contribute zeros) on its first gradient.
-  at::Tensor bucket_input(int b) {
-    const int64_t padded = layout_.buckets()[b].shard.padded_numel();
-    if (bucket_buffer_[b] < 0) {
-      bucket_buffer_[b] = pipeline_.acquire();
-      pipeline_.buffer(bucket_buffer_[b]).in.narrow(0, 0, padded).zero_();
+  void launch_ready() {
+    for (int b = tracker_.next_ready(); b >= 0; b = tracker_.next_ready()) {
+      launch(b);
+      ++counters_.launched_in_backward;
     }
-    return pipeline_.buffer(bucket_buffer_[b]).in.narrow(0, 0, padded);
+  }
+
+  // Takes a pool buffer for bucket `b` and zeroes it: padding and parameters without a gradient
+  // in this pass contribute zeros.
+  void take_buffer(int b) {
+    const int buf = pipeline_.acquire();
+    if (buf < 0) return;
+    bucket_buffer_[b] = buf;
+    pipeline_.buffer(buf).in.narrow(0, 0, layout_.buckets()[b].shard.padded_numel()).zero_();
+  }
+
+  void add_to_bucket(int param, const at::Tensor& grad, bool first) {
+    const ParamSlot& p = layout_.params()[param];
+    const BucketSlot& bucket = layout_.buckets()[p.bucket];
+    at::Tensor dst = pipeline_.buffer(bucket_buffer_[p.bucket])
+                         .in.narrow(0, p.flat_offset - bucket.flat_offset, p.numel);
+    if (first) {
+      dst.copy_(grad.reshape({-1}));
+    } else {
+      dst.add_(grad.reshape({-1}).to(dst.scalar_type()));
+    }
   }
 
   void launch(int b) {
     const BucketSlot& bucket = layout_.buckets()[b];
+    if (bucket_buffer_[b] < 0) take_buffer(b);
+    // The bucket released next always finds a buffer (see the file comment).
+    TORCH_INTERNAL_ASSERT(bucket_buffer_[b] >= 0, "zero: no free bucket buffer for bucket ", b);
+    for (int param : bucket.params) {
+      if (!deferred_[param].defined()) continue;
+      at::Tensor g = std::move(deferred_[param]);
+      deferred_[param].reset();
+      // Gradients that arrived before the buffer did come first; later ones were added in.
+      add_to_bucket(param, g, /*first=*/false);
+    }
     const int64_t S = bucket.shard.shard_numel();
-    at::Tensor in = bucket_input(b);
     const int buf = bucket_buffer_[b];
+    at::Tensor in = pipeline_.buffer(buf).in.narrow(0, 0, bucket.shard.padded_numel());
     at::Tensor out = pipeline_.buffer(buf).out.narrow(0, 0, S);
     at::Tensor mine = shard_.narrow(0, bucket.shard_offset, S);
     const std::string what = "reduce_scatter of gradient bucket " + std::to_string(b);
@@ -91,7 +144,8 @@ class PartitionedGrads final : public GradSync {
   GradSyncOptions opts_;
   BucketTracker tracker_;
   BucketPipeline pipeline_;
-  std::vector<int> bucket_buffer_;  // pool buffer of each bucket in this pass, or -1
+  std::vector<int> bucket_buffer_;    // pool buffer of each bucket in this pass, or -1
+  std::vector<at::Tensor> deferred_;  // gradients waiting for their bucket's buffer
   at::Tensor shard_;
 };
 

@@ -85,9 +85,10 @@ struct CheckpointOptions {
 // parameters still do, even if no input requires grad. Works any number of times per forward
 // and across gradient accumulation.
 // Caveats, as with PyTorch's reentrant checkpoint: the recomputation's backward is a separate
-// pass, so a parameter used by two checkpointed blocks (tied weights) accumulates twice in one
-// outer backward, which the engine's bucket tracker rejects; torch::autograd::grad restricted to
-// some inputs still accumulates into the block's parameters; create_graph is not supported.
+// pass, so a parameter used by two checkpointed blocks (tied weights) accumulates once per block
+// in one outer backward (the engine counts these arrivals in its first step and waits for all of
+// them afterwards); torch::autograd::grad restricted to some inputs still accumulates into the
+// block's parameters; create_graph is not supported.
 std::vector<at::Tensor> checkpoint(const Block& fn, const std::vector<at::Tensor>& inputs,
                                    const CheckpointOptions& options = {});
 at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x,

@@ -37,6 +37,10 @@ struct EngineStats {
   int64_t optimizer_steps = 0;
   int64_t micro_steps = 0;
   int64_t skipped_steps = 0;  // fp16 overflows: the step was skipped on every rank
+  // The gradient bucket pool: its buffers (a fixed number; gradients that arrive for a bucket
+  // further ahead wait in autograd's tensor instead of growing it) and the most in use at once.
+  int64_t bucket_buffers = 0;
+  int64_t bucket_buffers_in_use_peak = 0;
 };
 
 class Engine {
