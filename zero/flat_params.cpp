@@ -24,7 +24,13 @@ FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
   TORCH_CHECK(!named.empty(), "zero: the model has no parameters to train");
   const at::Device device = named.front().second.device();
 
-  // Frozen parameters and buffers are not sharded, but every rank must start from rank 0's.
+  // Frozen parameters and buffers are not sharded, but every rank must start from rank 0's, in
+  // the compute dtype as DeepSpeed casts the whole module (a bf16 forward must not mix dtypes).
+  auto to_compute_dtype = [&](at::Tensor& t) {
+    if (at::isFloatingType(t.scalar_type()) && t.scalar_type() != opts.param_dtype) {
+      t.set_data(t.to(opts.param_dtype));
+    }
+  };
   for (auto& [name, t] : named) {
     TORCH_CHECK(t.device() == device, "zero: parameter '", name, "' is on ", t.device(), " but '",
                 named.front().first, "' is on ", device,
@@ -35,14 +41,20 @@ FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
       auto c = t.contiguous();
       group.broadcast(c, 0, "broadcast of frozen parameter '" + name + "'").wait();
       if (!c.is_same(t)) t.copy_(c);
+      to_compute_dtype(t);
     }
   }
   for (auto& item : module.named_buffers(/*recurse=*/true)) {
     at::Tensor t = item.value();
-    if (!t.defined() || t.device() != device) continue;
+    if (!t.defined()) continue;
+    TORCH_CHECK(t.device() == device, "zero: buffer '", item.key(), "' is on ", t.device(),
+                " but parameter '", named.front().first, "' is on ", device,
+                "; move the whole model (parameters and buffers) to one device before "
+                "zero::initialize");
     auto c = t.contiguous();
     group.broadcast(c, 0, "broadcast of buffer '" + item.key() + "'").wait();
     if (!c.is_same(t)) t.copy_(c);
+    to_compute_dtype(t);
   }
 
   std::vector<int> trainable;  // indices into `named`, registration order
