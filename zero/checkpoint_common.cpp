@@ -73,23 +73,64 @@ std::vector<CheckpointParam> current_params(const Engine::Impl& m) {
 
 std::string current_dtype(const Engine::Impl& m) { return dtype_name(m.cfg.param_dtype()); }
 
-std::string cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
+namespace {
+
+// Through at::Context, as zero::checkpoint does: no CUDA code here, and CUDA builds get the CUDA
+// generator of the engine's device.
+std::string generator_state(c10::Device device) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   at::Tensor s = gen.get_state();
   return std::string(static_cast<const char*>(s.data_ptr()), static_cast<size_t>(s.nbytes()));
 }
 
-void set_cpu_rng_state(const std::string& bytes, const std::string& source) {
+void set_generator_state(c10::Device device, const std::string& bytes, const std::string& source) {
   at::Tensor s = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
   std::memcpy(s.data_ptr(), bytes.data(), bytes.size());
-  auto gen = at::detail::getDefaultCPUGenerator();
+  at::Generator gen = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   try {
     gen.set_state(s);
   } catch (const std::exception& e) {
-    fail(source, ": the saved random-generator state does not fit this LibTorch (", message_of(e),
+    fail(source, ": the saved ", device.str(),
+         " random-generator state does not fit this LibTorch (", message_of(e),
          "); load it with the LibTorch version that saved it");
+  }
+}
+
+// A device generator's state follows the CPU one's, then the CPU state's length and this tag.
+// Files without the tag (CPU runs, and files written before devices were saved) hold only the
+// CPU state.
+constexpr char kDeviceRngTag[] = "ZRNGDEV1";
+constexpr size_t kTagBytes = sizeof(kDeviceRngTag) - 1;
+
+}  // namespace
+
+std::string rng_state(c10::Device device) {
+  std::string out = generator_state(c10::Device(c10::kCPU));
+  if (device.is_cpu()) return out;
+  const uint64_t cpu_bytes = out.size();
+  out += generator_state(device);
+  out.append(reinterpret_cast<const char*>(&cpu_bytes), sizeof(cpu_bytes));
+  out.append(kDeviceRngTag, kTagBytes);
+  return out;
+}
+
+void set_rng_state(const std::string& bytes, c10::Device device, const std::string& source) {
+  const size_t trailer = sizeof(uint64_t) + kTagBytes;
+  if (bytes.size() < trailer ||
+      bytes.compare(bytes.size() - kTagBytes, kTagBytes, kDeviceRngTag) != 0) {
+    set_generator_state(c10::Device(c10::kCPU), bytes, source);
+    return;
+  }
+  uint64_t cpu_bytes = 0;
+  std::memcpy(&cpu_bytes, bytes.data() + bytes.size() - trailer, sizeof(cpu_bytes));
+  if (cpu_bytes > bytes.size() - trailer) fail(source, ": corrupted random-generator state");
+  set_generator_state(c10::Device(c10::kCPU), bytes.substr(0, cpu_bytes), source);
+  // A CPU run resuming a GPU run has no device generator to restore.
+  if (!device.is_cpu()) {
+    set_generator_state(device, bytes.substr(cpu_bytes, bytes.size() - trailer - cpu_bytes),
+                        source);
   }
 }
 

@@ -38,8 +38,10 @@ std::vector<CheckpointParam> current_params(const Engine::Impl& m);
 std::string current_dtype(const Engine::Impl& m);
 
 // This process's default CPU generator state, as bytes, and back.
-std::string cpu_rng_state();
-void set_cpu_rng_state(const std::string& bytes, const std::string& source);
+// The default CPU generator's state and, when `device` is an accelerator (CUDA), that device's
+// default generator's too (dropout on the GPU draws from it): one opaque string per rank.
+std::string rng_state(c10::Device device);
+void set_rng_state(const std::string& bytes, c10::Device device, const std::string& source);
 
 // Key values of the config, for the manifest (humans read them; loading never does).
 std::vector<std::pair<std::string, std::string>> config_values(const Config& c);

@@ -5,8 +5,10 @@
 //   2. every rank opens every shard file (header and index checks) and checksums its share of
 //      the files' data; nothing of the engine has changed yet, so a bad checkpoint leaves the
 //      run exactly as it was;
-//   3. every rank reads the pieces overlapping what it owns under its own layout, restores the
-//      step counters, and the parameters are published to every rank's model.
+//   3. every rank reads the pieces overlapping what it owns under its own layout into host
+//      memory (still nothing changed), restores its random generators, and only then copies
+//      them into the masters and optimizer states, restores the step counters, and the
+//      parameters are published to every rank's model.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -51,10 +53,8 @@ void check_compatible(const Engine::Impl& m, const ckpt::Manifest& man, const st
     }
     ZERO_CKPT_CHECK(saved.empty(), path, ": a different model: the checkpoint's parameter '",
                     saved.empty() ? "" : saved.begin()->first, "' is not in this model", hint);
-    ZERO_CKPT_CHECK(man.param_dtype == dtype, path, ": saved with parameter dtype ",
-                    man.param_dtype, " but this run uses ", dtype,
-                    "; set bf16 / fp16 as in the run that saved it");
-    // Same names, shapes and dtype in another registration order: loading goes by name.
+    // Same names and shapes in another registration order, or another compute dtype: loading
+    // goes by name, and the shards hold fp32 masters whatever the compute dtype was.
   }
   std::vector<std::string> states;
   for (const auto& s : m.opt.optimizer->state()) states.push_back(s.first);
@@ -65,24 +65,19 @@ void check_compatible(const Engine::Impl& m, const ckpt::Manifest& man, const st
                   "in the run that saved it");
 }
 
-// Fills the master shard and the optimizer states with the pieces of the checkpoint that
-// overlap what this rank owns under the current layout.
-void fill_shards(Engine::Impl& m, const ckpt::Manifest& man,
-                 const std::vector<ckpt::ShardReader>& readers, const ckpt::PieceMap& map) {
+// Reads the pieces of the checkpoint that overlap what this rank owns under the current layout
+// into host tensors: first the master shard, then the optimizer states (state() order). Nothing
+// of the engine changes here, so a checkpoint that turns out bad leaves the run as it was.
+std::vector<at::Tensor> read_shards(const Engine::Impl& m, const ckpt::Manifest& man,
+                                    const std::vector<ckpt::ShardReader>& readers,
+                                    const ckpt::PieceMap& map) {
   const FlatLayout& L = m.fp.layout;
   const int owner = m.stage == 0 ? 0 : m.group->rank();
-  std::vector<at::Tensor> dst{m.fp.master};
-  const auto states = m.opt.optimizer->state();
-  for (const std::string& name : man.state_names) {
-    for (const auto& s : states) {
-      if (s.first == name) dst.push_back(s.second);
-    }
-  }
-  // Read straight into CPU tensors; device tensors get a host copy first.
-  std::vector<at::Tensor> host;
-  for (const at::Tensor& t : dst) host.push_back(t.is_cpu() ? t : at::empty_like(t, at::kCPU));
   // Padding stays zero, as in a fresh engine.
-  for (at::Tensor& t : host) t.zero_();
+  std::vector<at::Tensor> host;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  host.push_back(at::zeros({m.fp.master.numel()}, f32));
+  for (size_t i = 0; i < man.state_names.size(); ++i) host.push_back(at::zeros_like(host[0]));
   for (const OwnedPiece& p : L.owned_pieces(owner)) {
     const std::string& name = L.params()[p.param].name;
     const auto it = map.find(name);
@@ -103,8 +98,17 @@ void fill_shards(Engine::Impl& m, const ckpt::Manifest& man,
     ZERO_CKPT_CHECK(covered == p.numel, "zero: parameter '", name, "' elements ", begin, "..", end,
                     " are only partly in the checkpoint");
   }
-  for (size_t t = 0; t < dst.size(); ++t) {
-    if (!host[t].is_same(dst[t])) dst[t].copy_(host[t]);
+  return host;
+}
+
+// Copies what read_shards read into the master shard and the optimizer states.
+void commit_shards(Engine::Impl& m, const ckpt::Manifest& man, const std::vector<at::Tensor>& host) {
+  m.fp.master.copy_(host[0]);
+  const auto states = m.opt.optimizer->state();
+  for (size_t i = 0; i < man.state_names.size(); ++i) {
+    for (const auto& s : states) {
+      if (s.first == man.state_names[i]) s.second.copy_(host[1 + i]);
+    }
   }
 }
 
@@ -116,7 +120,8 @@ void restore_counters(Engine::Impl& m, const ckpt::Manifest& man) {
   // A resharded run may split the same global batch into another number of micro-steps: keep
   // the count of windows, so accumulation boundaries stay where they belong.
   m.stats.micro_steps = man.micro_steps / std::max<int64_t>(man.accumulation, 1) * m.accumulation;
-  if (m.cfg.fp16.enabled) {
+  // The loss scale of an fp16 run; a run of another dtype starts fp16 with a fresh scaler.
+  if (m.cfg.fp16.enabled && man.param_dtype == dtype_name(Dtype::kFloat16)) {
     m.scaler.set_state({man.loss_scale, man.scaler_iter, man.scaler_last_overflow_iter,
                         static_cast<int>(man.scaler_hysteresis_left)});
   }
@@ -157,16 +162,21 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   });
   ckpt::agree(m, err, what);
 
+  // Everything is read and checked on every rank before anything of the engine changes.
+  std::vector<at::Tensor> host;
+  err = ckpt::attempt([&] { host = read_shards(m, man, readers, map); });
+  ckpt::agree(m, err, what);
+
   err = ckpt::attempt([&] {
-    fill_shards(m, man, readers, map);
-    restore_counters(m, man);
     // The generator states belong to ranks; a rank the saved run did not have keeps its own.
     if (rank < man.world_size) {
       const auto& rng = readers[rank].index().rng_state;
-      if (!rng.empty()) ckpt::set_cpu_rng_state(rng, readers[rank].path());
+      if (!rng.empty()) ckpt::set_rng_state(rng, m.fp.flat.device(), readers[rank].path());
     }
   });
   ckpt::agree(m, err, what);
+  commit_shards(m, man, host);
+  restore_counters(m, man);
   m.publish_parameters();
   m.sync->zero_grad();
   return tag;

@@ -25,7 +25,7 @@ ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
   ckpt::ShardIndex index;
   index.rank = rank;
   index.world = world;
-  index.rng_state = ckpt::cpu_rng_state();
+  index.rng_state = ckpt::rng_state(m.fp.flat.device());
   std::vector<at::Tensor> tensors{m.fp.master};
   for (auto& [name, t] : m.opt.optimizer->state()) {
     index.state_names.push_back(name);
