@@ -12,8 +12,8 @@ namespace {
 // The scalar arithmetic mirrors deepspeed/runtime/lr_schedules.py expression by expression so
 // the values agree to the last bit with a DeepSpeed run of the same config.
 
-void check_step(int64_t step) {
-  TORCH_CHECK(step >= 0, "zero: lr_at(", step, "): the step count must be >= 0");
+void check_iteration(int64_t it) {
+  TORCH_CHECK(it >= 0, "zero: scheduler iteration ", it, " must be >= 0");
 }
 
 void check_lr(const char* what, double lr) {
@@ -50,20 +50,22 @@ class Ramp {
   double inverse_log_ = 0;
 };
 
-void check_total(int64_t total_num_steps, int64_t warmup_num_steps) {
-  TORCH_CHECK(total_num_steps >= warmup_num_steps && total_num_steps > 0,
-              "zero: scheduler total_num_steps (", total_num_steps,
-              ") must be positive and at least warmup_num_steps (", warmup_num_steps,
-              "); set scheduler.total_num_steps to the run's number of optimizer steps");
+// DeepSpeed only warns when total_num_steps is below the warmup (the config loader does too);
+// the formulas stay defined because their denominators are clamped to >= 1.
+void check_total(int64_t total_num_steps) {
+  TORCH_CHECK(total_num_steps > 0, "zero: scheduler total_num_steps (", total_num_steps,
+              ") must be positive; set scheduler.params.total_num_steps to the run's number of "
+              "optimizer steps");
 }
 
 class Constant final : public LrSchedule {
  public:
   explicit Constant(double lr) : lr_(lr) { check_lr("lr", lr); }
-  double lr_at(int64_t step) const override {
-    check_step(step);
+  double at_iteration(int64_t it) const override {
+    check_iteration(it);
     return lr_;
   }
+  double initial_lr() const override { return lr_; }
 
  private:
   double lr_;
@@ -81,10 +83,12 @@ class Warmup : public LrSchedule {
                 o.warmup_min_lr, ") exceeds warmup_max_lr (", o.warmup_max_lr,
                 "); the warmup must not lower the lr");
   }
-  double lr_at(int64_t step) const override {
-    check_step(step);
-    return min_lr_ + delta_lr_ * gamma(step);
+  double at_iteration(int64_t it) const override {
+    check_iteration(it);
+    return min_lr_ + delta_lr_ * gamma(it);
   }
+  // WarmupLR.get_lr() before the first step() returns min_lrs.
+  double initial_lr() const override { return min_lr_; }
 
  protected:
   virtual double gamma(int64_t step) const { return ramp_.warming(step) ? ramp_.gamma(step) : 1.0; }
@@ -100,7 +104,7 @@ class WarmupDecay final : public Warmup {
  public:
   WarmupDecay(const WarmupOptions& o, int64_t total_num_steps)
       : Warmup(o), total_(total_num_steps) {
-    check_total(total_num_steps, o.warmup_num_steps);
+    check_total(total_num_steps);
   }
 
  protected:
@@ -119,16 +123,18 @@ class WarmupCosine final : public LrSchedule {
   explicit WarmupCosine(const WarmupCosineOptions& o)
       : o_(o), ramp_(o.warmup_num_steps, o.warmup_type) {
     check_lr("base_lr (optimizer.lr)", o.base_lr);
-    check_total(o.total_num_steps, o.warmup_num_steps);
+    check_total(o.total_num_steps);
     TORCH_CHECK(o.warmup_min_ratio >= 0 && o.warmup_min_ratio <= 1,
                 "zero: scheduler warmup_min_ratio must be in [0, 1], got ", o.warmup_min_ratio);
     TORCH_CHECK(o.cos_min_ratio >= 0 && o.cos_min_ratio <= 1,
                 "zero: scheduler cos_min_ratio must be in [0, 1], got ", o.cos_min_ratio);
   }
-  double lr_at(int64_t step) const override {
-    check_step(step);
-    return o_.base_lr * ratio(step);
+  double at_iteration(int64_t it) const override {
+    check_iteration(it);
+    return o_.base_lr * ratio(it);
   }
+  // WarmupCosineLR.get_lr() before the first step() returns 0 for every group.
+  double initial_lr() const override { return 0.0; }
 
  private:
   double ratio(int64_t step) const {
@@ -150,6 +156,11 @@ class WarmupCosine final : public LrSchedule {
 };
 
 }  // namespace
+
+double LrSchedule::lr_at(int64_t step) const {
+  TORCH_CHECK(step >= 0, "zero: lr_at(", step, "): the step count must be >= 0");
+  return step == 0 ? initial_lr() : at_iteration(step - 1);
+}
 
 std::unique_ptr<LrSchedule> make_constant(double lr) { return std::make_unique<Constant>(lr); }
 

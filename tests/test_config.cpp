@@ -109,6 +109,8 @@ TEST(Config, PresetsLoadWithTrainerExtension) {
     EXPECT_EQ(c.scheduler.warmup_num_steps, 20);
     EXPECT_EQ(c.comm_timeout, std::chrono::seconds(120));
     EXPECT_EQ(c.seed, 1234u);
+    // DeepSpeed decays everything; the presets opt out for biases and norms explicitly.
+    EXPECT_EQ(c.no_weight_decay, (std::vector<std::string>{"bias", "norm"}));
     EXPECT_EQ(c.extra_string("trainer.model"), "small");
     EXPECT_EQ(c.extra_int("trainer.steps"), 200);
     EXPECT_EQ(c.extra_int("trainer.seq_len"), 64);
@@ -205,11 +207,21 @@ TEST(Config, StageThreeIsNotImplemented) {
 TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
   std::string m =
       load_error("zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: cpu\n");
-  EXPECT_HAS(m,
-             "t.yaml:3:3: 'zero_optimization.offload_optimizer' is a DeepSpeed option not "
-             "supported by zero yet");
-  EXPECT_HAS(load_error("zero_optimization: {stage3_max_live_parameters: 1}\n"),
-             "'zero_optimization.stage3_max_live_parameters' is a DeepSpeed option not supported");
+  EXPECT_HAS(m, "t.yaml:3:3: 'zero_optimization.offload_optimizer' is not implemented");
+  EXPECT_HAS(m, "remove it or set device: none");
+  EXPECT_HAS(load_error("zero_optimization: {offload_param: {device: nvme}}\n"),
+             "'zero_optimization.offload_param' is not implemented");
+  EXPECT_HAS(load_error("zero_optimization: {cpu_offload: true}\n"), "offloads to the CPU");
+  EXPECT_NO_THROW(load("zero_optimization: {stage: 2, offload_optimizer: {device: none}}\n"));
+  EXPECT_HAS(load_error("fp16: {enabled: true, fp16_master_weights_and_grads: true}\n"),
+             "'fp16.fp16_master_weights_and_grads' keeps master weights in fp16");
+  EXPECT_HAS(load_error("optimizer: {type: AdamW, params: {max_grad_norm: 1.0}}\n"),
+             "use the top-level 'gradient_clipping' key instead");
+  EXPECT_HAS(load_error("data_types: {grad_accum_dtype: bf16}\n"),
+             "'data_types.grad_accum_dtype' bf16 is not implemented: zero accumulates gradients "
+             "in fp32; set it to fp32 or remove it");
+  EXPECT_HAS(load_error("pipeline: {stages: 2}\n"),
+             "'pipeline' is a DeepSpeed option zero does not implement; remove it");
   EXPECT_HAS(load_error("zero_optimization: {allgather_partitions: false}\n"),
              "only true is supported");
   EXPECT_HAS(load_error("prescale_gradients: true\n"), "only false is supported");
@@ -242,6 +254,8 @@ TEST(Config, TypesAreCanonicalised) {
       "bfloat16: {enabled: true}\nno_weight_decay: [bias, ln_]\nseed: 18446744073709551615\n"
       "activation_checkpointing: {cpu_checkpointing: true, number_checkpoints: 4}\n");
   EXPECT_EQ(c.optimizer.type, "AdamW");
+  // torch_adam builds torch.optim.AdamW in DeepSpeed, whose default weight_decay is 0.01.
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
   EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
   EXPECT_EQ(c.communication_data_type, Dtype::kBFloat16);
   EXPECT_EQ(c.grad_accum_dtype, Dtype::kFloat32);
@@ -251,19 +265,36 @@ TEST(Config, TypesAreCanonicalised) {
   EXPECT_FALSE(c.extra_bool("activation_checkpointing.partition_activations"));
   EXPECT_TRUE(c.extra_bool("activation_checkpointing.cpu_checkpointing"));
   EXPECT_EQ(c.extra_int("activation_checkpointing.number_checkpoints"), 4);
-  ASSERT_EQ(c.warnings.size(), 2u);
-  EXPECT_HAS(c.warnings[0], "t.yaml:1: 'optimizer.params.torch_adam'");
-  EXPECT_HAS(c.warnings[1], "t.yaml:8: 'activation_checkpointing.number_checkpoints'");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_HAS(c.warnings[0], "t.yaml:8: 'activation_checkpointing.number_checkpoints'");
   EXPECT_STREQ(zero::dtype_name(Dtype::kFloat32), "fp32");
   EXPECT_STREQ(zero::dtype_name(Dtype::kBFloat16), "bf16");
   EXPECT_STREQ(zero::dtype_name(Dtype::kFloat16), "fp16");
 }
 
-TEST(Config, PartitionActivationsIsRefusedWithoutModelParallelism) {
-  const std::string err = load_error("activation_checkpointing: {partition_activations: true}\n");
-  EXPECT_HAS(err, "t.yaml:1");
-  EXPECT_HAS(err, "partition_activations");
-  EXPECT_HAS(err, "set it to false");
+TEST(Config, KeysWithoutEffectWarnNamingWhy) {
+  // No-ops for DeepSpeed too in this setting: no model parallelism, no fp16 optimizer choice,
+  // stage-3-only keys below stage 3.
+  Config c = load(
+      "activation_checkpointing: {partition_activations: true, contiguous_memory_optimization: "
+      "true}\noptimizer: {type: AdamW, legacy_fusion: true}\n"
+      "zero_optimization: {stage: 2, stage3_max_live_parameters: 1e9, sub_group_size: 1e9}\n"
+      "zero_allow_untested_optimizer: true\n");
+  ASSERT_EQ(c.warnings.size(), 5u);
+  EXPECT_HAS(c.warnings[0],
+             "t.yaml:1: 'activation_checkpointing.partition_activations' has no "
+             "effect here and is ignored");
+  EXPECT_HAS(c.warnings[0], "model-parallel");
+  EXPECT_HAS(c.warnings[1], "'activation_checkpointing.contiguous_memory_optimization' has no");
+  EXPECT_HAS(c.warnings[2], "t.yaml:2: 'optimizer.legacy_fusion' has no effect here");
+  EXPECT_HAS(c.warnings[3],
+             "'zero_optimization.stage3_max_live_parameters' has no effect here "
+             "and is ignored: only ZeRO stage 3 reads it");
+  EXPECT_HAS(c.warnings[4], "'zero_optimization.sub_group_size'");
+  // Switched off, they say nothing.
+  EXPECT_TRUE(load("activation_checkpointing: {partition_activations: false}\n"
+                   "optimizer: {legacy_fusion: false}\nzero_allow_untested_optimizer: false\n")
+                  .warnings.empty());
 }
 
 TEST(Config, DiagnosticKeysWarn) {
@@ -272,8 +303,8 @@ TEST(Config, DiagnosticKeysWarn) {
       "tensorboard: {enabled: false}\n");
   ASSERT_EQ(c.warnings.size(), 2u);
   EXPECT_EQ(c.warnings[0],
-            "zero: t.yaml:2: 'wall_clock_breakdown' only affects DeepSpeed diagnostics and is "
-            "ignored");
+            "zero: t.yaml:2: 'wall_clock_breakdown' has no effect here and is ignored: it only "
+            "affects DeepSpeed's diagnostics");
   EXPECT_HAS(c.warnings[1], "t.yaml:3: 'flops_profiler'");
 }
 
@@ -345,11 +376,11 @@ TEST(Config, BatchDerivations) {
   EXPECT_EQ(resolved(16, 0, 0, 4), (V{16, 4, 1}));  // only tbs
   EXPECT_EQ(resolved(0, 4, 0, 3), (V{12, 4, 1}));   // only micro
   EXPECT_EQ(resolved(0, 0, 0, 2), (V{2, 1, 1}));    // nothing
+  EXPECT_EQ(resolved(0, 0, 4, 2), (V{8, 1, 4}));    // only ga: micro batch 1
 
   const auto err = [&](int64_t tbs, int64_t mb, int64_t ga, int world) {
     return error_of([&] { resolved(tbs, mb, ga, world); });
   };
-  EXPECT_HAS(err(0, 0, 4, 2), "set train_micro_batch_size_per_gpu or train_batch_size");
   EXPECT_HAS(err(10, 4, 0, 2),
              "train_batch_size (10) is not divisible by "
              "train_micro_batch_size_per_gpu (4) x world size (2) = 8");
@@ -421,13 +452,45 @@ TEST(Config, AutoMeansUnset) {
   EXPECT_EQ(c.train_batch_size, 0);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 0);
   EXPECT_EQ(c.gradient_accumulation_steps, 0);
-  EXPECT_EQ(c.gradient_clipping, 0.0);
-  EXPECT_DOUBLE_EQ(c.optimizer.lr, zero::OptimizerConfig{}.lr);
+  EXPECT_EQ(c.gradient_clipping, 1.0);  // DeepSpeed's default
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.0);  // FusedAdam's
   EXPECT_EQ(c.zero_optimization.reduce_bucket_size,
             zero::ZeroOptimizationConfig{}.reduce_bucket_size);
+  // Each "auto" names the value it took, once.
+  ASSERT_EQ(c.warnings.size(), 4u);
+  EXPECT_HAS(c.warnings[0], "'gradient_clipping' is \"auto\": using 1.0 (DeepSpeed's default)");
+  EXPECT_HAS(c.warnings[1], "'optimizer.params.lr' is \"auto\": using 1e-3");
+  EXPECT_HAS(c.warnings[2], "'optimizer.params.weight_decay' is \"auto\": using 0");
+  EXPECT_HAS(c.warnings[3], "'zero_optimization.reduce_bucket_size' is \"auto\": using 5e8");
   c.resolve_batch(4);
   EXPECT_EQ(c.train_batch_size, 4);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  ASSERT_EQ(c.warnings.size(), 5u);
+  EXPECT_HAS(c.warnings[4],
+             "train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps "
+             "\"auto\" resolved for 4 ranks: train_batch_size 4, train_micro_batch_size_per_gpu "
+             "1, gradient_accumulation_steps 1");
+  c.resolve_batch(4);
+  EXPECT_EQ(c.warnings.size(), 5u);  // once
+
+  // All "auto" except the accumulation (an HF Trainer config with --gradient_accumulation_steps).
+  c = Config::from_string(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": 4})",
+      "hf.json");
+  c.resolve_batch(2);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  // Only the micro batch "auto": derived from the other two.
+  c = Config::from_string(
+      R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": 2})",
+      "hf.json");
+  c.resolve_batch(2);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
   EXPECT_HAS(error_of([] { Config::from_string("zero_optimization: {stage: auto}", "hf.json"); }),
              "'zero_optimization.stage' must be an integer, got 'auto'");
 }

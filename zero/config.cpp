@@ -1,6 +1,7 @@
-// The key table: every key zero reads, with DeepSpeed's names and meanings, plus the DeepSpeed
-// keys it recognises but refuses (they would change training) or ignores with a warning (they
-// only affect DeepSpeed's diagnostics).
+// The key table: every key zero reads, with DeepSpeed's names, meanings and defaults (0.19),
+// sorted by the key policy of config_schema.hpp: honoured, no effect here (a warning saying
+// why), or not honoured (an error with the fix). "auto" (HF Trainer / Accelerate) means
+// DeepSpeed's default; the value chosen is noted in Config::warnings.
 #include "zero/config.hpp"
 
 #include <algorithm>
@@ -40,8 +41,11 @@ Field only_bool(Loader& l, std::string name, bool neutral, std::string why, bool
           listed};
 }
 
-int64_t batch_value(const Loader& l, const Entry& e) {
-  if (Loader::is_auto(e)) return 0;
+int64_t batch_value(const Loader& l, const Entry& e, Config& c) {
+  if (Loader::is_auto(e)) {
+    c.auto_batch_keys.push_back(e.path);
+    return 0;
+  }
   const int64_t v = l.integer(e);
   l.require(e, v >= 1, "a positive integer (or \"auto\" to derive it)");
   return v;
@@ -67,41 +71,74 @@ int64_t count(const Loader& l, const Entry& e, int64_t lo) {
 
 void load_bf16(Loader& l, const Entry& s, Config& c) {
   l.walk(s, {
-                {"enabled", [&](const Entry& e) { c.bf16 = !Loader::is_auto(e) && l.boolean(e); }},
-                l.unsupported("immediate_grad_update"),
+                {"enabled",
+                 [&](const Entry& e) {
+                   if (Loader::is_auto(e)) {
+                     l.note_auto(e, "false", "DeepSpeed's default");
+                     c.bf16 = false;
+                   } else {
+                     c.bf16 = l.boolean(e);
+                   }
+                 }},
+                {"immediate_grad_update",
+                 [&](const Entry& e) {
+                   // DeepSpeed's default (true) is what zero does: each bf16 gradient joins the
+                   // fp32 accumulation as it arrives. false only defers that, same sums.
+                   if (!l.boolean(e)) {
+                     l.warn(e, "'" + e.path +
+                                   "' has no effect here and is ignored: zero adds each bf16 "
+                                   "gradient into fp32 as it arrives");
+                   }
+                 },
+                 false},
+                l.no_effect("check_grad_overflow",
+                            "bf16 has fp32's range; zero checks the gradient norm for inf/NaN "
+                            "on every step"),
             });
 }
 
 void load_fp16(Loader& l, const Entry& s, Fp16Config& f) {
-  l.walk(
-      s,
-      {
-          {"enabled", [&](const Entry& e) { f.enabled = !Loader::is_auto(e) && l.boolean(e); }},
-          {"loss_scale", [&](const Entry& e) { f.loss_scale = non_negative(l, e); }},
-          {"initial_scale_power",
-           [&](const Entry& e) {
-             const int64_t v = l.integer(e);
-             l.require(e, v >= 0 && v <= 64, "an integer in [0, 64]");
-             f.initial_scale_power = static_cast<int>(v);
-           }},
-          {"loss_scale_window",
-           [&](const Entry& e) { f.loss_scale_window = static_cast<int>(count(l, e, 1)); }},
-          {"hysteresis", [&](const Entry& e) { f.hysteresis = static_cast<int>(count(l, e, 1)); }},
-          {"min_loss_scale",
-           [&](const Entry& e) {
-             f.min_loss_scale = l.number(e);
-             l.require(e, f.min_loss_scale > 0, "a number > 0");
-           }},
-          only_bool(l, "auto_cast", false, "is not supported yet"),
-          only_bool(l, "consecutive_hysteresis", false, "is not supported yet"),
-          l.unsupported("fp16_master_weights_and_grads"),
-      });
+  l.walk(s, {
+                {"enabled",
+                 [&](const Entry& e) {
+                   if (Loader::is_auto(e)) {
+                     l.note_auto(e, "false", "DeepSpeed's default");
+                     f.enabled = false;
+                   } else {
+                     f.enabled = l.boolean(e);
+                   }
+                 }},
+                {"loss_scale", [&](const Entry& e) { f.loss_scale = non_negative(l, e); }},
+                {"initial_scale_power",
+                 [&](const Entry& e) {
+                   const int64_t v = l.integer(e);
+                   l.require(e, v >= 0 && v <= 64, "an integer in [0, 64]");
+                   f.initial_scale_power = static_cast<int>(v);
+                 }},
+                {"loss_scale_window",
+                 [&](const Entry& e) { f.loss_scale_window = static_cast<int>(count(l, e, 1)); }},
+                {"hysteresis",
+                 [&](const Entry& e) { f.hysteresis = static_cast<int>(count(l, e, 1)); }},
+                {"min_loss_scale",
+                 [&](const Entry& e) {
+                   f.min_loss_scale = l.number(e);
+                   l.require(e, f.min_loss_scale > 0, "a number > 0");
+                 }},
+                only_bool(l, "auto_cast", false, "is not supported yet"),
+                only_bool(l, "consecutive_hysteresis", false, "is not supported yet"),
+                only_bool(l, "fp16_master_weights_and_grads", false,
+                          "keeps master weights in fp16, which zero does not implement (its master "
+                          "weights are fp32)"),
+            });
 }
 
 void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   const auto bucket = [&l](int64_t& out) {
     return [&l, p = &out](const Entry& e) {
-      if (Loader::is_auto(e)) return;
+      if (Loader::is_auto(e)) {
+        l.note_auto(e, "5e8", "DeepSpeed's default");
+        return;
+      }
       *p = l.integer(e);
       l.require(e, *p > 0, "a positive number of elements");
     };
@@ -130,36 +167,79 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
          }
        }},
   };
+  {
+    const std::string offload_fix =
+        "zero does not offload the optimizer or the parameters yet; remove it or set "
+        "device: none (activation offload is activation_checkpointing.cpu_checkpointing)";
+    for (const char* k : {"offload_optimizer", "offload_param"}) {
+      f.push_back({k,
+                   [&l, offload_fix](const Entry& e) {
+                     if (!e.value.IsMap() && !Loader::is_null(e)) {
+                       l.fail(e, "'" + e.path + "' must be a section, got " + describe(e.value));
+                     }
+                     if (Loader::is_neutral(e.value)) return;
+                     l.fail_at_key(e, "'" + e.path + "' is not implemented: " + offload_fix);
+                   },
+                   false});
+    }
+    for (const char* k : {"cpu_offload", "cpu_offload_params"}) {
+      f.push_back(only_bool(l, k, false, "offloads to the CPU: " + offload_fix));
+    }
+    f.push_back(l.no_effect("cpu_offload_use_pin_memory", "it only applies to CPU offload"));
+  }
+  // Keys that only ZeRO stage 3 reads: DeepSpeed ignores them below stage 3 too, and zero
+  // refuses stage 3 itself, so they can only be no-ops here.
   for (const std::string& k :
-       words("offload_optimizer offload_param sub_group_size stage3_* cpu_offload "
-             "cpu_offload_params cpu_offload_use_pin_memory elastic_checkpoint "
-             "load_from_fp32_weights ignore_unused_parameters legacy_stage1 "
-             "zero_hpz_partition_size zero_quantized_weights "
-             "zero_quantized_gradients zero_quantized_nontrainable_weights "
-             "mics_shard_size mics_hierarchical_params_gather "
-             "memory_efficient_linear use_multi_rank_bucket_allreduce "
-             "param_persistence_threshold model_persistence_threshold "
-             "max_live_parameters max_reuse_distance prefetch_bucket_size "
+       words("sub_group_size stage3_* prefetch_bucket_size param_persistence_threshold "
+             "model_persistence_threshold max_live_parameters max_reuse_distance "
              "gather_16bit_weights_on_model_save module_granularity_threshold "
-             "use_all_reduce_for_fetch_params pipeline_loading_checkpoint "
-             "override_module_apply log_trace_cache_warnings")) {
+             "use_all_reduce_for_fetch_params zero_hpz_partition_size zero_quantized_weights "
+             "zero_quantized_nontrainable_weights zero_quantized_gradients mics_shard_size "
+             "mics_hierarchical_params_gather memory_efficient_linear "
+             "pipeline_loading_checkpoint override_module_apply log_trace_cache_warnings "
+             "leaf_module")) {
+    f.push_back({k, [&l](const Entry& e) {
+                   l.warn(e, "'" + e.path +
+                                 "' has no effect here and is ignored: only ZeRO stage 3 reads "
+                                 "it");
+                 }});
+    f.back().listed = false;
+  }
+  f.push_back(only_bool(l, "load_from_fp32_weights", true,
+                        "restores from 16-bit weights; zero checkpoints always hold fp32 master "
+                        "weights"));
+  f.push_back(only_bool(l, "compute_grad_norm", true,
+                        "skips the gradient norm; zero needs it for clipping and overflow checks"));
+  f.push_back(only_bool(l, "elastic_checkpoint", false, "is not implemented by zero"));
+  f.push_back(l.no_effect("use_multi_rank_bucket_allreduce",
+                          "it only changes how DeepSpeed issues MoE all-reduces"));
+  for (const std::string& k : words("ignore_unused_parameters legacy_stage1 zenflow")) {
     f.push_back(l.unsupported(k));
   }
   l.walk(s, f);
 }
 
 void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
-  bool adam_w_mode = true, deepspeed_adam = false;
-  const auto unless_auto = [&l](double& out) {
-    return [&l, p = &out](const Entry& e) {
-      if (!Loader::is_auto(e)) *p = non_negative(l, e);
+  bool adam_w_mode = true, deepspeed_adam = false, torch_adam = false;
+  // "auto" keys resolve after the walk, when the optimizer type (and so the default) is known.
+  std::vector<const Entry*> autos;
+  const auto unless_auto = [&l, &autos](double& out) {
+    return [&l, &autos, p = &out](const Entry& e) {
+      if (Loader::is_auto(e)) {
+        autos.push_back(l.seen(e.path));
+      } else {
+        *p = non_negative(l, e);
+      }
     };
   };
   const std::vector<Field> params = {
       {"lr", unless_auto(o.lr)},
       {"betas",
        [&](const Entry& e) {
-         if (Loader::is_auto(e)) return;
+         if (Loader::is_auto(e)) {
+           autos.push_back(l.seen(e.path));
+           return;
+         }
          const auto b = l.numbers(e);
          if (b.size() != 2) {
            l.fail(e, "'" + e.path + "' must be a list of two numbers [beta1, beta2]");
@@ -177,11 +257,19 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
       {"dampening", [&](const Entry& e) { o.dampening = non_negative(l, e); }},
       {"nesterov", [&](const Entry& e) { o.nesterov = l.boolean(e); }},
       {"adam_w_mode", [&](const Entry& e) { adam_w_mode = l.boolean(e); }},
-      {"torch_adam",
+      // DeepSpeed then builds torch.optim.AdamW/Adam instead of FusedAdam: the same update, but
+      // torch.optim.AdamW's default weight_decay is 0.01 where FusedAdam's is 0.
+      {"torch_adam", [&](const Entry& e) { torch_adam = l.boolean(e); }},
+      l.no_effect("foreach", "it only selects torch.optim's multi-tensor kernel"),
+      l.no_effect("fp32_optimizer_states", "it only applies to DeepSpeed's CPU Adam"),
+      {"max_grad_norm",
        [&](const Entry& e) {
-         l.boolean(e);
-         l.warn(e, "'" + e.path + "' only selects DeepSpeed's Adam kernel and is ignored");
-       }},
+         // DeepSpeed's own answer (engine._configure_basic_optimizer raises the same).
+         l.fail_at_key(e, "'" + e.path +
+                              "' is not an optimizer parameter in DeepSpeed; use the top-level "
+                              "'gradient_clipping' key instead");
+       },
+       false},
       only_bool(l, "amsgrad", false, "is not supported yet"),
       only_bool(l, "bias_correction", true, "turns off Adam's bias correction"),
       l.unsupported("max_coeff"),
@@ -205,7 +293,9 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
                    }
                  }},
                 {"params", [&](const Entry& e) { l.walk(e, params); }},
-                l.unsupported("legacy_fusion"),
+                l.no_effect("legacy_fusion",
+                            "it only picks DeepSpeed's fused or unfused fp16 optimizer "
+                            "implementation, which compute the same update"),
             });
   if (deepspeed_adam && !adam_w_mode) {
     l.fail(*l.seen("optimizer.params.adam_w_mode"),
@@ -220,6 +310,24 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
       l.fail_at_key(*e, "'" + e->path + "' does not apply to optimizer type " + o.type);
     }
   }
+  const bool adamw = o.type == "AdamW";
+  if (adamw && torch_adam && !l.seen("optimizer.params.weight_decay")) o.weight_decay = 0.01;
+  for (const Entry* e : autos) {
+    const std::string key = e->path.substr(e->path.rfind('.') + 1);
+    std::string v;
+    if (key == "lr") v = "1e-3";
+    if (key == "eps") v = "1e-8";
+    if (key == "betas") v = "[0.9, 0.999]";
+    if (key == "weight_decay") {
+      if (adamw && torch_adam) o.weight_decay = 0.01;
+      v = adamw && torch_adam ? "0.01" : "0";
+    }
+    l.note_auto(*e, v,
+                std::string("the default of ") +
+                    (sgd          ? "torch.optim.SGD"
+                     : torch_adam ? "torch.optim.AdamW, which torch_adam selects"
+                                  : "DeepSpeed's FusedAdam"));
+  }
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
     l.fail(*l.seen("optimizer.params.nesterov"),
            "'optimizer.params.nesterov' needs momentum > 0 and dampening 0");
@@ -227,29 +335,39 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
 }
 
 void load_scheduler(Loader& l, const Entry& s, SchedulerConfig& sc) {
-  const auto steps = [&l](int64_t& out) {
-    return [&l, p = &out](const Entry& e) {
-      if (!Loader::is_auto(e)) *p = count(l, e, 0);
-    };
+  std::vector<const Entry*> autos;  // resolved once the type is known
+  const auto or_auto = [&](const Entry& e, auto&& set) {
+    if (Loader::is_auto(e)) {
+      autos.push_back(l.seen(e.path));
+    } else {
+      set();
+    }
   };
   const std::vector<Field> params = {
       {"warmup_min_lr",
-       [&](const Entry& e) {
-         if (!Loader::is_auto(e)) sc.warmup_min_lr = non_negative(l, e);
-       }},
+       [&](const Entry& e) { or_auto(e, [&] { sc.warmup_min_lr = non_negative(l, e); }); }},
       {"warmup_max_lr",
-       [&](const Entry& e) {
-         if (!Loader::is_auto(e)) sc.warmup_max_lr = non_negative(l, e);
-       }},
-      {"warmup_num_steps", steps(sc.warmup_num_steps)},
+       [&](const Entry& e) { or_auto(e, [&] { sc.warmup_max_lr = non_negative(l, e); }); }},
+      // DeepSpeed raises for a non-positive warmup_num_steps.
+      {"warmup_num_steps",
+       [&](const Entry& e) { or_auto(e, [&] { sc.warmup_num_steps = count(l, e, 1); }); }},
       {"warmup_type",
        [&](const Entry& e) {
          sc.warmup_type = lower(l.string(e));
          l.require(e, sc.warmup_type == "log" || sc.warmup_type == "linear", "log or linear");
        }},
-      {"total_num_steps", steps(sc.total_num_steps)},
-      {"warmup_min_ratio", [&](const Entry& e) { sc.warmup_min_ratio = ratio(l, e); }},
-      {"cos_min_ratio", [&](const Entry& e) { sc.cos_min_ratio = ratio(l, e); }},
+      {"total_num_steps",
+       [&](const Entry& e) {
+         if (Loader::is_auto(e)) {
+           sc.total_num_steps_auto = true;
+         } else {
+           sc.total_num_steps = count(l, e, 0);
+         }
+       }},
+      {"warmup_min_ratio",
+       [&](const Entry& e) { or_auto(e, [&] { sc.warmup_min_ratio = ratio(l, e); }); }},
+      {"cos_min_ratio",
+       [&](const Entry& e) { or_auto(e, [&] { sc.cos_min_ratio = ratio(l, e); }); }},
       l.unsupported("last_batch_iteration"),
   };
   l.walk(s, {
@@ -281,16 +399,29 @@ void load_scheduler(Loader& l, const Entry& s, SchedulerConfig& sc) {
       l.fail_at_key(*e, "'" + e->path + "' does not apply to scheduler type " + sc.type);
     }
   }
+  for (const Entry* e : autos) {
+    const std::string key = e->path.substr(e->path.rfind('.') + 1);
+    std::string v = key == "warmup_num_steps" ? "1000" : key == "cos_min_ratio" ? "0.0001" : "0";
+    if (key == "warmup_max_lr") {
+      v = sc.type == "WarmupDecayLR" ? "0.001" : "optimizer.params.lr";
+    }
+    l.note_auto(*e, v, "the default of DeepSpeed's " + sc.type);
+  }
   if (sc.type == "WarmupLR") return;
   if (const Entry* e = l.seen("scheduler.params.total_num_steps")) {
-    l.require(*e, sc.total_num_steps > 0, "a positive integer for " + sc.type);
+    if (!sc.total_num_steps_auto) {
+      l.require(*e, sc.total_num_steps > 0, "a positive integer for " + sc.type);
+    }
   } else {
     l.fail(*type, "'scheduler.params.total_num_steps' (> 0) is required for " + sc.type);
   }
-  if (sc.warmup_num_steps > sc.total_num_steps) {
-    l.warn(*type, "'scheduler.params.warmup_num_steps' (" + std::to_string(sc.warmup_num_steps) +
-                      ") exceeds 'scheduler.params.total_num_steps' (" +
-                      std::to_string(sc.total_num_steps) + "): the learning rate never decays");
+  if (!sc.total_num_steps_auto && sc.warmup_num_steps > sc.total_num_steps) {
+    l.warn(*type,
+           "'scheduler.params.warmup_num_steps' (" + std::to_string(sc.warmup_num_steps) +
+               ") exceeds 'scheduler.params.total_num_steps' (" +
+               std::to_string(sc.total_num_steps) +
+               "): after the warmup the lr falls straight to the schedule's floor (DeepSpeed "
+               "warns too)");
   }
 }
 
@@ -304,17 +435,18 @@ void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {
                    const bool on = l.boolean(e);
                    c.extra[p + k] = on ? "true" : "false";
                    const std::string key = k;
-                   // Partitioning splits activations across tensor-parallel ranks; without model
-                   // parallelism there is nothing to split it over, and pretending would hide it.
+                   // DeepSpeed partitions activations across the model-parallel group; with no
+                   // model parallelism (zero has none) that group is one rank, so it is a no-op
+                   // there as here. The contiguous buffers are a DeepSpeed memory layout.
                    if (on && key == "partition_activations") {
-                     l.fail(e,
-                            "'activation_checkpointing.partition_activations' needs tensor "
-                            "model parallelism, which zero does not have; set it to false");
-                   }
-                   if (on && key != "cpu_checkpointing" && key != "partition_activations") {
+                     l.warn(e,
+                            "'activation_checkpointing.partition_activations' has no effect "
+                            "here and is ignored: it splits activations over model-parallel "
+                            "ranks, and without model parallelism (zero has none) there is one");
+                   } else if (on && key != "cpu_checkpointing") {
                      l.warn(e, "'" + e.path +
-                                   "' only tunes DeepSpeed's buffers/profiling and is "
-                                   "ignored");
+                                   "' has no effect here and is ignored: it only tunes "
+                                   "DeepSpeed's checkpoint buffers/profiling");
                    }
                  }});
   }
@@ -369,14 +501,18 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
     };
   };
   std::vector<Field> f = {
-      {"train_batch_size", [&](const Entry& e) { c.train_batch_size = batch_value(l, e); }},
+      {"train_batch_size", [&](const Entry& e) { c.train_batch_size = batch_value(l, e, c); }},
       {"train_micro_batch_size_per_gpu",
-       [&](const Entry& e) { c.train_micro_batch_size_per_gpu = batch_value(l, e); }},
+       [&](const Entry& e) { c.train_micro_batch_size_per_gpu = batch_value(l, e, c); }},
       {"gradient_accumulation_steps",
-       [&](const Entry& e) { c.gradient_accumulation_steps = batch_value(l, e); }},
+       [&](const Entry& e) { c.gradient_accumulation_steps = batch_value(l, e, c); }},
       {"gradient_clipping",
        [&](const Entry& e) {
-         if (!Loader::is_auto(e)) c.gradient_clipping = non_negative(l, e);
+         if (Loader::is_auto(e)) {
+           l.note_auto(e, "1.0", "DeepSpeed's default");
+         } else {
+           c.gradient_clipping = non_negative(l, e);
+         }
        }},
       {"steps_per_print",
        [&](const Entry& e) { c.steps_per_print = static_cast<int>(count(l, e, 1)); }},
@@ -390,7 +526,14 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
       {"data_types",
        [&](const Entry& s) {
          l.walk(s, {{"grad_accum_dtype", [&](const Entry& e) {
-                       if (!Loader::is_null(e)) c.grad_accum_dtype = l.dtype(e);
+                       if (Loader::is_null(e)) return;
+                       c.grad_accum_dtype = l.dtype(e);
+                       if (c.grad_accum_dtype != Dtype::kFloat32) {
+                         l.fail(e, std::string("'data_types.grad_accum_dtype' ") +
+                                       dtype_name(c.grad_accum_dtype) +
+                                       " is not implemented: zero accumulates gradients in "
+                                       "fp32; set it to fp32 or remove it");
+                       }
                      }}});
        }},
       {"activation_checkpointing", [&](const Entry& e) { load_activation_checkpointing(l, e, c); }},
@@ -410,6 +553,13 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
          }
        }},
       only_bool(l, "prescale_gradients", false, "changes gradient scaling"),
+      // DeepSpeed asks for it before using SGD (or any optimizer outside its ZeRO list) under
+      // ZeRO; zero's ZeRO supports every optimizer it has, so the key only grants permission.
+      {"zero_allow_untested_optimizer", [&](const Entry& e) { l.boolean(e); }},
+      // Its default (true) only matters with optimizer offload, which zero refuses.
+      {"zero_force_ds_cpu_optimizer", [&](const Entry& e) { l.boolean(e); }},
+      l.no_effect("dataloader_drop_last",
+                  "zero does not build the data loader; the application feeds the batches"),
       {"gradient_predivide_factor",
        [&](const Entry& e) {
          if (l.number(e) != 1.0) {
@@ -425,12 +575,11 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
     f.push_back(l.diagnostic(k));
   }
   for (const std::string& k :
-       words("amp sparse_gradients zero_allow_untested_optimizer "
-             "zero_force_ds_cpu_optimizer pipeline curriculum_learning "
+       words("amp sparse_gradients pipeline curriculum_learning "
              "data_efficiency compression_training elasticity autotuning checkpoint "
              "aio sparse_attention eigenvalue progressive_layer_drop "
              "quantize_training nebula hybrid_engine weight_quantization compile "
-             "disable_allgather dataloader_drop_last fp32_allreduce torch_autocast")) {
+             "disable_allgather fp32_allreduce torch_autocast")) {
     f.push_back(l.unsupported(k));
   }
   for (const char* k :

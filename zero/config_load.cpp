@@ -110,9 +110,9 @@ void Config::resolve_batch(int world_size) {
     ga = 1;
     tbs = product(mb, w);
   } else if (ga > 0) {
-    fail("gradient_accumulation_steps " + num(ga) +
-         " alone does not determine the batch; set train_micro_batch_size_per_gpu or "
-         "train_batch_size");
+    // HF configs leave the batch sizes "auto" and set only the accumulation.
+    mb = 1;
+    tbs = product(ga, w);
   } else {
     mb = 1;
     ga = 1;
@@ -127,6 +127,15 @@ void Config::resolve_batch(int world_size) {
                     num(w) + " = " + std::to_string(want) + "; change one of them";
     if (tbs % per_rank == 0) m += " or launch with " + std::to_string(tbs / per_rank) + " ranks";
     fail(m);
+  }
+  if (!auto_batch_keys.empty()) {
+    std::string given;
+    for (const auto& k : auto_batch_keys) given += (given.empty() ? "" : ", ") + k;
+    warnings.push_back("zero: " + source + ": " + given + " \"auto\" resolved for " +
+                       std::to_string(w) + " ranks: train_batch_size " + std::to_string(tbs) +
+                       ", train_micro_batch_size_per_gpu " + std::to_string(mb) +
+                       ", gradient_accumulation_steps " + std::to_string(ga));
+    auto_batch_keys.clear();  // reported once, even if resolved again
   }
 }
 

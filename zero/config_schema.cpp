@@ -329,28 +329,43 @@ void Loader::require(const Entry& e, bool ok, const std::string& allowed) const 
   if (!ok) mismatch(e, allowed);
 }
 
-Loader::Field Loader::unsupported(std::string name) {
+Loader::Field Loader::unsupported(std::string name, std::string fix) {
   return {std::move(name),
-          [this](const Entry& e) {
-            fail_at_key(
-                e, "'" + e.path + "' is a DeepSpeed option not supported by zero yet; remove it");
+          [this, fix = std::move(fix)](const Entry& e) {
+            // Switched off (false, {enabled: false}, device none) asks for what zero does.
+            if (is_neutral(e.value)) return;
+            fail_at_key(e, "'" + e.path + "' is a DeepSpeed option zero does not implement; " +
+                               (fix.empty() ? std::string("remove it") : fix));
+          },
+          false};
+}
+
+bool Loader::is_neutral(const YAML::Node& v) {
+  if (v.IsNull()) return true;
+  if (v.IsScalar()) return parse_bool(v.Scalar()) == false || lower(v.Scalar()) == "none";
+  if (!v.IsMap()) return false;
+  for (const char* k : {"enabled", "device"}) {
+    if (v[k] && v[k].IsScalar() && is_neutral(v[k])) return true;
+  }
+  return false;
+}
+
+Loader::Field Loader::no_effect(std::string name, std::string why) {
+  return {std::move(name),
+          [this, why = std::move(why)](const Entry& e) {
+            if (is_neutral(e.value)) return;
+            warn(e, "'" + e.path + "' has no effect here and is ignored: " + why);
           },
           false};
 }
 
 Loader::Field Loader::diagnostic(std::string name) {
-  return {std::move(name),
-          [this](const Entry& e) {
-            // An explicit "off" asks for exactly what zero does, so there is nothing to say.
-            const YAML::Node& v = e.value;
-            if (v.IsScalar() && parse_bool(v.Scalar()) == false) return;
-            if (v.IsMap() && v["enabled"] && v["enabled"].IsScalar() &&
-                parse_bool(v["enabled"].Scalar()) == false) {
-              return;
-            }
-            warn(e, "'" + e.path + "' only affects DeepSpeed diagnostics and is ignored");
-          },
-          false};
+  return no_effect(std::move(name), "it only affects DeepSpeed's diagnostics");
+}
+
+void Loader::note_auto(const Entry& e, const std::string& value, const std::string& why) const {
+  warnings_->push_back("zero: " + where(e.path, anchor(e), false) + ": '" + e.path +
+                       "' is \"auto\": using " + value + " (" + why + ")");
 }
 
 }  // namespace zero::config_detail

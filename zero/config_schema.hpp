@@ -83,10 +83,22 @@ class Loader {
   // Throws "'path' must be <allowed>, got <value>" unless `ok`.
   void require(const Entry& e, bool ok, const std::string& allowed) const;
 
+  // The key policy, in one place. Every DeepSpeed key zero recognises is one of:
+  //  - honoured: a handler that applies it (the key table in config.cpp);
+  //  - no effect in this setting (for DeepSpeed too): no_effect(), a warning naming the key and
+  //    why, unless the value is the neutral one (false, {enabled: false}, "none");
+  //  - not honoured by zero: unsupported(), an error naming the key and the fix.
   // A DeepSpeed key zero does not implement: an error, since ignoring it would change training.
-  Field unsupported(std::string name);
+  // `fix` says what to do instead; the default asks to remove the key.
+  Field unsupported(std::string name, std::string fix = "");
+  // A key that has no effect in this setting, `why` says why. Neutral values pass silently.
+  Field no_effect(std::string name, std::string why);
   // A DeepSpeed key that only affects its diagnostics: a warning unless it is switched off.
   Field diagnostic(std::string name);
+  // "'path' is \"auto\": using <value> (<why>)", once per key, printed by the engine.
+  void note_auto(const Entry& e, const std::string& value, const std::string& why) const;
+  // False, {enabled: false}, "none", {device: none}: values that ask for nothing.
+  static bool is_neutral(const YAML::Node& v);
 
   const std::string& source() const { return source_; }
 

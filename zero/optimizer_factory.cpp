@@ -20,9 +20,16 @@ std::unique_ptr<optim::LrSchedule> make_schedule(const Config& cfg) {
   const SchedulerConfig& s = cfg.scheduler;
   const double base = cfg.optimizer.lr;
   if (s.type.empty()) return optim::make_constant(base);
+  TORCH_CHECK(s.type == "WarmupLR" || s.total_num_steps > 0 || !s.total_num_steps_auto,
+              "zero: ", cfg.source,
+              ": 'scheduler.params.total_num_steps' is \"auto\" and was not "
+              "filled in; set it to the run's number of optimizer steps (HF's Trainer fills it "
+              "with max_steps; an application sets cfg.scheduler.total_num_steps)");
   optim::WarmupOptions w;
   w.warmup_min_lr = s.warmup_min_lr;
-  w.warmup_max_lr = s.warmup_max_lr.value_or(base);
+  // DeepSpeed 0.19: WarmupLR(warmup_max_lr=None) takes the optimizer's lr, WarmupDecayLR's
+  // constructor default is 0.001.
+  w.warmup_max_lr = s.warmup_max_lr.value_or(s.type == "WarmupDecayLR" ? 1e-3 : base);
   w.warmup_num_steps = s.warmup_num_steps;
   w.warmup_type = s.warmup_type;
   if (s.type == "WarmupLR") return optim::make_warmup(w);

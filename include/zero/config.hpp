@@ -1,9 +1,11 @@
 // Training configuration: DeepSpeed's key names and meanings, loaded from YAML or JSON.
 //
-// A DeepSpeed JSON config loads unchanged (JSON is a subset of YAML). Every key is checked:
-// an unknown key, a wrong type or an impossible value throws zero::ConfigError naming the
-// file, the line and what is allowed; a DeepSpeed key we do not implement is an error too,
-// so nothing is silently ignored.
+// A DeepSpeed JSON config loads unchanged (JSON is a subset of YAML) and means what it means to
+// DeepSpeed 0.19: same defaults, same schedule timing. Every key is checked against one policy
+// (zero/config.cpp): a key zero honours is applied; a key that has no effect in this setting
+// (for DeepSpeed too) is a warning naming the key and why; a key whose meaning zero cannot
+// honour is a ConfigError naming the file, the line and the fix. Nothing is silently ignored.
+// Unset fields below hold DeepSpeed's defaults.
 #pragma once
 
 #include <chrono>
@@ -27,10 +29,12 @@ const char* dtype_name(Dtype d);
 
 struct OptimizerConfig {
   std::string type = "AdamW";  // "AdamW", "Adam" (DeepSpeed's Adam is AdamW by default), "SGD"
-  double lr = 1e-3;
+  double lr = 1e-3;            // FusedAdam's, torch.optim.AdamW's and torch.optim.SGD's default
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+  // FusedAdam's and SGD's default; with `torch_adam: true` DeepSpeed builds torch.optim.AdamW,
+  // whose default is 0.01, and the loader sets that when the key is absent.
   double weight_decay = 0.0;
   double momentum = 0.0;  // SGD
   double dampening = 0.0;
@@ -41,18 +45,23 @@ struct SchedulerConfig {
   // "" (constant lr), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR" (DeepSpeed's names).
   std::string type;
   double warmup_min_lr = 0.0;
-  std::optional<double> warmup_max_lr;  // defaults to optimizer.lr
+  // Unset: optimizer.lr for WarmupLR, 0.001 for WarmupDecayLR (DeepSpeed 0.19's constructors).
+  std::optional<double> warmup_max_lr;
   int64_t warmup_num_steps = 1000;
   std::string warmup_type = "log";  // "log" or "linear", as DeepSpeed
-  int64_t total_num_steps = 0;      // required by the decaying schedules
-  double warmup_min_ratio = 0.0;    // WarmupCosineLR
-  double cos_min_ratio = 1e-4;      // WarmupCosineLR
+  // Required by the decaying schedules. 0 with total_num_steps_auto: "auto" in the file, to be
+  // filled by the application (HF's Trainer fills it with max_steps) before zero::initialize.
+  int64_t total_num_steps = 0;
+  bool total_num_steps_auto = false;
+  double warmup_min_ratio = 0.0;  // WarmupCosineLR
+  double cos_min_ratio = 1e-4;    // WarmupCosineLR
 };
 
 struct ZeroOptimizationConfig {
   int stage = 0;
   int64_t reduce_bucket_size = 500'000'000;     // elements, as DeepSpeed
   int64_t allgather_bucket_size = 500'000'000;  // elements in flight while gathering params
+  // DeepSpeed's default is false below stage 3; it only changes timing, and zero overlaps.
   bool overlap_comm = true;
   bool contiguous_gradients = true;
   bool reduce_scatter = true;
@@ -73,31 +82,37 @@ struct Config {
   int64_t train_micro_batch_size_per_gpu = 0;
   int64_t gradient_accumulation_steps = 0;
 
-  double gradient_clipping = 0.0;  // 0 = off
+  double gradient_clipping = 1.0;  // 0 = off; DeepSpeed 0.19 clips at 1.0 unless told otherwise
   bool bf16 = false;
   Fp16Config fp16;
   ZeroOptimizationConfig zero_optimization;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
-  int steps_per_print = 10;
+  int steps_per_print = 10;  // logging only (DeepSpeed: unset, no periodic print)
 
   // Dtype gradients travel in; defaults to the model's compute dtype.
   std::optional<Dtype> communication_data_type;
-  Dtype grad_accum_dtype = Dtype::kFloat32;  // data_types.grad_accum_dtype
+  // data_types.grad_accum_dtype: zero accumulates gradients in fp32 only, so other values are
+  // refused. (DeepSpeed's default accumulates in the model dtype; fp32 is the more exact one.)
+  Dtype grad_accum_dtype = Dtype::kFloat32;
 
   // Our own keys.
   std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};  // comm_timeout_s
   uint64_t seed = 42;
-  // Parameters whose name contains one of these substrings get no weight decay.
-  std::vector<std::string> no_weight_decay = {"bias", "norm"};
+  // Parameters whose name contains one of these substrings get no weight decay. Empty by
+  // default: DeepSpeed decays every parameter it is given (our presets exclude bias and norm).
+  std::vector<std::string> no_weight_decay;
 
   // Application-defined section (`trainer:` by default): keys declared by the application
   // through ConfigExtension, values kept as strings.
   std::map<std::string, std::string> extra;
 
-  // Non-fatal remarks found while loading (a DeepSpeed key that only affects diagnostics, ...).
-  // The engine prints them once, on rank 0.
+  // Non-fatal remarks found while loading (a key with no effect here, the value an "auto" key
+  // resolved to, ...). The engine prints them once, on rank 0.
   std::vector<std::string> warnings;
+
+  // Batch keys the file gave as "auto": resolve_batch reports the values it chose for them.
+  std::vector<std::string> auto_batch_keys;
 
   // Where this config came from, for error messages ("configs/zero2.yaml" or "<string>").
   std::string source = "<defaults>";
@@ -124,7 +139,9 @@ struct Config {
                             const Extension* ext = nullptr);
 
   // Fills in the batch triple for `world_size` ranks and checks
-  // train_batch_size == micro * accumulation * world_size. Throws ConfigError.
+  // train_batch_size == micro * accumulation * world_size. Throws ConfigError. Unset ("auto")
+  // keys are derived from the others; what cannot be derived is 1 (micro batch, then
+  // accumulation). The values chosen for "auto" keys are added to `warnings`.
   void resolve_batch(int world_size);
 
   // Typed access to Config::extra (throws ConfigError for an undeclared key).
