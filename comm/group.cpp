@@ -1,36 +1,21 @@
 #include "comm/group.hpp"
 
-#include <signal.h>
-
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
-#include <csignal>
-#include <sstream>
 
 #include "comm/backend.hpp"
-#include "comm/launcher_env.hpp"
+#include "comm/liveness.hpp"
+#include "comm/startup.hpp"
 #include "zero/errors.hpp"
 
 namespace zero::comm {
-namespace {
-
-std::string seconds(std::chrono::milliseconds ms) {
-  std::ostringstream os;
-  os << ms.count() / 1000.0 << " s";
-  return os.str();
-}
-
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
-
-}  // namespace
-
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
-           std::chrono::milliseconds timeout)
-    : work_(std::move(work)), what_(std::move(what)), rank_(rank), size_(size), timeout_(timeout) {}
+           std::chrono::milliseconds timeout, std::shared_ptr<Liveness> liveness)
+    : work_(std::move(work)),
+      what_(std::move(what)),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      liveness_(std::move(liveness)) {}
 
 void Work::wait() {
   if (!work_) return;
@@ -38,11 +23,13 @@ void Work::wait() {
   try {
     work->wait(timeout_);
   } catch (const std::exception& e) {
+    // Which peer is gone shows in the heartbeats a few seconds after it stopped.
+    const std::string gone =
+        liveness_ ? liveness_->diagnose(std::chrono::milliseconds(4000))
+                  : "a peer rank most likely exited or stalled (check its log above)";
     throw CommError("rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
-                    what_ + " failed: " + e.what() +
-                    "\n  A peer rank most likely exited or stalled (check its log above). "
-                    "Collectives give up after comm_timeout_s = " +
-                    seconds(timeout_) + ".");
+                    what_ + " failed (" + c10d_message(e) + "): " + gone +
+                    "; collectives give up after comm_timeout_s = " + format_seconds(timeout_));
   }
 }
 
@@ -64,61 +51,6 @@ std::shared_ptr<Group> Group::over_store(const c10::intrusive_ptr<c10d::Store>& 
   return std::make_shared<Group>(std::move(backend), rank, size, opts);
 }
 
-namespace {
-
-// A write to a socket whose peer died raises SIGPIPE, which kills the process before the
-// collective can fail with a message naming the rank: rank 0, which serves the store, died
-// that way in our kill test. Python ignores SIGPIPE at start-up, so torch never sees it there;
-// a C++ program must do the same. A handler the application installed is left alone.
-void ignore_sigpipe() {
-  struct sigaction current {};
-  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-    std::signal(SIGPIPE, SIG_IGN);
-  }
-}
-
-}  // namespace
-
-std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
-  const LaunchInfo info = read_launch_env();
-  if (info.world_size == 1) return single(opts);
-  ignore_sigpipe();
-
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(info.master_port);
-  // Under torchrun the agent already serves the store on MASTER_PORT.
-  so.isServer = info.rank == 0 && !info.agent_store;
-  so.numWorkers = info.agent_store ? std::nullopt : std::optional<size_t>(info.world_size);
-  so.waitWorkers = false;
-  so.timeout = opts.timeout;
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
-  } catch (const std::exception& e) {
-    throw LaunchError("rank " + std::to_string(info.rank) + ": cannot reach the rendezvous at " +
-                      "MASTER_ADDR=" + info.master_addr + " MASTER_PORT=" +
-                      std::to_string(info.master_port) + " within " + seconds(opts.timeout) + " (" +
-                      e.what() + "). Check that rank 0 is running and the address/port are right.");
-  }
-  // A restarted job reuses the agent's store; a fresh prefix keeps old keys out of the way.
-  auto prefixed =
-      c10::make_intrusive<c10d::PrefixStore>("zero/" + std::to_string(info.restart_count), store);
-  std::string hint = is_loopback(info.master_addr) ? "127.0.0.1" : "";
-  try {
-    auto backend = opts.device == c10::DeviceType::CUDA
-                       ? make_nccl(prefixed, info.rank, info.world_size, opts)
-                       : make_gloo(prefixed, info.rank, info.world_size, opts, hint);
-    return std::make_shared<Group>(std::move(backend), info.rank, info.world_size, opts);
-  } catch (const zero::LaunchError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CommError("rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size) +
-                    ": setting up the process group failed: " + e.what() +
-                    "\n  Every rank must start within comm_timeout_s = " + seconds(opts.timeout) +
-                    "; check that all ranks were launched.");
-  }
-}
-
 void Group::check_device(const at::Tensor& t, const std::string& what) const {
   TORCH_CHECK(t.device().type() == opts_.device, "zero: ", what, " got a tensor on ", t.device(),
               " but this process group moves ", c10::DeviceTypeName(opts_.device), " tensors");
@@ -126,7 +58,7 @@ void Group::check_device(const at::Tensor& t, const std::string& what) const {
 }
 
 Work Group::wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const {
-  return Work(std::move(w), what, rank_, size_, opts_.timeout);
+  return Work(std::move(w), what, rank_, size_, opts_.timeout, liveness_);
 }
 
 Work Group::all_reduce_sum(at::Tensor& t, const std::string& what) {

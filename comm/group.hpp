@@ -21,6 +21,8 @@ class Store;
 
 namespace zero::comm {
 
+class Liveness;
+
 struct GroupOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Device of the tensors this group moves: CPU -> gloo, CUDA -> NCCL.
@@ -31,7 +33,7 @@ class Work {
  public:
   Work() = default;  // already complete
   Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
-       std::chrono::milliseconds timeout);
+       std::chrono::milliseconds timeout, std::shared_ptr<Liveness> liveness = nullptr);
   void wait();
   bool pending() const { return static_cast<bool>(work_); }
 
@@ -41,6 +43,7 @@ class Work {
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_{0};
+  std::shared_ptr<Liveness> liveness_;  // names the gone rank after a failure; may be null
 };
 
 class Group {
@@ -77,6 +80,7 @@ class Group {
   int rank_;
   int size_;
   GroupOptions opts_;
+  std::shared_ptr<Liveness> liveness_;  // set by from_env: heartbeats through the TCP store
 };
 
 }  // namespace zero::comm

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "file_checks.hpp"
 #include "synthetic_data.hpp"
 
 namespace zero::examples {
@@ -52,41 +53,77 @@ class TokenFileDataset final : public Dataset {
   std::string what_;
 };
 
+// The example holds every token in memory as int64 (8 bytes per token): a bound on the file keeps
+// a wrong path (a device, a huge unrelated file) from exhausting memory.
+constexpr uint64_t kMaxDataBytes = uint64_t{2} << 30;
+
 std::vector<char> read_file(const std::string& path, const std::string& spec) {
+  // A FIFO or a device would block or never end: only regular files are read.
+  const uint64_t size = require_input_file(path, "trainer.data '" + spec + "'", kMaxDataBytes);
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw std::runtime_error("trainer.data '" + spec + "': cannot open '" + path +
-                             "'; give an existing file");
+  std::vector<char> bytes(size);
+  if (!in || !in.read(bytes.data(), static_cast<std::streamsize>(size))) {
+    throw std::runtime_error("trainer.data '" + spec + "': cannot read '" + path + "'");
   }
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  return bytes;
 }
 
-constexpr int32_t kLlmcMagic = 20240520;  // llm.c's tokenized-file header magic
+// llm.c's tokenized files: a header of 256 int32 (magic, version, token count), then the tokens.
+// GPT-2 files (magic 20240520, version 1) hold uint16 tokens, Llama-3 files (20240801, version 7)
+// uint32 tokens.
+constexpr int32_t kLlmcGpt2Magic = 20240520;
+constexpr int32_t kLlmcLlama3Magic = 20240801;
+constexpr size_t kLlmcHeaderBytes = 1024;
 
 at::Tensor read_bin(const std::string& path, const std::string& spec) {
   std::vector<char> bytes = read_file(path, spec);
-  size_t offset = 0;
+  const std::string where = "trainer.data '" + spec + "': '" + path + "'";
+  size_t offset = 0, width = 2;
   int32_t head[3] = {0, 0, 0};
-  if (bytes.size() >= 1024) std::memcpy(head, bytes.data(), sizeof head);
-  if (head[0] == kLlmcMagic) {
-    // llm.c: 256 int32 header (magic, version, token count), then the uint16 tokens.
-    offset = 1024;
-    if (bytes.size() < offset + 2 * static_cast<size_t>(head[2])) {
-      throw std::runtime_error("trainer.data '" + spec + "': '" + path + "' says it holds " +
-                               std::to_string(head[2]) + " tokens but is truncated");
+  if (bytes.size() >= sizeof head) std::memcpy(head, bytes.data(), sizeof head);
+  if (head[0] == kLlmcGpt2Magic || head[0] == kLlmcLlama3Magic) {
+    const bool gpt2 = head[0] == kLlmcGpt2Magic;
+    const int32_t want = gpt2 ? 1 : 7;
+    if (head[1] != want) {
+      throw std::runtime_error(where + " is an llm.c token file (magic " + std::to_string(head[0]) +
+                               ") of header version " + std::to_string(head[1]) +
+                               "; this reader knows version " + std::to_string(want) + " (" +
+                               (gpt2 ? "uint16" : "uint32") +
+                               " tokens): re-export it with llm.c's data_common.py");
     }
-    bytes.resize(offset + 2 * static_cast<size_t>(head[2]));
+    if (bytes.size() < kLlmcHeaderBytes) {
+      throw std::runtime_error(where + " is shorter than llm.c's 1024-byte header");
+    }
+    if (head[2] < 0) {
+      throw std::runtime_error(where + ": the llm.c header's token count is negative (" +
+                               std::to_string(head[2]) + "); the file is damaged");
+    }
+    offset = kLlmcHeaderBytes;
+    width = gpt2 ? 2 : 4;
+    const size_t need = offset + width * static_cast<size_t>(head[2]);
+    if (bytes.size() < need) {
+      throw std::runtime_error(where + " says it holds " + std::to_string(head[2]) +
+                               " tokens but is truncated");
+    }
+    bytes.resize(need);
   } else if (bytes.size() % 2 != 0) {
-    throw std::runtime_error("trainer.data '" + spec + "': '" + path +
-                             "' has an odd size; a .bin file holds uint16 tokens");
+    throw std::runtime_error(where +
+                             " has an odd size; a headerless .bin file holds uint16 tokens");
   }
-  const int64_t n = static_cast<int64_t>((bytes.size() - offset) / 2);
+  const int64_t n = static_cast<int64_t>((bytes.size() - offset) / width);
   at::Tensor t = at::empty({n}, at::kLong);
   auto* o = t.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
-    uint16_t v;
-    std::memcpy(&v, bytes.data() + offset + 2 * i, 2);
-    o[i] = v;
+    const char* p = bytes.data() + offset + width * static_cast<size_t>(i);
+    if (width == 2) {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      o[i] = v;
+    } else {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      o[i] = v;
+    }
   }
   return t;
 }

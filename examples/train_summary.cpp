@@ -22,6 +22,15 @@ std::string quoted(const std::string& s) {
   return out + "\"";
 }
 
+// JSON has no NaN or infinity: a run that trained no step has no loss, which is null.
+struct Num {
+  double v;
+};
+std::ostream& operator<<(std::ostream& os, Num n) {
+  if (std::isfinite(n.v)) return os << n.v;
+  return os << "null";
+}
+
 }  // namespace
 
 int64_t peak_rss_bytes() {
@@ -83,18 +92,19 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
   out << "{\n  \"world_size\": " << engine.world_size() << ",\n  \"stage\": " << engine.stage()
       << ",\n  \"steps\": " << records.size() << ",\n  \"model\": " << quoted(preset)
       << ",\n  \"num_params\": " << mc.num_params() << ",\n  \"data\": " << quoted(data)
-      << ",\n  \"first_loss\": " << first_loss << ",\n  \"final_loss\": " << final_loss
-      << ",\n  \"param_checksum\": " << param_checksum << ",\n  \"param_norm\": " << param_norm
-      << ",\n  \"step_seconds_median\": " << median_step_s()
-      << ",\n  \"forward_s_mean\": " << mean(&StepRecord::forward_s)
-      << ",\n  \"backward_s_mean\": " << mean(&StepRecord::backward_s)
-      << ",\n  \"comm_exposed_s_mean\": " << mean(&StepRecord::comm_exposed_s)
-      << ",\n  \"optimizer_s_mean\": " << mean(&StepRecord::optimizer_s)
-      << ",\n  \"tokens_per_s_mean\": " << mean(&StepRecord::tokens_per_s)
-      << ",\n  \"mfu_mean\": " << mean(&StepRecord::mfu)
+      << ",\n  \"first_loss\": " << Num{first_loss} << ",\n  \"final_loss\": " << Num{final_loss}
+      << ",\n  \"param_checksum\": " << Num{param_checksum}
+      << ",\n  \"param_norm\": " << Num{param_norm}
+      << ",\n  \"step_seconds_median\": " << Num{median_step_s()}
+      << ",\n  \"forward_s_mean\": " << Num{mean(&StepRecord::forward_s)}
+      << ",\n  \"backward_s_mean\": " << Num{mean(&StepRecord::backward_s)}
+      << ",\n  \"comm_exposed_s_mean\": " << Num{mean(&StepRecord::comm_exposed_s)}
+      << ",\n  \"optimizer_s_mean\": " << Num{mean(&StepRecord::optimizer_s)}
+      << ",\n  \"tokens_per_s_mean\": " << Num{mean(&StepRecord::tokens_per_s)}
+      << ",\n  \"mfu_mean\": " << Num{mean(&StepRecord::mfu)}
       << ",\n  \"device_peak_allocated_bytes\": " << device_peak_allocated_bytes
-      << ",\n  \"data_wait_s\": " << data_wait_s
-      << ",\n  \"comm_wait_seconds\": " << engine.stats().comm_wait_seconds
+      << ",\n  \"data_wait_s\": " << Num{data_wait_s}
+      << ",\n  \"comm_wait_seconds\": " << Num{engine.stats().comm_wait_seconds}
       << ",\n  \"skipped_steps\": " << engine.stats().skipped_steps
       << ",\n  \"bf16\": " << b(c.bf16) << ",\n  \"activation_checkpointing\": " << b(checkpointing)
       << ",\n  \"cpu_offload\": " << b(cpu_offload)

@@ -14,9 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <vector>
 
 #include "data.hpp"
+#include "file_checks.hpp"
 #include "gpt.hpp"
 #include "metrics.hpp"
 #include "train_summary.hpp"
@@ -43,7 +45,8 @@ Config::Extension trainer_keys() {
       {"model", T::kString, "small", "GPT preset: tiny, small, gpt-25m, gpt-50m, gpt-100m, ..."},
       {"steps", T::kInt, "100", "optimizer steps to train"},
       {"seq_len", T::kInt, "64", "tokens per sample"},
-      {"data", T::kString, "synthetic", "synthetic, text:PATH (bytes) or bin:PATH (uint16)"},
+      {"data", T::kString, "synthetic",
+       "synthetic, text:PATH (bytes) or bin:PATH (uint16, or an llm.c token file)"},
       {"activation_checkpointing", T::kBool, "false",
        "recompute each block in backward; activation_checkpointing.cpu_checkpointing also "
        "moves the kept block inputs to host memory"},
@@ -61,6 +64,59 @@ Config::Extension trainer_keys() {
   return ext;
 }
 
+constexpr uint64_t kMaxConfigBytes = 16u << 20;
+
+// The key's value must be in [lo, hi]: a negative step count or interval is a typo, never a
+// request.
+void check_range(const Config& cfg, const std::string& source, const std::string& key, double lo,
+                 double hi, const std::string& meaning) {
+  const double v = cfg.extra_float(key);
+  if (!(v >= lo && v <= hi)) {
+    std::ostringstream os;
+    os << source << ": " << key << " = " << v << " is out of range: " << meaning;
+    throw ConfigError(os.str());
+  }
+}
+
+void check_trainer_ranges(const Config& cfg, const std::string& source) {
+  constexpr double kMax = 9.2e18;
+  check_range(cfg, source, "trainer.steps", 0, kMax, "give the number of optimizer steps, >= 0");
+  check_range(cfg, source, "trainer.seq_len", 1, kMax, "give the tokens per sample, >= 1");
+  check_range(cfg, source, "trainer.save_interval", 0, kMax,
+              "give the steps between checkpoints, or 0 for none");
+  check_range(cfg, source, "trainer.keep_last", 0, 1e9,
+              "give how many checkpoints to keep, or 0 to keep all");
+  check_range(cfg, source, "trainer.peak_tflops", 0, 1e9,
+              "give the accelerator's peak TFLOP/s, or 0 to look it up");
+}
+
+// resume: auto starts afresh only where no complete checkpoint exists; one that is complete but
+// lost its `latest` pointer (a hand-cleaned directory, a copy) would otherwise be trained over.
+void refuse_orphaned_checkpoints(const std::string& save_dir, const std::string& source) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(save_dir, ec)) return;
+  std::string newest;
+  int64_t newest_step = -1;
+  for (const auto& e : std::filesystem::directory_iterator(save_dir, ec)) {
+    if (!e.is_directory(ec) || !std::filesystem::exists(e.path() / "manifest.json", ec)) continue;
+    try {
+      const CheckpointInfo info = read_checkpoint_info(save_dir, e.path().filename().string());
+      if (info.optimizer_steps > newest_step) {
+        newest_step = info.optimizer_steps;
+        newest = info.tag;
+      }
+    } catch (const std::exception&) {
+      // Not a complete checkpoint (damaged or foreign): it does not block a fresh start.
+    }
+  }
+  if (newest.empty()) return;
+  throw ConfigError(source + ": trainer.resume is auto but " + save_dir +
+                    "/latest is missing while " + save_dir + "/" + newest +
+                    " is a complete checkpoint (step " + std::to_string(newest_step) +
+                    "): set trainer.resume: " + newest +
+                    " to continue from it, or give an empty trainer.save_dir to start afresh");
+}
+
 int run(int argc, char** argv) {
   po::options_description desc("zero-train options");
   std::string config_path, summary_path;
@@ -70,15 +126,29 @@ int run(int argc, char** argv) {
       "set", po::value(&sets)->composing(), "override a key: --set zero_optimization.stage=1")(
       "summary-json", po::value(&summary_path), "rank 0 writes a JSON summary here");
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
+  const po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
+  // A word without an option name was a mistake (a missing --set, a stray path): refuse it
+  // instead of training with the config it was meant to change.
+  for (const auto& o : parsed.options) {
+    if (o.position_key >= 0 || o.string_key.empty()) {
+      throw ConfigError("unexpected argument '" +
+                        (o.original_tokens.empty() ? std::string() : o.original_tokens[0]) +
+                        "': every argument is an option (--config FILE, --set key=value, "
+                        "--summary-json FILE); see --help");
+    }
+  }
+  po::store(parsed, vm);
   if (vm.count("help")) {
     std::cout << desc << "\n";
     return 0;
   }
   po::notify(vm);
 
+  // A config is small: a device or a FIFO given by mistake must not be read without end.
+  require_input_file(config_path, "--config", kMaxConfigBytes);
   const auto ext = trainer_keys();
   Config cfg = Config::from_file(config_path, sets, &ext);
+  check_trainer_ranges(cfg, config_path);
   const std::string preset = cfg.extra_string("trainer.model");
   const GptConfig mc = gpt_preset(preset);
   const int64_t steps = cfg.extra_int("trainer.steps");
@@ -166,6 +236,30 @@ int run(int argc, char** argv) {
                 save_dir.c_str(), tag.c_str(), seconds, mb, mb / std::max(seconds, 1e-9));
     std::fflush(stdout);
   };
+  // Outputs are checked before training time is spent; every rank learns whether any failed.
+  {
+    std::string problem;
+    try {
+      if (!save_dir.empty()) require_writable_dir(save_dir, "trainer.save_dir");
+      if (rank == 0) {
+        const std::string metrics_path = cfg.extra_string("trainer.metrics_file");
+        if (!metrics_path.empty()) require_writable_file(metrics_path, "trainer.metrics_file");
+        if (!summary_path.empty()) require_writable_file(summary_path, "--summary-json");
+      }
+      if (resume == "auto" && latest_checkpoint_tag(save_dir).empty()) {
+        refuse_orphaned_checkpoints(save_dir, config_path);
+      }
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    const double failed = engine.all_reduce_mean(problem.empty() ? 0.0 : 1.0);
+    if (!problem.empty()) throw ConfigError(problem);
+    if (failed > 0) {
+      throw ConfigError(
+          "another rank refused its start-up checks (its error names the file); "
+          "stopping");
+    }
+  }
   int64_t start_step = 0;
   if (resume != "false" && !(resume == "auto" && latest_checkpoint_tag(save_dir).empty())) {
     const auto t = Clock::now();
@@ -231,10 +325,26 @@ int run(int argc, char** argv) {
       }
       std::fflush(stdout);
     }
-    if (save_interval > 0 && rec.step % save_interval == 0) {
+    const bool saved = save_interval > 0 && rec.step % save_interval == 0;
+    if (saved) {
       const auto t = Clock::now();
       engine.save_checkpoint(save_dir, "", keep_last);
       report_io("saved", "step" + std::to_string(engine.stats().optimizer_steps), since(t));
+    }
+    // Ranks whose launcher died would train on unsupervised (nobody would stop or restart
+    // them): they agree to stop at the same step, after a last checkpoint when saving is on.
+    if (engine.all_reduce_mean(launcher_exited() ? 1.0 : 0.0) > 0) {
+      std::string what = "stopping at step " + std::to_string(rec.step);
+      if (save_interval > 0) {
+        if (!saved) engine.save_checkpoint(save_dir, "", keep_last);
+        what += " after saving " + save_dir + "/step" +
+                std::to_string(engine.stats().optimizer_steps) +
+                " (continue with trainer.resume: auto)";
+      }
+      throw LaunchError(
+          "the launcher" +
+          (launcher_pid() > 0 ? " (pid " + std::to_string(launcher_pid()) + ")" : std::string()) +
+          " exited during training; " + what);
     }
   }
 

@@ -76,6 +76,9 @@ void write_safetensors(const std::string& path,
   // The format allows trailing spaces; 8-byte alignment lets readers map the data in place.
   header.append((8 - header.size() % 8) % 8, ' ');
 
+  std::error_code ec;
+  ZERO_CKPT_CHECK(!fs::is_directory(path, ec), path,
+                  ": is a directory; give the path of the safetensors file to write");
   const std::string tmp = path + ".tmp";
   ckpt::File f = ckpt::File::create(tmp);
   uint8_t len[8];
@@ -85,8 +88,11 @@ void write_safetensors(const std::string& path,
   for (const at::Tensor& c : data) f.write_all(c.data_ptr(), c.nbytes());
   f.sync();
   f.close();
-  std::error_code ec;
   fs::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);  // never leave the half-published file behind
+  }
   ZERO_CKPT_CHECK(!ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
 }
 

@@ -75,7 +75,8 @@ std::string message_of(const std::exception& e) {
 }
 
 File File::open_read(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO put in a file's place would otherwise wait for a writer forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const bool missing = errno == ENOENT;
     fail(path, missing ? ": missing" : ": cannot open: ", missing ? "" : errno_text(),
@@ -83,7 +84,13 @@ File File::open_read(const std::string& path) {
                    "copy it from where it was written or load another tag)"
                  : "");
   }
-  return File(fd, path);
+  File file(fd, path);
+  struct stat st {};
+  ZERO_CKPT_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), path,
+                  ": not a regular file (a FIFO, device or directory stands in its place); "
+                  "restore the checkpoint's file or load another tag");
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return file;
 }
 
 File File::create(const std::string& path) {

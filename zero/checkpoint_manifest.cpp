@@ -65,6 +65,19 @@ T get(const YAML::Node& n, const char* key, const std::string& path) {
   }
 }
 
+const std::string kChecksumField = ",\n  \"manifest_checksum\": \"";
+
+void verify_checksum(const std::string& text, const std::string& path) {
+  const size_t at = text.rfind(kChecksumField);
+  ZERO_CKPT_CHECK(at != std::string::npos, path,
+                  ": corrupted: the manifest has no manifest_checksum (written by an older zero "
+                  "or edited by hand); restore it or load another tag");
+  const std::string stored = text.substr(at + kChecksumField.size(), 16);
+  ZERO_CKPT_CHECK(stored == fnv1a_hex(text.substr(0, at)), path,
+                  ": corrupted: the manifest does not match its manifest_checksum (edited by hand "
+                  "or damaged); restore it or load another tag, never edit a manifest");
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -116,11 +129,15 @@ std::string manifest_to_json(const Manifest& m) {
          ", \"bytes\": " + std::to_string(m.files[i].bytes) +
          ", \"crc32\": " + std::to_string(m.files[i].payload_crc) + "}";
   }
-  j += "\n  ]\n}\n";
+  j += "\n  ]";
+  // Last, over every byte before it: a manifest edited by hand (a step count, a world size) is
+  // refused instead of resuming from a state that was never trained.
+  j += kChecksumField + fnv1a_hex(j) + "\"\n}\n";
   return j;
 }
 
 Manifest parse_manifest(const std::string& text, const std::string& path) {
+  verify_checksum(text, path);
   YAML::Node n;
   try {
     n = YAML::Load(text);

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 
 namespace zero {
 
@@ -20,6 +21,13 @@ int run_main(const char* program, const std::function<int()>& body) {
     const char* rank = std::getenv("RANK");
     std::fprintf(stderr, "%s%s%s: error: %s\n", program, rank ? " rank " : "", rank ? rank : "",
                  error_message(e).c_str());
+    if (dynamic_cast<const StartupTimeout*>(&e) != nullptr) {
+      // A c10d call is still blocked on a helper thread: static destructors must not run
+      // under it.
+      std::cout.flush();
+      std::fflush(nullptr);
+      std::_Exit(1);
+    }
     return 1;
   }
 }

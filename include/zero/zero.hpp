@@ -7,4 +7,5 @@
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
 #include "zero/errors.hpp"
+#include "zero/launcher.hpp"
 #include "zero/memory.hpp"

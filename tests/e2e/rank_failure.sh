@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A rank that dies mid-training (kill -9) must not hang the others: each survivor exits non-zero
 # within comm_timeout_s plus a margin, with an error naming its rank and the collective that
-# failed. Ranks are started by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), not through
-# torchrun, whose agent would kill the survivors itself and so hide whether our timeout works.
+# failed, and naming the rank that is gone. Ranks are started by hand (RANK, WORLD_SIZE,
+# MASTER_ADDR, MASTER_PORT), not through torchrun, whose agent would kill the survivors itself
+# and so hide whether our timeout works.
 set -uo pipefail
 train=$1
 src=$2
@@ -60,7 +61,10 @@ scenario() {
     check "$tag: rank $r names itself and the collective" \
       grep -Eq "zero-train rank $r: error: rank $r of 3: .*(all_reduce|reduce_scatter|all_gather|broadcast|barrier).* failed" \
       "$out/$tag.$r.err"
-    grep -m1 "error" "$out/$tag.$r.err" | cut -c1-300 | sed 's/^/    /'
+    # Gloo knows the peer only by address: the heartbeats in the store name the rank.
+    check "$tag: rank $r names rank $victim as gone" \
+      grep -Eq "zero-train rank $r: error: .*rank $victim is (stopped or )?gone" "$out/$tag.$r.err"
+    grep -m1 "error" "$out/$tag.$r.err" | cut -c1-400 | sed 's/^/    /'
   done
   kill -9 "${pids[$victim]}" 2>/dev/null
   wait "${pids[$victim]}" 2>/dev/null  # reap it quietly

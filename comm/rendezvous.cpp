@@ -1,0 +1,227 @@
+// Group::from_env: the TCP store, the liveness heartbeat, every rank's arrival, the backend and a
+// first barrier, all under one deadline of comm_timeout_s. Each step says what it waits for, so
+// the rank that runs out of time can tell the user what to check.
+#include <signal.h>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <csignal>
+#include <thread>
+
+#include "comm/backend.hpp"
+#include "comm/group.hpp"
+#include "comm/launcher_env.hpp"
+#include "comm/liveness.hpp"
+#include "comm/startup.hpp"
+#include "zero/errors.hpp"
+
+namespace zero::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+// A write to a socket whose peer died raises SIGPIPE, which kills the process before the
+// collective can fail with a message naming the rank: rank 0, which serves the store, died
+// that way in our kill test. Python ignores SIGPIPE at start-up, so torch never sees it there;
+// a C++ program must do the same. A handler the application installed is left alone.
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+// What the helper thread builds; shared because the helper may outlive from_env.
+struct Parts {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<Liveness> live;
+  c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+}  // namespace
+
+std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
+  const LaunchInfo info = read_launch_env();
+  if (info.world_size == 1) return single(opts);
+  ignore_sigpipe();
+  remember_launcher();
+
+  const auto deadline = Clock::now() + opts.timeout;
+  auto remaining = [deadline] {
+    return std::max(milliseconds(1),
+                    std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  };
+  const int rank = info.rank, size = info.world_size;
+  const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(size);
+  const std::string port = std::to_string(info.master_port);
+  const std::string where = "MASTER_ADDR=" + info.master_addr + " MASTER_PORT=" + port;
+  const bool server = rank == 0 && !info.agent_store;
+  const std::string owner = info.agent_store ? "the launcher's agent" : "rank 0";
+  auto stage = std::make_shared<StartupStage>();
+  auto parts = std::make_shared<Parts>();
+
+  auto steps = [=] {
+    // 1. The store. A client's connect retries past its timeout, and the handshake after it has
+    // none: the outer deadline bounds both, and a probe then tells which it was.
+    const std::string at = info.master_addr + ":" + port;
+    const std::string foreign =
+        "something at " + at +
+        " accepted the connection but never answered like a rendezvous store: another program "
+        "probably holds port " +
+        port + " (check `ss -ltnp 'sport = :" + port +
+        "'`); pick a free MASTER_PORT, or correct MASTER_ADDR";
+    const std::string nobody =
+        "nothing accepts connections at " + at + ": check that " +
+        (info.agent_store ? std::string("the launcher is running")
+                          : std::string("rank 0 was launched and is running")) +
+        ", that MASTER_ADDR is its address and that MASTER_PORT is the same on every rank";
+    stage->set(server ? "starting the rendezvous store on MASTER_PORT=" + port
+                      : "connecting to the rendezvous store at " + where,
+               foreign);
+    if (!server) {
+      stage->set_explainer([=] {
+        return accepts_connections(info.master_addr, info.master_port, milliseconds(500)) ? foreign
+                                                                                          : nobody;
+      });
+    }
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(info.master_port);
+    so.isServer = server;
+    so.numWorkers = info.agent_store ? std::nullopt : std::optional<size_t>(size);
+    so.waitWorkers = false;
+    so.timeout = remaining();
+    c10::intrusive_ptr<c10d::Store> store, beat_store;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
+      // The heartbeat's own connection: the backend's long store waits must not delay it.
+      so.isServer = false;
+      beat_store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
+    } catch (const std::exception& e) {
+      const std::string m = c10d_message(e);
+      if (server &&
+          (m.find("EADDRINUSE") != std::string::npos || m.find("in use") != std::string::npos)) {
+        throw LaunchError(who + ": cannot serve the rendezvous store: MASTER_PORT=" + port +
+                          " is already in use by another program (check `ss -ltnp 'sport = :" +
+                          port + "'`); pick a free MASTER_PORT (" + m + ")");
+      }
+      throw LaunchError(
+          who + ": cannot reach the rendezvous store at " + where + " within " +
+          format_seconds(so.timeout) + " (" + m + "): check that " +
+          (info.agent_store ? "the launcher is running" : "rank 0 was launched and is running") +
+          ", that MASTER_ADDR is its address and MASTER_PORT the same on every rank");
+    }
+    // A restarted job reuses the agent's store; a fresh prefix keeps old keys out of the way.
+    const std::string prefix = "zero/" + std::to_string(info.restart_count);
+    parts->store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+    parts->live = std::make_shared<Liveness>(
+        c10::make_intrusive<c10d::PrefixStore>(prefix, beat_store), rank, size, owner);
+
+    // 2. Every rank arrives. One counter is polled (one round trip per poll, whatever the world
+    // size); which ranks are missing is looked up key by key only when time is nearly out.
+    const std::string waiting = "waiting for every rank to reach the rendezvous at " + where;
+    const std::string check_them =
+        " launched (and its log), with the same MASTER_ADDR/MASTER_PORT "
+        "and WORLD_SIZE=" +
+        std::to_string(size);
+    stage->set(waiting, "");
+    parts->live->announce();
+    parts->store->add("arrived", 1);
+    bool named = false;
+    for (;;) {
+      const int64_t arrived = parts->store->add("arrived", 0);
+      if (arrived >= size) break;
+      if (!named) {
+        stage->set(waiting, std::to_string(size - arrived) + " of " + std::to_string(size) +
+                                " ranks never arrived: check that all were" + check_them);
+      }
+      if (!named && Clock::now() > deadline - milliseconds(1500)) {
+        named = true;
+        std::vector<int> missing;
+        for (int r = 0; r < size; ++r) {
+          if (!parts->live->arrived(r)) missing.push_back(r);
+        }
+        if (!missing.empty()) {
+          stage->set(waiting, "rank" + std::string(missing.size() > 1 ? "s " : " ") +
+                                  join(missing) + " never arrived: check that " +
+                                  (missing.size() > 1 ? "they were" : "it was") + check_them);
+        }
+      }
+      // Bounded even if this thread was abandoned: it stops polling after the deadline.
+      if (Clock::now() > deadline + std::chrono::seconds(1)) return;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    parts->live->watch_peers();
+
+    // 3. The backend's own rendezvous and connections, with what is left of the budget.
+    auto live = parts->live;
+    stage->set("connecting the process group to every rank",
+               "every rank arrived, but not every one connected: check the other ranks' logs; "
+               "across machines, check that GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) names an "
+               "interface the others can reach");
+    stage->set_explainer([live] {
+      const std::string d = live->diagnose(milliseconds(0));
+      return d.rfind("every other rank", 0) == 0 ? "" : d;
+    });
+    GroupOptions o = opts;
+    o.timeout = remaining();
+    parts->store->setTimeout(o.timeout);
+    try {
+      parts->backend = opts.device == c10::DeviceType::CUDA
+                           ? make_nccl(parts->store, rank, size, o)
+                           : make_gloo(parts->store, rank, size, o,
+                                       is_loopback(info.master_addr) ? "127.0.0.1" : "");
+    } catch (const zero::LaunchError&) {
+      throw;
+    } catch (const std::exception& e) {
+      const std::string d = live->diagnose(std::min(remaining(), milliseconds(4000)));
+      throw CommError(who + ": setting up the process group failed (" + c10d_message(e) +
+                      "): " + d + "; every rank must start within comm_timeout_s");
+    }
+
+    // 4. A first barrier: every rank got this far.
+    stage->set("the first barrier across all ranks",
+               "a rank connected but did not reach the first barrier: check its log");
+    c10d::BarrierOptions bo;
+    bo.timeout = remaining();
+    try {
+      parts->backend->barrier(bo)->wait(bo.timeout);
+    } catch (const std::exception& e) {
+      const std::string d = live->diagnose(std::min(remaining(), milliseconds(4000)));
+      throw CommError(who + ": the first barrier failed (" + c10d_message(e) + "): " + d);
+    }
+  };
+  // A store call that fails outright (its server closed the connection) names the stage too.
+  auto body = [=] {
+    try {
+      steps();
+    } catch (const zero::LaunchError&) {
+      throw;
+    } catch (const zero::CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw LaunchError(who + ": " + stage->what() + " failed (" + c10d_message(e) +
+                        "): the rendezvous store served by " + owner +
+                        " stopped answering: it gave up or is gone; check its log");
+    }
+  };
+  const QuietC10dLog quiet;
+  run_before_deadline(body, deadline, opts.timeout, who, stage);
+  auto group = std::make_shared<Group>(parts->backend, rank, size, opts);
+  group->liveness_ = parts->live;
+  return group;
+}
+
+}  // namespace zero::comm
