@@ -49,7 +49,7 @@ void TrainSummary::add(const StepRecord& r) {
 }
 
 void TrainSummary::finish(const Engine& engine, GptImpl& model, const CheckpointPolicy& policy,
-                          const std::string& data_description, double loader_wait_s) {
+                          const std::string& data_description, double loader_wait_s, RunShape run) {
   at::Tensor flat = engine.flat_parameters();
   param_checksum = flat.sum().item<double>();
   param_norm = flat.norm().item<double>();
@@ -64,6 +64,26 @@ void TrainSummary::finish(const Engine& engine, GptImpl& model, const Checkpoint
   cpu_offload = policy.cpu_offload;
   data = data_description;
   data_wait_s = loader_wait_s;
+  // On a GPU the caching allocator's peak; on CPU activations show up in the process's RSS.
+  run.memory_used = device_peak_allocated_bytes > 0 ? device_peak_allocated_bytes : peak_rss_bytes;
+  verdict = diagnose(mean_times(), run);
+}
+
+StepTimes TrainSummary::mean_times() const {
+  StepTimes t;
+  const size_t first = records.size() > 1 ? 1 : 0;
+  for (size_t i = first; i < records.size(); ++i) {
+    const StepRecord& r = records[i];
+    t.step_s += r.step_s, t.data_s += r.data_s, t.forward_s += r.forward_s;
+    t.backward_s += r.backward_s, t.comm_exposed_s += r.comm_exposed_s;
+    t.optimizer_s += r.optimizer_s;
+  }
+  const double n = static_cast<double>(std::max<size_t>(1, records.size() - first));
+  for (double* f :
+       {&t.step_s, &t.data_s, &t.forward_s, &t.backward_s, &t.comm_exposed_s, &t.optimizer_s}) {
+    *f /= n;
+  }
+  return t;
 }
 
 double TrainSummary::median_step_s() const {
@@ -100,6 +120,7 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"backward_s_mean\": " << Num{mean(&StepRecord::backward_s)}
       << ",\n  \"comm_exposed_s_mean\": " << Num{mean(&StepRecord::comm_exposed_s)}
       << ",\n  \"optimizer_s_mean\": " << Num{mean(&StepRecord::optimizer_s)}
+      << ",\n  \"data_s_mean\": " << Num{mean(&StepRecord::data_s)}
       << ",\n  \"tokens_per_s_mean\": " << Num{mean(&StepRecord::tokens_per_s)}
       << ",\n  \"mfu_mean\": " << Num{mean(&StepRecord::mfu)}
       << ",\n  \"device_peak_allocated_bytes\": " << device_peak_allocated_bytes
@@ -110,7 +131,19 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"cpu_offload\": " << b(cpu_offload)
       << ",\n  \"offload_peak_host_bytes\": " << offload_peak_host_bytes
       << ",\n  \"peak_rss_bytes\": " << peak_rss_bytes << ",\n  \"seq_len\": " << seq_len
-      << ",\n  \"train_batch_size\": " << c.train_batch_size << ",\n  \"memory\": [";
+      << ",\n  \"train_batch_size\": " << c.train_batch_size;
+  const Verdict& v = verdict;
+  out << ",\n  \"bottleneck\": {\"verdict\": " << quoted(bottleneck_name(v.kind))
+      << ", \"data\": " << v.data << ", \"exposed_comm\": " << v.comm
+      << ", \"optimizer\": " << v.optimizer << ", \"compute\": " << v.compute
+      << ", \"other\": " << v.other << ", \"memory_headroom\": ";
+  if (v.memory_headroom >= 0) {
+    out << v.memory_headroom;
+  } else {
+    out << "null";
+  }
+  out << ",\n    \"reason\": " << quoted(v.reason) << ", \"knob\": " << quoted(v.knob) << "}";
+  out << ",\n  \"memory\": [";
   for (size_t r = 0; r < reports.size(); ++r) {
     out << (r ? ",\n" : "\n") << "    {\"rank\": " << r
         << ", \"measured\": " << to_json(reports[r].measured)

@@ -1,11 +1,13 @@
 // What zero-train reports at the end: losses, a checksum and norm of the full parameters, the
-// step-time median and the per-rank memory, as the --summary-json file.
+// step-time median and the per-rank memory, and the bottleneck verdict, as the --summary-json
+// file.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "bottleneck.hpp"
 #include "gpt.hpp"
 #include "metrics.hpp"
 #include "zero/engine.hpp"
@@ -22,11 +24,15 @@ struct TrainSummary {
   double data_wait_s = 0;
   bool checkpointing = false, cpu_offload = false;
   std::string data;
+  Verdict verdict;  // set by finish
 
   void add(const StepRecord& r);
-  // Collective: reads the full parameters (every rank holds them after a step).
+  // Collective: reads the full parameters (every rank holds them after a step). `run` says what
+  // the verdict's advice depends on; its memory_used is filled in here.
   void finish(const Engine& engine, GptImpl& model, const CheckpointPolicy& policy,
-              const std::string& data_description, double loader_wait_s);
+              const std::string& data_description, double loader_wait_s, RunShape run);
+  // Means over the steps after the first.
+  StepTimes mean_times() const;
   // Median over the steps after the first, which pays for allocations and connection set-up.
   double median_step_s() const;
   void write_json(const std::string& path, const Engine& engine, const std::string& preset,

@@ -24,6 +24,7 @@
 #include "train_summary.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
+#include "zero/time_plan.hpp"
 #include "zero/zero.hpp"
 
 namespace po = boost::program_options;
@@ -348,10 +349,26 @@ int run(int argc, char** argv) {
     }
   }
 
-  sum.finish(engine, *model, policy, data->describe(), loader.wait_seconds());
+  RunShape run;
+  run.stage = engine.stage();
+  run.world_size = world;
+  run.grad_accum = ga;
+  run.micro_batch = micro;
+  run.checkpointing = policy.enabled;
+  {
+    PlanInput pi;  // the planner's bucket order is the engine's
+    pi.shape = {mc.layers, mc.dim, mc.heads, mc.ffn_dim(), mc.vocab, mc.tied};
+    pi.num_params = mc.num_params();
+    pi.bucket_elements = c.zero_optimization.reduce_bucket_size;
+    run.buckets = static_cast<int64_t>(bucket_sizes(pi).size());
+  }
+  const DeviceMemory dm = device_memory(device);
+  run.memory_budget = dm.total;
+  sum.finish(engine, *model, policy, data->describe(), loader.wait_seconds(), run);
   if (rank == 0) {
     std::printf("done: loss %.4f -> %.4f, parameter L2 norm %.6f, median step %.3f s\n",
                 sum.first_loss, sum.final_loss, sum.param_norm, sum.median_step_s());
+    std::printf("%s\n", sum.verdict.line().c_str());
     if (!summary_path.empty()) sum.write_json(summary_path, engine, preset, mc, seq, reports);
   }
   return 0;

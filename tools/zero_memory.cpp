@@ -1,7 +1,8 @@
-// zero-memory: per-rank memory of ZeRO stages 0, 1 and 2 before anything is allocated, and the
-// cheapest configuration that fits a device.
+// zero-memory: per-rank memory of ZeRO stages 0, 1 and 2 before anything is allocated, the
+// cheapest configuration that fits a device, and the predicted step time of each stage.
 //
 //   zero-memory --model llama-7b --gpus 8 --device-memory 80GB --micro-batch 1 --seq-len 2048
+//   zero-memory --model llama-7b --gpus 64 --gpu h100 --link ib400 --time-svg time.svg
 //   zero-memory --params 7e9 --layers 32 --hidden 4096 --gpus 8 --device-memory 24GiB
 //   zero-memory --model gpt-1.3b --gpus 4 --svg stages.svg
 #include <boost/program_options.hpp>
@@ -11,10 +12,12 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "gpt.hpp"
 #include "zero/errors.hpp"
 #include "zero/memory_plan.hpp"
+#include "zero/time_plan.hpp"
 
 namespace po = boost::program_options;
 using namespace zero;
@@ -133,7 +136,75 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   for (const std::string& line : plan.reasons) std::printf("  %s\n", line.c_str());
 }
 
-void print_json(const PlanInput& in, const MemoryPlan& plan) {
+// What --gpu/--link and the rate overrides describe, and how the time table is run.
+struct TimeSetup {
+  Hardware hw;
+  StepShape step;  // stage set per column
+};
+
+TimeEstimate time_of(const PlanInput& in, const TimeSetup& ts, int stage) {
+  StepShape s = ts.step;
+  s.stage = stage;
+  return predict_step_time(in, s, ts.hw);
+}
+
+void print_time(const PlanInput& in, const TimeSetup& ts, const MemoryPlan& plan) {
+  const Hardware& hw = ts.hw;
+  std::printf(
+      "\npredicted step time on %d x %s: %.0f TFLOP/s peak x %.0f%% efficiency, memory %.0f GB/s, "
+      "bus bandwidth all-reduce %.1f / reduce-scatter %.1f / all-gather %.1f GB/s, latency %.0f "
+      "us\n  micro-batch %lld x %lld tokens, accumulation %lld, %s (time_plan.hpp has the "
+      "model)\n",
+      in.world_size, hw.name.c_str(), hw.peak_flops / 1e12, 100 * hw.efficiency, hw.memory_bw / 1e9,
+      hw.all_reduce_bw / 1e9, hw.reduce_scatter_bw / 1e9, hw.all_gather_bw / 1e9,
+      hw.latency_s * 1e6, (long long)in.micro_batch, (long long)in.seq_len,
+      (long long)ts.step.grad_accum, recompute_name(ts.step.recompute));
+  TimeEstimate t[3];
+  for (int s = 0; s < 3; ++s) t[s] = time_of(in, ts, s);
+  std::printf("  %-40s %12s %12s %12s\n", "per step, seconds", "stage 0", "stage 1", "stage 2");
+  auto row = [&](const char* label, const char* f, auto value) {
+    std::printf("  %-40s", label);
+    for (int s = 0; s < 3; ++s) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, f, value(t[s]));
+      std::printf(" %12s", buf);
+    }
+    std::printf("\n");
+  };
+  row("compute: forward", "%.4g", [](const TimeEstimate& e) { return e.forward_s; });
+  row("compute: backward", "%.4g", [](const TimeEstimate& e) { return e.backward_s; });
+  row("compute: recompute", "%.4g", [](const TimeEstimate& e) { return e.recompute_s; });
+  row("gradient communication", "%.4g", [](const TimeEstimate& e) { return e.grad_comm_s; });
+  row("  of which hidden behind backward", "%.4g",
+      [](const TimeEstimate& e) { return e.grad_comm_s - e.grad_comm_exposed_s; });
+  row("  exposed", "%.4g", [](const TimeEstimate& e) { return e.grad_comm_exposed_s; });
+  row("parameter all-gather (exposed)", "%.4g",
+      [](const TimeEstimate& e) { return e.param_gather_s; });
+  row("optimizer step", "%.4g", [](const TimeEstimate& e) { return e.optimizer_s; });
+  if (ts.step.recompute == Recompute::kCheckpointOffload) {
+    row("activation offload (exposed)", "%.4g",
+        [](const TimeEstimate& e) { return e.offload_exposed_s; });
+  }
+  row("= step", "%.4g", [](const TimeEstimate& e) { return e.step_s; });
+  row("tokens/s (all ranks)", "%.4g", [](const TimeEstimate& e) { return e.tokens_per_s; });
+  row("MFU", "%.1f%%", [](const TimeEstimate& e) { return 100 * e.mfu; });
+  std::printf("  %lld gradient buckets; model FLOPs per token %.4g%s\n", (long long)t[0].buckets,
+              t[0].model_flops_per_token,
+              ts.step.recompute != Recompute::kNone ? " (+ recomputation)" : "");
+  if (plan.found) {
+    PlanInput r = in;
+    r.micro_batch = plan.best.micro_batch;
+    StepShape s = ts.step;
+    s.stage = plan.best.stage;
+    s.recompute = plan.best.recompute;
+    const TimeEstimate e = predict_step_time(r, s, hw);
+    std::printf("  recommended (stage %d, %s, micro-batch %lld): %s\n", plan.best.stage,
+                recompute_name(plan.best.recompute), (long long)plan.best.micro_batch,
+                describe_time(e).c_str());
+  }
+}
+
+void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts) {
   std::printf(
       "{\"num_params\": %lld, \"world_size\": %d, \"micro_batch\": %lld, \"seq_len\": %lld,"
       "\n \"block_activation_bytes\": %lld,\n \"stages\": [",
@@ -148,7 +219,14 @@ void print_json(const PlanInput& in, const MemoryPlan& plan) {
       std::printf("%s\"%s\": %lld", r ? ", " : "", kModeIds[r],
                   (long long)predict_activations(in, kModes[r]).peak());
     }
-    std::printf("}}");
+    const TimeEstimate t = time_of(in, ts, s);
+    std::printf(
+        "},\n   \"time\": {\"forward_s\": %.6g, \"backward_s\": %.6g, \"recompute_s\": %.6g, "
+        "\"grad_comm_s\": %.6g, \"grad_comm_exposed_s\": %.6g, \"param_gather_s\": %.6g, "
+        "\"optimizer_s\": %.6g, \"offload_exposed_s\": %.6g, \"step_s\": %.6g, "
+        "\"tokens_per_s\": %.6g, \"mfu\": %.6g}}",
+        t.forward_s, t.backward_s, t.recompute_s, t.grad_comm_s, t.grad_comm_exposed_s,
+        t.param_gather_s, t.optimizer_s, t.offload_exposed_s, t.step_s, t.tokens_per_s, t.mfu);
   }
   std::printf("],\n \"recommendation\": ");
   if (!plan.found) {
@@ -185,11 +263,31 @@ void write_svg(const std::string& path, const PlanInput& in, const std::string& 
   out << memory_chart_svg(chart);
 }
 
+void write_time_svg(const std::string& path, const PlanInput& in, const std::string& name,
+                    const TimeSetup& ts) {
+  std::vector<TimeChartBar> bars;
+  for (int s = 0; s < 3; ++s) bars.push_back({"stage " + std::to_string(s), time_of(in, ts, s)});
+  char sub[200];
+  std::snprintf(sub, sizeof sub, "%s, micro-batch %lld x %lld tokens, accumulation %lld, %s",
+                ts.hw.name.c_str(), (long long)in.micro_batch, (long long)in.seq_len,
+                (long long)ts.step.grad_accum, recompute_name(ts.step.recompute));
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write --time-svg file '" + path + "'");
+  out << time_chart_svg(
+      "Predicted step time of " + name + " on " + std::to_string(in.world_size) + " ranks", sub,
+      bars);
+}
+
 int run(int argc, char** argv) {
   std::string model, params, dtype = "bf16", device = "80GB", reserve = "10%", svg;
   std::string bucket = "5e8";
+  std::string gpu = "h100", link = "ib400", recompute = "none", time_svg;
+  int per_node = 8;
+  double peak_tflops = 0, efficiency = 0, memory_bw = 0, bus_bw = 0, ar_bw = 0, rs_bw = 0,
+         ag_bw = 0, latency_us = -1, host_bw = 0;
   PlanInput in;
   PlanLimits lim;
+  TimeSetup ts;
   po::options_description desc("zero-memory options");
   desc.add_options()("help,h", "show this help")(
       "model", po::value(&model), "example GPT preset: tiny, small, ..., gpt-1.3b, llama-7b")(
@@ -213,6 +311,24 @@ int run(int argc, char** argv) {
       "optimizer-states", po::value(&in.optimizer_states)->default_value(2),
       "fp32 states per parameter: AdamW 2, SGD with momentum 1")(
       "svg", po::value(&svg), "also write a stacked bar chart of the stages here")(
+      "gpu", po::value(&gpu), "device for the time model: a100, h100 (default), h200")(
+      "link", po::value(&link),
+      "inter-node link per device: ib100, ib200, ib400 (default) or nvlink; used when --gpus "
+      "exceeds --gpus-per-node")("gpus-per-node", po::value(&per_node), "default 8")(
+      "grad-accum", po::value(&ts.step.grad_accum)->default_value(1),
+      "gradient accumulation steps")("recompute", po::value(&recompute),
+                                     "none (default), checkpoint or offload, for the time table")(
+      "no-overlap", "gradients reduced after backward (overlap_comm: false)")(
+      "peak-tflops", po::value(&peak_tflops), "override: peak TFLOP/s per device")(
+      "efficiency", po::value(&efficiency), "override: fraction of peak reached (default 0.5)")(
+      "memory-bw", po::value(&memory_bw), "override: memory bandwidth, GB/s")(
+      "bus-bw", po::value(&bus_bw), "override: bus bandwidth of all collectives, GB/s")(
+      "all-reduce-bw", po::value(&ar_bw), "override: all-reduce bus bandwidth, GB/s")(
+      "reduce-scatter-bw", po::value(&rs_bw), "override: reduce-scatter bus bandwidth, GB/s")(
+      "all-gather-bw", po::value(&ag_bw), "override: all-gather bus bandwidth, GB/s")(
+      "latency-us", po::value(&latency_us), "override: latency per collective call, us")(
+      "host-bw", po::value(&host_bw), "override: device-host bandwidth for offload, GB/s")(
+      "time-svg", po::value(&time_svg), "also write a chart of the predicted step times here")(
       "json", "print JSON instead of the report");
   po::variables_map vm;
   // No positional arguments: a stray word is a typo, not something to ignore.
@@ -249,13 +365,48 @@ int run(int argc, char** argv) {
         "be positive, --reserve in [0, 1)");
   }
 
+  ts.hw = hardware_preset(gpu, link, in.world_size, per_node);
+  auto positive = [](double v, const char* flag) {
+    if (v < 0) throw std::invalid_argument(std::string(flag) + " must be positive");
+    return v > 0;
+  };
+  if (positive(peak_tflops, "--peak-tflops")) ts.hw.peak_flops = peak_tflops * 1e12;
+  if (positive(efficiency, "--efficiency")) ts.hw.efficiency = efficiency;
+  if (positive(memory_bw, "--memory-bw")) ts.hw.memory_bw = memory_bw * 1e9;
+  if (positive(bus_bw, "--bus-bw")) {
+    ts.hw.all_reduce_bw = ts.hw.reduce_scatter_bw = ts.hw.all_gather_bw = bus_bw * 1e9;
+  }
+  if (positive(ar_bw, "--all-reduce-bw")) ts.hw.all_reduce_bw = ar_bw * 1e9;
+  if (positive(rs_bw, "--reduce-scatter-bw")) ts.hw.reduce_scatter_bw = rs_bw * 1e9;
+  if (positive(ag_bw, "--all-gather-bw")) ts.hw.all_gather_bw = ag_bw * 1e9;
+  if (positive(host_bw, "--host-bw")) ts.hw.host_bw = host_bw * 1e9;
+  if (latency_us >= 0) ts.hw.latency_s = latency_us * 1e-6;
+  if (peak_tflops > 0 || efficiency > 0 || memory_bw > 0 || bus_bw > 0 || ar_bw > 0 || rs_bw > 0 ||
+      ag_bw > 0 || host_bw > 0 || latency_us >= 0) {
+    ts.hw.name += " (overridden)";
+  }
+  if (efficiency > 1) throw std::invalid_argument("--efficiency is a fraction of peak, <= 1");
+  if (ts.step.grad_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
+  if (recompute == "none") {
+    ts.step.recompute = Recompute::kNone;
+  } else if (recompute == "checkpoint") {
+    ts.step.recompute = Recompute::kCheckpoint;
+  } else if (recompute == "offload") {
+    ts.step.recompute = Recompute::kCheckpointOffload;
+  } else {
+    throw std::invalid_argument("--recompute: none, checkpoint or offload");
+  }
+  ts.step.overlap_comm = vm.count("no-overlap") == 0;
+
   const MemoryPlan plan = plan_memory(in, lim);
   if (vm.count("json")) {
-    print_json(in, plan);
+    print_json(in, plan, ts);
   } else {
     print_report(in, name, device, plan);
+    print_time(in, ts, plan);
   }
   if (!svg.empty()) write_svg(svg, in, name, plan);
+  if (!time_svg.empty()) write_time_svg(time_svg, in, name, ts);
   return 0;
 }
 

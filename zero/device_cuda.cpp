@@ -2,6 +2,9 @@
 // where every tensor of the engine (flat buffers, shards, bucket buffers) is allocated.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 
 #include "zero/device.hpp"
 
@@ -24,6 +27,11 @@ DeviceMemory device_memory(c10::Device device) {
   m.allocated = stats.allocated_bytes[agg].current;
   m.reserved = stats.reserved_bytes[agg].current;
   m.peak_allocated = stats.allocated_bytes[agg].peak;
+  const c10::cuda::CUDAGuard guard(index);  // cudaMemGetInfo reads the current device
+  size_t free = 0, total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  m.free = static_cast<int64_t>(free);
+  m.total = static_cast<int64_t>(total);
   return m;
 }
 

@@ -1,13 +1,14 @@
-// A stacked bar chart of per-rank memory as plain SVG text: no plotting library, so the planner
-// and the trainer can both write one wherever they run.
+// Stacked bar charts as plain SVG text: no plotting library, so the planner and the trainer can
+// both write one wherever they run. The memory chart is one; time_svg.cpp draws the other.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "zero/memory_plan.hpp"
+#include "zero/stacked_svg.hpp"
 
-namespace zero {
+namespace zero::detail {
 namespace {
 
 // Colour-blind-safe (Okabe-Ito), in ZeRO Figure 1's order: parameters, gradients, optimizer...
@@ -48,29 +49,34 @@ double tick_step(double top) {
 
 }  // namespace
 
-std::string memory_chart_svg(const MemoryChart& chart) {
-  std::vector<std::string> categories;  // first appearance decides the colour
-  double top = static_cast<double>(chart.limit_bytes);
-  for (const ChartBar& bar : chart.bars) {
+double stacked_top(const StackedChart& chart) {
+  double top = chart.limit;
+  for (const StackedBar& bar : chart.bars) {
     double sum = 0;
-    for (const ChartSegment& s : bar.segments) {
-      if (s.bytes <= 0) continue;
-      sum += static_cast<double>(s.bytes);
-      if (std::find(categories.begin(), categories.end(), s.category) == categories.end()) {
+    for (const StackedSegment& s : bar.segments) sum += std::max(0.0, s.value);
+    top = std::max(top, sum);
+  }
+  return top;
+}
+
+std::string stacked_chart_svg(const StackedChart& chart) {
+  std::vector<std::string> categories;  // first appearance decides the colour
+  for (const StackedBar& bar : chart.bars) {
+    for (const StackedSegment& s : bar.segments) {
+      if (s.value > 0 &&
+          std::find(categories.begin(), categories.end(), s.category) == categories.end()) {
         categories.push_back(s.category);
       }
     }
-    top = std::max(top, sum);
   }
-  top = std::max(top * 1.1, 1.0);
+  const double unit = chart.unit;
+  const double top = std::max(stacked_top(chart) * 1.1, unit * 1e-3);
 
   const int left = 80, plot_top = 70, plot_h = 360, bar_w = 90, gap = 50;
   const int plot_w = gap + static_cast<int>(chart.bars.size()) * (bar_w + gap);
   const int legend_x = left + plot_w + 30;
   const int width = legend_x + 190, height = plot_top + plot_h + 60;
-  auto y_of = [&](double bytes) { return plot_top + plot_h - bytes / top * plot_h; };
-  const bool gb = top >= 1e9;  // axis in GB for real models, MB for the small demo
-  const double unit = gb ? 1e9 : 1e6;
+  auto y_of = [&](double v) { return plot_top + plot_h - v / top * plot_h; };
 
   std::ostringstream o;
   char buf[512];
@@ -94,25 +100,24 @@ std::string memory_chart_svg(const MemoryChart& chart) {
   }
   std::snprintf(buf, sizeof buf,
                 "<text x=\"20\" y=\"%d\" transform=\"rotate(-90 20 %d)\" text-anchor=\"middle\">"
-                "per-rank memory (%s)</text>\n",
-                plot_top + plot_h / 2, plot_top + plot_h / 2, gb ? "GB" : "MB");
+                "%s</text>\n",
+                plot_top + plot_h / 2, plot_top + plot_h / 2, escape(chart.axis_label).c_str());
   o << buf;
-  // Bars: one rect per nonzero segment, bottom up, each with its exact bytes as a tooltip.
+  // Bars: one rect per nonzero segment, bottom up, each with its exact value as a tooltip.
   for (size_t i = 0; i < chart.bars.size(); ++i) {
-    const ChartBar& bar = chart.bars[i];
+    const StackedBar& bar = chart.bars[i];
     const int x = left + gap + static_cast<int>(i) * (bar_w + gap);
     double base = 0;
-    for (const ChartSegment& s : bar.segments) {
-      if (s.bytes <= 0) continue;
-      const double v = static_cast<double>(s.bytes);
+    for (const StackedSegment& s : bar.segments) {
+      if (s.value <= 0) continue;
+      const double v = s.value;
       const size_t c =
           std::find(categories.begin(), categories.end(), s.category) - categories.begin();
       std::snprintf(buf, sizeof buf,
                     "<rect x=\"%d\" y=\"%.2f\" width=\"%d\" height=\"%.2f\" fill=\"%s\">"
                     "<title>%s %s: %s</title></rect>\n",
                     x, y_of(base + v), bar_w, v / top * plot_h, kColours[c % 8],
-                    escape(bar.label).c_str(), escape(s.category).c_str(),
-                    format_gb(s.bytes).c_str());
+                    escape(bar.label).c_str(), escape(s.category).c_str(), chart.format(v).c_str());
       o << buf;
       base += v;
     }
@@ -123,8 +128,8 @@ std::string memory_chart_svg(const MemoryChart& chart) {
                   escape(bar.label).c_str());
     o << buf;
   }
-  if (chart.limit_bytes > 0) {
-    const double y = y_of(static_cast<double>(chart.limit_bytes));
+  if (chart.limit > 0) {
+    const double y = y_of(chart.limit);
     std::snprintf(buf, sizeof buf,
                   "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#c00\" "
                   "stroke-width=\"2\" stroke-dasharray=\"6 4\"/>\n"
@@ -149,6 +154,31 @@ std::string memory_chart_svg(const MemoryChart& chart) {
   }
   o << "</svg>\n";
   return o.str();
+}
+
+}  // namespace zero::detail
+
+namespace zero {
+
+std::string memory_chart_svg(const MemoryChart& chart) {
+  using namespace detail;
+  StackedChart c;
+  c.title = chart.title;
+  c.subtitle = chart.subtitle;
+  c.limit = static_cast<double>(chart.limit_bytes);
+  c.limit_label = chart.limit_label;
+  for (const ChartBar& bar : chart.bars) {
+    StackedBar b{bar.label, {}};
+    for (const ChartSegment& s : bar.segments) {
+      b.segments.push_back({s.category, static_cast<double>(s.bytes)});
+    }
+    c.bars.push_back(std::move(b));
+  }
+  const bool gb = stacked_top(c) * 1.1 >= 1e9;  // GB for real models, MB for the small demo
+  c.unit = gb ? 1e9 : 1e6;
+  c.axis_label = gb ? "per-rank memory (GB)" : "per-rank memory (MB)";
+  c.format = [](double v) { return format_gb(static_cast<int64_t>(v)); };
+  return stacked_chart_svg(c);
 }
 
 }  // namespace zero

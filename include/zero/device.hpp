@@ -15,6 +15,8 @@ struct DeviceMemory {
   int64_t allocated = 0;   // bytes in live tensors now
   int64_t reserved = 0;    // bytes the caching allocator holds from the driver
   int64_t peak_allocated = 0;
+  int64_t free = 0;   // the driver's free bytes on the device (all processes' use counted)
+  int64_t total = 0;  // the device's capacity
 };
 
 // "NVIDIA H200", or "cpu".

@@ -1,0 +1,131 @@
+// The bottleneck verdict: rules in bottleneck.hpp. The optimizer step is memory-bandwidth-bound
+// (it streams every updated element's master weight, gradient and states once), so a large
+// optimizer share is reported as memory-bound, like a device too full to grow the micro-batch.
+#include "bottleneck.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace zero::examples {
+namespace {
+
+std::string fmt(const char* f, auto... args) {
+  char buf[400];
+  std::snprintf(buf, sizeof buf, f, args...);
+  return buf;
+}
+
+std::string pct(double f) { return fmt("%.0f%%", 100 * f); }
+
+std::string comm_knob(const RunShape& r) {
+  std::string k;
+  if (r.stage == 2 && r.grad_accum > 1) {
+    k = "stage 2 reduce-scatters on every micro-step: stage 1 (if it fits) reduces once per step";
+  } else {
+    k = fmt("raise gradient_accumulation_steps (now %lld) so one reduction serves more tokens",
+            (long long)r.grad_accum);
+    if (r.stage == 2) k += " (stages 0-1 reduce once per step; stage 2 on every micro-step)";
+  }
+  if (r.buckets <= 1) {
+    k += "; one gradient bucket starts only when backward ends: a reduce_bucket_size below the "
+         "model's size lets buckets overlap backward";
+  } else {
+    k += fmt("; %lld buckets: a bigger reduce_bucket_size makes fewer, more efficient calls",
+             (long long)r.buckets);
+  }
+  return k;
+}
+
+}  // namespace
+
+const char* bottleneck_name(Bottleneck b) {
+  static const char* const names[] = {"IO-bound", "communication-bound", "memory-bound",
+                                      "compute-bound"};
+  return names[static_cast<int>(b)];
+}
+
+std::string Verdict::line() const {
+  std::string s = fmt(
+      "bottleneck: %s (data %s, exposed communication %s, optimizer %s, compute %s, other %s of "
+      "the step",
+      bottleneck_name(kind), pct(data).c_str(), pct(comm).c_str(), pct(optimizer).c_str(),
+      pct(compute).c_str(), pct(other).c_str());
+  s += memory_headroom >= 0 ? fmt("; %s of memory free)", pct(memory_headroom).c_str())
+                            : std::string("; memory headroom unknown)");
+  return s + ": " + reason + " -> " + knob;
+}
+
+Verdict diagnose(const StepTimes& t, const RunShape& r) {
+  Verdict v;
+  const double step = t.step_s > 0 ? t.step_s : 1;
+  v.data = std::max(0.0, t.data_s) / step;
+  v.comm = std::max(0.0, t.comm_exposed_s) / step;
+  v.optimizer = std::max(0.0, t.optimizer_s) / step;
+  v.compute = std::max(0.0, t.forward_s + t.backward_s) / step;
+  v.other = std::max(0.0, 1 - v.data - v.comm - v.optimizer - v.compute);
+  if (r.memory_budget > 0) {
+    v.memory_headroom = std::max(
+        0.0, 1 - static_cast<double>(r.memory_used) / static_cast<double>(r.memory_budget));
+  }
+
+  // The largest time share above its threshold decides.
+  struct Share {
+    double share, threshold;
+    int which;
+  };
+  const Share shares[] = {
+      {v.data, kIoShare, 0}, {v.comm, kCommShare, 1}, {v.optimizer, kOptimizerShare, 2}};
+  const Share* worst = nullptr;
+  for (const Share& s : shares) {
+    if (s.share >= s.threshold && (!worst || s.share > worst->share)) worst = &s;
+  }
+  const bool tight = v.memory_headroom >= 0 && v.memory_headroom < kMinHeadroom;
+  if (worst && worst->which == 0) {
+    v.kind = Bottleneck::kIo;
+    v.reason = "waiting for data is " + pct(v.data) + " of the step";
+    v.knob =
+        "more loader workers or a deeper prefetch (or pre-tokenized data on faster storage), so "
+        "the next batch is ready when the step ends";
+  } else if (worst && worst->which == 1) {
+    v.kind = Bottleneck::kCommunication;
+    v.reason = "exposed communication is " + pct(v.comm) + " of the step";
+    v.knob = comm_knob(r);
+  } else if (worst && worst->which == 2) {
+    v.kind = Bottleneck::kMemory;
+    v.reason =
+        "the optimizer step, bound by memory bandwidth, is " + pct(v.optimizer) + " of the step";
+    v.knob = r.stage == 0 && r.world_size > 1
+                 ? fmt("ZeRO stage 1 or 2 shards the update: each of the %d ranks updates 1/%d "
+                       "of the parameters",
+                       r.world_size, r.world_size)
+                 : fmt("raise gradient_accumulation_steps (now %lld): one update serves more "
+                       "tokens",
+                       (long long)r.grad_accum);
+  } else if (tight) {
+    v.kind = Bottleneck::kMemory;
+    v.reason = "only " + pct(v.memory_headroom) + " of memory is free";
+    v.knob = r.stage < 2
+                 ? fmt("ZeRO stage %d frees gradient and optimizer memory", r.stage + 1)
+                 : std::string(r.checkpointing ? "activation checkpointing with CPU offload, or "
+                                                 "more ranks (stage 2 shards shrink with N)"
+                                               : "activation checkpointing "
+                                                 "(trainer.activation_checkpointing: true)");
+    v.knob += "; then a larger micro-batch fills the device";
+  } else {
+    v.kind = Bottleneck::kCompute;
+    v.reason = "forward and backward are " + pct(v.compute) + " of the step";
+    v.knob = v.memory_headroom >= 0.5
+                 ? fmt("a larger micro-batch (now %lld; %s of memory is free) for fuller "
+                       "kernels%s",
+                       (long long)r.micro_batch, pct(v.memory_headroom).c_str(),
+                       r.checkpointing ? ", or drop activation checkpointing" : "")
+                 : std::string(r.checkpointing
+                                   ? "drop activation checkpointing if memory allows (it "
+                                     "recomputes every block's forward)"
+                                   : "faster kernels (bf16, fused attention) or more devices: "
+                                     "the engine is not what limits this run");
+  }
+  return v;
+}
+
+}  // namespace zero::examples

@@ -1,0 +1,199 @@
+// The time model's numbers for cases worked out by hand (include/zero/time_plan.hpp has the
+// formulas), the hardware presets, and the step-time chart's structure.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "zero/time_plan.hpp"
+
+namespace zero {
+namespace {
+
+// Round numbers: 1e15 FLOP/s at half efficiency, 1 TB/s memory, 100 GB/s bus, no latency.
+Hardware round_hw() {
+  Hardware hw;
+  hw.name = "round";
+  hw.peak_flops = 1e15;
+  hw.efficiency = 0.5;
+  hw.memory_bw = 1e12;
+  hw.all_reduce_bw = hw.reduce_scatter_bw = hw.all_gather_bw = 100e9;
+  hw.host_bw = 10e9;
+  return hw;
+}
+
+// Ψ = 1e9 without a shape: 6Ψ FLOPs per token, four equal 2.5e8-element buckets.
+PlanInput billion(int world) {
+  PlanInput in;
+  in.num_params = 1'000'000'000;
+  in.world_size = world;
+  in.micro_batch = 1;
+  in.seq_len = 1000;
+  in.bucket_elements = 250'000'000;
+  return in;  // bf16 (p = 2, gradients travel in 2 bytes), fp32 accumulation, AdamW
+}
+
+TEST(TimePlan, RingCollectivesMoveTheNcclFractions) {
+  Hardware hw = round_hw();
+  // 1 GB on 8 ranks at 100 GB/s: all-reduce 2·7/8 GB, the others 7/8 GB.
+  EXPECT_DOUBLE_EQ(all_reduce_s(1e9, 8, hw), 0.0175);
+  EXPECT_DOUBLE_EQ(reduce_scatter_s(1e9, 8, hw), 0.00875);
+  EXPECT_DOUBLE_EQ(all_gather_s(1e9, 8, hw), 0.00875);
+  EXPECT_EQ(all_reduce_s(1e9, 1, hw), 0.0) << "one rank talks to nobody";
+  hw.latency_s = 1e-3;
+  EXPECT_DOUBLE_EQ(reduce_scatter_s(1e9, 2, hw), 0.5e9 / 100e9 + 1e-3);
+}
+
+TEST(TimePlan, PresetsPickNvlinkInsideANodeAndTheNicAcrossNodes) {
+  const Hardware a100 = hardware_preset("a100", "ib200", 8);
+  EXPECT_DOUBLE_EQ(a100.peak_flops, 312e12);
+  EXPECT_DOUBLE_EQ(a100.all_reduce_bw, 0.8 * 300e9) << "8 ranks fit one node: NVLink";
+  const Hardware h100 = hardware_preset("h100", "ib400", 64);
+  EXPECT_DOUBLE_EQ(h100.all_reduce_bw, 0.9 * 50e9) << "64 ranks span 8 nodes: 400 Gb/s NICs";
+  EXPECT_DOUBLE_EQ(h100.reduce_scatter_bw, h100.all_gather_bw);
+  EXPECT_DOUBLE_EQ(hardware_preset("h200", "ib100", 16).all_gather_bw, 0.9 * 12.5e9);
+  EXPECT_GT(hardware_preset("h200", "nvlink", 8).memory_bw, h100.memory_bw);
+  try {
+    hardware_preset("b300", "nvlink", 8);
+    FAIL() << "an unknown device must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("a100, h100, h200"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(hardware_preset("h100", "ethernet", 16), std::invalid_argument);
+}
+
+TEST(TimePlan, Llama7bFlopsPerToken) {
+  PlanInput in;
+  in.shape = {32, 4096, 32, 11008, 32000, false};
+  in.num_params = in.shape.num_params();
+  in.seq_len = 2048;
+  // 6·(6,738,415,616 - 32000·4096) + 12·32·4096·2048
+  EXPECT_DOUBLE_EQ(model_flops_per_token(in), 6.0 * 6'607'343'616 + 3'221'225'472.0);
+  // Checkpointing: every block's forward again, 2·32·202,383,360 + 4·32·4096·2048.
+  EXPECT_DOUBLE_EQ(recompute_flops_per_token(in), 12'952'535'040.0 + 1'073'741'824.0);
+}
+
+TEST(TimePlan, BucketsOverlapBackwardOneCollectiveAtATime) {
+  const std::vector<int64_t> four(4, 1);
+  // Ready at 0.25, 0.5, 0.75, 1; each takes 0.1: the last ends at 1.1.
+  EXPECT_NEAR(exposed_after_backward(four, {0.1, 0.1, 0.1, 0.1}, 1.0), 0.1, 1e-12);
+  // Each takes 0.5: the channel is the bottleneck, 0.25 + 4·0.5 - 1.
+  EXPECT_NEAR(exposed_after_backward(four, {0.5, 0.5, 0.5, 0.5}, 1.0), 1.25, 1e-12);
+  // One bucket is launched when backward ends: nothing hides.
+  EXPECT_NEAR(exposed_after_backward({10}, {0.3}, 1.0), 0.3, 1e-12);
+  EXPECT_EQ(bucket_sizes(billion(8)), std::vector<int64_t>(4, 250'000'000));
+}
+
+TEST(TimePlan, OptimizerBytesPerStage) {
+  PlanInput in;
+  in.num_params = 1000;
+  in.world_size = 4;
+  // Stage 0 updates all 1000: norm 4 + grad 4 + master 8 + states 16 = 32 B, the bf16 copy 2 B,
+  // zeroing the fp32 accumulator 4 B.
+  EXPECT_DOUBLE_EQ(optimizer_bytes(in, 0), 32 * 1000 + 2 * 1000 + 4 * 1000);
+  // Stage 1 updates 250; zeroes the full accumulator and its 250-element shard.
+  EXPECT_DOUBLE_EQ(optimizer_bytes(in, 1), 32 * 250 + 2 * 250 + 4 * 1000 + 4 * 250);
+  EXPECT_DOUBLE_EQ(optimizer_bytes(in, 2), 32 * 250 + 2 * 250 + 4 * 250);
+  in.param_bytes = 4;  // fp32 stage 0: the master is the parameters, no copy
+  EXPECT_DOUBLE_EQ(optimizer_bytes(in, 0), 32 * 1000 + 4 * 1000);
+}
+
+TEST(TimePlan, StepTimeOfStage0ByHand) {
+  const TimeEstimate t = predict_step_time(billion(8), {.stage = 0}, round_hw());
+  // 1000 tokens · 6e9 FLOPs at 5e14 FLOP/s: 0.004 s forward, 0.008 s backward.
+  EXPECT_NEAR(t.forward_s, 0.004, 1e-12);
+  EXPECT_NEAR(t.backward_s, 0.008, 1e-12);
+  // Four all-reduces of 5e8 bytes, 2·7/8·5e8/1e11 = 0.00875 s each, ready every 0.002 s:
+  // done at 0.037, 0.029 after backward.
+  EXPECT_NEAR(t.grad_comm_s, 0.035, 1e-12);
+  EXPECT_NEAR(t.grad_comm_exposed_s, 0.029, 1e-12);
+  EXPECT_EQ(t.param_gather_s, 0.0);
+  EXPECT_NEAR(t.optimizer_s, 38e9 / 1e12, 1e-12);
+  EXPECT_NEAR(t.step_s, 0.012 + 0.029 + 0.038, 1e-12);
+  EXPECT_NEAR(t.tokens_per_s, 8000 / 0.079, 1e-6);
+  EXPECT_NEAR(t.mfu, 8000 / 0.079 * 6e9 / 8e15, 1e-12);
+}
+
+TEST(TimePlan, StepTimeOfStage2ByHand) {
+  const TimeEstimate t = predict_step_time(billion(8), {.stage = 2}, round_hw());
+  // Reduce-scatters take half: 0.004375 s each, the last done at 0.019475.
+  EXPECT_NEAR(t.grad_comm_s, 0.0175, 1e-12);
+  EXPECT_NEAR(t.grad_comm_exposed_s, 0.011475, 1e-12);
+  // All-gather of 2 GB of bf16 parameters, 7/8 of it, at 100 GB/s (+ the norm's 4 bytes).
+  EXPECT_NEAR(t.param_gather_s, 0.0175, 1e-9);
+  // 1.25e8 elements: 34 B each, and zeroing the 4-byte shard.
+  EXPECT_NEAR(t.optimizer_s, (34 + 4) * 1.25e8 / 1e12, 1e-12);
+  EXPECT_NEAR(t.step_s, 0.012 + 0.011475 + 0.0175 + 0.00475, 1e-9);
+
+  // Accumulating 2 micro-steps: stage 2 reduces on both, stage 0 once, overlapping the last.
+  const TimeEstimate t2 = predict_step_time(billion(8), {.stage = 2, .grad_accum = 2}, round_hw());
+  EXPECT_NEAR(t2.grad_comm_exposed_s, 2 * 0.011475, 1e-12);
+  EXPECT_NEAR(t2.step_s, 0.024 + 2 * 0.011475 + 0.0175 + 0.00475, 1e-9);
+  const TimeEstimate t0 = predict_step_time(billion(8), {.stage = 0, .grad_accum = 2}, round_hw());
+  EXPECT_NEAR(t0.grad_comm_exposed_s, 0.029, 1e-12);
+  EXPECT_NEAR(t0.step_s, 0.024 + 0.029 + 0.038, 1e-12);
+  // overlap_comm: false exposes all of it.
+  const TimeEstimate flat =
+      predict_step_time(billion(8), {.stage = 2, .overlap_comm = false}, round_hw());
+  EXPECT_NEAR(flat.grad_comm_exposed_s, 0.0175, 1e-12);
+}
+
+TEST(TimePlan, RecomputeAndOffloadCostTime) {
+  PlanInput in = billion(1);
+  const TimeEstimate plain = predict_step_time(in, {.stage = 0}, round_hw());
+  const TimeEstimate ckpt =
+      predict_step_time(in, {.stage = 0, .recompute = Recompute::kCheckpoint}, round_hw());
+  // Without a shape every parameter is recomputed: +2Ψ per token, 1000 · 2e9 / 5e14.
+  EXPECT_NEAR(ckpt.recompute_s, 0.004, 1e-12);
+  EXPECT_NEAR(ckpt.step_s - plain.step_s, 0.004, 1e-12);
+  EXPECT_NEAR(ckpt.mfu * ckpt.step_s, plain.mfu * plain.step_s, 1e-12)
+      << "MFU counts model FLOPs only";
+
+  PlanInput s;
+  s.shape = {2, 1024, 8, 2048, 1000, false};
+  s.num_params = s.shape.num_params();
+  s.seq_len = 1000;
+  Hardware slow = round_hw();
+  slow.host_bw = 1e6;  // so slow the transfer cannot hide
+  const TimeEstimate off =
+      predict_step_time(s, {.stage = 0, .recompute = Recompute::kCheckpointOffload}, slow);
+  // Two blocks' bf16 inputs, out and back: 2 · 2 · 2 B · 1000 tokens · 1024.
+  EXPECT_NEAR(off.offload_s, 2.0 * 2 * 2 * 1000 * 1024 / 1e6, 1e-9);
+  EXPECT_NEAR(off.offload_exposed_s, off.offload_s - off.compute_s(), 1e-9);
+  const TimeEstimate hidden =
+      predict_step_time(s, {.stage = 0, .recompute = Recompute::kCheckpointOffload}, round_hw());
+  EXPECT_EQ(hidden.offload_exposed_s, 0.0) << "10 GB/s hides 8 MB behind the compute";
+}
+
+TEST(TimePlan, Llama7bAcrossNodesIsSlowerThanInsideOne) {
+  PlanInput in;
+  in.shape = {32, 4096, 32, 11008, 32000, false};
+  in.num_params = in.shape.num_params();
+  in.seq_len = 2048;
+  in.world_size = 64;
+  const TimeEstimate nv =
+      predict_step_time(in, {.stage = 2}, hardware_preset("h100", "nvlink", 64));
+  const TimeEstimate ib = predict_step_time(in, {.stage = 2}, hardware_preset("h100", "ib400", 64));
+  EXPECT_GT(ib.exposed_comm_s(), nv.exposed_comm_s());
+  EXPECT_LT(ib.mfu, nv.mfu);
+  EXPECT_LT(nv.mfu, 0.5) << "MFU cannot exceed the stated efficiency";
+}
+
+TEST(TimePlan, SvgHasOneRectPerNonzeroSegment) {
+  const TimeEstimate t0 = predict_step_time(billion(8), {.stage = 0}, round_hw());
+  const TimeEstimate t2 = predict_step_time(billion(8), {.stage = 2}, round_hw());
+  const std::string svg = time_chart_svg("t", "s", {{"stage 0", t0}, {"stage 2", t2}});
+  auto count = [&](const std::string& what) {
+    int n = 0;
+    for (size_t at = svg.find(what); at != std::string::npos; at = svg.find(what, at + 1)) ++n;
+    return n;
+  };
+  // forward, backward, exposed comm, optimizer; stage 2 adds the all-gather.
+  EXPECT_EQ(count("<rect"), 4 + 5);
+  EXPECT_EQ(count("<circle"), 5);
+  EXPECT_NE(svg.find("predicted step time (ms)"), std::string::npos);
+  EXPECT_EQ(count("stroke-dasharray"), 0) << "no limit line for time";
+}
+
+}  // namespace
+}  // namespace zero
