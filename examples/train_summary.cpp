@@ -134,11 +134,11 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"train_batch_size\": " << c.train_batch_size;
   const Verdict& v = verdict;
   out << ",\n  \"bottleneck\": {\"verdict\": " << quoted(bottleneck_name(v.kind))
-      << ", \"data\": " << v.data << ", \"exposed_comm\": " << v.comm
-      << ", \"optimizer\": " << v.optimizer << ", \"compute\": " << v.compute
-      << ", \"other\": " << v.other << ", \"memory_headroom\": ";
+      << ", \"data\": " << Num{v.data} << ", \"exposed_comm\": " << Num{v.comm}
+      << ", \"optimizer\": " << Num{v.optimizer} << ", \"compute\": " << Num{v.compute}
+      << ", \"other\": " << Num{v.other} << ", \"memory_headroom\": ";
   if (v.memory_headroom >= 0) {
-    out << v.memory_headroom;
+    out << Num{v.memory_headroom};
   } else {
     out << "null";
   }
