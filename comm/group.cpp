@@ -29,14 +29,23 @@ bool is_loopback(const std::string& addr) {
 }  // namespace
 
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
-           std::chrono::milliseconds timeout)
-    : work_(std::move(work)), what_(std::move(what)), rank_(rank), size_(size), timeout_(timeout) {}
+           std::chrono::milliseconds timeout, c10::DeviceType device)
+    : work_(std::move(work)),
+      what_(std::move(what)),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      device_(device) {}
 
 void Work::wait() {
   if (!work_) return;
   auto work = std::move(work_);
   try {
-    work->wait(timeout_);
+    if (device_ == c10::DeviceType::CUDA) {
+      nccl_wait(*work);
+    } else {
+      gloo_wait(*work, timeout_);
+    }
   } catch (const std::exception& e) {
     throw CommError("rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
                     what_ + " failed: " + e.what() +
@@ -126,7 +135,7 @@ void Group::check_device(const at::Tensor& t, const std::string& what) const {
 }
 
 Work Group::wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const {
-  return Work(std::move(w), what, rank_, size_, opts_.timeout);
+  return Work(std::move(w), what, rank_, size_, opts_.timeout, opts_.device);
 }
 
 Work Group::all_reduce_sum(at::Tensor& t, const std::string& what) {
