@@ -4,12 +4,14 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 
 #include "comm/group.hpp"
 #include "zero/engine.hpp"
 #include "zero/flat_params.hpp"
 #include "zero/grad_sync.hpp"
+#include "zero/host_readback.hpp"
 #include "zero/loss_scaler.hpp"
 #include "zero/optimizer_factory.hpp"
 
@@ -28,15 +30,32 @@ struct Engine::Impl {
   std::unique_ptr<GradSync> sync;
   OptimizerBundle opt;
   EngineStats stats;
-  LossScaler scaler;  // active under fp16 only
+  DeviceLossScaler scaler;  // active under fp16 only
+  // gradient_predivide_factor as resolved for this run (Config says how).
+  double predivide = 1;
   bool in_backward = false;
+  // The last step's {grad norm, found_inf, loss scale before, after}, on its way to the host.
+  HostReadback verdict;
+  std::string deferred_error;   // a non-finite norm seen by settle(), thrown by the next step()
+  int64_t allocator_delta = 0;  // allocated_bytes() over initialize
+  int64_t replaced_param_bytes = 0;  // the model's trainable parameters before initialize
 
   ~Impl();
 
+  // Takes in the last step's verdict: the norm for stats, and for an overflow the skipped-step
+  // bookkeeping (the device already left the weights alone). On CUDA this waits only for the
+  // work queued up to that step's end, which is normally long done.
+  void settle();
+
   // Called by the post-accumulate-grad hook of parameter `index`.
   void on_grad(int index, const at::Tensor& param);
-  // Copies (stage 0) or all-gathers (stages 1, 2) the updated master shards into the model.
-  void publish_parameters();
+  // The optimizer step on the master shard, and the updated values into the model: copied
+  // (stage 0) or all-gathered bucket by bucket as each bucket's update is queued (stages 1, 2).
+  void update_and_publish(const at::Tensor& grad, double lr,
+                          const optim::ShardOptimizer::Scalars& scalars);
+  // Copies (stage 0) or all-gathers (stages 1, 2) the master shards into the model; `before`
+  // runs for each bucket just before its gather is launched.
+  void publish_parameters(const std::function<void(const BucketSlot&)>& before = {});
 };
 
 }  // namespace zero
