@@ -4,6 +4,8 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <chrono>
+
 #include <string>
 
 #include "comm/group.hpp"
@@ -18,5 +20,16 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
                                             int size, const GroupOptions& opts);
 // Whether this build can make NCCL groups (a CUDA build of torch).
 bool nccl_available();
+
+// Waiting on a collective differs per backend, and that difference is the point of overlap:
+// - gloo runs collectives on its own host threads, so the only way to use the result is to
+//   block this thread until it is there; the wait is bounded by `timeout` (comm_timeout_s).
+// - NCCL runs them on a CUDA stream; the wait makes the caller's current stream wait on the
+//   collective's end event and returns at once, so the host keeps queuing kernels (backward
+//   goes on filling buckets). The bound is the process group's own watchdog, which was given
+//   comm_timeout_s as ProcessGroupNCCL::Options::timeout and aborts a stalled collective.
+// Both rethrow a backend failure the caller turns into zero::CommError.
+void gloo_wait(c10d::Work& work, std::chrono::milliseconds timeout);
+void nccl_wait(c10d::Work& work);
 
 }  // namespace zero::comm

@@ -25,4 +25,8 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, o);
 }
 
+// Gloo completes collectives on its own threads: the result is usable only once this thread
+// has seen it finish, so the wait blocks, bounded by comm_timeout_s.
+void gloo_wait(c10d::Work& work, std::chrono::milliseconds timeout) { work.wait(timeout); }
+
 }  // namespace zero::comm

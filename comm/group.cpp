@@ -9,19 +9,25 @@
 
 namespace zero::comm {
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
-           std::chrono::milliseconds timeout, std::shared_ptr<Liveness> liveness)
+           std::chrono::milliseconds timeout, c10::DeviceType device,
+           std::shared_ptr<Liveness> liveness)
     : work_(std::move(work)),
       what_(std::move(what)),
       rank_(rank),
       size_(size),
       timeout_(timeout),
+      device_(device),
       liveness_(std::move(liveness)) {}
 
 void Work::wait() {
   if (!work_) return;
   auto work = std::move(work_);
   try {
-    work->wait(timeout_);
+    if (device_ == c10::DeviceType::CUDA) {
+      nccl_wait(*work);
+    } else {
+      gloo_wait(*work, timeout_);
+    }
   } catch (const std::exception& e) {
     // Which peer is gone shows in the heartbeats a few seconds after it stopped.
     const std::string gone =
@@ -58,7 +64,7 @@ void Group::check_device(const at::Tensor& t, const std::string& what) const {
 }
 
 Work Group::wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const {
-  return Work(std::move(w), what, rank_, size_, opts_.timeout, liveness_);
+  return Work(std::move(w), what, rank_, size_, opts_.timeout, opts_.device, liveness_);
 }
 
 Work Group::all_reduce_sum(at::Tensor& t, const std::string& what) {

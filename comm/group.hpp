@@ -33,7 +33,11 @@ class Work {
  public:
   Work() = default;  // already complete
   Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
-       std::chrono::milliseconds timeout, std::shared_ptr<Liveness> liveness = nullptr);
+       std::chrono::milliseconds timeout, c10::DeviceType device,
+       std::shared_ptr<Liveness> liveness = nullptr);
+  // CPU (gloo): blocks until the collective finished, at most comm_timeout. CUDA (NCCL): makes
+  // the current stream wait for it and returns without blocking the host; the group's watchdog
+  // enforces comm_timeout (comm/backend.hpp says why).
   void wait();
   bool pending() const { return static_cast<bool>(work_); }
 
@@ -43,6 +47,7 @@ class Work {
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_{0};
+  c10::DeviceType device_ = c10::DeviceType::CPU;
   std::shared_ptr<Liveness> liveness_;  // names the gone rank after a failure; may be null
 };
 

@@ -12,6 +12,10 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
               "against a CPU-only torch. Rebuild with a CUDA build of torch.");
 }
 
+void nccl_wait(c10d::Work&) {
+  TORCH_CHECK(false, "zero: an NCCL wait in a build without NCCL; this is a bug in zero");
+}
+
 bool nccl_available() { return false; }
 
 }  // namespace zero::comm

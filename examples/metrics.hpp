@@ -29,6 +29,7 @@ struct StepRecord {
   // overlapped), exposed communication (waiting for reductions after autograd returned),
   // optimizer (clipping, update, parameter all-gather), data (waiting for the loader).
   double forward_s = 0, backward_s = 0, comm_exposed_s = 0, optimizer_s = 0, data_s = 0;
+  double allgather_wait_s = 0;  // the parameter all-gather the optimizer update did not hide
   double eta_s = 0;
   int64_t memory_bytes = 0;  // rank 0's model states, or the device's allocated bytes
 };

@@ -33,13 +33,28 @@ std::ostream& operator<<(std::ostream& os, Num n) {
 
 }  // namespace
 
-int64_t peak_rss_bytes() {
+namespace {
+
+int64_t status_bytes(const char* key) {
   std::ifstream status("/proc/self/status");
   std::string line;
+  const size_t n = std::char_traits<char>::length(key);
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(n)) * 1024;
   }
   return 0;
+}
+
+}  // namespace
+
+int64_t peak_rss_bytes() { return status_bytes("VmHWM:"); }
+int64_t rss_bytes() { return status_bytes("VmRSS:"); }
+
+void TrainSummary::record_startup(const Engine& engine, int64_t peak, int64_t after) {
+  // Max over ranks, like every memory figure of the summary.
+  const auto peaks = engine.all_gather_values(peak), afters = engine.all_gather_values(after);
+  startup_peak_rss_bytes = *std::max_element(peaks.begin(), peaks.end());
+  rss_after_initialize_bytes = *std::max_element(afters.begin(), afters.end());
 }
 
 void TrainSummary::add(const StepRecord& r) {
@@ -53,12 +68,17 @@ void TrainSummary::finish(const Engine& engine, GptImpl& model, const Checkpoint
   at::Tensor flat = engine.flat_parameters();
   param_checksum = flat.sum().item<double>();
   param_norm = flat.norm().item<double>();
-  peak_rss_bytes = examples::peak_rss_bytes();
+  // Every rank's peak, not rank 0's alone: ranks differ (rank 0 serves the store, shards and
+  // buckets are uneven), and what must fit is the largest.
+  peak_rss_per_rank = engine.all_gather_values(examples::peak_rss_bytes());
+  peak_rss_bytes = *std::max_element(peak_rss_per_rank.begin(), peak_rss_per_rank.end());
   offload_peak_host_bytes = model.offloader ? model.offloader->stats().peak_host_bytes : 0;
   const auto params = model.parameters();
   if (!params.empty()) {
     const DeviceMemory m = device_memory(params.front().device());
-    device_peak_allocated_bytes = m.available ? m.peak_allocated : 0;
+    device_peak_per_rank = engine.all_gather_values(m.available ? m.peak_allocated : 0);
+    device_peak_allocated_bytes =
+        *std::max_element(device_peak_per_rank.begin(), device_peak_per_rank.end());
   }
   checkpointing = policy.enabled;
   cpu_offload = policy.cpu_offload;
@@ -108,6 +128,11 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
     return s / std::max<size_t>(1, records.size() - (records.size() > 1 ? 1 : 0));
   };
   auto b = [](bool v) { return v ? "true" : "false"; };
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string j = "[";
+    for (size_t i = 0; i < v.size(); ++i) j += (i ? ", " : "") + std::to_string(v[i]);
+    return j + "]";
+  };
   out.precision(17);
   out << "{\n  \"world_size\": " << engine.world_size() << ",\n  \"stage\": " << engine.stage()
       << ",\n  \"steps\": " << records.size() << ",\n  \"model\": " << quoted(preset)
@@ -126,12 +151,17 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"device_peak_allocated_bytes\": " << device_peak_allocated_bytes
       << ",\n  \"data_wait_s\": " << Num{data_wait_s}
       << ",\n  \"comm_wait_seconds\": " << Num{engine.stats().comm_wait_seconds}
-      << ",\n  \"skipped_steps\": " << engine.stats().skipped_steps
+      << ",\n  \"skipped_steps\": " << engine.settled_stats().skipped_steps
       << ",\n  \"bf16\": " << b(c.bf16) << ",\n  \"activation_checkpointing\": " << b(checkpointing)
       << ",\n  \"cpu_offload\": " << b(cpu_offload)
       << ",\n  \"offload_peak_host_bytes\": " << offload_peak_host_bytes
-      << ",\n  \"peak_rss_bytes\": " << peak_rss_bytes << ",\n  \"seq_len\": " << seq_len
-      << ",\n  \"train_batch_size\": " << c.train_batch_size;
+      << ",\n  \"allgather_wait_s_mean\": " << Num{mean(&StepRecord::allgather_wait_s)}
+      << ",\n  \"peak_rss_bytes\": " << peak_rss_bytes
+      << ",\n  \"startup_peak_rss_bytes\": " << startup_peak_rss_bytes
+      << ",\n  \"rss_after_initialize_bytes\": " << rss_after_initialize_bytes
+      << ",\n  \"peak_rss_bytes_per_rank\": " << list(peak_rss_per_rank)
+      << ",\n  \"device_peak_allocated_bytes_per_rank\": " << list(device_peak_per_rank)
+      << ",\n  \"seq_len\": " << seq_len << ",\n  \"train_batch_size\": " << c.train_batch_size;
   const Verdict& v = verdict;
   out << ",\n  \"bottleneck\": {\"verdict\": " << quoted(bottleneck_name(v.kind))
       << ", \"data\": " << Num{v.data} << ", \"exposed_comm\": " << Num{v.comm}

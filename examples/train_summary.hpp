@@ -18,13 +18,19 @@ struct TrainSummary {
   double first_loss = NAN, final_loss = NAN;
   double param_checksum = 0, param_norm = 0;
   std::vector<StepRecord> records;
-  int64_t peak_rss_bytes = 0;
+  int64_t peak_rss_bytes = 0;  // max over ranks (each rank's in the per-rank lists)
+  std::vector<int64_t> peak_rss_per_rank, device_peak_per_rank;
   int64_t offload_peak_host_bytes = 0;
-  int64_t device_peak_allocated_bytes = 0;  // CUDA caching allocator; 0 on CPU
+  int64_t device_peak_allocated_bytes = 0;  // CUDA caching allocator, max over ranks; 0 on CPU
   double data_wait_s = 0;
   bool checkpointing = false, cpu_offload = false;
   std::string data;
   Verdict verdict;  // set by finish
+
+  // Start-up memory (VmHWM after model creation + initialize, VmRSS right after), max over
+  // ranks; a collective.
+  int64_t startup_peak_rss_bytes = 0, rss_after_initialize_bytes = 0;
+  void record_startup(const Engine& engine, int64_t peak, int64_t after);
 
   void add(const StepRecord& r);
   // Collective: reads the full parameters (every rank holds them after a step). `run` says what
@@ -42,5 +48,7 @@ struct TrainSummary {
 
 // Peak resident memory of this process (Linux VmHWM): on CPU it is where activations show up.
 int64_t peak_rss_bytes();
+// Resident memory now (VmRSS).
+int64_t rss_bytes();
 
 }  // namespace zero::examples

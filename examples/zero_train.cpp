@@ -191,6 +191,7 @@ int run(int argc, char** argv) {
   }
   apply_activation_checkpointing(model, policy);
   Engine engine = initialize(model, cfg);
+  const int64_t startup_peak = peak_rss_bytes(), after_initialize = rss_bytes();
   const Config& c = engine.config();  // batch sizes resolved for the world size
   const int rank = engine.rank(), world = engine.world_size();
   const int64_t micro = c.train_micro_batch_size_per_gpu;
@@ -275,19 +276,30 @@ int run(int argc, char** argv) {
   const double flops_token = flops_per_token(mc, seq);
   const double tokens_per_step = static_cast<double>(c.train_batch_size * seq);
   TrainSummary sum;
+  sum.record_startup(engine, startup_peak, after_initialize);
   const auto t0 = Clock::now();
+  // Losses stay on the device until a print step: then the window's losses are averaged over
+  // ranks in one collective and read once, so the host never waits for the device mid-window.
+  std::vector<StepRecord> window;
+  std::vector<at::Tensor> window_losses;
+  const bool cuda = device.is_cuda();
   for (int64_t step = start_step; step < steps; ++step) {
     const auto step_start = Clock::now();
     StepRecord rec;
-    double loss_sum = 0;
+    at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device));
     const double comm_before = engine.stats().comm_wait_seconds;
     for (int64_t m = 0; m < ga; ++m) {
       auto t = Clock::now();
       auto batch = loader.next();
       rec.data_s += since(t);
       t = Clock::now();
-      at::Tensor loss = model->loss(batch.tokens.to(device), batch.targets.to(device));
-      loss_sum += loss.item<double>();  // also waits for the forward pass to finish
+      // Pinned host memory lets the copies run asynchronously to the host; a pageable
+      // host-to-device copy would synchronise the stream.
+      at::Tensor tokens = cuda ? batch.tokens.pin_memory() : batch.tokens;
+      at::Tensor targets = cuda ? batch.targets.pin_memory() : batch.targets;
+      at::Tensor loss =
+          model->loss(tokens.to(device, /*non_blocking=*/cuda), targets.to(device, cuda));
+      loss_sum += loss.detach().to(at::kFloat);
       rec.forward_s += since(t);
       t = Clock::now();
       engine.backward(loss);
@@ -297,23 +309,44 @@ int run(int argc, char** argv) {
       rec.optimizer_s += since(t);
     }
     rec.comm_exposed_s = engine.stats().comm_wait_seconds - comm_before;
+    rec.allgather_wait_s = engine.stats().allgather_wait_seconds;
     rec.backward_s -= rec.comm_exposed_s;
-    rec.loss = engine.all_reduce_mean(loss_sum / static_cast<double>(ga));
     rec.step_s = since(step_start);
     rec.step = step + 1;
     rec.total_steps = steps;
     rec.lr = engine.lr();
-    rec.grad_norm = engine.stats().last_grad_norm;
-    rec.loss_scale = engine.loss_scale();
     rec.tokens_per_s = tokens_per_step / rec.step_s;
     rec.mfu = peak > 0 ? rec.tokens_per_s * flops_token / (peak * world) : -1;
     rec.eta_s = since(t0) / static_cast<double>(rec.step) * static_cast<double>(steps - rec.step);
-    const DeviceMemory dm = device_memory(device);
-    rec.memory_bytes = dm.available ? dm.peak_allocated : reports[0].measured.total();
-    sum.add(rec);
-    metrics.write(rec);
+    window.push_back(rec);
+    window_losses.push_back((loss_sum / static_cast<double>(ga)).reshape({1}));
+    // Save on any step (the save reads the last step's outcome itself), log at print steps.
     const bool log = rec.step % c.steps_per_print == 0 || step == 0 || rec.step == steps;
-    if (rank == 0 && log) {
+    const bool saved = save_interval > 0 && rec.step % save_interval == 0;
+    if (saved) {
+      const auto t = Clock::now();
+      engine.save_checkpoint(save_dir, "", keep_last);
+      report_io("saved", "step" + std::to_string(engine.stats().optimizer_steps), since(t));
+    }
+    if (!log) continue;
+    // Print step: the one read-back of the window (losses, the norm and scale of this step).
+    const at::Tensor losses = engine.all_reduce_mean(at::cat(window_losses)).cpu();
+    const double grad_norm = engine.settled_stats().last_grad_norm;
+    const double loss_scale = engine.loss_scale();
+    const DeviceMemory dm = device_memory(device);
+    for (size_t i = 0; i < window.size(); ++i) {
+      StepRecord& r = window[i];
+      r.loss = losses[static_cast<int64_t>(i)].item<double>();
+      r.grad_norm = grad_norm;  // known at print steps; earlier records repeat it
+      r.loss_scale = loss_scale;
+      r.memory_bytes = dm.available ? dm.peak_allocated : reports[0].measured.total();
+      sum.add(r);
+      metrics.write(r);
+    }
+    rec = window.back();
+    window.clear();
+    window_losses.clear();
+    if (rank == 0) {
       std::printf("%s\n", format_progress(rec).c_str());
       if (step == 0 && model->offloader) {
         // What checkpointing kept between forward and backward went to host memory.
@@ -326,14 +359,9 @@ int run(int argc, char** argv) {
       }
       std::fflush(stdout);
     }
-    const bool saved = save_interval > 0 && rec.step % save_interval == 0;
-    if (saved) {
-      const auto t = Clock::now();
-      engine.save_checkpoint(save_dir, "", keep_last);
-      report_io("saved", "step" + std::to_string(engine.stats().optimizer_steps), since(t));
-    }
     // Ranks whose launcher died would train on unsupervised (nobody would stop or restart
     // them): they agree to stop at the same step, after a last checkpoint when saving is on.
+    // Checked at print steps only: agreeing costs an all-reduce and a host sync.
     if (engine.all_reduce_mean(launcher_exited() ? 1.0 : 0.0) > 0) {
       std::string what = "stopping at step " + std::to_string(rec.step);
       if (save_interval > 0) {

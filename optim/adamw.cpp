@@ -8,6 +8,11 @@
 namespace zero::optim {
 namespace {
 
+// One pass of ATen's fused AdamW kernel per weight-decay group: it reads param, grad and both
+// moments once and writes param and the moments once (28 bytes per element), where the op-by-op
+// form (torch::optim::AdamW) makes ~9 passes. The arithmetic is torch's AdamW in fp32 registers;
+// it rounds differently from the op-by-op form (a few ulp of the parameter after tens of steps,
+// tests/test_optim.cpp).
 class AdamW final : public ShardOptimizer {
  public:
   AdamW(const AdamWOptions& o, int64_t numel, std::vector<Range> decay_ranges,
@@ -16,39 +21,39 @@ class AdamW final : public ShardOptimizer {
         o_(o),
         exp_avg_(zeros()),
         exp_avg_sq_(zeros()),
-        denom_(at::empty({numel}, opts)) {}
+        step_(at::zeros({}, opts)) {}
 
-  // The op sequence and the scalar arithmetic follow torch/csrc/api/src/optim/adamw.cpp line by
-  // line, so each element sees the same roundings as under torch::optim::AdamW. In particular
-  // the first moment is mul_().add_(), as in C++ torch; Python's lerp_() rounds differently.
-  void step(at::Tensor& param, const at::Tensor& grad, double lr) override {
-    check_step_args(param, grad, lr);
+  // The kernel reads the step from a tensor; filled from the host count (no read back).
+  void on_begin_step() override { step_.fill_(static_cast<double>(steps_)); }
+
+  void update(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& s,
+              Range window) override {
     at::NoGradGuard no_grad;
-    if (o_.weight_decay != 0) {
-      const double keep = 1 - lr * o_.weight_decay;
-      for_each_decay_slice(param, [&](const at::Tensor& p) { p.mul_(keep); });
+    for (const bool decay : {true, false}) {
+      std::vector<at::Tensor> p = slices(param, decay, window);
+      if (p.empty()) continue;
+      std::vector<at::Tensor> steps(p.size(), step_);
+      at::_fused_adamw_(p, slices(grad, decay, window), slices(exp_avg_, decay, window),
+                        slices(exp_avg_sq_, decay, window), {}, steps, lr, o_.beta1, o_.beta2,
+                        decay ? o_.weight_decay : 0.0, o_.eps, /*amsgrad=*/false,
+                        /*maximize=*/false, opt(s.grad_scale), opt(s.found_inf));
     }
-    ++steps_;
-    const double bias_correction1 = 1 - std::pow(o_.beta1, steps_);
-    const double bias_correction2 = 1 - std::pow(o_.beta2, steps_);
-    exp_avg_.mul_(o_.beta1).add_(grad, 1 - o_.beta1);
-    exp_avg_sq_.mul_(o_.beta2).addcmul_(grad, grad, 1 - o_.beta2);
-    at::sqrt_out(denom_, exp_avg_sq_);
-    denom_.div_(std::sqrt(bias_correction2)).add_(o_.eps);
-    param.addcdiv_(exp_avg_, denom_, -(lr / bias_correction1));
   }
 
   std::vector<std::pair<std::string, at::Tensor>> state() const override {
     return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
   }
-  int64_t scratch_bytes() const override { return static_cast<int64_t>(denom_.nbytes()); }
   std::string name() const override { return "adamw"; }
 
  private:
+  static std::optional<at::Tensor> opt(const at::Tensor& t) {
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  }
+
   AdamWOptions o_;
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;
-  at::Tensor denom_;  // sqrt(v)/sqrt(bc2)+eps, rebuilt each step; kept to avoid an allocation
+  at::Tensor step_;  // fp32 scalar on the device, as the fused kernel wants its step count
 };
 
 }  // namespace

@@ -1,4 +1,4 @@
-// AdamW over a flat fp32 shard, numerically the same as torch::optim::AdamW.
+// AdamW over a flat fp32 shard: torch::optim::AdamW's update, in one fused pass.
 #pragma once
 
 #include <c10/core/TensorOptions.h>
@@ -18,8 +18,8 @@ struct AdamWOptions {
   double weight_decay = 0.0;  // decoupled; applied only inside the decay ranges
 };
 
-// State: "exp_avg" and "exp_avg_sq" (numel fp32 each), plus one numel fp32 scratch buffer for
-// the denominator (scratch_bytes()). `opts`: fp32 on the shard's device.
+// State: "exp_avg" and "exp_avg_sq" (numel fp32 each); no scratch. `opts`: fp32 on the shard's
+// device.
 std::unique_ptr<ShardOptimizer> make_adamw(const AdamWOptions& options, int64_t numel,
                                            std::vector<Range> decay_ranges,
                                            const at::TensorOptions& opts);

@@ -8,69 +8,45 @@
 namespace zero::optim {
 namespace {
 
+// ATen's fused SGD, one pass per weight-decay group: torch::optim::SGD's update (coupled weight
+// decay, momentum started as a copy of the first gradient, dampening, Nesterov) without the d_p
+// temporaries, so no scratch buffer either.
 class Sgd final : public ShardOptimizer {
  public:
   Sgd(const SgdOptions& o, int64_t numel, std::vector<Range> decay_ranges,
       const at::TensorOptions& opts)
       : ShardOptimizer(numel, std::move(decay_ranges), opts), o_(o) {
     if (o_.momentum != 0) momentum_buffer_ = zeros();
-    if (decays() || o_.nesterov) scratch_ = at::empty({numel}, opts);
   }
 
-  // Follows torch/csrc/api/src/optim/sgd.cpp op for op; where torch makes a new tensor
-  // (d_p = grad + wd * p, d_p + momentum * buf) the result goes into scratch_ instead.
-  void step(at::Tensor& param, const at::Tensor& grad, double lr) override {
-    check_step_args(param, grad, lr);
+  void update(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& s,
+              Range window) override {
     at::NoGradGuard no_grad;
-    const at::Tensor* d_p = &grad;
-    if (decays()) {
-      if (decays_everything()) {
-        at::add_out(scratch_, grad, param, o_.weight_decay);
-      } else {
-        scratch_.copy_(grad);
-        for (const Range& r : decay_ranges()) {
-          scratch_.slice(0, r.begin, r.end).add_(param.slice(0, r.begin, r.end), o_.weight_decay);
-        }
-      }
-      d_p = &scratch_;
+    const bool first = steps_ == 1;  // begin_step() counted this one already
+    for (const bool decay : {true, false}) {
+      std::vector<at::Tensor> p = slices(param, decay, window);
+      if (p.empty()) continue;
+      std::vector<at::Tensor> buf;
+      if (momentum_buffer_.defined()) buf = slices(momentum_buffer_, decay, window);
+      at::_fused_sgd_(p, slices(grad, decay, window), buf, decay ? o_.weight_decay : 0.0,
+                      o_.momentum, lr, o_.dampening, o_.nesterov, /*maximize=*/false, first,
+                      opt(s.grad_scale), opt(s.found_inf));
     }
-    if (o_.momentum != 0) {
-      // torch starts the buffer as a copy of the first (decayed) gradient, without dampening.
-      if (steps_ == 0) {
-        momentum_buffer_.copy_(*d_p);
-      } else {
-        momentum_buffer_.mul_(o_.momentum).add_(*d_p, 1 - o_.dampening);
-      }
-      if (o_.nesterov) {
-        if (d_p == &scratch_) {
-          scratch_.add_(momentum_buffer_, o_.momentum);
-        } else {
-          at::add_out(scratch_, grad, momentum_buffer_, o_.momentum);
-        }
-        d_p = &scratch_;
-      } else {
-        d_p = &momentum_buffer_;
-      }
-    }
-    param.add_(*d_p, -lr);
-    ++steps_;
   }
 
   std::vector<std::pair<std::string, at::Tensor>> state() const override {
     if (!momentum_buffer_.defined()) return {};
     return {{"momentum_buffer", momentum_buffer_}};
   }
-  int64_t scratch_bytes() const override {
-    return scratch_.defined() ? static_cast<int64_t>(scratch_.nbytes()) : 0;
-  }
   std::string name() const override { return "sgd"; }
 
  private:
-  bool decays() const { return o_.weight_decay != 0 && decays_anything(); }
+  static std::optional<at::Tensor> opt(const at::Tensor& t) {
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  }
 
   SgdOptions o_;
   at::Tensor momentum_buffer_;
-  at::Tensor scratch_;  // d_p when it differs from grad; contents do not outlive a step
 };
 
 }  // namespace

@@ -1,5 +1,5 @@
-// SGD (momentum, dampening, Nesterov, coupled weight decay) over a flat fp32 shard,
-// numerically the same as torch::optim::SGD.
+// SGD (momentum, dampening, Nesterov, coupled weight decay) over a flat fp32 shard: the update
+// of torch::optim::SGD in one fused pass.
 #pragma once
 
 #include <c10/core/TensorOptions.h>
@@ -19,8 +19,7 @@ struct SgdOptions {
   bool nesterov = false;    // needs momentum > 0 and dampening == 0
 };
 
-// State: "momentum_buffer" (numel fp32) when momentum != 0, none otherwise. Weight decay or
-// Nesterov add one numel fp32 scratch buffer (scratch_bytes()): the gradient is read-only.
+// State: "momentum_buffer" (numel fp32) when momentum != 0, none otherwise; no scratch.
 std::unique_ptr<ShardOptimizer> make_sgd(const SgdOptions& options, int64_t numel,
                                          std::vector<Range> decay_ranges,
                                          const at::TensorOptions& opts);

@@ -2,8 +2,13 @@
 //
 // The engine keeps the rank's master weights as one contiguous 1-D fp32 tensor and hands the
 // reduced gradient as another of the same size. An optimizer owns its state tensors (each the
-// shard's size) and updates the whole shard with a handful of fused tensor ops per step, so the
-// cost of a step does not grow with the number of model parameters.
+// shard's size) and updates the shard in one fused pass per weight-decay group (ATen's
+// _fused_adamw_ / _fused_sgd_, on CPU and CUDA alike), so a step reads and writes each element
+// once and its cost does not grow with the number of model parameters.
+//
+// The engine's per-step scalars stay on the device: the gradient is divided by `grad_scale`
+// inside the kernel (unscale, averaging and the clip coefficient folded into one number) and
+// the kernel does nothing where `found_inf` is 1, so no step needs the host to look at a value.
 //
 // Header-only on purpose: the base class is a few checks and a range list, and keeping it here
 // leaves each optimizer a single translation unit.
@@ -13,6 +18,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -33,16 +39,47 @@ class ShardOptimizer {
   ShardOptimizer(const ShardOptimizer&) = delete;
   ShardOptimizer& operator=(const ShardOptimizer&) = delete;
 
+  // Device scalars of one step: one-element fp32 tensors on the optimizer's device, or undefined
+  // (grad_scale 1, found_inf 0).
+  struct Scalars {
+    at::Tensor grad_scale;  // the kernel uses grad / grad_scale
+    at::Tensor found_inf;   // 1: leave params and state untouched (fp16 overflow, NaN norm)
+  };
+
   // One step; param and grad are 1-D contiguous fp32 tensors of numel() on the optimizer's
-  // device; lr for this step.
-  virtual void step(at::Tensor& param, const at::Tensor& grad, double lr) = 0;
+  // device; lr for this step. The gradient is consumed: a kernel may overwrite it (CPU fused
+  // SGD folds weight decay into it in place), which saves a shard-sized scratch buffer.
+  // steps() counts the call even when found_inf skips it on the device: the engine, which
+  // learns of the skip later, calls undo_step().
+  void step(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& scalars) {
+    begin_step(param, grad, lr);
+    update(param, grad, lr, scalars, {0, numel_});
+  }
+  void step(at::Tensor& param, const at::Tensor& grad, double lr) {
+    step(param, grad, lr, Scalars{});
+  }
+  // The same step in pieces, so the engine can all-gather a bucket while the next one is
+  // updated: begin_step() once, then update() over windows that together cover the shard once.
+  void begin_step(const at::Tensor& param, const at::Tensor& grad, double lr) {
+    check_step_args(param, grad, lr);
+    ++steps_;
+    on_begin_step();
+  }
+  virtual void update(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& scalars,
+                      Range window) = 0;
+  // A step that found_inf skipped on the device does not count (bias correction, SGD's first
+  // step).
+  void undo_step() {
+    TORCH_CHECK(steps_ > 0, "zero: ", name(), ".undo_step() before any step; this is a bug");
+    --steps_;
+  }
 
   // Named state tensors (each numel() fp32), for memory accounting and checkpoints. They alias
   // the optimizer's own storage, so a checkpoint loads by copying into them.
   virtual std::vector<std::pair<std::string, at::Tensor>> state() const = 0;
 
-  // Working memory kept between steps so a step allocates nothing. Not part of state(): it
-  // carries nothing from one step to the next and is never checkpointed.
+  // Working memory kept between steps (shard-sized buffers only; the fused kernels need none).
+  // Not part of state(): it carries nothing from one step to the next, is never checkpointed.
   virtual int64_t scratch_bytes() const { return 0; }
 
   virtual std::string name() const = 0;
@@ -91,6 +128,12 @@ class ShardOptimizer {
     }
     decay_all_ = numel > 0 && decay_ranges_.size() == 1 && decay_ranges_[0].begin == 0 &&
                  decay_ranges_[0].end == numel;
+    int64_t at = 0;
+    for (const Range& r : decay_ranges_) {
+      if (r.begin > at) keep_ranges_.push_back({at, r.begin});
+      at = r.end;
+    }
+    if (at < numel) keep_ranges_.push_back({at, numel});
   }
 
   // Checks what step() relies on. Reads only metadata, so it costs nothing next to the update.
@@ -101,15 +144,19 @@ class ShardOptimizer {
     check_operand("grad", grad);
   }
 
-  // Calls fn(slice) for each part of `t` that gets weight decay: once, with `t` itself, when
-  // the ranges cover the shard, so the common case stays a single op.
-  template <typename Fn>
-  void for_each_decay_slice(const at::Tensor& t, Fn&& fn) const {
-    if (decay_all_) {
-      fn(t);
-      return;
+  virtual void on_begin_step() {}
+
+  // The slices of `t` inside `window` that get weight decay (decay = true) or not: the tensor
+  // lists one fused call takes. The whole of `t` when one group covers the shard and the window
+  // is the shard, so the common case is one tensor.
+  std::vector<at::Tensor> slices(const at::Tensor& t, bool decay, Range window) const {
+    std::vector<at::Tensor> out;
+    for (const Range& r : decay ? decay_ranges_ : keep_ranges_) {
+      const int64_t b = std::max(r.begin, window.begin), e = std::min(r.end, window.end);
+      if (b >= e) continue;
+      out.push_back(b == 0 && e == numel_ ? t : t.slice(0, b, e));
     }
-    for (const Range& r : decay_ranges_) fn(t.slice(0, r.begin, r.end));
+    return out;
   }
   bool decays_anything() const { return !decay_ranges_.empty(); }
   bool decays_everything() const { return decay_all_; }
@@ -138,6 +185,7 @@ class ShardOptimizer {
 
   int64_t numel_;
   std::vector<Range> decay_ranges_;
+  std::vector<Range> keep_ranges_;  // the complement: no weight decay
   bool decay_all_ = false;
   at::TensorOptions opts_;
 };

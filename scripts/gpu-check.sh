@@ -4,7 +4,10 @@
 #   1. unpacks the Debian packages from scripts/fetch-gpu-debs.sh into a local prefix,
 #   2. builds zero against that torch (so the NCCL group, device_cuda.cpp, cuda_copy.cpp and
 #      every CUDA-gated test compile and link),
-#   3. runs the CUDA-gated tests (they skip without a GPU; here they must pass),
+#   3. runs the CUDA-gated tests (they skip without a GPU; here they must pass), among them the
+#      check that backward()/step() return to the host before the device finishes (no host
+#      sync: collectives are waited on by the stream, tests/test_cuda.cpp), and with 2+ GPUs a
+#      2-process NCCL run of the trainer through torchrun (stages 1 and 2),
 #   4. benchmarks the example GPT at ~1.3 B parameters, bf16, sequence 2048, world size 1:
 #      ZeRO stage 0 and 2, each with and without activation checkpointing, next to the same
 #      model in PyTorch eager Python on the same GPU in the same run,
@@ -42,7 +45,27 @@ stamp "built"
 ctest --test-dir build-gpu -R 'Cuda' --output-on-failure 2>&1 | tee "$out/ctest-cuda.log" | tail -15
 ctest --test-dir build-gpu -E 'Cuda|e2e' -j 8 --output-on-failure --timeout 120 2>&1 \
   | tee "$out/ctest-rest.log" | tail -5 || true
+build-gpu/tests/test_cuda --gtest_filter='*ReturnBeforeTheDeviceFinishes*' 2>&1 \
+  | tee "$out/no-host-sync.log" | tail -3
 stamp "tests done"
+
+# 3b. NCCL: two processes, one GPU each (two ranks may not share a device), a small GPT.
+ngpu=$(nvidia-smi -L | wc -l)
+if (( ngpu >= 2 )); then
+  for stage in 1 2; do
+    name="nccl-2proc-s$stage"
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 --no-python \
+      build-gpu/examples/zero-train --config configs/zero2.yaml --set trainer.device=cuda \
+      --set trainer.model=gpt-25m --set trainer.steps=20 --set scheduler.params.total_num_steps=20 \
+      --set scheduler.params.warmup_num_steps=2 --set bf16.enabled=true \
+      --set zero_optimization.stage=$stage --set steps_per_print=5 \
+      --summary-json "$out/$name.json" > "$out/$name.log" 2>&1 \
+      || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
+    stamp "$name"
+  done
+else
+  echo "gpu-check: $ngpu GPU: the 2-process NCCL run needs 2" | tee -a "$out/progress.log"
+fi
 
 # 4. Benchmarks: gpt-1.3b, bf16, seq 2048, micro-batch 1, world size 1.
 train=build-gpu/examples/zero-train

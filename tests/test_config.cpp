@@ -224,9 +224,12 @@ TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
              "'pipeline' is a DeepSpeed option zero does not implement; remove it");
   EXPECT_HAS(load_error("zero_optimization: {allgather_partitions: false}\n"),
              "only true is supported");
-  EXPECT_HAS(load_error("prescale_gradients: true\n"), "only false is supported");
-  EXPECT_NO_THROW(load("prescale_gradients: false\ngradient_predivide_factor: 1.0\n"));
-  EXPECT_HAS(load_error("gradient_predivide_factor: 2\n"), "only 1.0 is supported");
+  // Gradient pre-division is supported (tests/test_mixed_precision.cpp), with checked values.
+  EXPECT_TRUE(load("prescale_gradients: true\n").prescale_gradients);
+  EXPECT_EQ(load("gradient_predivide_factor: 2\n").gradient_predivide_factor, 2.0);
+  EXPECT_FALSE(load("bf16: {enabled: true}\n").gradient_predivide_factor.has_value());
+  EXPECT_HAS(load_error("gradient_predivide_factor: 0\n"), "gradient_predivide_factor");
+  EXPECT_HAS(load_error("gradient_predivide_factor: -2\n"), "a positive number");
   EXPECT_HAS(load_error("fp16: {enabled: true, auto_cast: true}\n"), "not supported yet");
   EXPECT_HAS(load_error("optimizer: {type: Lamb}\n"),
              "'optimizer.type' 'Lamb' is not supported by zero; use AdamW, Adam or SGD");

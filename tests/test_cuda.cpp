@@ -2,6 +2,8 @@
 // states on the device, and memory read back from the caching allocator. Skips without a GPU.
 // (NCCL itself needs two GPUs: two ranks may not share one device.)
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
 
 #include "comm/group.hpp"
@@ -70,6 +72,53 @@ TEST(CudaEngine, Bf16OnTheDeviceKeepsFp32MasterAndTrains) {
   EXPECT_LT(last, 0.7 * first);
   for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), at::kBFloat16);
   EXPECT_EQ(engine.memory_report().measured.master, 4 * engine.memory_report().padded_params);
+}
+
+// On one GPU (world size 1: every collective is a local copy on the stream), nothing in
+// backward() or step() may wait for the device: queue ~0.5 s of GPU work first, then backward
+// and step; if either synchronised with the device anywhere (an .item(), a blocking wait, a
+// pageable copy to the host) that work would have drained before they returned. An event
+// recorded after them must still be pending. With NCCL the same holds for the reduce-scatters:
+// Work::wait() only orders the stream (comm/backend.hpp).
+TEST(CudaEngine, BackwardAndStepReturnBeforeTheDeviceFinishes) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const c10::Device dev(c10::kCUDA, 0);
+  set_current_device(dev);
+  for (const bool bf16 : {false, true}) {
+    for (int stage : {0, 2}) {
+      Config cfg = test_config(stage, 48, 1, 1.0);
+      cfg.bf16 = bf16;
+      auto net = make_tiny_net(3);
+      net->to(dev);
+      comm::GroupOptions go;
+      go.device = c10::kCUDA;
+      auto engine = initialize(net, cfg, comm::Group::single(go));
+      // Batches go to the device first: a blocking host-to-device copy syncs the stream.
+      const auto batch = [&](int s) {
+        Batch b = global_batch(s, 48);
+        at::Tensor x = b.x.to(dev);
+        return std::make_pair(bf16 ? x.to(at::kBFloat16) : x, b.y.to(dev));
+      };
+      const auto train = [&](const std::pair<at::Tensor, at::Tensor>& xy) {
+        engine.backward(mse(net->forward(xy.first).to(at::kFloat), xy.second));
+        engine.step();
+      };
+      for (int s = 0; s < 3; ++s) train(batch(s));  // warm-up: allocations, first read-backs
+      (void)engine.settled_stats();                 // settles the last step's read-back
+      const auto last = batch(3);
+      at::Tensor a = at::randn({4096, 4096}, at::TensorOptions().device(dev));
+      at::Tensor c = a.clone();
+      for (int i = 0; i < 200; ++i) c = at::matmul(c, a).div_(64);  // ~0.5 s on an H100
+      train(last);
+      const c10::impl::VirtualGuardImpl guard(c10::kCUDA);
+      c10::Event done(c10::kCUDA);
+      done.record(guard.getStream(dev));
+      EXPECT_FALSE(done.query()) << "stage " << stage << (bf16 ? " bf16" : " fp32")
+                                 << ": backward/step waited for the device";
+      done.synchronize();
+      EXPECT_EQ(engine.settled_stats().optimizer_steps, 4);
+    }
+  }
 }
 
 }  // namespace

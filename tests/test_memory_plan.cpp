@@ -75,8 +75,8 @@ TEST(MemoryPlan, BucketBuffersFollowTheEngine) {
   // matrix of 45 M).
   EXPECT_GE(b, 500'000'000);
   EXPECT_LT(b, 500'000'000 + 32000LL * 4096);
-  // bf16 gradients travel through two in/out pairs; stage 0's "out" is a whole bucket.
-  EXPECT_EQ(plan_model_states(in, 0).comm_buffers, 2 * 2 * (b + b));
+  // bf16 gradients travel through two in/out pairs; stage 0 all-reduces in place in "in".
+  EXPECT_EQ(plan_model_states(in, 0).comm_buffers, 2 * 2 * b);
   EXPECT_EQ(plan_model_states(in, 1).comm_buffers, 2 * 2 * (b + b / 8));
   EXPECT_EQ(plan_model_states(in, 2).comm_buffers, 2 * 2 * (b + b / 8));
   // fp32 gradients reduce in place at stages 0/1; stage 2 always uses its buffers.

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <optional>
 
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
@@ -165,6 +167,79 @@ TEST_P(Fp16Overflow, OneRanksInfSkipsTheSameStepEverywhere) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Fp16Overflow, ::testing::Values(0, 1, 2));
+
+// The device scaler (the engine's) follows the host state machine (the rules' definition)
+// through a random sequence of overflows, with hysteresis and a short window.
+TEST(DeviceLossScaler, FollowsTheHostRulesStepByStep) {
+  Fp16Config f;
+  f.initial_scale_power = 10;
+  f.loss_scale_window = 3;
+  f.hysteresis = 2;
+  f.min_loss_scale = 4;
+  LossScaler host(f);
+  DeviceLossScaler device(f, at::kCPU);
+  std::srand(7);
+  for (int i = 0; i < 200; ++i) {
+    const bool overflow = std::rand() % 3 == 0;
+    host.update(overflow);
+    device.update(at::full({1}, overflow ? 1.0 : 0.0));
+    const LossScaler::State h = host.state(), d = device.state();
+    ASSERT_EQ(d.scale, h.scale) << "update " << i;
+    ASSERT_EQ(d.iter, h.iter);
+    ASSERT_EQ(d.last_overflow_iter, h.last_overflow_iter);
+    ASSERT_EQ(d.hysteresis_left, h.hysteresis_left);
+  }
+  EXPECT_EQ(device.scale_tensor().item<float>(), host.scale());
+}
+
+// One fp16 parameter whose gradient on each rank is 40000: the fp16 sum of two ranks (80000)
+// overflows, the sum of the pre-divided gradients (2 x 20000) does not. A static loss scale of
+// 1 keeps the scaler out of the way.
+struct Wide : torch::nn::Module {
+  Wide() { w = register_parameter("w", at::full({64}, 0.5)); }
+  at::Tensor w;
+};
+
+// Parameters after one SGD step on 2 ranks, or nullopt-like empty tensor when it was skipped.
+at::Tensor one_fp16_step(int stage, std::optional<double> predivide, bool* applied) {
+  Config cfg = test_config(stage, 1, 1, 0);
+  cfg.optimizer.type = "SGD";
+  cfg.optimizer.lr = 1e-6;
+  cfg.optimizer.weight_decay = 0;
+  cfg.fp16.enabled = true;
+  cfg.fp16.loss_scale = 1;
+  cfg.gradient_predivide_factor = predivide;
+  at::Tensor out;
+  std::mutex mu;
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    auto net = std::make_shared<Wide>();
+    auto engine = initialize(net, cfg, group);
+    const at::Tensor x = at::full({64}, 40000.0, at::kHalf);
+    engine.backward((net->w * x).sum());
+    const bool ok = engine.step();
+    std::lock_guard<std::mutex> lock(mu);
+    if (group->rank() == 0) {
+      *applied = ok;
+      out = engine.flat_parameters();
+    }
+  });
+  return out;
+}
+
+TEST(Fp16Predivide, SumOfPredividedGradientsDoesNotOverflow) {
+  for (int stage : {0, 1, 2}) {
+    bool applied = false;
+    // Default under fp16: f = N. Reference: SGD on the mean gradient, 0.5 - 1e-6 x 40000.
+    at::Tensor w = one_fp16_step(stage, std::nullopt, &applied);
+    EXPECT_TRUE(applied) << "stage " << stage;
+    const at::Tensor want = at::full({64}, 0.5 - 1e-6 * 40000.0).to(at::kHalf).to(at::kFloat);
+    EXPECT_TRUE(at::equal(w, want)) << "stage " << stage << ": " << w[0].item<float>();
+    // DeepSpeed's all-reduce default, f = 1: the fp16 sum overflows and the step is skipped.
+    w = one_fp16_step(stage, 1.0, &applied);
+    EXPECT_FALSE(applied) << "stage " << stage;
+    EXPECT_TRUE(at::equal(w, at::full({64}, 0.5))) << "stage " << stage;
+  }
+}
 
 }  // namespace
 }  // namespace zero::testing

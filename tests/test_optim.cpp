@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numbers>
 #include <vector>
@@ -203,7 +204,7 @@ TEST(AdamW, StateIsTwoShardSizedFp32Tensors) {
     EXPECT_EQ(t.count_nonzero().item<int64_t>(), 0) << name;
   }
   EXPECT_EQ(opt->state_bytes(), 2 * 4 * n);
-  EXPECT_EQ(opt->scratch_bytes(), 4 * n);
+  EXPECT_EQ(opt->scratch_bytes(), 0) << "the fused kernel needs no denominator buffer";
 }
 
 TEST(AdamW, StateAliasesTheOptimizersStorage) {
@@ -281,21 +282,73 @@ TEST(Sgd, StateOnlyWithMomentum) {
   EXPECT_EQ(momentum->state_bytes(), 4 * n);
   EXPECT_EQ(momentum->scratch_bytes(), 0);
 
-  // The gradient is read-only, so a decayed or Nesterov gradient needs somewhere to live.
-  EXPECT_EQ(make_sgd(sgd(0, 0, 0.1, false), n, {{0, n}}, fp32())->scratch_bytes(), 4 * n);
-  EXPECT_EQ(make_sgd(sgd(0.9, 0, 0, true), n, {{0, n}}, fp32())->scratch_bytes(), 4 * n);
-  // Weight decay with nothing to decay is no weight decay.
-  EXPECT_EQ(make_sgd(sgd(0, 0, 0.1, false), n, {}, fp32())->scratch_bytes(), 0);
+  // The fused kernel keeps a decayed or Nesterov gradient in registers: no scratch either.
+  EXPECT_EQ(make_sgd(sgd(0, 0, 0.1, false), n, {{0, n}}, fp32())->scratch_bytes(), 0);
+  EXPECT_EQ(make_sgd(sgd(0.9, 0, 0, true), n, {{0, n}}, fp32())->scratch_bytes(), 0);
 }
 
-TEST(Sgd, LeavesTheGradientUntouched) {
-  const int64_t n = 50;
-  auto opt = make_sgd(sgd(0.9, 0, 0.1, true), n, {{0, 20}, {30, 50}}, fp32());
-  at::Tensor p = at::randn({n});
-  const at::Tensor g = at::randn({n});
-  const at::Tensor g0 = g.clone();
-  for (int s = 0; s < 3; ++s) opt->step(p, g, 0.1);
-  EXPECT_TRUE(at::equal(g, g0));
+// The engine's device scalars: grad_scale divides the gradient inside the kernel, found_inf = 1
+// leaves parameters and state alone, and a step cut into windows (the engine's bucket-by-bucket
+// update) equals the whole step bit for bit.
+std::vector<std::unique_ptr<ShardOptimizer>> both(int64_t n, const std::vector<Range>& decay) {
+  AdamWOptions a;
+  a.weight_decay = 0.1;
+  std::vector<std::unique_ptr<ShardOptimizer>> out;
+  out.push_back(make_adamw(a, n, decay, fp32()));
+  out.push_back(make_sgd(sgd(0.9, 0.1, 0.1, false), n, decay, fp32()));
+  return out;
+}
+
+TEST(DeviceScalars, GradScaleDividesTheGradient) {
+  const int64_t n = 300;
+  const std::vector<Range> decay = {{0, 100}, {150, 300}};
+  auto a = both(n, decay), b = both(n, decay);
+  for (size_t k = 0; k < a.size(); ++k) {
+    at::Tensor pa = at::randn({n}), pb = pa.clone();
+    for (int s = 0; s < 3; ++s) {
+      const at::Tensor g = at::randn({n});
+      a[k]->step(pa, g * 0.25, 0.1);  // a power of two: exact in both forms
+      b[k]->step(pb, g.clone(), 0.1, {at::full({1}, 4.0), at::zeros({1})});
+    }
+    EXPECT_TRUE(at::equal(pa, pb)) << a[k]->name();
+  }
+}
+
+TEST(DeviceScalars, FoundInfLeavesEverythingUntouched) {
+  const int64_t n = 200;
+  for (auto& opt : both(n, {{0, 120}})) {
+    at::Tensor p = at::randn({n});
+    opt->step(p, at::randn({n}), 0.1);
+    const at::Tensor p0 = p.clone();
+    std::vector<at::Tensor> s0;
+    for (const auto& [name, t] : opt->state()) s0.push_back(t.clone());
+    opt->step(p, at::full({n}, std::numeric_limits<float>::infinity()), 0.1,
+              {at::ones({1}), at::ones({1})});
+    EXPECT_TRUE(at::equal(p, p0)) << opt->name();
+    for (size_t i = 0; i < s0.size(); ++i) EXPECT_TRUE(at::equal(opt->state()[i].second, s0[i]));
+    // The engine learns of the skip afterwards and takes the step back.
+    EXPECT_EQ(opt->steps(), 2);
+    opt->undo_step();
+    EXPECT_EQ(opt->steps(), 1);
+  }
+}
+
+TEST(DeviceScalars, StepInWindowsEqualsOneStep) {
+  const int64_t n = 500;
+  const std::vector<Range> decay = {{0, 100}, {220, 400}};
+  auto a = both(n, decay), b = both(n, decay);
+  for (size_t k = 0; k < a.size(); ++k) {
+    at::Tensor pa = at::randn({n}), pb = pa.clone();
+    for (int s = 0; s < 3; ++s) {
+      const at::Tensor g = at::randn({n});
+      a[k]->step(pa, g.clone(), 0.1);
+      b[k]->begin_step(pb, g, 0.1);
+      for (const Range w : {Range{0, 50}, Range{50, 250}, Range{250, 260}, Range{260, 500}}) {
+        b[k]->update(pb, g, 0.1, {}, w);
+      }
+    }
+    EXPECT_TRUE(at::equal(pa, pb)) << a[k]->name();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

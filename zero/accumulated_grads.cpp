@@ -18,7 +18,9 @@ class AccumulatedGrads final : public GradSync {
         sharded_(sharded),
         opts_(opts),
         tracker_(layout),
-        pipeline_(layout.max_bucket_numel(), layout.max_bucket_numel() / layout.world(),
+        // Stage 0 all-reduces in place in `in`: no `out` shard buffer.
+        pipeline_(layout.max_bucket_numel(),
+                  sharded ? layout.max_bucket_numel() / layout.world() : 0,
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device),
                   // fp32 gradients are reduced in place; other dtypes travel through a copy.
                   opts.comm_dtype == at::kFloat ? 0 : 2) {

@@ -113,6 +113,8 @@ void commit_shards(Engine::Impl& m, const ckpt::Manifest& man, const std::vector
 }
 
 void restore_counters(Engine::Impl& m, const ckpt::Manifest& man) {
+  if (m.verdict.pending()) m.verdict.get();  // a step taken before the load no longer counts
+  m.deferred_error.clear();
   m.opt.optimizer->set_steps(man.optimizer_internal_steps);
   m.stats.optimizer_steps = man.optimizer_steps;
   m.stats.skipped_steps = man.skipped_steps;

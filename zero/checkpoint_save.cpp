@@ -86,6 +86,7 @@ ckpt::Manifest make_manifest(const Engine::Impl& m, const std::string& tag,
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg, int keep_last) {
   auto& m = *impl_;
   at::NoGradGuard no_grad;
+  m.settle();  // the counters below must include the last step's outcome
   const std::string tag =
       tag_arg.empty() ? "step" + std::to_string(m.stats.optimizer_steps) : tag_arg;
   // Checks every rank makes alike, so they may throw before the first collective.

@@ -552,7 +552,7 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
            if (s.empty()) l.fail(e, "'no_weight_decay' entries must be non-empty name substrings");
          }
        }},
-      only_bool(l, "prescale_gradients", false, "changes gradient scaling"),
+      {"prescale_gradients", [&](const Entry& e) { c.prescale_gradients = l.boolean(e); }},
       // DeepSpeed asks for it before using SGD (or any optimizer outside its ZeRO list) under
       // ZeRO; zero's ZeRO supports every optimizer it has, so the key only grants permission.
       {"zero_allow_untested_optimizer", [&](const Entry& e) { l.boolean(e); }},
@@ -562,12 +562,10 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
                   "zero does not build the data loader; the application feeds the batches"),
       {"gradient_predivide_factor",
        [&](const Entry& e) {
-         if (l.number(e) != 1.0) {
-           l.fail(e, "'gradient_predivide_factor' " + describe(e.value) +
-                         " changes gradient scaling; only 1.0 is supported");
-         }
-       },
-       false},
+         const double f = l.number(e);
+         l.require(e, std::isfinite(f) && f > 0, "a positive number");
+         c.gradient_predivide_factor = f;
+       }},
   };
   for (const std::string& k :
        words("wall_clock_breakdown dump_state flops_profiler tensorboard wandb "

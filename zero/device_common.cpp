@@ -1,8 +1,15 @@
+#include <malloc.h>
+
 #include <string>
 
 #include "zero/device.hpp"
 
 namespace zero {
+
+int64_t host_allocated_bytes() {
+  const struct mallinfo2 mi = mallinfo2();
+  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
+}
 
 double known_peak_flops(const std::string& name) {
   // Dense (not sparse) bf16 tensor-core peaks from the vendors' data sheets.

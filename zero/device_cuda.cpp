@@ -35,6 +35,11 @@ DeviceMemory device_memory(c10::Device device) {
   return m;
 }
 
+int64_t allocated_bytes(c10::Device device) {
+  if (!device.is_cuda()) return host_allocated_bytes();
+  return device_memory(device).allocated;
+}
+
 void set_current_device(c10::Device device) {
   if (device.is_cuda() && device.has_index()) c10::cuda::set_device(device.index());
 }

@@ -5,10 +5,15 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <chrono>
 #include <cmath>
 #include <deque>
 #include <iostream>
+#include <sstream>
+#include <unordered_set>
+#include <utility>
 
+#include "zero/device.hpp"
 #include "zero/engine_impl.hpp"
 
 namespace zero {
@@ -56,14 +61,32 @@ void Engine::Impl::discard_window() {
   awaiting_step = false;
 }
 
-void Engine::Impl::publish_parameters() {
+void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
+                                      const optim::ShardOptimizer::Scalars& scalars) {
+  auto& o = *opt.optimizer;
+  o.begin_step(fp.master, grad, lr);
+  if (stage == 0 || fp.master_aliases_flat) {
+    o.update(fp.master, grad, lr, scalars, {0, o.numel()});
+    publish_parameters();
+    return;
+  }
+  // Update this rank's slice of bucket b just before b's all-gather is launched: the gather
+  // runs (gloo threads / the NCCL stream) while b+1 is updated.
+  publish_parameters([&](const BucketSlot& b) {
+    o.update(fp.master, grad, lr, scalars,
+             {b.shard_offset, b.shard_offset + b.shard.shard_numel()});
+  });
+}
+
+void Engine::Impl::publish_parameters(const std::function<void(const BucketSlot&)>& before) {
   at::NoGradGuard no_grad;
   if (fp.master_aliases_flat) return;
   if (stage == 0) {
     fp.flat.copy_(fp.master);
     return;
   }
-  // Gathers run asynchronously; bound what is in flight (and the cast temporaries it holds).
+  // Gathers run asynchronously; bound what is in flight (and the cast temporaries it holds) by
+  // allgather_bucket_size.
   struct InFlight {
     comm::Work work;
     at::Tensor input;
@@ -71,24 +94,32 @@ void Engine::Impl::publish_parameters() {
   };
   std::deque<InFlight> inflight;
   int64_t inflight_numel = 0;
+  const auto wait_oldest = [&] {
+    inflight.front().work.wait();
+    inflight_numel -= inflight.front().numel;
+    inflight.pop_front();
+  };
   const auto& buckets = fp.layout.buckets();
   for (size_t b = 0; b < buckets.size(); ++b) {
     const BucketSlot& bucket = buckets[b];
+    if (before) before(bucket);
     const int64_t S = bucket.shard.shard_numel();
     at::Tensor in = fp.master.narrow(0, bucket.shard_offset, S);
     if (param_dtype != at::kFloat) in = in.to(param_dtype);
     at::Tensor out = fp.flat.narrow(0, bucket.flat_offset, bucket.shard.padded_numel());
     while (!inflight.empty() &&
            inflight_numel + out.numel() > cfg.zero_optimization.allgather_bucket_size) {
-      inflight.front().work.wait();
-      inflight_numel -= inflight.front().numel;
-      inflight.pop_front();
+      wait_oldest();
     }
     auto work = group->all_gather(out, in, "all_gather of parameter bucket " + std::to_string(b));
     inflight.push_back({std::move(work), in, out.numel()});
     inflight_numel += out.numel();
   }
-  for (auto& f : inflight) f.work.wait();
+  // What the updates did not hide (host-blocking on gloo; stream-ordered on NCCL).
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!inflight.empty()) wait_oldest();
+  stats.allgather_wait_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -111,7 +142,18 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
                   std::shared_ptr<comm::Group> group) {
   TORCH_CHECK(model, "zero::initialize: the model is null");
   TORCH_CHECK(group, "zero::initialize: the process group is null");
+  const at::Device device =
+      model->parameters().empty() ? at::Device(at::kCPU) : model->parameters().front().device();
+  const int64_t allocated_before = allocated_bytes(device);
+  int64_t replaced = 0;
+  std::unordered_set<const void*> seen;  // tied weights once
+  for (const auto& p : model->parameters()) {
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) {
+      replaced += static_cast<int64_t>(p.nbytes());
+    }
+  }
   auto impl = std::make_unique<Engine::Impl>();
+  impl->replaced_param_bytes = replaced;
   cfg.resolve_batch(group->size());
   impl->cfg = std::move(cfg);
   const Config& c = impl->cfg;
@@ -120,7 +162,10 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   impl->stage = c.zero_optimization.stage;
   impl->accumulation = c.gradient_accumulation_steps;
   impl->param_dtype = to_scalar_type(c.param_dtype());
-  if (c.fp16.enabled) impl->scaler = LossScaler(c.fp16);
+  const double world = impl->group->size();
+  impl->predivide = c.prescale_gradients
+                        ? world
+                        : c.gradient_predivide_factor.value_or(c.fp16.enabled ? world : 1);
   if (impl->group->rank() == 0) {
     for (const auto& w : c.warnings) std::cerr << "zero: warning: " << w << "\n";
   }
@@ -139,10 +184,12 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   impl->make_sync();
   impl->order = std::make_unique<GradOrder>(impl->fp.params);
 
+  if (c.fp16.enabled) impl->scaler = DeviceLossScaler(c.fp16, impl->fp.flat.device());
   const int owner = impl->stage == 0 ? 0 : impl->group->rank();
   impl->opt = make_optimizer(c, impl->fp.layout, owner, impl->fp.master.options());
 
   impl->hooks.install(impl.get(), impl->fp.params);
+  impl->allocator_delta = allocated_bytes(device) - allocated_before;
   return Engine(std::move(impl));
 }
 
@@ -168,10 +215,13 @@ void Engine::backward(const at::Tensor& loss) {
   m.in_backward = true;
   try {
     // Each micro-batch's loss is a mean; dividing by the accumulation steps makes the sum of
-    // the window's gradients the gradient of the whole window's mean. Under fp16 the loss scale
-    // rides along in the same multiply.
-    const double factor = m.scaler.scale() / static_cast<double>(m.accumulation);
-    if (factor != 1.0) {
+    // the window's gradients the gradient of the whole window's mean. The predivide factor
+    // rides along (gradients are linear in the loss, so every gradient is divided before it is
+    // summed over ranks), and under fp16 so does the loss scale, read from the device.
+    const double factor = 1.0 / (static_cast<double>(m.accumulation) * m.predivide);
+    if (m.scaler.active()) {
+      (loss.to(at::kFloat) * (m.scaler.scale_tensor() * factor).reshape({})).backward();
+    } else if (factor != 1.0) {
       (loss * factor).backward();
     } else {
       loss.backward();
@@ -200,6 +250,33 @@ bool Engine::is_gradient_accumulation_boundary() const {
   return (impl_->stats.micro_steps + 1) % impl_->accumulation == 0;
 }
 
+void Engine::Impl::settle() {
+  if (!verdict.pending()) return;
+  const at::Tensor v = verdict.get();
+  const double* x = v.data_ptr<double>();
+  const double norm = x[0];
+  if (x[1] == 0) {
+    stats.last_grad_norm = norm;
+    return;
+  }
+  // The device skipped the update (found_inf); undo what the host counted for it.
+  opt.optimizer->undo_step();
+  --stats.optimizer_steps;
+  if (scaler.active()) {
+    ++stats.skipped_steps;
+    if (group->rank() == 0) {
+      std::cerr << "zero: fp16 gradient overflow at optimizer step " << stats.optimizer_steps
+                << ": step skipped on every rank, loss scale " << x[2] << " -> " << x[3] << "\n";
+    }
+    return;
+  }
+  std::ostringstream os;
+  os << "zero: the gradient norm is " << norm << " at optimizer step " << stats.optimizer_steps
+     << "; the loss or the gradients hold inf/NaN. Lower the learning rate or enable "
+        "gradient_clipping; the master weights were not updated.";
+  deferred_error = os.str();
+}
+
 bool Engine::step() {
   auto& m = *impl_;
   TORCH_CHECK(m.awaiting_step,
@@ -209,48 +286,47 @@ bool Engine::step() {
   at::NoGradGuard no_grad;
   ++m.stats.micro_steps;
   if (m.stats.micro_steps % m.accumulation != 0) return false;
+  // The previous step's verdict first: lr, bias correction and SGD's first step depend on
+  // whether it was applied.
+  m.settle();
+  if (!m.deferred_error.empty()) TORCH_CHECK(false, std::exchange(m.deferred_error, ""));
 
+  // Nothing below reads a value on the host: the norm, the inf check, the clip coefficient and
+  // the loss scale stay on the device and reach the fused kernel as grad_scale / found_inf.
   at::Tensor& g = m.sync->grad_shard();
-  const double world = m.group->size();
-  // The reduced shard holds the sum over ranks; the norm of the average is that over N.
-  at::Tensor sq = at::linalg_vector_norm(g, 2, {}, false, at::kDouble).square().reshape({1});
+  // fp32, straight from the shard (no fp64 copy); the reduction accumulates in a tree.
+  at::Tensor sq = at::linalg_vector_norm(g, 2).square().reshape({1});
   if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
-  // The norm is a global quantity (stage 0 holds the all-reduced gradient, stages 1/2 the
-  // all-reduced square sum), so every rank sees the same verdict on inf/NaN and skips together.
-  const double loss_scale = m.scaler.scale();
-  const double norm = std::sqrt(sq.item<double>()) / world / loss_scale;
-  if (m.cfg.fp16.enabled) {
-    const bool overflow = !std::isfinite(norm);
-    m.scaler.update(overflow);
-    if (overflow) {
-      ++m.stats.skipped_steps;
-      if (m.group->rank() == 0) {
-        std::cerr << "zero: fp16 gradient overflow at optimizer step " << m.stats.optimizer_steps
-                  << ": step skipped on every rank, loss scale " << loss_scale << " -> "
-                  << m.scaler.scale() << "\n";
-      }
-      m.sync->zero_grad();
-      return false;
-    }
-  }
-  TORCH_CHECK(std::isfinite(norm), "zero: the gradient norm is ", norm, " at optimizer step ",
-              m.stats.optimizer_steps,
-              "; the loss or the gradients hold inf/NaN. Lower the learning rate or enable "
-              "gradient_clipping; the master weights were not updated.");
-  m.stats.last_grad_norm = norm;
-  double scale = 1.0 / (world * loss_scale);
+  // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
+  // predivide / (world x loss_scale), i.e. divided by `divisor`.
+  const double host_divisor = m.group->size() / m.predivide;
+  at::Tensor divisor = m.scaler.active() ? m.scaler.scale_tensor() * host_divisor
+                                         : at::full({1}, host_divisor, sq.options());
+  // The verdict is global (stage 0 holds the all-reduced gradient, stages 1/2 the all-reduced
+  // square sum), so every rank skips the same steps.
+  const at::Tensor found_inf = sq.isfinite().logical_not().to(at::kFloat);
+  const at::Tensor norm = sq.sqrt() / divisor;
+  at::Tensor grad_scale = divisor;
   if (m.cfg.gradient_clipping > 0) {
-    const double coef = m.cfg.gradient_clipping / (norm + 1e-6);
-    if (coef < 1.0) scale *= coef;
+    const at::Tensor coef = at::clamp_max(m.cfg.gradient_clipping / (norm + 1e-6), 1.0);
+    grad_scale = divisor / coef;
   }
-  if (scale != 1.0) g.mul_(scale);
+  const at::Tensor scale_before = m.scaler.active() ? m.scaler.scale_tensor() : divisor;
 
   const double lr = m.opt.schedule->lr_at(m.stats.optimizer_steps);
-  m.opt.optimizer->step(m.fp.master, g, lr);
-  m.publish_parameters();
+  // After a skipped step the master is unchanged, so this republishes the same values.
+  m.update_and_publish(g, lr, {grad_scale, found_inf});
+  m.scaler.update(found_inf);
   m.sync->zero_grad();
   ++m.stats.optimizer_steps;
-  return true;
+
+  const at::Tensor scale_after = m.scaler.active() ? m.scaler.scale_tensor() : divisor;
+  m.verdict.start(at::cat({norm, found_inf, scale_before, scale_after}).to(at::kDouble));
+  if (!m.verdict.ready()) return true;  // CUDA: the outcome reaches the host at the next step
+  const int64_t skipped = m.stats.skipped_steps;
+  m.settle();
+  if (!m.deferred_error.empty()) TORCH_CHECK(false, std::exchange(m.deferred_error, ""));
+  return m.stats.skipped_steps == skipped;
 }
 
 int Engine::rank() const { return impl_->group->rank(); }
@@ -260,6 +336,10 @@ double Engine::lr() const { return impl_->opt.schedule->lr_at(impl_->stats.optim
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 const Config& Engine::config() const { return impl_->cfg; }
 const EngineStats& Engine::stats() const { return impl_->stats; }
+const EngineStats& Engine::settled_stats() const {
+  impl_->settle();
+  return impl_->stats;
+}
 std::shared_ptr<torch::nn::Module> Engine::module() const { return impl_->module; }
 comm::Group& Engine::group() const { return *impl_->group; }
 
@@ -274,8 +354,12 @@ MemoryReport Engine::memory_report() const {
   r.measured.params = m.fp.flat.nbytes();
   r.measured.grads = m.sync->grad_bytes();
   r.measured.master = m.fp.master_aliases_flat ? 0 : m.fp.master.nbytes();
-  r.measured.optimizer = m.opt.optimizer->state_bytes();
+  // Scratch too (none with the fused kernels): every byte the optimizer keeps between steps.
+  r.measured.optimizer = m.opt.optimizer->state_bytes() + m.opt.optimizer->scratch_bytes();
   r.measured.comm_buffers = m.sync->comm_buffer_bytes();
+  r.allocator_delta = m.allocator_delta;
+  r.replaced_param_bytes = m.replaced_param_bytes;
+  r.allocator = m.fp.flat.is_cuda() ? "CUDA caching allocator" : "mallinfo2, process-wide";
 
   MemoryModelInput in;
   in.num_params = r.num_params;
@@ -320,6 +404,21 @@ double Engine::all_reduce_mean(double value) const {
       at::full({1}, value, at::TensorOptions().dtype(at::kDouble)).to(impl_->fp.flat.device());
   impl_->group->all_reduce_sum(t, "all_reduce of a logged value").wait();
   return t.item<double>() / world_size();
+}
+
+at::Tensor Engine::all_reduce_mean(const at::Tensor& values) const {
+  at::Tensor t = values.detach().to(impl_->fp.flat.device(), at::kFloat).contiguous().clone();
+  impl_->group->all_reduce_sum(t, "all_reduce of logged values").wait();
+  return t / world_size();
+}
+
+std::vector<int64_t> Engine::all_gather_values(int64_t value) const {
+  const auto dev = impl_->fp.flat.device();
+  at::Tensor local = at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(dev));
+  at::Tensor all = at::empty({world_size()}, local.options());
+  impl_->group->all_gather(all, local, "all_gather of per-rank values").wait();
+  all = all.cpu();
+  return {all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel()};
 }
 
 at::Tensor Engine::flat_parameters() const {

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 
 #include "comm/group.hpp"
@@ -12,6 +13,7 @@
 #include "zero/grad_hooks.hpp"
 #include "zero/grad_order.hpp"
 #include "zero/grad_sync.hpp"
+#include "zero/host_readback.hpp"
 #include "zero/loss_scaler.hpp"
 #include "zero/optimizer_factory.hpp"
 
@@ -34,15 +36,35 @@ struct Engine::Impl {
   GradHooks hooks;
   OptimizerBundle opt;
   EngineStats stats;
-  LossScaler scaler;  // active under fp16 only
+  DeviceLossScaler scaler;  // active under fp16 only
+  // gradient_predivide_factor as resolved for this run (Config says how).
+  double predivide = 1;
   bool in_backward = false;
+  // The last step's {grad norm, found_inf, loss scale before, after}, on its way to the host.
+  HostReadback verdict;
   bool awaiting_step = false;  // a backward ran and its step() has not
   bool taken_over = false;     // a later zero::initialize on the same model owns the hooks now
+  std::string deferred_error;   // a non-finite norm seen by settle(), thrown by the next step()
+  int64_t allocator_delta = 0;  // allocated_bytes() over initialize
+  int64_t replaced_param_bytes = 0;  // the model's trainable parameters before initialize
 
   ~Impl();
 
+  // Takes in the last step's verdict: the norm for stats, and for an overflow the skipped-step
+  // bookkeeping (the device already left the weights alone). On CUDA this waits only for the
+  // work queued up to that step's end, which is normally long done.
+  void settle();
+
   // Called by the post-accumulate-grad hook of parameter `index` (layout index).
   void on_grad(int index, const at::Tensor& param);
+  // The optimizer step on the master shard, and the updated values into the model: copied
+  // (stage 0) or all-gathered bucket by bucket as each bucket's update is queued (stages 1, 2).
+  void update_and_publish(const at::Tensor& grad, double lr,
+                          const optim::ShardOptimizer::Scalars& scalars);
+  // Copies (stage 0) or all-gathers (stages 1, 2) the master shards into the model; `before`
+  // runs for each bucket just before its gather is launched.
+  void publish_parameters(const std::function<void(const BucketSlot&)>& before = {});
+
   // The gradient path for the current layout (zero/engine.cpp).
   void make_sync();
   // After a backward that threw: discards the accumulation window (zero/engine.cpp).
@@ -53,8 +75,6 @@ struct Engine::Impl {
   // Lays the parameters out in `order` (new layout index -> current one), moving the masters
   // and optimizer states with them; every rank calls it with the same order (zero/relayout.cpp).
   void rebuild_layout(const std::vector<int>& order);
-  // Copies (stage 0) or all-gathers (stages 1, 2) the updated master shards into the model.
-  void publish_parameters();
 };
 
 }  // namespace zero

@@ -7,6 +7,53 @@
 
 namespace zero {
 
+namespace {
+
+// Builds the flat buffer and the master shard one bucket at a time, so start-up never holds
+// more than one bucket beyond the final buffers: each bucket's parameters are copied into an
+// fp32 staging bucket (the flat buffer itself when it is fp32) and re-pointed at their slot of
+// the flat buffer, which frees the user's tensors as we go; rank 0's values are broadcast
+// (the masters must start from the unrounded weights), this rank's shard of the bucket goes
+// to the master, and the bucket is cast into the flat buffer. The flat buffer and the master
+// are allocated up front but their pages are touched bucket by bucket too.
+void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at::Tensor>>& named,
+                          const std::vector<int>& named_of_layout, comm::Group& group,
+                          const FlattenOptions& opts) {
+  const at::Device device = named.front().second.device();
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  const bool fp32 = opts.param_dtype == at::kFloat;
+  const bool whole = opts.shards == 1;
+  fp.flat = at::empty({fp.layout.total_numel()}, f32.dtype(opts.param_dtype));
+  fp.master_aliases_flat = whole && fp32;
+  fp.master = fp.master_aliases_flat ? fp.flat : at::empty({fp.layout.shard_numel()}, f32);
+  const int r = whole ? 0 : group.rank();
+  const auto& buckets = fp.layout.buckets();
+  for (size_t bi = 0; bi < buckets.size(); ++bi) {
+    const BucketSlot& b = buckets[bi];
+    const int64_t padded = b.shard.padded_numel();
+    at::Tensor flat_b = fp.flat.narrow(0, b.flat_offset, padded);
+    at::Tensor staging = fp32 ? flat_b : at::empty({padded}, f32);
+    staging.zero_();  // padding
+    for (int li : b.params) {
+      const ParamSlot& slot = fp.layout.params()[li];
+      at::Tensor& p = named[named_of_layout[li]].second;
+      staging.narrow(0, slot.flat_offset - b.flat_offset, slot.numel).copy_(p.reshape({-1}));
+      p.set_data(fp.flat.narrow(0, slot.flat_offset, slot.numel).view(p.sizes()));
+    }
+    group
+        .broadcast(staging, 0,
+                   "broadcast of the initial parameters (bucket " + std::to_string(bi) + ")")
+        .wait();
+    if (!fp.master_aliases_flat) {
+      const int64_t S = b.shard.shard_numel();
+      fp.master.narrow(0, b.shard_offset, S).copy_(staging.narrow(0, b.shard.shard(r).begin, S));
+    }
+    if (!fp32) flat_b.copy_(staging);
+  }
+}
+
+}  // namespace
+
 FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
                               const FlattenOptions& opts) {
   at::NoGradGuard no_grad;
@@ -71,37 +118,10 @@ FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
   }
   fp.layout = FlatLayout::build(specs, opts.bucket_numel, opts.shards, opts.align);
 
-  // Rank 0's fp32 values, broadcast: the masters must start from the unrounded weights.
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-  at::Tensor staging = at::zeros({fp.layout.total_numel()}, f32);
-  for (size_t li = 0; li < fp.layout.params().size(); ++li) {
-    const ParamSlot& slot = fp.layout.params()[li];
-    staging.narrow(0, slot.flat_offset, slot.numel)
-        .copy_(named[named_of_layout[li]].second.reshape({-1}));
-  }
-  group.broadcast(staging, 0, "broadcast of the initial parameters").wait();
-
-  const bool whole = opts.shards == 1;
-  fp.master_aliases_flat = whole && opts.param_dtype == at::kFloat;
-  if (fp.master_aliases_flat) {
-    fp.master = staging;
-  } else {
-    fp.master = at::empty({fp.layout.shard_numel()}, f32);
-    const int r = whole ? 0 : group.rank();
-    for (const BucketSlot& b : fp.layout.buckets()) {
-      const int64_t S = b.shard.shard_numel();
-      fp.master.narrow(0, b.shard_offset, S)
-          .copy_(staging.narrow(0, b.flat_offset + b.shard.shard(r).begin, S));
-    }
-  }
-  fp.flat = opts.param_dtype == at::kFloat ? staging : staging.to(opts.param_dtype);
-
+  fill_flat_and_master(fp, named, named_of_layout, group, opts);
   fp.layout_of_named.assign(named.size(), -1);
   for (size_t li = 0; li < fp.layout.params().size(); ++li) {
-    const ParamSlot& slot = fp.layout.params()[li];
-    at::Tensor& p = named[named_of_layout[li]].second;
-    p.set_data(fp.flat.narrow(0, slot.flat_offset, slot.numel).view(p.sizes()));
-    fp.params.push_back(p);
+    fp.params.push_back(named[named_of_layout[li]].second);
     fp.layout_of_named[named_of_layout[li]] = static_cast<int>(li);
   }
   return fp;

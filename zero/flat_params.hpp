@@ -34,7 +34,8 @@ struct FlattenOptions {
 // Broadcasts rank 0's parameters and buffers, builds the flat layout (parameters in reverse
 // registration order, the order backward usually produces their gradients), takes this rank's
 // fp32 master shard from the broadcast values, and re-points each parameter at its slot of the
-// flat compute-dtype buffer.
+// flat compute-dtype buffer. Works bucket by bucket, freeing the user's tensors as it goes: the
+// start-up peak is the final buffers plus one fp32 bucket, not a whole-model staging copy.
 FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
                               const FlattenOptions& opts);
 

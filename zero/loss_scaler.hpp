@@ -7,6 +7,8 @@
 // `window` clean steps since the last overflow double it.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 
 #include "zero/config.hpp"
@@ -44,6 +46,32 @@ class LossScaler {
   int hysteresis_left_ = 1;
   int64_t iter_ = 0;
   int64_t last_overflow_iter_ = -1;
+};
+
+// The same rules with the state in a small device tensor, so the engine's step never reads the
+// overflow verdict on the host: update() takes the verdict as a device tensor, and the scale
+// that multiplies the loss is a device tensor too. Reading scale()/state() syncs (checkpoints,
+// logging); the step does not.
+class DeviceLossScaler {
+ public:
+  DeviceLossScaler() = default;  // inactive: scale 1, update() does nothing
+  DeviceLossScaler(const Fp16Config& cfg, at::Device device);
+
+  bool active() const { return state_.defined(); }
+  // fp32 one-element tensor on the device (only when active()).
+  at::Tensor scale_tensor() const;
+  // found_inf: one-element tensor on the device, 1 where the step overflowed.
+  void update(const at::Tensor& found_inf);
+  double scale() const;
+  LossScaler::State state() const;
+  void set_state(const LossScaler::State& s);
+
+ private:
+  bool dynamic_ = false;
+  double min_scale_ = 1;
+  int64_t window_ = 1000;
+  int hysteresis_ = 1;
+  at::Tensor state_;  // fp64 {scale, iter, last_overflow_iter, hysteresis_left}
 };
 
 }  // namespace zero

@@ -75,6 +75,11 @@ std::string format_memory_report(const MemoryReport& r) {
   row("optimizer", r.measured.optimizer, r.predicted.optimizer, r.stage0.optimizer);
   row("comm buffers", r.measured.comm_buffers, r.predicted.comm_buffers, r.stage0.comm_buffers);
   row("total", r.measured.total(), r.predicted.total(), r.stage0.total());
+  if (!r.allocator.empty()) {
+    os << "  allocator (" << r.allocator << "): initialize added "
+       << format_bytes(r.allocator_delta) << "; the tensors above less the model's replaced "
+       << "parameters: " << format_bytes(r.measured.total() - r.replaced_param_bytes) << "\n";
+  }
   const int64_t saved = r.stage0.total() - r.measured.total();
   if (r.stage0.total() > 0) {
     std::snprintf(line, sizeof line, "  %s vs plain data parallel: %s (%.1f%%)\n",

@@ -111,13 +111,14 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   mi.param_bytes = in.param_bytes;
   mi.grad_accum_bytes = in.grad_accum_bytes;
   mi.optimizer_states = in.optimizer_states;
-  // Two in/out buffer pairs: stage 2 always (every gradient goes through them), stages 0/1 only
-  // when gradients travel in another dtype than their fp32 accumulator. Stage 0's layout has one
-  // shard, so its reduced bucket is full size.
+  // Two buffers: stage 2 always (every gradient goes through them), stages 0/1 only when
+  // gradients travel in another dtype than their fp32 accumulator. Each holds a padded bucket
+  // and, where the reduction is a reduce-scatter (stages 1/2), its 1/N shard; stage 0
+  // all-reduces in place in the bucket buffer and needs no second one.
   const int buffers = (stage == 2 || in.comm_bytes != 4) ? 2 : 0;
   const int64_t b = max_bucket_elements(in);
-  const int64_t shards = stage == 0 ? 1 : in.world_size;
-  mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + b / shards);
+  const int64_t out = stage == 0 ? 0 : b / in.world_size;
+  mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + out);
   return predict_model_states(mi);
 }
 

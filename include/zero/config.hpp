@@ -83,6 +83,12 @@ struct Config {
   int64_t gradient_accumulation_steps = 0;
 
   double gradient_clipping = 1.0;  // 0 = off; DeepSpeed 0.19 clips at 1.0 unless told otherwise
+  // DeepSpeed's gradient_predivide_factor f: gradients are multiplied by 1/f before they are
+  // summed over ranks and by f/N after, so an fp16 sum cannot overflow where the average would
+  // not. Unset: N under fp16 (DeepSpeed's reduce-scatter path divides by N first), 1 otherwise.
+  // prescale_gradients: true means f = N.
+  std::optional<double> gradient_predivide_factor;
+  bool prescale_gradients = false;
   bool bf16 = false;
   Fp16Config fp16;
   ZeroOptimizationConfig zero_optimization;

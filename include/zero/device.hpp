@@ -27,6 +27,13 @@ DeviceMemory device_memory(c10::Device device);
 void set_current_device(c10::Device device);
 // Starts a new peak_allocated window (no-op on CPU).
 void reset_peak_memory(c10::Device device);
+// Bytes the allocator behind `device` has handed out and not taken back, as the allocator itself
+// counts them: on CUDA the caching allocator's allocated bytes; on CPU glibc's mallinfo2 (heap
+// chunks in use plus mmapped chunks, over all arenas, so process-wide). The engine's memory
+// report and tests compare its deltas with the ZeRO formula: an independent measurement, not
+// the engine's own list of tensors.
+int64_t allocated_bytes(c10::Device device);
+int64_t host_allocated_bytes();
 // Dense bf16 peak FLOP/s of known accelerators (A100 312 T, H100/H200 989 T); 0 if unknown.
 double known_peak_flops(const std::string& name);
 

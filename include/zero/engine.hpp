@@ -33,7 +33,10 @@ struct EngineStats {
   int64_t buckets_launched_in_backward = 0;  // reductions started while autograd was running
   int64_t buckets_launched_after_backward = 0;
   double comm_wait_seconds = 0;  // time spent waiting on reductions after backward returned
-  double last_grad_norm = 0;     // global norm before clipping, of the last optimizer step
+  // Time step() spent waiting for parameter all-gathers after the last bucket's update was
+  // queued (the part of the gather the update did not hide; host-blocking on gloo only).
+  double allgather_wait_seconds = 0;
+  double last_grad_norm = 0;  // global norm before clipping, of the last optimizer step
   int64_t optimizer_steps = 0;
   int64_t micro_steps = 0;
   int64_t skipped_steps = 0;  // fp16 overflows: the step was skipped on every rank
@@ -56,6 +59,14 @@ class Engine {
   void backward(const at::Tensor& loss);
   // Applies the optimizer at a gradient-accumulation boundary; returns whether it did (false
   // also when fp16 found an overflow and skipped the step on every rank).
+  //
+  // On CUDA, step() never waits for the device: the norm, the inf check, the clip coefficient
+  // and the fp16 loss scale stay on the device, and the outcome (norm, overflow) reaches the
+  // host at the next step() (or when settled_stats(), loss_scale() or save_checkpoint() ask).
+  // There, step() returns true at every boundary; an fp16 overflow it skipped on the device shows
+  // in stats().skipped_steps one step later, and a non-finite norm in bf16/fp32 (the step is
+  // skipped on the device too) is thrown by the next step(). On CPU the outcome is known at
+  // once and step() reports it exactly.
   bool step();
   bool is_gradient_accumulation_boundary() const;
 
@@ -65,7 +76,11 @@ class Engine {
   double lr() const;          // the learning rate the next optimizer step will use
   double loss_scale() const;  // fp16: the current dynamic loss scale; 1 otherwise
   const Config& config() const;
+  // Counters as the host knows them now, without waiting for the device. On CUDA the last
+  // step's outcome (last_grad_norm, an fp16 skip) arrives with the next step(); settled_stats()
+  // waits for it (a sync: call it at print time, not every step). On CPU both are the same.
   const EngineStats& stats() const;
+  const EngineStats& settled_stats() const;
   std::shared_ptr<torch::nn::Module> module() const;
   comm::Group& group() const;
 
@@ -75,6 +90,11 @@ class Engine {
   std::vector<MemoryReport> gather_memory_reports() const;
   // Mean of `value` over ranks (a collective), e.g. to log the loss of the global batch.
   double all_reduce_mean(double value) const;
+  // The same for a tensor on the model's device, without reading it on the host (the trainer
+  // averages a window of losses in one collective and reads them at print time).
+  at::Tensor all_reduce_mean(const at::Tensor& values) const;
+  // Every rank's `value`, in rank order (a collective), e.g. each rank's peak memory.
+  std::vector<int64_t> all_gather_values(int64_t value) const;
   // The full flat parameters as fp32 (every rank holds them), padding excluded, in the
   // module's named_parameters() order: for checksums and comparisons.
   at::Tensor flat_parameters() const;

@@ -44,6 +44,14 @@ struct MemoryReport {
   MemoryBreakdown predicted;  // predict_model_states for this run
   // The same model under plain data parallel (stage 0, predicted): what the sharding saved.
   MemoryBreakdown stage0;
+  // Independent of the tensors listed in `measured`: what the allocator itself counted over
+  // zero::initialize (zero::allocated_bytes: the CUDA caching allocator, or mallinfo2 on CPU,
+  // where it is process-wide), and the bytes of the model's own trainable parameters that
+  // initialize replaced by views of the flat buffer (freed unless the caller holds another
+  // reference). Expected: allocator_delta == measured.total() - replaced_param_bytes.
+  int64_t allocator_delta = 0;
+  int64_t replaced_param_bytes = 0;
+  std::string allocator;
 };
 
 // A fixed-width table, one row per category, measured vs predicted.
