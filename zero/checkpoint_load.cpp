@@ -102,7 +102,8 @@ std::vector<at::Tensor> read_shards(const Engine::Impl& m, const ckpt::Manifest&
 }
 
 // Copies what read_shards read into the master shard and the optimizer states.
-void commit_shards(Engine::Impl& m, const ckpt::Manifest& man, const std::vector<at::Tensor>& host) {
+void commit_shards(Engine::Impl& m, const ckpt::Manifest& man,
+                   const std::vector<at::Tensor>& host) {
   m.fp.master.copy_(host[0]);
   const auto states = m.opt.optimizer->state();
   for (size_t i = 0; i < man.state_names.size(); ++i) {
