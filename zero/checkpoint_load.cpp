@@ -168,14 +168,21 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   err = ckpt::attempt([&] { host = read_shards(m, man, readers, map); });
   ckpt::agree(m, err, what);
 
+  // The generator states belong to ranks; a rank the saved run did not have keeps its own. If
+  // any rank cannot restore its own, every rank puts its generators back.
+  const std::string rng_before = ckpt::rng_state(m.fp.flat.device());
   err = ckpt::attempt([&] {
-    // The generator states belong to ranks; a rank the saved run did not have keeps its own.
     if (rank < man.world_size) {
       const auto& rng = readers[rank].index().rng_state;
       if (!rng.empty()) ckpt::set_rng_state(rng, m.fp.flat.device(), readers[rank].path());
     }
   });
-  ckpt::agree(m, err, what);
+  try {
+    ckpt::agree(m, err, what);
+  } catch (...) {
+    ckpt::set_rng_state(rng_before, m.fp.flat.device(), "the generator state before the load");
+    throw;
+  }
   commit_shards(m, man, host);
   restore_counters(m, man);
   m.publish_parameters();
