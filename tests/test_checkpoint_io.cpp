@@ -359,6 +359,56 @@ TEST(Failures, EveryRankRefusesWithTheFileNamed) {
   for (const Case& c : cases) fs::remove_all(c.dir);
 }
 
+// A load that fails after every file checked out (here: rank 1's saved generator state does not
+// fit this LibTorch) leaves the run exactly as it was: it trains on as if never asked to load.
+TEST(Failures, ALoadThatFailsLateChangesNothing) {
+  TempDir dir;
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    auto net = make_tiny_net(4);
+    auto e = initialize(net, make_config(2, 2), group);
+    train(e, *net, 0, 2);
+    e.save_checkpoint(dir.path);  // step2
+  });
+  // Rank 1's shard rewritten with the same data and a generator state of the wrong size; its
+  // checksums and the manifest's record of it are made consistent again.
+  const fs::path step = fs::path(dir.path) / "step2";
+  const std::string name = ckpt::shard_file_name(1, 2);
+  {
+    const ckpt::ShardReader reader((step / name).string());
+    ckpt::ShardIndex index = reader.index();
+    index.rng_state = "not a generator state";
+    std::vector<std::vector<float>> blocks;
+    for (const ckpt::ShardEntry& e : index.entries) {
+      for (size_t t = 0; t <= index.state_names.size(); ++t) {
+        blocks.emplace_back(e.count);
+        reader.read(e, static_cast<int>(t), 0, e.count, blocks.back().data());
+      }
+    }
+    ckpt::ShardWriter writer((step / name).string(), index);
+    for (const auto& b : blocks) writer.append(b.data(), static_cast<int64_t>(b.size()));
+    const ckpt::WrittenFile written = writer.finish();
+    const std::string manifest = (step / "manifest.json").string();
+    ckpt::Manifest man = ckpt::parse_manifest(read_all(manifest), manifest);
+    for (auto& f : man.files) {
+      if (f.name == name) f.bytes = written.bytes, f.payload_crc = written.payload_crc;
+    }
+    std::ofstream(manifest, std::ios::trunc) << ckpt::manifest_to_json(man);
+  }
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    auto net = make_tiny_net(8);
+    auto e = initialize(net, make_config(2, 2), group);
+    train(e, *net, 0, 1);
+    expect_refused([&] { e.load_checkpoint(dir.path); }, "random-generator state", group->rank());
+    EXPECT_EQ(e.stats().optimizer_steps, 1);
+    train(e, *net, 1, 3);
+    // The same run, never asked to load.
+    auto twin_net = make_tiny_net(8);
+    auto twin = initialize(twin_net, make_config(2, 2), group);
+    train(twin, *twin_net, 0, 3);
+    EXPECT_TRUE(at::equal(e.flat_parameters(), twin.flat_parameters())) << group->rank();
+  });
+}
+
 TEST(Atomicity, LeftoversOfACrashedSaveAreIgnoredAndReplaced) {
   TempDir dir;
   run_ranks(2, [&](std::shared_ptr<comm::Group> group) {

@@ -37,7 +37,6 @@ std::string broadcast_string(Engine::Impl& m, const std::string& text, int root)
 std::vector<CheckpointParam> current_params(const Engine::Impl& m);
 std::string current_dtype(const Engine::Impl& m);
 
-// This process's default CPU generator state, as bytes, and back.
 // The default CPU generator's state and, when `device` is an accelerator (CUDA), that device's
 // default generator's too (dropout on the GPU draws from it): one opaque string per rank.
 std::string rng_state(c10::Device device);

@@ -90,7 +90,7 @@ struct ShardIndex {
   int rank = 0;
   int world = 1;
   std::vector<std::string> state_names;
-  std::string rng_state;  // the rank's CPU generator state, opaque bytes
+  std::string rng_state;  // the rank's CPU (and CUDA) generator states, opaque bytes
   std::vector<ShardEntry> entries;
   uint64_t payload_bytes = 0;
   uint32_t payload_crc = 0;

@@ -102,7 +102,8 @@ std::vector<at::Tensor> read_shards(const Engine::Impl& m, const ckpt::Manifest&
 }
 
 // Copies what read_shards read into the master shard and the optimizer states.
-void commit_shards(Engine::Impl& m, const ckpt::Manifest& man, const std::vector<at::Tensor>& host) {
+void commit_shards(Engine::Impl& m, const ckpt::Manifest& man,
+                   const std::vector<at::Tensor>& host) {
   m.fp.master.copy_(host[0]);
   const auto states = m.opt.optimizer->state();
   for (size_t i = 0; i < man.state_names.size(); ++i) {
@@ -169,14 +170,21 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   err = ckpt::attempt([&] { host = read_shards(m, man, readers, map); });
   ckpt::agree(m, err, what);
 
+  // The generator states belong to ranks; a rank the saved run did not have keeps its own. If
+  // any rank cannot restore its own, every rank puts its generators back.
+  const std::string rng_before = ckpt::rng_state(m.fp.flat.device());
   err = ckpt::attempt([&] {
-    // The generator states belong to ranks; a rank the saved run did not have keeps its own.
     if (rank < man.world_size) {
       const auto& rng = readers[rank].index().rng_state;
       if (!rng.empty()) ckpt::set_rng_state(rng, m.fp.flat.device(), readers[rank].path());
     }
   });
-  ckpt::agree(m, err, what);
+  try {
+    ckpt::agree(m, err, what);
+  } catch (...) {
+    ckpt::set_rng_state(rng_before, m.fp.flat.device(), "the generator state before the load");
+    throw;
+  }
   commit_shards(m, man, host);
   restore_counters(m, man);
   m.publish_parameters();

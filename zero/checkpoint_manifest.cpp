@@ -107,7 +107,7 @@ std::string manifest_to_json(const Manifest& m) {
        ", \"iter\": " + std::to_string(m.scaler_iter) +
        ", \"last_overflow_iter\": " + std::to_string(m.scaler_last_overflow_iter) +
        ", \"hysteresis_left\": " + std::to_string(m.scaler_hysteresis_left) + "},\n";
-  j += "  \"rng\": \"each rank's CPU (and CUDA) generator states are in its shard file's index\",\n";
+  j += "  \"rng\": \"each rank's CPU (and CUDA) generator states are in its shard's index\",\n";
   j += "  \"config_source\": " + quote(m.config_source) + ",\n";
   j += "  \"config_text\": " + quote(m.config_text) + ",\n  \"config\": {";
   for (size_t i = 0; i < m.config.size(); ++i) {

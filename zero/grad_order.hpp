@@ -54,10 +54,10 @@ class GradOrder {
 
   std::unordered_map<const void*, int> index_;  // TensorImpl of a parameter -> layout index
   State state_ = State::kObserving;
-  std::vector<char> reached_;   // this pass: the walk reached the parameter's AccumulateGrad
-  std::vector<int> arrivals_;   // this pass: gradients delivered
+  std::vector<char> reached_;  // this pass: the walk reached the parameter's AccumulateGrad
+  std::vector<int> arrivals_;  // this pass: gradients delivered
   std::vector<int> first_order_;
-  std::vector<int> hidden_;     // gradients the walk cannot see (nested backward), once known
+  std::vector<int> hidden_;  // gradients the walk cannot see (nested backward), once known
 };
 
 }  // namespace zero
