@@ -24,14 +24,21 @@ std::string quoted(const std::string& s) {
 
 }  // namespace
 
-int64_t peak_rss_bytes() {
+namespace {
+
+int64_t status_kib(const std::string& field) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(field.size())) * 1024;
   }
   return 0;
 }
+
+}  // namespace
+
+int64_t peak_rss_bytes() { return status_kib("VmHWM:"); }
+int64_t current_rss_bytes() { return status_kib("VmRSS:"); }
 
 void TrainSummary::add(const StepRecord& r) {
   if (records.empty()) first_loss = r.loss;

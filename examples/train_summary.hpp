@@ -42,5 +42,7 @@ struct TrainSummary {
 
 // Peak resident memory of this process (Linux VmHWM): on CPU it is where activations show up.
 int64_t peak_rss_bytes();
+// Resident memory now (VmRSS).
+int64_t current_rss_bytes();
 
 }  // namespace zero::examples

@@ -108,6 +108,7 @@ int run(int argc, char** argv) {
           : c10::Device(c10::kCPU);
   set_current_device(device);
 
+  const int64_t rss_before_model = current_rss_bytes();
   at::manual_seed(cfg.seed);
   Gpt model(mc);
   model->to(device);
@@ -245,6 +246,7 @@ int run(int argc, char** argv) {
   run.grad_accum = ga;
   run.micro_batch = micro;
   run.checkpointing = policy.enabled;
+  run.memory_baseline = device.is_cuda() ? 0 : rss_before_model;
   {
     PlanInput pi;  // the planner's bucket order is the engine's
     pi.shape = {mc.layers, mc.dim, mc.heads, mc.ffn_dim(), mc.vocab, mc.tied};
