@@ -64,8 +64,9 @@ Verdict diagnose(const StepTimes& t, const RunShape& r) {
   v.compute = std::max(0.0, t.forward_s + t.backward_s) / step;
   v.other = std::max(0.0, 1 - v.data - v.comm - v.optimizer - v.compute);
   if (r.memory_budget > 0) {
-    v.memory_headroom = std::max(
-        0.0, 1 - static_cast<double>(r.memory_used) / static_cast<double>(r.memory_budget));
+    const double used =
+        static_cast<double>(std::max<int64_t>(0, r.memory_used - r.memory_baseline));
+    v.memory_headroom = std::max(0.0, 1 - used / static_cast<double>(r.memory_budget));
   }
 
   // The largest time share above its threshold decides.

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/group.hpp"
 #include "data.hpp"
 #include "file_checks.hpp"
 #include "gpt.hpp"
@@ -48,7 +49,8 @@ Config::Extension trainer_keys() {
       {"seq_len", T::kInt, "64", "tokens per sample"},
       {"data", T::kString, "synthetic",
        "synthetic, text:PATH (bytes) or bin:PATH (uint16, or an llm.c token file)"},
-      {"activation_checkpointing", T::kBool, "false",
+      {"activation_checkpointing", T::kString, "false",
+       "true, false or auto (the planner decides, see zero_optimization.auto_device_memory): "
        "recompute each block in backward; activation_checkpointing.cpu_checkpointing also "
        "moves the kept block inputs to host memory"},
       {"metrics_file", T::kString, "", "rank 0 appends one JSON line per optimizer step here"},
@@ -125,7 +127,10 @@ int run(int argc, char** argv) {
   desc.add_options()("help,h", "show this help")("config", po::value(&config_path)->required(),
                                                  "YAML or DeepSpeed JSON config file")(
       "set", po::value(&sets)->composing(), "override a key: --set zero_optimization.stage=1")(
-      "summary-json", po::value(&summary_path), "rank 0 writes a JSON summary here");
+      "summary-json", po::value(&summary_path), "rank 0 writes a JSON summary here")(
+      "device-memory", po::value<std::string>(),
+      "per-rank memory budget for \"auto\" values (24GB, 24GiB): sets "
+      "zero_optimization.auto_device_memory");
   po::variables_map vm;
   const po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
   // A word without an option name was a mistake (a missing --set, a stray path): refuse it
@@ -147,6 +152,9 @@ int run(int argc, char** argv) {
 
   // A config is small: a device or a FIFO given by mistake must not be read without end.
   require_input_file(config_path, "--config", kMaxConfigBytes);
+  if (vm.count("device-memory")) {
+    sets.push_back("zero_optimization.auto_device_memory=" + vm["device-memory"].as<std::string>());
+  }
   const auto ext = trainer_keys();
   Config cfg = Config::from_file(config_path, sets, &ext);
   check_trainer_ranges(cfg, config_path);
@@ -178,19 +186,43 @@ int run(int argc, char** argv) {
           : c10::Device(c10::kCPU);
   set_current_device(device);
 
+  const int64_t rss_before_model = rss_bytes();
   at::manual_seed(cfg.seed);
   Gpt model(mc);
   model->to(device);
   CheckpointPolicy policy;
-  policy.enabled = cfg.extra_bool("trainer.activation_checkpointing");
   policy.cpu_offload = cfg.extra_bool("activation_checkpointing.cpu_checkpointing");
-  if (policy.cpu_offload && !policy.enabled) {
+  std::string ckpt = cfg.extra_string("trainer.activation_checkpointing");
+  for (char& ch : ckpt) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (ckpt != "true" && ckpt != "false" && ckpt != "auto") {
+    throw ConfigError(config_path + ": trainer.activation_checkpointing '" + ckpt +
+                      "': use true, false or auto");
+  }
+  // "auto" values (stage, micro-batch, checkpointing) are planned for this model's shape
+  // before anything is sharded; the group is made here so the ranks can agree on a budget.
+  comm::GroupOptions go;
+  go.timeout = cfg.comm_timeout;
+  go.device = device.type();
+  auto group = comm::Group::from_env(go);
+  AutoTarget target;
+  target.shape = {mc.layers, mc.dim, mc.heads, mc.ffn_dim(), mc.vocab, mc.tied};
+  target.num_params = mc.num_params();
+  target.seq_len = seq;
+  target.cpu_offload = policy.cpu_offload;
+  if (ckpt != "auto") target.checkpointing = ckpt == "true";
+  target.device = device;
+  if (device.is_cuda()) {
+    for (const auto& p : model->parameters()) target.held_bytes += p.nbytes();
+  }
+  resolve_auto(cfg, target, *group);
+  policy.enabled = target.checkpointing.value_or(false);
+  if (policy.cpu_offload && !policy.enabled && ckpt != "auto") {
     throw ConfigError(config_path +
                       ": activation_checkpointing.cpu_checkpointing offloads what checkpointing "
                       "keeps; also set trainer.activation_checkpointing: true");
   }
   apply_activation_checkpointing(model, policy);
-  Engine engine = initialize(model, cfg);
+  Engine engine = initialize(model.ptr(), cfg, group);
   const int64_t startup_peak = peak_rss_bytes(), after_initialize = rss_bytes();
   const Config& c = engine.config();  // batch sizes resolved for the world size
   const int rank = engine.rank(), world = engine.world_size();
@@ -383,6 +415,7 @@ int run(int argc, char** argv) {
   run.grad_accum = ga;
   run.micro_batch = micro;
   run.checkpointing = policy.enabled;
+  run.memory_baseline = device.is_cuda() ? 0 : rss_before_model;
   {
     PlanInput pi;  // the planner's bucket order is the engine's
     pi.shape = {mc.layers, mc.dim, mc.heads, mc.ffn_dim(), mc.vocab, mc.tied};
@@ -391,7 +424,7 @@ int run(int argc, char** argv) {
     run.buckets = static_cast<int64_t>(bucket_sizes(pi).size());
   }
   const DeviceMemory dm = device_memory(device);
-  run.memory_budget = dm.total;
+  run.memory_budget = dm.total > 0 ? dm.total : c.zero_optimization.auto_device_memory;
   sum.finish(engine, *model, policy, data->describe(), loader.wait_seconds(), run);
   if (rank == 0) {
     std::printf("done: loss %.4f -> %.4f, parameter L2 norm %.6f, median step %.3f s\n",

@@ -78,6 +78,11 @@ TEST(Bottleneck, AFullDeviceIsMemoryBound) {
   EXPECT_TRUE(has(v.knob, "ZeRO stage 2")) << v.knob;
   RunShape r = shape(2, 95, 100);
   EXPECT_TRUE(has(diagnose(times(0.0, 0.3, 0.6, 0.05, 0.05), r).knob, "checkpointing"));
+  // On CPU the process's RSS before the model (libraries) is not the run's: 45 of 100 used.
+  r.memory_baseline = 50;
+  const Verdict cpu = diagnose(times(0.0, 0.3, 0.6, 0.05, 0.05), r);
+  EXPECT_NEAR(cpu.memory_headroom, 0.55, 1e-12);
+  EXPECT_EQ(cpu.kind, Bottleneck::kCompute);
 }
 
 TEST(Bottleneck, OtherwiseComputeBound) {

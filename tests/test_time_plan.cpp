@@ -116,19 +116,20 @@ TEST(TimePlan, StepTimeOfStage0ByHand) {
 
 TEST(TimePlan, StepTimeOfStage2ByHand) {
   const TimeEstimate t = predict_step_time(billion(8), {.stage = 2}, round_hw());
-  // Reduce-scatters take half: 0.004375 s each, the last done at 0.019475.
+  // Reduce-scatters take half, 0.004375 s each: done at 0.006375, 0.01075, 0.015125 and 0.0195,
+  // 0.0115 after backward.
   EXPECT_NEAR(t.grad_comm_s, 0.0175, 1e-12);
-  EXPECT_NEAR(t.grad_comm_exposed_s, 0.011475, 1e-12);
+  EXPECT_NEAR(t.grad_comm_exposed_s, 0.0115, 1e-12);
   // All-gather of 2 GB of bf16 parameters, 7/8 of it, at 100 GB/s (+ the norm's 4 bytes).
   EXPECT_NEAR(t.param_gather_s, 0.0175, 1e-9);
   // 1.25e8 elements: 34 B each, and zeroing the 4-byte shard.
   EXPECT_NEAR(t.optimizer_s, (34 + 4) * 1.25e8 / 1e12, 1e-12);
-  EXPECT_NEAR(t.step_s, 0.012 + 0.011475 + 0.0175 + 0.00475, 1e-9);
+  EXPECT_NEAR(t.step_s, 0.012 + 0.0115 + 0.0175 + 0.00475, 1e-9);
 
   // Accumulating 2 micro-steps: stage 2 reduces on both, stage 0 once, overlapping the last.
   const TimeEstimate t2 = predict_step_time(billion(8), {.stage = 2, .grad_accum = 2}, round_hw());
-  EXPECT_NEAR(t2.grad_comm_exposed_s, 2 * 0.011475, 1e-12);
-  EXPECT_NEAR(t2.step_s, 0.024 + 2 * 0.011475 + 0.0175 + 0.00475, 1e-9);
+  EXPECT_NEAR(t2.grad_comm_exposed_s, 2 * 0.0115, 1e-12);
+  EXPECT_NEAR(t2.step_s, 0.024 + 2 * 0.0115 + 0.0175 + 0.00475, 1e-9);
   const TimeEstimate t0 = predict_step_time(billion(8), {.stage = 0, .grad_accum = 2}, round_hw());
   EXPECT_NEAR(t0.grad_comm_exposed_s, 0.029, 1e-12);
   EXPECT_NEAR(t0.step_s, 0.024 + 0.029 + 0.038, 1e-12);
@@ -160,9 +161,12 @@ TEST(TimePlan, RecomputeAndOffloadCostTime) {
   // Two blocks' bf16 inputs, out and back: 2 · 2 · 2 B · 1000 tokens · 1024.
   EXPECT_NEAR(off.offload_s, 2.0 * 2 * 2 * 1000 * 1024 / 1e6, 1e-9);
   EXPECT_NEAR(off.offload_exposed_s, off.offload_s - off.compute_s(), 1e-9);
+  Hardware fast = round_hw();
+  fast.host_bw = 100e9;  // 8 MB in 82 us, under the 0.4 ms of compute
   const TimeEstimate hidden =
-      predict_step_time(s, {.stage = 0, .recompute = Recompute::kCheckpointOffload}, round_hw());
-  EXPECT_EQ(hidden.offload_exposed_s, 0.0) << "10 GB/s hides 8 MB behind the compute";
+      predict_step_time(s, {.stage = 0, .recompute = Recompute::kCheckpointOffload}, fast);
+  ASSERT_GT(hidden.compute_s(), hidden.offload_s);
+  EXPECT_EQ(hidden.offload_exposed_s, 0.0);
 }
 
 TEST(TimePlan, Llama7bAcrossNodesIsSlowerThanInsideOne) {

@@ -8,10 +8,12 @@
 #include <cmath>
 #include <iterator>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "zero/config_schema.hpp"
+#include "zero/memory_plan.hpp"
 
 namespace zero {
 namespace {
@@ -146,6 +148,8 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   std::vector<Field> f = {
       {"stage",
        [&](const Entry& e) {
+         z.stage_auto = Loader::is_auto(e);
+         if (z.stage_auto) return;
          const int64_t v = l.integer(e);
          if (v == 3) {
            l.fail(e, "'" + e.path +
@@ -153,6 +157,15 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
          }
          l.require(e, v >= 0 && v <= 2, "0, 1 or 2");
          z.stage = static_cast<int>(v);
+       }},
+      {"auto_device_memory",
+       [&](const Entry& e) {
+         try {
+           z.auto_device_memory = parse_byte_size(l.string(e));
+         } catch (const std::invalid_argument& x) {
+           l.fail(e, "'" + e.path + "': " + x.what());
+         }
+         l.require(e, z.auto_device_memory > 0, "a memory size such as 24GB");
        }},
       {"reduce_bucket_size", bucket(z.reduce_bucket_size)},
       {"allgather_bucket_size", bucket(z.allgather_bucket_size)},
@@ -503,7 +516,10 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
   std::vector<Field> f = {
       {"train_batch_size", [&](const Entry& e) { c.train_batch_size = batch_value(l, e, c); }},
       {"train_micro_batch_size_per_gpu",
-       [&](const Entry& e) { c.train_micro_batch_size_per_gpu = batch_value(l, e, c); }},
+       [&](const Entry& e) {
+         c.micro_batch_auto = Loader::is_auto(e);
+         c.train_micro_batch_size_per_gpu = batch_value(l, e, c);
+       }},
       {"gradient_accumulation_steps",
        [&](const Entry& e) { c.gradient_accumulation_steps = batch_value(l, e, c); }},
       {"gradient_clipping",

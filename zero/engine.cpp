@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "zero/device.hpp"
+#include "zero/auto_strategy.hpp"
 #include "zero/engine_impl.hpp"
 
 namespace zero {
@@ -154,6 +155,17 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   }
   auto impl = std::make_unique<Engine::Impl>();
   impl->replaced_param_bytes = replaced;
+  if (cfg.zero_optimization.stage_auto) {
+    // The application did not resolve "auto" with its model's shape (resolve_auto): plan the
+    // stage for the model states alone.
+    AutoTarget t;
+    for (const auto& p : model->parameters()) {
+      t.num_params += p.numel();
+      t.device = p.device();
+      if (p.is_cuda()) t.held_bytes += static_cast<int64_t>(p.nbytes());
+    }
+    resolve_auto(cfg, t, *group);
+  }
   cfg.resolve_batch(group->size());
   impl->cfg = std::move(cfg);
   const Config& c = impl->cfg;

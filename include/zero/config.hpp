@@ -59,6 +59,10 @@ struct SchedulerConfig {
 
 struct ZeroOptimizationConfig {
   int stage = 0;
+  // stage: "auto": the planner picks at initialize (include/zero/auto_strategy.hpp), for the
+  // budget below or the device's free memory.
+  bool stage_auto = false;
+  int64_t auto_device_memory = 0;  // bytes per rank "auto" plans for; 0: the device's free memory
   int64_t reduce_bucket_size = 500'000'000;     // elements, as DeepSpeed
   int64_t allgather_bucket_size = 500'000'000;  // elements in flight while gathering params
   // DeepSpeed's default is false below stage 3; it only changes timing, and zero overlaps.
@@ -81,6 +85,9 @@ struct Config {
   int64_t train_batch_size = 0;
   int64_t train_micro_batch_size_per_gpu = 0;
   int64_t gradient_accumulation_steps = 0;
+  // train_micro_batch_size_per_gpu: "auto". Derived from the other two when they fix it (as
+  // DeepSpeed); otherwise the planner picks it where there is a memory budget.
+  bool micro_batch_auto = false;
 
   double gradient_clipping = 1.0;  // 0 = off; DeepSpeed 0.19 clips at 1.0 unless told otherwise
   // DeepSpeed's gradient_predivide_factor f: gradients are multiplied by 1/f before they are

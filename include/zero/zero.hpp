@@ -1,6 +1,7 @@
 // Everything a training program needs: #include <zero/zero.hpp>.
 #pragma once
 
+#include "zero/auto_strategy.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/config.hpp"

@@ -1,0 +1,74 @@
+// "auto" for the ZeRO stage, the micro-batch and activation checkpointing: the memory planner
+// (memory_plan.hpp) picks the cheapest setting that fits a per-rank memory budget, by its own
+// rule (least recompute, then the largest micro-batch, then the lowest stage). A value the user
+// gave is kept; only the "auto" ones are chosen.
+//
+// The budget is zero_optimization.auto_device_memory when set, else the device's free memory
+// (CUDA) plus what the model already holds there; every rank plans for the smallest budget of
+// all ranks, so all pick the same. On CPU there is no free memory to read: "auto" without a
+// budget is an error naming the key.
+//
+// Optimizer/parameter offload is not in this engine, so it is never chosen; activation
+// offload (activation_checkpointing.cpu_checkpointing) is, when the user enabled it, the form
+// checkpointing takes.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "zero/config.hpp"
+#include "zero/memory_plan.hpp"
+
+namespace zero {
+
+namespace comm {
+class Group;
+}
+
+// What is fixed and what is "auto" (nullopt).
+struct AutoRequest {
+  std::optional<int> stage;
+  std::optional<int64_t> micro_batch;
+  std::optional<bool> checkpointing;
+  bool cpu_offload = false;    // checkpointing keeps its inputs in host memory
+  int64_t per_rank_batch = 0;  // train_batch_size / N when fixed: the micro-batch must divide it
+};
+
+struct AutoChoice {
+  int stage = 0;
+  int64_t micro_batch = 1;
+  Recompute recompute = Recompute::kNone;
+  int64_t bytes = 0;  // predicted per-rank peak
+  std::string line;   // "zero: auto: stage 1, ... : why"
+};
+
+// Torch-free: the choice for a model (in.shape and in.num_params; in.micro_batch is ignored
+// when the micro-batch is "auto") under `lim`. Throws ConfigError when nothing fits, with the
+// planner's reasons.
+AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const AutoRequest& req);
+
+// The planner's input for a config: dtypes, optimizer states and buckets as the engine will
+// use them, for `world_size` ranks.
+PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size);
+
+// What an application knows about its model, for resolve_auto.
+struct AutoTarget {
+  ModelShape shape;  // unknown (layers = 0): activations are not counted, micro-batch stays
+  int64_t num_params = 0;
+  int64_t seq_len = 0;
+  std::optional<bool> checkpointing = false;  // nullopt: "auto"
+  bool cpu_offload = false;
+  c10::Device device = c10::Device(c10::kCPU);
+  int64_t held_bytes = 0;  // already on the device (the model's parameters): counted by the plan
+};
+
+// Resolves the "auto" values of `cfg` and `target.checkpointing` and prints the one-line
+// reason on rank 0. Collective when the budget comes from the devices. Returns nothing when no
+// value is "auto". Throws ConfigError (no budget on CPU, nothing fits).
+std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, comm::Group& group);
+
+}  // namespace zero

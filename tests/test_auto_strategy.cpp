@@ -1,0 +1,194 @@
+// "auto" for the stage, the micro-batch and activation checkpointing: the choice equals the
+// memory planner's recommendation, an explicit value wins, and no budget on CPU is an error.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "comm/group.hpp"
+#include "support/tiny_net.hpp"
+#include "zero/auto_strategy.hpp"
+#include "zero/engine.hpp"
+
+namespace zero {
+namespace {
+
+PlanInput llama7b(int world) {
+  PlanInput in;
+  in.shape = {32, 4096, 32, 11008, 32000, false};
+  in.num_params = in.shape.num_params();
+  in.world_size = world;
+  in.micro_batch = 1;
+  in.seq_len = 2048;
+  return in;  // bf16, fp32 accumulation, AdamW, 5e8-element buckets
+}
+
+int64_t need(const PlanInput& in, int stage, Recompute r, int64_t micro = 1) {
+  PlanInput x = in;
+  x.micro_batch = micro;
+  return plan_model_states(x, stage).total() + predict_activations(x, r).peak();
+}
+
+// Device memory whose budget (90%) is just above `bytes`.
+PlanLimits room_for(int64_t bytes) {
+  PlanLimits lim;
+  lim.device_bytes = static_cast<int64_t>(static_cast<double>(bytes) / 0.9) + 1'000'000;
+  return lim;
+}
+
+AutoRequest micro_one_no_ckpt() {
+  AutoRequest r;
+  r.micro_batch = 1;
+  r.checkpointing = false;
+  return r;
+}
+
+TEST(AutoStrategy, StageAutoPicksTheLowestStageThatFits) {
+  const PlanInput in = llama7b(8);
+  for (int s = 0; s < 3; ++s) {
+    const AutoChoice c =
+        choose_strategy(in, room_for(need(in, s, Recompute::kNone)), micro_one_no_ckpt());
+    EXPECT_EQ(c.stage, s) << c.line;
+    EXPECT_EQ(c.recompute, Recompute::kNone);
+    EXPECT_EQ(c.micro_batch, 1);
+    EXPECT_NE(c.line.find("stage " + std::to_string(s) + " (auto)"), std::string::npos) << c.line;
+  }
+  EXPECT_NE(choose_strategy(in, room_for(need(in, 2, Recompute::kNone)), micro_one_no_ckpt())
+                .line.find("stage 1 does not fit"),
+            std::string::npos);
+}
+
+TEST(AutoStrategy, CheckpointingOnlyWhenNothingFitsWithout) {
+  const PlanInput in = llama7b(8);
+  AutoRequest req = micro_one_no_ckpt();
+  req.checkpointing.reset();  // "auto"
+  const PlanLimits tight = room_for(need(in, 2, Recompute::kCheckpoint));
+  ASSERT_GT(need(in, 2, Recompute::kNone), tight.budget());
+  const AutoChoice c = choose_strategy(in, tight, req);
+  EXPECT_EQ(c.stage, 2);
+  EXPECT_EQ(c.recompute, Recompute::kCheckpoint);
+  EXPECT_NE(c.line.find("no stage fits without checkpointing"), std::string::npos) << c.line;
+  // With room, checkpointing "auto" stays off.
+  EXPECT_EQ(choose_strategy(in, room_for(need(in, 2, Recompute::kNone)), req).recompute,
+            Recompute::kNone);
+  // Checkpointing fixed off: nothing fits, and the error says what would.
+  try {
+    choose_strategy(in, tight, micro_one_no_ckpt());
+    FAIL() << "nothing fits";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing fits"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("auto_device_memory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(AutoStrategy, AllAutoIsThePlannersRecommendation) {
+  const PlanInput in = llama7b(8);
+  int checked = 0;
+  bool checkpointed = false, stage0 = false, stage2 = false;
+  for (const char* device : {"36GB", "48GB", "80GB", "141GB", "3TB"}) {
+    PlanLimits lim;
+    lim.device_bytes = parse_byte_size(device);
+    const MemoryPlan plan = plan_memory(in, lim);
+    ASSERT_TRUE(plan.found) << device;
+    ASSERT_NE(plan.best.recompute, Recompute::kCheckpointOffload) << device;
+    const AutoChoice c = choose_strategy(in, lim, AutoRequest{});
+    EXPECT_EQ(c.stage, plan.best.stage) << device << ": " << c.line;
+    EXPECT_EQ(c.recompute, plan.best.recompute) << device << ": " << c.line;
+    EXPECT_EQ(c.micro_batch, plan.best.micro_batch) << device << ": " << c.line;
+    EXPECT_EQ(c.bytes, plan.best.total()) << device;
+    checkpointed |= c.recompute == Recompute::kCheckpoint;
+    stage0 |= c.stage == 0;
+    stage2 |= c.stage == 2;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 5);
+  // The budgets span the answers: 36 GB needs checkpointing, 3 TB fits stage 0 at the largest
+  // micro-batch searched, the others stage 2.
+  EXPECT_TRUE(checkpointed && stage0 && stage2);
+}
+
+TEST(AutoStrategy, ExplicitValuesWinOverAuto) {
+  const PlanInput in = llama7b(8);
+  PlanLimits big;
+  big.device_bytes = parse_byte_size("400GB");
+  AutoRequest req = micro_one_no_ckpt();
+  ASSERT_EQ(choose_strategy(in, big, req).stage, 0) << "auto alone picks stage 0 here";
+  req.stage = 2;
+  EXPECT_EQ(choose_strategy(in, big, req).stage, 2);
+  req.checkpointing = true;
+  EXPECT_EQ(choose_strategy(in, big, req).recompute, Recompute::kCheckpoint);
+  req.cpu_offload = true;
+  EXPECT_EQ(choose_strategy(in, big, req).recompute, Recompute::kCheckpointOffload);
+  // A fixed train_batch_size per rank of 6: the micro-batch must divide it.
+  AutoRequest six;
+  six.per_rank_batch = 6;
+  const AutoChoice c = choose_strategy(in, big, six);
+  EXPECT_EQ(6 % c.micro_batch, 0) << c.line;
+  EXPECT_EQ(c.micro_batch, 2) << c.line;
+}
+
+TEST(AutoStrategy, ConfigAutoWithoutABudgetOnCpuIsAnError) {
+  Config cfg = Config::from_string("zero_optimization: {stage: auto}\n", "a.yaml");
+  EXPECT_TRUE(cfg.zero_optimization.stage_auto);
+  AutoTarget t;
+  t.num_params = 1000;
+  auto group = comm::Group::single();
+  try {
+    resolve_auto(cfg, t, *group);
+    FAIL() << "auto needs a budget on CPU";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("a.yaml"), std::string::npos) << m;
+    EXPECT_NE(m.find("zero_optimization.stage"), std::string::npos) << m;
+    EXPECT_NE(m.find("set zero_optimization.auto_device_memory"), std::string::npos) << m;
+  }
+  // The same through initialize, with the engine's model.
+  auto net = testing::make_tiny_net(1);
+  EXPECT_THROW(initialize(net, cfg, comm::Group::single()), ConfigError);
+}
+
+TEST(AutoStrategy, ConfigAutoWithABudgetResolvesAndInitializeApplies) {
+  // TinyNet's fp32 model states: stage 0 needs 16 bytes per parameter, one rank.
+  Config cfg = Config::from_string(
+      "zero_optimization: {stage: auto, auto_device_memory: 1MB}\n"
+      "train_micro_batch_size_per_gpu: 2\n",
+      "a.yaml");
+  EXPECT_EQ(cfg.zero_optimization.auto_device_memory, 1'000'000);
+  auto net = testing::make_tiny_net(1);
+  Engine engine = initialize(net, cfg, comm::Group::single());
+  EXPECT_EQ(engine.stage(), 0) << "one rank: stage 0 is the lowest that fits";
+  EXPECT_FALSE(engine.config().zero_optimization.stage_auto);
+  EXPECT_EQ(engine.config().train_micro_batch_size_per_gpu, 2);
+  // A user value is kept: stage 1 with a budget is not re-planned.
+  Config fixed =
+      Config::from_string("zero_optimization: {stage: 1, auto_device_memory: 1MB}\n", "b.yaml");
+  AutoTarget t;
+  t.num_params = 1000;
+  EXPECT_FALSE(resolve_auto(fixed, t, *comm::Group::single()).has_value());
+  EXPECT_EQ(fixed.zero_optimization.stage, 1);
+  // Bad budgets name the key.
+  EXPECT_THROW(Config::from_string("zero_optimization: {auto_device_memory: lots}\n", "c.yaml"),
+               ConfigError);
+}
+
+TEST(AutoStrategy, MicroBatchAutoWithoutABudgetKeepsDeepSpeedsMeaning) {
+  Config cfg = Config::from_string("train_micro_batch_size_per_gpu: auto\n", "hf.json");
+  EXPECT_TRUE(cfg.micro_batch_auto);
+  AutoTarget t;
+  t.shape = {2, 64, 4, 0, 256, true};
+  t.num_params = t.shape.num_params();
+  t.seq_len = 32;
+  EXPECT_FALSE(resolve_auto(cfg, t, *comm::Group::single()).has_value());
+  cfg.resolve_batch(1);
+  EXPECT_EQ(cfg.train_micro_batch_size_per_gpu, 1);
+  // With a budget the planner picks it: the largest power of two up to 64 that fits.
+  Config planned = Config::from_string(
+      "train_micro_batch_size_per_gpu: auto\nzero_optimization: {auto_device_memory: 10GB}\n",
+      "hf.json");
+  const auto c = resolve_auto(planned, t, *comm::Group::single());
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(planned.train_micro_batch_size_per_gpu, 64) << c->line;
+  EXPECT_EQ(t.checkpointing, false);
+}
+
+}  // namespace
+}  // namespace zero

@@ -1,0 +1,139 @@
+// The "auto" choice itself, torch-free: the planner's search restricted to what the user left
+// open. Rules and budget in include/zero/auto_strategy.hpp.
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "zero/auto_strategy.hpp"
+
+namespace zero {
+namespace {
+
+std::string fmt(const char* f, auto... args) {
+  char buf[600];
+  std::snprintf(buf, sizeof buf, f, args...);
+  return buf;
+}
+
+int64_t peak_bytes(PlanInput in, int stage, Recompute r, int64_t micro) {
+  in.micro_batch = micro;
+  return plan_model_states(in, stage).total() + predict_activations(in, r).peak();
+}
+
+}  // namespace
+
+PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size) {
+  PlanInput in;
+  in.num_params = num_params;
+  in.world_size = world_size;
+  const auto bytes = [](Dtype d) { return d == Dtype::kFloat32 ? 4 : 2; };
+  in.param_bytes = bytes(cfg.param_dtype());
+  in.comm_bytes = bytes(cfg.communication_data_type.value_or(cfg.param_dtype()));
+  in.grad_accum_bytes = bytes(cfg.grad_accum_dtype);
+  const std::string& opt = cfg.optimizer.type;
+  in.optimizer_states = opt == "SGD" ? (cfg.optimizer.momentum > 0 ? 1 : 0) : 2;
+  in.bucket_elements = cfg.zero_optimization.reduce_bucket_size;
+  in.micro_batch = std::max<int64_t>(1, cfg.train_micro_batch_size_per_gpu);
+  return in;
+}
+
+AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const AutoRequest& req) {
+  const Recompute ckpt = req.cpu_offload ? Recompute::kCheckpointOffload : Recompute::kCheckpoint;
+  std::vector<Recompute> modes;  // least recompute first
+  if (!req.checkpointing.value_or(false)) modes.push_back(Recompute::kNone);
+  if (req.checkpointing.value_or(true)) modes.push_back(ckpt);
+  std::vector<int> stages;
+  for (int s = 0; s < 3; ++s) {
+    if (!req.stage || *req.stage == s) stages.push_back(s);
+  }
+  // Without a shape activations are unknown: the micro-batch cannot be planned.
+  const bool plan_micro = !req.micro_batch && in.shape.known();
+  std::vector<int64_t> micros;  // largest first
+  if (plan_micro) {
+    for (int64_t b = 1; b <= std::max<int64_t>(1, lim.max_micro_batch); b *= 2) {
+      if (req.per_rank_batch <= 0 || req.per_rank_batch % b == 0) micros.insert(micros.begin(), b);
+    }
+  } else {
+    micros.push_back(req.micro_batch.value_or(std::max<int64_t>(1, in.micro_batch)));
+  }
+
+  const int64_t budget = lim.budget();
+  for (Recompute r : modes) {
+    bool found = false;
+    AutoChoice best;
+    for (int s : stages) {
+      for (int64_t b : micros) {
+        const int64_t need = peak_bytes(in, s, r, b);
+        if (need > budget) continue;
+        if (!found || b > best.micro_batch) {
+          found = true;
+          best.stage = s, best.micro_batch = b, best.recompute = r, best.bytes = need;
+        }
+        break;  // the largest micro-batch this stage fits
+      }
+    }
+    if (!found) continue;
+
+    // Why, in the planner's order of concerns, for the values that were "auto".
+    std::string why;
+    auto add = [&](const std::string& s) { why += (why.empty() ? "" : "; ") + s; };
+    if (!req.checkpointing) {
+      add(r == Recompute::kNone
+              ? "nothing needs recomputing"
+              : fmt("no %s fits without checkpointing", req.stage ? "configuration" : "stage"));
+    }
+    if (plan_micro && micros.front() != best.micro_batch) {
+      const auto next = std::find(micros.begin(), micros.end(), best.micro_batch);
+      if (next != micros.begin()) {
+        const int64_t up = *(next - 1);
+        add(fmt("micro-batch %lld needs %s", (long long)up,
+                format_gb(peak_bytes(in, best.stage, r, up)).c_str()));
+      }
+    }
+    if (!req.stage) {
+      for (int s : stages) {
+        if (s == best.stage) continue;
+        int64_t fits = 0;
+        for (int64_t b : micros) {
+          if (peak_bytes(in, s, r, b) <= budget) {
+            fits = b;
+            break;
+          }
+        }
+        if (fits == 0) {
+          add(fmt("stage %d does not fit", s));
+        } else if (fits < best.micro_batch) {
+          add(fmt("stage %d fits only micro-batch %lld", s, (long long)fits));
+        } else if (s > best.stage) {
+          add(fmt("stage %d fits too but communicates more", s));
+        }
+      }
+    }
+    std::string chose;
+    auto pick = [&](bool was_auto, const std::string& what) {
+      chose += (chose.empty() ? "" : ", ") + what + (was_auto ? " (auto)" : "");
+    };
+    pick(!req.stage, fmt("stage %d", best.stage));
+    pick(!req.checkpointing, recompute_name(r));
+    pick(plan_micro, fmt("micro-batch %lld", (long long)best.micro_batch));
+    best.line = fmt("zero: auto: %s: needs %s of the %s budget (%s - %.0f%% reserve)%s%s",
+                    chose.c_str(), format_gb(best.bytes).c_str(), format_gb(budget).c_str(),
+                    format_gb(lim.device_bytes).c_str(), 100 * lim.reserve, why.empty() ? "" : ": ",
+                    why.c_str());
+    if (!in.shape.known()) best.line += " (model states only: activations not counted)";
+    return best;
+  }
+
+  std::string m =
+      fmt("zero: auto: nothing fits the %s budget per rank (%s - %.0f%% reserve)",
+          format_gb(budget).c_str(), format_gb(lim.device_bytes).c_str(), 100 * lim.reserve);
+  const int s = stages.back();
+  const Recompute r = modes.back();
+  m += fmt("; the smallest, stage %d with %s at micro-batch %lld, needs %s", s, recompute_name(r),
+           (long long)micros.back(), format_gb(peak_bytes(in, s, r, micros.back())).c_str());
+  m += ". Use more ranks, a smaller model or sequence, a larger "
+       "zero_optimization.auto_device_memory, or fix fewer values";
+  throw ConfigError(m);
+}
+
+}  // namespace zero
