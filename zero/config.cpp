@@ -226,7 +226,10 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   f.push_back(only_bool(l, "elastic_checkpoint", false, "is not implemented by zero"));
   f.push_back(l.no_effect("use_multi_rank_bucket_allreduce",
                           "it only changes how DeepSpeed issues MoE all-reduces"));
-  for (const std::string& k : words("ignore_unused_parameters legacy_stage1 zenflow")) {
+  // Unused parameters are found from the loss's graph and count as zero gradients, always.
+  f.push_back(only_bool(l, "ignore_unused_parameters", true,
+                        "would make an unused parameter an error; zero always accepts them"));
+  for (const std::string& k : words("legacy_stage1 zenflow")) {
     f.push_back(l.unsupported(k));
   }
   l.walk(s, f);

@@ -179,7 +179,10 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
                         ? world
                         : c.gradient_predivide_factor.value_or(c.fp16.enabled ? world : 1);
   if (impl->group->rank() == 0) {
-    for (const auto& w : c.warnings) std::cerr << "zero: warning: " << w << "\n";
+    for (const auto& w : c.warnings) {
+      // Some notes carry their own "zero: " prefix; print it once.
+      std::cerr << "zero: warning: " << (w.rfind("zero: ", 0) == 0 ? w.substr(6) : w) << "\n";
+    }
   }
 
   FlattenOptions& fo = impl->flat_opts;
