@@ -11,7 +11,7 @@
 
 #include "comm/backend.hpp"
 #include "comm/launcher_env.hpp"
-#include "zero/errors.hpp"
+#include "zero/comm_errors.hpp"
 
 namespace zero::comm {
 namespace {

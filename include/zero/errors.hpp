@@ -5,20 +5,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "zero/comm_errors.hpp"
+
 namespace zero {
-
-// A collective failed or timed out: the message names this rank, the collective and the likely
-// cause (a peer that died or stalled), so survivors can exit instead of hanging.
-class CommError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// The launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) is missing or inconsistent.
-class LaunchError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // The message of `e` as a user should see it: c10::Error's C++ backtrace is dropped.
 std::string error_message(const std::exception& e);
