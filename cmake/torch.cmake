@@ -63,6 +63,7 @@ target_link_libraries(zero_torch INTERFACE -Wl,--push-state,--no-as-needed stdc+
 if(ZERO_WITH_CUDA)
   target_link_options(zero_torch INTERFACE "-Wl,--no-as-needed")
 endif()
-set(CMAKE_BUILD_RPATH ${TORCH_ROOT}/lib)
-set(CMAKE_INSTALL_RPATH ${TORCH_ROOT}/lib)
+# Whatever links LibTorch finds it at run time, ours and a consumer's executables alike, without
+# setting CMAKE_*_RPATH for a parent project.
+target_link_options(zero_torch INTERFACE "LINKER:-rpath,${TORCH_ROOT}/lib")
 

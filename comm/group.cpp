@@ -3,9 +3,10 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "comm/backend.hpp"
+#include "comm/launcher_env.hpp"
 #include "comm/liveness.hpp"
 #include "comm/startup.hpp"
-#include "zero/errors.hpp"
+#include "zero/comm_errors.hpp"
 
 namespace zero::comm {
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,

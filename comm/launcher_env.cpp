@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "zero/errors.hpp"
+#include "zero/comm_errors.hpp"
 
 namespace zero::comm {
 namespace {

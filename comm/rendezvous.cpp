@@ -15,7 +15,7 @@
 #include "comm/launcher_env.hpp"
 #include "comm/liveness.hpp"
 #include "comm/startup.hpp"
-#include "zero/errors.hpp"
+#include "zero/comm_errors.hpp"
 
 namespace zero::comm {
 namespace {

@@ -14,7 +14,8 @@ int64_t GptConfig::ffn_dim() const {
 }
 
 int64_t GptConfig::num_params() const {
-  const int64_t per_layer = 4 * dim * dim + 3 * dim * ffn_dim() + 2 * dim;
+  const int64_t kv_dim = kv_heads_count() * head_dim();
+  const int64_t per_layer = 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * ffn_dim() + 2 * dim;
   return vocab * dim * (tied ? 1 : 2) + layers * per_layer + dim;
 }
 
@@ -75,13 +76,14 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 }  // namespace
 
-BlockImpl::BlockImpl(const GptConfig& c) : heads(c.heads) {
-  attn_norm = register_module("attn_norm", RMSNorm(c.dim));
+BlockImpl::BlockImpl(const GptConfig& c) : heads(c.heads), kv_heads(c.kv_heads_count()) {
+  const int64_t kv_dim = kv_heads * c.head_dim();
+  attn_norm = register_module("attn_norm", RMSNorm(c.dim, c.norm_eps));
   wq = register_module("wq", linear(c.dim, c.dim));
-  wk = register_module("wk", linear(c.dim, c.dim));
-  wv = register_module("wv", linear(c.dim, c.dim));
+  wk = register_module("wk", linear(c.dim, kv_dim));
+  wv = register_module("wv", linear(c.dim, kv_dim));
   wo = register_module("wo", linear(c.dim, c.dim));
-  mlp_norm = register_module("mlp_norm", RMSNorm(c.dim));
+  mlp_norm = register_module("mlp_norm", RMSNorm(c.dim, c.norm_eps));
   w_gate = register_module("w_gate", linear(c.dim, c.ffn_dim()));
   w_up = register_module("w_up", linear(c.dim, c.ffn_dim()));
   w_down = register_module("w_down", linear(c.ffn_dim(), c.dim));
@@ -90,10 +92,17 @@ BlockImpl::BlockImpl(const GptConfig& c) : heads(c.heads) {
 at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2), hd = D / heads;
   auto h = attn_norm->forward(x);
-  auto split = [&](const at::Tensor& t) { return t.view({B, T, heads, hd}).transpose(1, 2); };
-  auto q = apply_rope(split(wq->forward(h)), cos, sin);
-  auto k = apply_rope(split(wk->forward(h)), cos, sin);
-  auto v = split(wv->forward(h));
+  auto split = [&](const at::Tensor& t, int64_t n) {
+    return t.view({B, T, n, hd}).transpose(1, 2);
+  };
+  auto q = apply_rope(split(wq->forward(h), heads), cos, sin);
+  auto k = apply_rope(split(wk->forward(h), kv_heads), cos, sin);
+  auto v = split(wv->forward(h), kv_heads);
+  if (kv_heads != heads) {
+    // Grouped-query attention: query head i reads key/value head i / (heads / kv_heads).
+    k = k.repeat_interleave(heads / kv_heads, 1);
+    v = v.repeat_interleave(heads / kv_heads, 1);
+  }
   auto a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
   auto out = x + wo->forward(a.transpose(1, 2).reshape({B, T, D}));
   auto m = mlp_norm->forward(out);
@@ -104,10 +113,13 @@ GptImpl::GptImpl(const GptConfig& c) : cfg(c) {
   if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0) {
     throw std::invalid_argument("model dim must split into heads of an even size");
   }
+  if (c.kv_heads < 0 || c.heads % c.kv_heads_count() != 0) {
+    throw std::invalid_argument("kv_heads must divide heads");
+  }
   embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c));
-  norm = register_module("norm", RMSNorm(c.dim));
+  norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
   if (!c.tied) head = register_module("head", linear(c.dim, c.vocab));
 
   const int64_t hd = c.dim / c.heads;

@@ -20,12 +20,16 @@ struct GptConfig {
   int64_t dim = 256;
   int64_t layers = 4;
   int64_t heads = 4;
-  int64_t ffn = 0;  // 0: LLaMA's rule, 2/3 * 4 * dim rounded up to a multiple of 256
+  int64_t kv_heads = 0;  // 0: as many as `heads`; fewer: grouped-query attention (LLaMA-2 70B, 3)
+  int64_t ffn = 0;       // 0: LLaMA's rule, 2/3 * 4 * dim rounded up to a multiple of 256
   int64_t max_seq = 256;
   bool tied = true;
   double rope_theta = 10000.0;
+  double norm_eps = 1e-5;  // RMSNorm's epsilon (Hugging Face: rms_norm_eps)
 
   int64_t ffn_dim() const;
+  int64_t kv_heads_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t head_dim() const { return dim / heads; }
   int64_t num_params() const;  // exact, without building anything
 };
 
@@ -44,7 +48,7 @@ TORCH_MODULE(RMSNorm);
 struct BlockImpl : torch::nn::Module {
   BlockImpl(const GptConfig& c);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  int64_t heads;
+  int64_t heads, kv_heads;
   RMSNorm attn_norm{nullptr}, mlp_norm{nullptr};
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   torch::nn::Linear w_gate{nullptr}, w_up{nullptr}, w_down{nullptr};

@@ -21,6 +21,7 @@
 #include "data.hpp"
 #include "file_checks.hpp"
 #include "gpt.hpp"
+#include "hf_llama.hpp"
 #include "metrics.hpp"
 #include "train_summary.hpp"
 #include "zero/checkpoint_io.hpp"
@@ -45,6 +46,9 @@ Config::Extension trainer_keys() {
   ext.section = "trainer";
   ext.keys = {
       {"model", T::kString, "small", "GPT preset: tiny, small, gpt-25m, gpt-50m, gpt-100m, ..."},
+      {"init_from", T::kString, "",
+       "pretrained weights to start from: hf:DIR, a Hugging Face LlamaForCausalLM directory "
+       "(its config.json sets the model's shape; trainer.model is then ignored)"},
       {"steps", T::kInt, "100", "optimizer steps to train"},
       {"seq_len", T::kInt, "64", "tokens per sample"},
       {"data", T::kString, "synthetic",
@@ -158,8 +162,14 @@ int run(int argc, char** argv) {
   const auto ext = trainer_keys();
   Config cfg = Config::from_file(config_path, sets, &ext);
   check_trainer_ranges(cfg, config_path);
-  const std::string preset = cfg.extra_string("trainer.model");
-  const GptConfig mc = gpt_preset(preset);
+  const std::string init_from = cfg.extra_string("trainer.init_from");
+  if (!init_from.empty() && init_from.rfind("hf:", 0) != 0) {
+    throw ConfigError(config_path + ": trainer.init_from '" + init_from +
+                      "': use hf:DIR (a Hugging Face LlamaForCausalLM directory)");
+  }
+  const std::string hf_dir = init_from.empty() ? "" : init_from.substr(3);
+  const std::string preset = hf_dir.empty() ? cfg.extra_string("trainer.model") : init_from;
+  const GptConfig mc = hf_dir.empty() ? gpt_preset(preset) : hf_llama_config(hf_dir);
   const int64_t steps = cfg.extra_int("trainer.steps");
   const int64_t seq = cfg.extra_int("trainer.seq_len");
   if (seq > mc.max_seq || seq < 1) {
@@ -189,6 +199,8 @@ int run(int argc, char** argv) {
   const int64_t rss_before_model = rss_bytes();
   at::manual_seed(cfg.seed);
   Gpt model(mc);
+  // Every rank reads the weights (ZeRO-1/2 replicate parameters), each tensor alone.
+  if (!hf_dir.empty()) load_hf_llama(*model, hf_dir);
   model->to(device);
   CheckpointPolicy policy;
   policy.cpu_offload = cfg.extra_bool("activation_checkpointing.cpu_checkpointing");

@@ -23,6 +23,13 @@ if ! python3 -c 'import torch' 2> /dev/null; then
   python3 -m pip install -q "torch==${ZERO_TORCH_VERSION:-2.13.0}"
 fi
 
+# transformers (pure Python; it uses the torch above) for the Hugging Face round-trip test,
+# tests/e2e/hf_llama_roundtrip.sh, which skips itself without it.
+if ! python3 -c 'import transformers' 2> /dev/null; then
+  echo "setup: pip install transformers"
+  python3 -m pip install -q transformers || echo "setup: transformers not installed; the HF test will skip"
+fi
+
 build=${ZERO_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${ZERO_BUILD_TYPE:-RelWithDebInfo} > /dev/null
 # Two jobs at most: each torch translation unit needs ~1.5 GB of RAM to compile.

@@ -1,13 +1,17 @@
 // zero-consolidate: one safetensors file with the full model from a sharded checkpoint, read
-// straight from the shard files (no process group, any number of ranks wrote it).
+// straight from the shard files (no process group, any number of ranks wrote it); or, with
+// --format hf, the example GPT as a Hugging Face LlamaForCausalLM directory.
 //
 //   zero-consolidate --checkpoint ckpt/ [--tag step200] --out model.safetensors [--dtype bf16]
+//   zero-consolidate --checkpoint ckpt/ --format hf --model hf:BASE_DIR --out hf_model/ \
+//       [--max-shard-size 5GB]
 #include <ATen/ATen.h>
 #include <boost/program_options.hpp>
 
 #include <cstdio>
 #include <iostream>
 
+#include "hf_llama.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/errors.hpp"
 
@@ -15,13 +19,40 @@ namespace po = boost::program_options;
 
 namespace {
 
+// "5GB", "200MB", "100KB" or bytes, in decimal units as transformers' max_shard_size.
+int64_t parse_size(const std::string& s) {
+  size_t end = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  const std::string unit = s.substr(end);
+  const double scale = unit.empty() || unit == "B" ? 1
+                       : unit == "KB"              ? 1e3
+                       : unit == "MB"              ? 1e6
+                       : unit == "GB"              ? 1e9
+                                                   : -1;
+  if (end == 0 || scale < 0 || v <= 0) {
+    throw std::invalid_argument("--max-shard-size '" + s + "': use e.g. 5GB, 200MB or bytes");
+  }
+  return static_cast<int64_t>(v * scale);
+}
+
 int run(int argc, char** argv) {
-  std::string dir, tag, out, dtype = "fp32", state = "master";
+  std::string dir, tag, out, dtype = "fp32", state = "master", format, model, shard_size;
   po::options_description desc("zero-consolidate options");
   desc.add_options()("help,h", "show this help")("checkpoint", po::value(&dir)->required(),
                                                  "checkpoint directory (trainer.save_dir)")(
       "tag", po::value(&tag), "checkpoint tag (default: the one DIR/latest names)")(
-      "out", po::value(&out)->required(), "safetensors file to write")(
+      "out", po::value(&out)->required(), "safetensors file (or, with --format hf, directory)")(
+      "format", po::value(&format)->default_value("zero"),
+      "zero (our names, one file) or hf (a Hugging Face LlamaForCausalLM directory)")(
+      "model", po::value(&model),
+      "--format hf: the example GPT's shape, hf:DIR (the model training started from) or a "
+      "preset name")("max-shard-size", po::value(&shard_size)->default_value("5GB"),
+                     "--format hf: largest safetensors shard")(
       "dtype", po::value(&dtype)->default_value("fp32"), "fp32 or bf16")(
       "state", po::value(&state)->default_value("master"),
       "master (the parameters) or an optimizer state, e.g. exp_avg");
@@ -35,10 +66,34 @@ int run(int argc, char** argv) {
   if (dtype != "fp32" && dtype != "bf16") {
     throw std::invalid_argument("--dtype must be fp32 or bf16, got '" + dtype + "'");
   }
+  if (format != "zero" && format != "hf") {
+    throw std::invalid_argument("--format must be zero or hf, got '" + format + "'");
+  }
+  if (format == "hf" && (model.empty() || state != "master")) {
+    throw std::invalid_argument(
+        "--format hf needs --model hf:DIR (the Hugging Face model training started from) or a "
+        "GPT preset name, and exports the parameters only (--state master)");
+  }
   const zero::CheckpointInfo info = zero::read_checkpoint_info(dir, tag);
   const auto tensors = zero::read_consolidated(dir, info.tag, state);
   int64_t numel = 0;
   for (const auto& t : tensors) numel += t.second.numel();
+  if (format == "hf") {
+    namespace ex = zero::examples;
+    const bool hf = model.rfind("hf:", 0) == 0;
+    ex::HfExportOptions opts;
+    opts.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+    opts.max_shard_bytes = parse_size(shard_size);
+    if (hf) opts.base_dir = model.substr(3);
+    const auto files = ex::save_hf_llama(
+        hf ? ex::hf_llama_config(model.substr(3)) : ex::gpt_preset(model), tensors, out, opts);
+    std::printf(
+        "zero-consolidate: %s (%d ranks, step %lld): %zu tensors, %lld elements -> %s/ "
+        "in the Hugging Face LLaMA layout (%s, %zu files)\n",
+        info.dir.c_str(), info.world_size, (long long)info.optimizer_steps, tensors.size(),
+        (long long)numel, out.c_str(), dtype.c_str(), files.size());
+    return 0;
+  }
   zero::write_safetensors(out, tensors, dtype == "bf16" ? at::kBFloat16 : at::kFloat,
                           {{"format", "pt"},
                            {"zero.tag", info.tag},

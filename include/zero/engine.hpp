@@ -12,6 +12,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "zero/config.hpp"
@@ -45,6 +47,19 @@ struct EngineStats {
   int64_t bucket_buffers = 0;
   int64_t bucket_buffers_in_use_peak = 0;
 };
+
+// What Engine::state_dict returns and where.
+struct StateDictOptions {
+  // true: the fp32 master weights (exact, what the optimizer updates); false: the values the
+  // module computes with (bf16/fp16 under mixed precision, the master rounded).
+  bool master = true;
+  // -1: every rank gets the full dictionary; r >= 0: rank r does, the others an empty one.
+  int to_rank = -1;
+  // Copies land in host memory (a full model rarely fits beside the training state on a GPU);
+  // false keeps them on the module's device.
+  bool cpu = true;
+};
+using StateDict = std::vector<std::pair<std::string, at::Tensor>>;
 
 class Engine {
  public:
@@ -98,6 +113,12 @@ class Engine {
   // The full flat parameters as fp32 (every rank holds them), padding excluded, in the
   // module's named_parameters() order: for checksums and comparisons.
   at::Tensor flat_parameters() const;
+  // Every parameter by name, in named_parameters() order (tied parameters under their first
+  // name, frozen ones included), as full tensors: for evaluation, export or comparison without
+  // going through disk. A collective when opts.master and the stage shards the master weights
+  // (1, 2): call it on every rank. Gathers one bucket at a time, so the transient memory on top
+  // of the result is one bucket's fp32 values.
+  StateDict state_dict(const StateDictOptions& opts = {}) const;
 
   // Checkpoints (zero/checkpoint_*.cpp; on-disk format and consolidation: checkpoint_io.hpp).
   // Both are collectives: every rank calls them, and a failure throws zero::CheckpointError on

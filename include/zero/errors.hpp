@@ -5,29 +5,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "zero/comm_errors.hpp"
+
 namespace zero {
-
-// A collective failed or timed out: the message names this rank, the collective and the likely
-// cause (a peer that died or stalled), so survivors can exit instead of hanging.
-class CommError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// The launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) is missing or inconsistent.
-class LaunchError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A start-up step (rendezvous, process-group creation, first barrier) did not finish within
-// comm_timeout_s, or the launcher exited meanwhile. A helper thread is still blocked inside c10d
-// and cannot be joined, so the process must not run its normal exit: run_main reports the
-// message and ends the process with _exit(1).
-class StartupTimeout : public LaunchError {
- public:
-  using LaunchError::LaunchError;
-};
 
 // The message of `e` as a user should see it: c10::Error's C++ backtrace is dropped.
 std::string error_message(const std::exception& e);

@@ -1,0 +1,26 @@
+# `cmake --install` and find_package(zero): the static libraries, include/zero/, and a package
+# whose zero::zero target carries LibTorch (zero::torch, pinned to the LibTorch zero was built
+# against: the C++ ABI and version must match), yaml-cpp and Threads.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set_target_properties(zero PROPERTIES EXPORT_NAME zero)
+set_target_properties(zero_comm PROPERTIES EXPORT_NAME comm)
+set_target_properties(zero_optim PROPERTIES EXPORT_NAME optim)
+set_target_properties(zero_offload PROPERTIES EXPORT_NAME offload)
+set_target_properties(zero_torch PROPERTIES EXPORT_NAME torch)
+install(TARGETS zero zero_comm zero_optim zero_offload zero_torch
+        EXPORT zeroTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/zero DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+set(_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/zero)
+install(EXPORT zeroTargets NAMESPACE zero:: DESTINATION ${_cmake_dir})
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/zeroConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/zeroConfig.cmake INSTALL_DESTINATION ${_cmake_dir})
+# 0.x: a minor version may break the API.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/zeroConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/zeroConfig.cmake ${PROJECT_BINARY_DIR}/zeroConfigVersion.cmake
+        DESTINATION ${_cmake_dir})

@@ -1,0 +1,418 @@
+#include "hf_llama.hpp"
+
+#include <ATen/ATen.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+
+#include "zero/checkpoint_io.hpp"
+#include "zero/config.hpp"
+#include "zero/safetensors.hpp"
+
+namespace zero::examples {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kSingleFile = "model.safetensors";
+
+[[noreturn]] void ckpt_fail(const std::string& msg) { throw CheckpointError(msg); }
+
+YAML::Node load_json(const std::string& path, const std::string& hint) {
+  if (!fs::exists(path)) ckpt_fail(path + ": missing (" + hint + ")");
+  try {
+    return YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    ckpt_fail(path + ": not valid JSON: " + e.what());
+  }
+}
+
+// Reads config.json's keys, each error naming the key and what the GPT can do instead.
+class ConfigReader {
+ public:
+  ConfigReader(YAML::Node root, std::string path)
+      : root_(std::move(root)), path_(std::move(path)) {}
+
+  // JSON null counts as absent, as transformers treats it.
+  static bool present(const YAML::Node& n) { return n.IsDefined() && !n.IsNull(); }
+  YAML::Node get(const std::string& key) const {
+    const YAML::Node& root = root_;
+    return root[key];
+  }
+  bool has(const std::string& key) const { return present(get(key)); }
+  template <typename T>
+  T required(const std::string& key) const {
+    const YAML::Node n = get(key);
+    if (!present(n)) fail(key, "is missing");
+    return as<T>(n, key);
+  }
+  template <typename T>
+  T optional(const std::string& key, T fallback) const {
+    const YAML::Node n = get(key);
+    return present(n) ? as<T>(n, key) : fallback;
+  }
+  template <typename T>
+  T as(const YAML::Node& n, const std::string& key) const {
+    try {
+      return n.as<T>();
+    } catch (const YAML::Exception&) {
+      fail(key, "has the wrong type");
+    }
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw ConfigError(path_ + ": " + key + " " + what);
+  }
+
+ private:
+  YAML::Node root_;
+  std::string path_;
+};
+
+std::string layer_name(const std::string& rest, int64_t layer, const std::string& gpt_name) {
+  static const std::map<std::string, std::string> kBlock = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"wq.weight", "self_attn.q_proj.weight"},
+      {"wk.weight", "self_attn.k_proj.weight"},
+      {"wv.weight", "self_attn.v_proj.weight"},
+      {"wo.weight", "self_attn.o_proj.weight"},
+      {"mlp_norm.weight", "post_attention_layernorm.weight"},
+      {"w_gate.weight", "mlp.gate_proj.weight"},
+      {"w_up.weight", "mlp.up_proj.weight"},
+      {"w_down.weight", "mlp.down_proj.weight"},
+  };
+  const auto it = kBlock.find(rest);
+  if (it == kBlock.end()) {
+    throw std::invalid_argument("GPT parameter '" + gpt_name + "' has no Hugging Face LLaMA name");
+  }
+  return "model.layers." + std::to_string(layer) + "." + it->second;
+}
+
+// Every parameter's shape in a GPT of `c`, in named_parameters() order, without building it.
+std::vector<std::pair<std::string, std::vector<int64_t>>> gpt_shapes(const GptConfig& c) {
+  const int64_t kv = c.kv_heads_count() * c.head_dim(), f = c.ffn_dim();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
+      {"embed.weight", {c.vocab, c.dim}}};
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    out.push_back({b + "attn_norm.weight", {c.dim}});
+    out.push_back({b + "wq.weight", {c.dim, c.dim}});
+    out.push_back({b + "wk.weight", {kv, c.dim}});
+    out.push_back({b + "wv.weight", {kv, c.dim}});
+    out.push_back({b + "wo.weight", {c.dim, c.dim}});
+    out.push_back({b + "mlp_norm.weight", {c.dim}});
+    out.push_back({b + "w_gate.weight", {f, c.dim}});
+    out.push_back({b + "w_up.weight", {f, c.dim}});
+    out.push_back({b + "w_down.weight", {c.dim, f}});
+  }
+  out.push_back({"norm.weight", {c.dim}});
+  if (!c.tied) out.push_back({"head.weight", {c.vocab, c.dim}});
+  return out;
+}
+
+std::string shape_text(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// The shortest decimal that reads back as `v` (1e-06, not 9.9999999999999995e-07).
+std::string number(double v) {
+  char buf[32];
+  for (int p = 6; p <= 17; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, v);
+    if (std::stod(buf) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+// A token id key of the base config (an int, a list of ints, or absent), as JSON.
+std::optional<std::string> token_ids(const YAML::Node& base, const char* key) {
+  const YAML::Node n = base[key];
+  if (!n.IsDefined() || n.IsNull()) return std::nullopt;
+  try {
+    if (n.IsScalar()) return std::to_string(n.as<int64_t>());
+    std::string out = "[";
+    for (size_t i = 0; i < n.size(); ++i)
+      out += (i ? ", " : "") + std::to_string(n[i].as<int64_t>());
+    return out + "]";
+  } catch (const YAML::Exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string config_json(const GptConfig& c, const HfExportOptions& opts) {
+  std::string j = "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n";
+  auto add = [&](const char* key, const std::string& value) {
+    j += std::string("  \"") + key + "\": " + value + ",\n";
+  };
+  add("vocab_size", std::to_string(c.vocab));
+  add("hidden_size", std::to_string(c.dim));
+  add("intermediate_size", std::to_string(c.ffn_dim()));
+  add("num_hidden_layers", std::to_string(c.layers));
+  add("num_attention_heads", std::to_string(c.heads));
+  add("num_key_value_heads", std::to_string(c.kv_heads_count()));
+  add("head_dim", std::to_string(c.head_dim()));
+  add("hidden_act", "\"silu\"");
+  add("max_position_embeddings", std::to_string(c.max_seq));
+  add("rms_norm_eps", number(c.norm_eps));
+  add("rope_theta", number(c.rope_theta));
+  add("rope_scaling", "null");
+  add("attention_bias", "false");
+  add("attention_dropout", "0.0");
+  add("mlp_bias", "false");
+  add("tie_word_embeddings", c.tied ? "true" : "false");
+  if (!opts.base_dir.empty()) {
+    const YAML::Node base = load_json(opts.base_dir + "/config.json", "the base model's config");
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+      if (auto v = token_ids(base, key)) add(key, *v);
+    }
+  }
+  j += std::string("  \"torch_dtype\": \"") +
+       (opts.dtype == at::kBFloat16 ? "bfloat16" : "float32") + "\"\n}\n";
+  return j;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f) ckpt_fail(path + ": cannot write");
+}
+
+}  // namespace
+
+GptConfig hf_llama_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  ConfigReader r(load_json(path,
+                           "a Hugging Face model directory holds config.json and its "
+                           "*.safetensors; save one with save_pretrained()"),
+                 path);
+  const std::string type = r.optional<std::string>("model_type", "llama");
+  if (type != "llama")
+    r.fail("model_type", "is '" + type + "'; zero's GPT loads LLaMA ('llama') only");
+  if (r.has("architectures")) {
+    bool ok = false;
+    std::string all;
+    for (const auto& n : r.get("architectures")) {
+      const std::string s = r.as<std::string>(n, "architectures");
+      ok |= s == "LlamaForCausalLM";
+      all += (all.empty() ? "" : ", ") + s;
+    }
+    if (!ok) r.fail("architectures", "is [" + all + "]; zero's GPT loads LlamaForCausalLM only");
+  }
+  GptConfig c;
+  c.vocab = r.required<int64_t>("vocab_size");
+  c.dim = r.required<int64_t>("hidden_size");
+  c.ffn = r.required<int64_t>("intermediate_size");
+  c.layers = r.required<int64_t>("num_hidden_layers");
+  c.heads = r.required<int64_t>("num_attention_heads");
+  c.kv_heads = r.optional<int64_t>("num_key_value_heads", c.heads);
+  c.max_seq = r.optional<int64_t>("max_position_embeddings", 2048);
+  c.norm_eps = r.optional<double>("rms_norm_eps", 1e-6);
+  c.tied = r.optional<bool>("tie_word_embeddings", false);
+  if (c.vocab < 1 || c.dim < 1 || c.ffn < 1 || c.layers < 1 || c.heads < 1 || c.max_seq < 1) {
+    r.fail("vocab_size", "(or another size) is not positive");
+  }
+  if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0) {
+    r.fail("num_attention_heads", "must split hidden_size into heads of an even size");
+  }
+  if (c.kv_heads < 1 || c.heads % c.kv_heads != 0) {
+    r.fail("num_key_value_heads", "must divide num_attention_heads");
+  }
+  if (const int64_t hd = r.optional<int64_t>("head_dim", c.head_dim()); hd != c.head_dim()) {
+    r.fail("head_dim", "is " + std::to_string(hd) +
+                           "; the GPT's head size is hidden_size / "
+                           "num_attention_heads = " +
+                           std::to_string(c.head_dim()));
+  }
+  if (const auto act = r.optional<std::string>("hidden_act", "silu"); act != "silu") {
+    r.fail("hidden_act", "is '" + act + "'; the GPT's MLP is SwiGLU (silu)");
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (r.optional<bool>(key, false)) r.fail(key, "is true; the GPT's linear layers have no bias");
+  }
+  if (r.optional<double>("attention_dropout", 0.0) != 0.0) {
+    r.fail("attention_dropout", "is not 0; the GPT has no dropout");
+  }
+  // transformers >= 5 keeps rope_theta and the rope type in rope_parameters; older versions
+  // write rope_theta and rope_scaling at the top level.
+  c.rope_theta = r.optional<double>("rope_theta", 10000.0);
+  if (r.has("rope_parameters")) {
+    const YAML::Node rp = r.get("rope_parameters");
+    if (ConfigReader::present(rp["rope_theta"])) {
+      c.rope_theta = r.as<double>(rp["rope_theta"], "rope_parameters.rope_theta");
+    }
+    if (ConfigReader::present(rp["rope_type"])) {
+      const auto t = r.as<std::string>(rp["rope_type"], "rope_parameters.rope_type");
+      if (t != "default") {
+        r.fail("rope_parameters.rope_type",
+               "is '" + t + "'; the GPT implements the default RoPE only");
+      }
+    }
+  }
+  if (r.has("rope_scaling")) {
+    const YAML::Node rs = r.get("rope_scaling");
+    const YAML::Node t = ConfigReader::present(rs["rope_type"]) ? rs["rope_type"] : rs["type"];
+    if (!ConfigReader::present(t) || r.as<std::string>(t, "rope_scaling") != "default") {
+      r.fail("rope_scaling", "is set; the GPT implements the default RoPE only");
+    }
+  }
+  return c;
+}
+
+std::string hf_llama_name(const std::string& gpt_name) {
+  if (gpt_name == "embed.weight") return "model.embed_tokens.weight";
+  if (gpt_name == "norm.weight") return "model.norm.weight";
+  if (gpt_name == "head.weight") return "lm_head.weight";
+  const std::string prefix = "blocks.";
+  if (gpt_name.rfind(prefix, 0) == 0) {
+    const size_t dot = gpt_name.find('.', prefix.size());
+    if (dot != std::string::npos) {
+      const std::string idx = gpt_name.substr(prefix.size(), dot - prefix.size());
+      if (!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos) {
+        return layer_name(gpt_name.substr(dot + 1), std::stoll(idx), gpt_name);
+      }
+    }
+  }
+  throw std::invalid_argument("GPT parameter '" + gpt_name + "' has no Hugging Face LLaMA name");
+}
+
+void load_hf_llama(GptImpl& model, const std::string& dir) {
+  // Where each tensor is: the index's weight_map, or the one file's header.
+  std::map<std::string, std::string> where;
+  const std::string index_path = (fs::path(dir) / kIndexFile).string();
+  const std::string single_path = (fs::path(dir) / kSingleFile).string();
+  std::map<std::string, SafetensorsFile> files;
+  if (fs::exists(index_path)) {
+    const YAML::Node map = load_json(index_path, "")["weight_map"];
+    if (!map.IsMap()) ckpt_fail(index_path + ": no weight_map object");
+    for (const auto& kv : map) where[kv.first.as<std::string>()] = kv.second.as<std::string>();
+  } else if (fs::exists(single_path)) {
+    SafetensorsFile f(single_path);
+    for (const auto& n : f.names()) where[n] = kSingleFile;
+    files.emplace(kSingleFile, std::move(f));
+  } else {
+    ckpt_fail(dir + ": neither " + kSingleFile + " nor " + kIndexFile +
+              " (zero reads safetensors only; save with save_pretrained(safe_serialization=True))");
+  }
+
+  at::NoGradGuard no_grad;
+  std::set<std::string> used;
+  for (auto& item : model.named_parameters()) {
+    const std::string hf = hf_llama_name(item.key());
+    const auto it = where.find(hf);
+    if (it == where.end()) {
+      ckpt_fail(dir + ": missing tensor '" + hf + "' (the GPT's " + item.key() + ")");
+    }
+    auto f = files.find(it->second);
+    if (f == files.end()) {
+      const std::string shard = (fs::path(dir) / it->second).string();
+      f = files.emplace(it->second, SafetensorsFile(shard)).first;
+    }
+    const auto& e = f->second.entry(hf);
+    at::Tensor& p = item.value();
+    if (at::IntArrayRef(e.shape) != p.sizes()) {
+      ckpt_fail(f->second.path() + ": tensor '" + hf + "' has shape " + shape_text(e.shape) +
+                "; config.json makes the GPT's " + item.key() + " " + shape_text(p.sizes()));
+    }
+    const at::Tensor t = f->second.read(hf);
+    if (!at::isFloatingType(t.scalar_type())) {
+      ckpt_fail(f->second.path() + ": tensor '" + hf + "' is " + e.dtype + ", not a float type");
+    }
+    p.copy_(t);
+    used.insert(hf);
+  }
+  for (const auto& [name, file] : where) {
+    if (used.count(name)) continue;
+    // Older checkpoints store the rotary frequencies (recomputed here from rope_theta) and, for
+    // tied models, a copy of the embedding as lm_head.
+    if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    if (name == "lm_head.weight" && model.cfg.tied) continue;
+    ckpt_fail(dir + "/" + file + ": tensor '" + name +
+              "' has no place in the GPT (an architecture beyond LLaMA's?)");
+  }
+}
+
+std::vector<std::string> save_hf_llama(
+    const GptConfig& c, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const std::string& out_dir, const HfExportOptions& opts) {
+  if (opts.dtype != at::kFloat && opts.dtype != at::kBFloat16) {
+    throw std::invalid_argument("Hugging Face export writes fp32 or bf16");
+  }
+  // The tensors must be exactly the GPT of `c`: a mismatch here would only surface in the
+  // consumer as a shape error far from its cause.
+  std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
+  std::vector<std::pair<std::string, at::Tensor>> ordered;
+  for (const auto& [name, shape] : gpt_shapes(c)) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) ckpt_fail("Hugging Face export: the checkpoint has no '" + name + "'");
+    if (it->second.sizes() != at::IntArrayRef(shape)) {
+      ckpt_fail("Hugging Face export: '" + name + "' has shape " + shape_text(it->second.sizes()) +
+                "; the model config makes it " + shape_text(shape));
+    }
+    ordered.emplace_back(hf_llama_name(name), it->second);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    ckpt_fail("Hugging Face export: '" + by_name.begin()->first +
+              "' is not a parameter of the model config's GPT");
+  }
+
+  // Greedy shards in model order, as transformers' save_pretrained(max_shard_size=) does.
+  const int64_t elem = opts.dtype == at::kFloat ? 4 : 2;
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (auto& t : ordered) {
+    const int64_t bytes = t.second.numel() * elem;
+    if (in_shard > 0 && in_shard + bytes > opts.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(std::move(t));
+    in_shard += bytes;
+    total += bytes;
+  }
+  fs::create_directories(out_dir);
+  // A previous export's files would mix with these (another shard count names other files).
+  for (const auto& f : fs::directory_iterator(out_dir)) {
+    const std::string name = f.path().filename().string();
+    if (name == kSingleFile || name == kIndexFile ||
+        (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos)) {
+      fs::remove(f.path());
+    }
+  }
+  std::vector<std::string> written;
+  std::string weight_map;
+  const size_t n = shards.size();
+  for (size_t i = 0; i < n; ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+    const std::string file = n == 1 ? kSingleFile : name;
+    write_safetensors((fs::path(out_dir) / file).string(), shards[i], opts.dtype,
+                      {{"format", "pt"}});
+    written.push_back(file);
+    for (const auto& t : shards[i]) {
+      weight_map += std::string(weight_map.empty() ? "" : ",\n") + "    \"" + t.first + "\": \"" +
+                    file + "\"";
+    }
+  }
+  if (n > 1) {
+    write_text((fs::path(out_dir) / kIndexFile).string(),
+               "{\n  \"metadata\": {\"total_size\": " + std::to_string(total) +
+                   "},\n  \"weight_map\": {\n" + weight_map + "\n  }\n}\n");
+    written.push_back(kIndexFile);
+  }
+  write_text((fs::path(out_dir) / "config.json").string(), config_json(c, opts));
+  written.push_back("config.json");
+  return written;
+}
+
+}  // namespace zero::examples

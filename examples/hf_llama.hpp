@@ -1,0 +1,58 @@
+// Hugging Face LLaMA interop for the example GPT: a LlamaForCausalLM directory (config.json and
+// model.safetensors, or model-0000i-of-0000n.safetensors shards with model.safetensors.index.json)
+// in and out.
+//
+// The GPT is LLaMA's architecture, so the mapping is names only:
+//   model.embed_tokens.weight                      embed.weight
+//   model.layers.{i}.input_layernorm.weight        blocks.{i}.attn_norm.weight
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight blocks.{i}.w{q,k,v,o}.weight
+//   model.layers.{i}.post_attention_layernorm.weight blocks.{i}.mlp_norm.weight
+//   model.layers.{i}.mlp.{gate,up,down}_proj.weight  blocks.{i}.w_{gate,up,down}.weight
+//   model.norm.weight                              norm.weight
+//   lm_head.weight                                 head.weight (absent when tied)
+// Rotary layout: Meta's original checkpoints rotate interleaved channel pairs (2i, 2i+1); HF's
+// converter permutes the rows of q_proj/k_proj so that its rotate_half() (pairs (i, i + d/2))
+// computes the same thing. The GPT's apply_rope is rotate_half with HF's frequencies
+// (theta^(-2i/d), cos/sin duplicated over both halves), so HF's q/k rows load unpermuted.
+// Loading Meta's own consolidated.*.pth layout would need that permutation; zero does not read it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpt.hpp"
+
+namespace zero::examples {
+
+// The GPT shape DIR/config.json describes. Throws zero::ConfigError naming the key for a model
+// the GPT cannot express (another architecture, biases, a non-default rope_scaling, ...).
+GptConfig hf_llama_config(const std::string& dir);
+
+// The HF name of a GPT parameter, e.g. "blocks.3.wq.weight" -> "model.layers.3.self_attn.q_proj
+// .weight". Throws std::invalid_argument for a name outside the mapping.
+std::string hf_llama_name(const std::string& gpt_name);
+
+// Copies DIR's weights (any float dtype, converted to the parameter's) into `model`, whose shape
+// must be hf_llama_config(DIR). Each tensor's bytes are read alone, from the one shard file the
+// index names for it. Throws zero::CheckpointError naming the tensor for a missing tensor, a
+// shape mismatch, or a tensor the GPT has no place for.
+void load_hf_llama(GptImpl& model, const std::string& dir);
+
+struct HfExportOptions {
+  at::ScalarType dtype = at::kFloat;          // at::kFloat or at::kBFloat16
+  int64_t max_shard_bytes = 5'000'000'000LL;  // HF's default; one file when everything fits
+  std::string base_dir;  // optional: the HF model training started from (its token ids are kept)
+};
+
+// Writes `tensors` (GPT names, e.g. from zero::read_consolidated) to OUT as a LlamaForCausalLM
+// directory: config.json, and model.safetensors or model-0000i-of-0000n.safetensors with
+// model.safetensors.index.json. Returns the files written.
+std::vector<std::string> save_hf_llama(
+    const GptConfig& c, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const std::string& out_dir, const HfExportOptions& opts);
+
+}  // namespace zero::examples

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Hugging Face interop against transformers itself: a tiny random LlamaForCausalLM saved by
+# transformers (sharded safetensors + index) loads into zero with logits equal to transformers'
+# (<= 1e-4, fp32); 2 ranks fine-tune it with ZeRO-2 from those weights; zero-consolidate
+# --format hf exports the result, transformers loads the export and its logits equal zero's for
+# the trained checkpoint. Configs the GPT cannot express, missing tensors and wrong shapes fail
+# with the key or tensor named. Skipped (exit 77) when the transformers package is absent.
+set -euo pipefail
+train=$1
+src=$2
+bin=$(dirname "$train")
+logits=$bin/zero-logits
+consolidate=$bin/../tools/zero-consolidate
+helper=$src/tests/e2e/hf_llama.py
+if ! python3 -c 'import transformers' 2> /dev/null; then
+  echo "SKIP: the transformers package is not installed (pip install transformers)"
+  exit 77
+fi
+source "$src/tests/e2e/lib/check.sh"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+port=$((33500 + RANDOM % 2000))
+
+python3 "$helper" make "$out/base" "$out/tokens.txt"
+ls "$out/base"
+check "transformers saved sharded safetensors with an index" \
+  test -f "$out/base/model.safetensors.index.json"
+
+"$logits" --model "hf:$out/base" --tokens "$out/tokens.txt" --out "$out/zero_base.safetensors"
+check "loaded weights: zero's logits equal transformers'" \
+  python3 "$helper" compare "$out/base" "$out/tokens.txt" "$out/zero_base.safetensors"
+
+torchrun --no-python --standalone --nproc-per-node 2 --master-port $port "$train" \
+  --config "$src/configs/zero2.yaml" --set "trainer.init_from=hf:$out/base" \
+  --set trainer.steps=6 --set trainer.seq_len=48 --set scheduler.params.total_num_steps=6 \
+  --set scheduler.params.warmup_num_steps=1 --set "trainer.save_dir=$out/ckpt" \
+  --set trainer.save_interval=6 > "$out/train.log" 2>&1 || { cat "$out/train.log"; exit 1; }
+tail -n 2 "$out/train.log"
+
+"$consolidate" --checkpoint "$out/ckpt" --format hf --model "hf:$out/base" --out "$out/export" \
+  --max-shard-size 100KB
+ls "$out/export"
+check "the export is sharded with an index" test -f "$out/export/model.safetensors.index.json"
+"$logits" --model "hf:$out/base" --checkpoint "$out/ckpt" --tokens "$out/tokens.txt" \
+  --out "$out/zero_trained.safetensors"
+check "training changed the model" \
+  python3 "$helper" differ "$out/zero_base.safetensors" "$out/zero_trained.safetensors" 1e-3
+check "exported weights: transformers' logits equal zero's of the trained checkpoint" \
+  python3 "$helper" compare "$out/export" "$out/tokens.txt" "$out/zero_trained.safetensors"
+
+# Bad input: each must fail and name what is wrong.
+fails_naming() {
+  local want=$1 dir=$2
+  local msg
+  if msg=$("$logits" --model "hf:$dir" --tokens "$out/tokens.txt" --out "$out/x.safetensors" 2>&1); then
+    echo "unexpected success"
+    return 1
+  fi
+  grep -qF -- "$want" <<< "$msg" || { echo "error does not name '$want': $msg"; return 1; }
+}
+bad() {  # bad NAME HELPER-ARGS...: a copy of the base model, edited by the helper
+  local name=$1
+  shift
+  cp -r "$out/base" "$out/$name"
+  python3 "$helper" "$@" "$out/$name"
+}
+bad arch set-key model_type '"mistral"'
+check "another architecture names model_type" fails_naming "model_type" "$out/arch"
+bad bias set-key attention_bias true
+check "attention biases name attention_bias" fails_naming "attention_bias" "$out/bias"
+bad ffn set-key intermediate_size 128
+check "a shape mismatch names the tensor" \
+  fails_naming "tensor 'model.layers.0.mlp.gate_proj.weight' has shape" "$out/ffn"
+bad missing drop-tensor model.layers.1.mlp.up_proj.weight
+check "a missing tensor is named" \
+  fails_naming "missing tensor 'model.layers.1.mlp.up_proj.weight'" "$out/missing"
+summary
