@@ -191,7 +191,10 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
                       "): " + d + "; every rank must start within comm_timeout_s");
     }
 
-    // 4. A first barrier: every rank got this far.
+    // 4. A first barrier: every rank got this far. Gloo only: NCCL's barrier runs on the calling
+    // thread's current CUDA device, which this helper thread does not share; there the
+    // engine's first collective, on the right device and under comm_timeout_s, stands in.
+    if (opts.device != c10::DeviceType::CPU) return;
     stage->set("the first barrier across all ranks",
                "a rank connected but did not reach the first barrier: check its log");
     c10d::BarrierOptions bo;
