@@ -129,8 +129,8 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
     parts->live = std::make_shared<Liveness>(
         c10::make_intrusive<c10d::PrefixStore>(prefix, beat_store), rank, size, owner);
 
-    // 2. Every rank arrives. One counter is polled (one round trip per poll, whatever the world
-    // size); which ranks are missing is looked up key by key only when time is nearly out.
+    // 2. Every rank arrives: each appends its rank to one key, so one read per poll tells which
+    // ranks are missing, whatever the world size.
     const std::string waiting = "waiting for every rank to reach the rendezvous at " + where;
     const std::string check_them =
         " launched (and its log), with the same MASTER_ADDR/MASTER_PORT "
@@ -138,27 +138,31 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
         std::to_string(size);
     stage->set(waiting, "");
     parts->live->announce();
-    parts->store->add("arrived", 1);
-    bool named = false;
+    const std::string mine = std::to_string(rank) + ",";
+    parts->store->append("arrivals", std::vector<uint8_t>(mine.begin(), mine.end()));
     for (;;) {
-      const int64_t arrived = parts->store->add("arrived", 0);
-      if (arrived >= size) break;
-      if (!named) {
-        stage->set(waiting, std::to_string(size - arrived) + " of " + std::to_string(size) +
-                                " ranks never arrived: check that all were" + check_them);
-      }
-      if (!named && Clock::now() > deadline - milliseconds(1500)) {
-        named = true;
-        std::vector<int> missing;
-        for (int r = 0; r < size; ++r) {
-          if (!parts->live->arrived(r)) missing.push_back(r);
-        }
-        if (!missing.empty()) {
-          stage->set(waiting, "rank" + std::string(missing.size() > 1 ? "s " : " ") +
-                                  join(missing) + " never arrived: check that " +
-                                  (missing.size() > 1 ? "they were" : "it was") + check_them);
+      const auto v = parts->store->get("arrivals");
+      std::vector<bool> seen(size, false);
+      int r = 0;
+      bool digits = false;
+      for (uint8_t c : v) {
+        if (c >= '0' && c <= '9') {
+          r = r * 10 + (c - '0');
+          digits = true;
+        } else {
+          if (digits && r >= 0 && r < size) seen[r] = true;
+          r = 0;
+          digits = false;
         }
       }
+      std::vector<int> missing;
+      for (int i = 0; i < size; ++i) {
+        if (!seen[i]) missing.push_back(i);
+      }
+      if (missing.empty()) break;
+      stage->set(waiting, "rank" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) +
+                              " never arrived: check that " +
+                              (missing.size() > 1 ? "they were" : "it was") + check_them);
       // Bounded even if this thread was abandoned: it stops polling after the deadline.
       if (Clock::now() > deadline + std::chrono::seconds(1)) return;
       std::this_thread::sleep_for(milliseconds(100));
@@ -191,7 +195,10 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
                       "): " + d + "; every rank must start within comm_timeout_s");
     }
 
-    // 4. A first barrier: every rank got this far.
+    // 4. A first barrier: every rank got this far. Gloo only: NCCL's barrier runs on the calling
+    // thread's current CUDA device, which this helper thread does not share; there the
+    // engine's first collective, on the right device and under comm_timeout_s, stands in.
+    if (opts.device != c10::DeviceType::CPU) return;
     stage->set("the first barrier across all ranks",
                "a rank connected but did not reach the first barrier: check its log");
     c10d::BarrierOptions bo;
@@ -212,9 +219,11 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
     } catch (const zero::CommError&) {
       throw;
     } catch (const std::exception& e) {
+      const std::string known = stage->hint();
       throw LaunchError(who + ": " + stage->what() + " failed (" + c10d_message(e) +
                         "): the rendezvous store served by " + owner +
-                        " stopped answering: it gave up or is gone; check its log");
+                        " stopped answering: it gave up or is gone; check its log" +
+                        (known.empty() ? "" : "; " + known));
     }
   };
   const QuietC10dLog quiet;

@@ -118,17 +118,18 @@ void run_before_deadline(const std::function<void()>& body,
     outcome->cv.notify_all();
   }).detach();
 
+  auto launcher_left = [&] {
+    return prefix + ": the launcher (pid " + std::to_string(launcher_pid()) +
+           ") exited while this rank was " + stage->what() +
+           "; stopping (check why the launcher ended: its log, or a kill)";
+  };
   std::unique_lock<std::mutex> lock(outcome->mu);
   for (;;) {
     // Short waits: the launcher's exit is noticed within a fraction of a second.
     const auto until =
         std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(200));
     if (outcome->cv.wait_until(lock, until, [&] { return outcome->done; })) break;
-    if (launcher_gone()) {
-      throw StartupTimeout(prefix + ": the launcher (pid " + std::to_string(launcher_pid()) +
-                           ") exited while this rank was " + stage->what() +
-                           "; stopping (check why the launcher ended: its log, or a kill)");
-    }
+    if (launcher_gone()) throw StartupTimeout(launcher_left());
     if (std::chrono::steady_clock::now() >= deadline) {
       lock.unlock();
       throw StartupTimeout(prefix + ": " + stage->what() +
@@ -136,6 +137,9 @@ void run_before_deadline(const std::function<void()>& body,
                            ": " + stage->hint());
     }
   }
+  // A peer that left because the launcher died can fail this rank's store calls first: the
+  // launcher's exit is the cause worth reporting.
+  if (outcome->error && launcher_gone()) throw LaunchError(launcher_left());
   if (outcome->error) std::rethrow_exception(outcome->error);
 }
 

@@ -96,7 +96,7 @@ rank absent 0 3 "$port"
 rank absent 1 3 "$port"
 for r in 0 1; do
   expect_exit absent $r "${pids[$r]}" $start $((timeout_s + margin_s)) \
-    "waiting for every rank to reach the rendezvous .* did not finish within comm_timeout_s = $timeout_s s: rank 2 never arrived: check that it was launched"
+    "waiting for every rank to reach the rendezvous .*rank 2 never arrived: check that it was launched"
 done
 pids=()
 
@@ -117,7 +117,7 @@ from torch.distributed import TCPStore
 print("ready", flush=True)
 s = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=60))
 s.set("zero/0/alive/2", "0")
-s.add("zero/0/arrived", 1)
+s.append("zero/0/arrivals", "2,")
 ' "$port" > "$out/fake.out" 2>&1 &
 pids+=($!)
 for _ in $(seq 600); do grep -q ready "$out/fake.out" && break; sleep 0.1; done
