@@ -11,6 +11,7 @@
 #   4. benchmarks the example GPT at ~1.3 B parameters, bf16, sequence 2048, world size 1:
 #      ZeRO stage 0 and 2, each with and without activation checkpointing, next to the same
 #      model in PyTorch eager Python on the same GPU in the same run,
+#   5. records the planner's predicted step time (tools/zero-memory's time model) next to it,
 # and writes logs, JSON and a markdown table under $OUT (default out/gpu-check).
 #
 #   scripts/fetch-gpu-debs.sh                      # here, once
@@ -92,6 +93,16 @@ for ckpt in "" --checkpointing; do
   stamp "$name"
 done
 
+# 5. The planner's time model for the same runs (issue 16), for predicted vs measured below.
+gpu_kind=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' \
+  | grep -o -E 'a100|h100|h200' | head -1 || true)
+for ckpt in none checkpoint; do
+  build-gpu/tools/zero-memory --model gpt-1.3b --gpus 1 --micro-batch 1 --seq-len 2048 \
+    --bucket-size 5e7 --gpu "${gpu_kind:-h100}" --recompute $ckpt > "$out/time-model-$ckpt.txt" 2>&1 \
+    || echo "gpu-check: zero-memory --recompute $ckpt failed"
+done
+stamp "time model"
+
 python3 - "$out" <<'PY' | tee "$out/gpu_check.md"
 import json, os, sys
 out = sys.argv[1]
@@ -111,6 +122,25 @@ for stage in (0, 2):
         ratio = f"{tps / e['tokens_per_s']:.2f}x" if e else "n/a"
         print(f"| zero | {stage} | {ckpt} | {tps:.0f} | {100 * s.get('mfu_mean', 0):.1f}% | "
               f"{s.get('device_peak_allocated_bytes', 0) / 2**30:.1f} | {ratio} |")
+def predicted(ckpt, stage):
+    # The "= step" row of zero-memory's time table: seconds per step at stages 0, 1, 2.
+    p = os.path.join(out, f"time-model-{'checkpoint' if ckpt else 'none'}.txt")
+    if not os.path.exists(p):
+        return None
+    for line in open(p):
+        if line.strip().startswith("= step"):
+            return float(line.split()[2 + stage])
+    return None
+print()
+print("| ZeRO stage | checkpointing | predicted step (s) | measured median step (s) | error |")
+print("|---|---|---|---|---|")
+for stage in (0, 2):
+    for ckpt in (False, True):
+        s = load(f"zero-s{stage}-ckpt-{'true' if ckpt else 'false'}")
+        p = predicted(ckpt, stage)
+        m = s.get("step_seconds_median") if s else None
+        err = f"{100 * (p - m) / m:+.0f}%" if p and m else "n/a"
+        print(f"| {stage} | {ckpt} | {p if p else 'n/a'} | {m if m else 'n/a'} | {err} |")
 for ckpt, e in eager.items():
     if e:
         print(f"| PyTorch eager | - | {ckpt} | {e['tokens_per_s']:.0f} | {100 * e['mfu']:.1f}% | "
