@@ -122,6 +122,10 @@ for stage in (0, 2):
         ratio = f"{tps / e['tokens_per_s']:.2f}x" if e else "n/a"
         print(f"| zero | {stage} | {ckpt} | {tps:.0f} | {100 * s.get('mfu_mean', 0):.1f}% | "
               f"{s.get('device_peak_allocated_bytes', 0) / 2**30:.1f} | {ratio} |")
+for ckpt, e in eager.items():
+    if e:
+        print(f"| PyTorch eager | - | {ckpt} | {e['tokens_per_s']:.0f} | {100 * e['mfu']:.1f}% | "
+              f"{e['peak_allocated_bytes'] / 2**30:.1f} | 1.00x |")
 def predicted(ckpt, stage):
     # The "= step" row of zero-memory's time table: seconds per step at stages 0, 1, 2.
     p = os.path.join(out, f"time-model-{'checkpoint' if ckpt else 'none'}.txt")
@@ -141,9 +145,5 @@ for stage in (0, 2):
         m = s.get("step_seconds_median") if s else None
         err = f"{100 * (p - m) / m:+.0f}%" if p and m else "n/a"
         print(f"| {stage} | {ckpt} | {p if p else 'n/a'} | {m if m else 'n/a'} | {err} |")
-for ckpt, e in eager.items():
-    if e:
-        print(f"| PyTorch eager | - | {ckpt} | {e['tokens_per_s']:.0f} | {100 * e['mfu']:.1f}% | "
-              f"{e['peak_allocated_bytes'] / 2**30:.1f} | 1.00x |")
 PY
 stamp "done"
