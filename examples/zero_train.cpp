@@ -17,7 +17,6 @@
 #include <sstream>
 #include <vector>
 
-#include "comm/group.hpp"
 #include "data.hpp"
 #include "file_checks.hpp"
 #include "gpt.hpp"
@@ -212,10 +211,7 @@ int run(int argc, char** argv) {
   }
   // "auto" values (stage, micro-batch, checkpointing) are planned for this model's shape
   // before anything is sharded; the group is made here so the ranks can agree on a budget.
-  comm::GroupOptions go;
-  go.timeout = cfg.comm_timeout;
-  go.device = device.type();
-  auto group = comm::Group::from_env(go);
+  auto group = process_group_from_env(cfg, device.type());
   AutoTarget target;
   target.shape = {mc.layers, mc.dim, mc.heads, mc.ffn_dim(), mc.vocab, mc.tied};
   target.num_params = mc.num_params();

@@ -128,14 +128,20 @@ Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 
-Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg) {
+std::shared_ptr<comm::Group> process_group_from_env(const Config& cfg, c10::DeviceType device) {
   comm::GroupOptions go;
   go.timeout = cfg.comm_timeout;
+  go.device = device;
+  return comm::Group::from_env(go);
+}
+
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg) {
+  c10::DeviceType device = c10::DeviceType::CPU;
   for (const auto& p : model->parameters()) {
-    go.device = p.device().type();
+    device = p.device().type();
     break;
   }
-  auto group = comm::Group::from_env(go);
+  auto group = process_group_from_env(cfg, device);
   return initialize(std::move(model), std::move(cfg), std::move(group));
 }
 

@@ -135,6 +135,11 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
+// The process group initialize(model, cfg) makes, from the launcher's environment (torchrun,
+// Open MPI, Slurm; world size 1 needs none), with cfg's comm_timeout_s: for an application that
+// needs the group before initialize (resolve_auto in auto_strategy.hpp, or to pass it on).
+// `device`: where the model's tensors live (CPU: gloo, CUDA: NCCL).
+std::shared_ptr<comm::Group> process_group_from_env(const Config& cfg, c10::DeviceType device);
 // Process group from the launcher's environment (world size 1 needs none).
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg);
 // Over a given group (tests, or programs that manage their own).
