@@ -11,13 +11,8 @@ cd "$(dirname "$0")/.."
 train=${1:-build/examples/zero-train}
 steps=${2:-3000}
 limit_mb=${LIMIT_MB:-8}
-out=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2> /dev/null; done
-  rm -rf "$out"
-}
-trap cleanup EXIT
+source tests/e2e/lib/check.sh
+use_scratch
 port=$((39000 + RANDOM % 1000))
 for r in 0 1; do
   RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \

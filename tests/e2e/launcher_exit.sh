@@ -6,14 +6,8 @@
 set -uo pipefail
 train=$1
 src=$2
-out=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2> /dev/null; done
-  rm -rf "$out"
-}
-trap cleanup EXIT
 source "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"
+use_scratch
 port=$((36000 + RANDOM % 2000))
 common=(--config "$src/configs/zero2.yaml" --set trainer.model=tiny --set trainer.seq_len=32
         --set train_micro_batch_size_per_gpu=2 --set steps_per_print=1 --set comm_timeout_s=30

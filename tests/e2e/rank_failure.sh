@@ -7,16 +7,10 @@
 set -uo pipefail
 train=$1
 src=$2
-out=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null; done
-  rm -rf "$out"
-}
-trap cleanup EXIT
 timeout_s=10
 margin_s=30
 source "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"
+use_scratch
 
 # scenario VICTIM SIGNAL: 3 ranks train; once rank 0 has logged a few steps, VICTIM gets SIGNAL:
 # KILL (it dies, its sockets close) or STOP (it hangs with sockets open: only the collective

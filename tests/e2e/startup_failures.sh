@@ -7,16 +7,10 @@
 set -uo pipefail
 train=$1
 src=$2
-out=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2> /dev/null; done
-  rm -rf "$out"
-}
-trap cleanup EXIT
 timeout_s=8
 margin_s=6
 source "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"
+use_scratch
 
 # rank NAME RANK WORLD PORT [ENV...]: one zero-train rank in the background; its pid is appended
 # to pids.

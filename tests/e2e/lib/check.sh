@@ -17,3 +17,15 @@ summary() {
   echo "$passed passed, $failed failed"
   [[ $failed -eq 0 ]]
 }
+
+# use_scratch: a scratch folder $out and a list $pids of background processes, killed (kill -9)
+# and removed when the script exits, however it exits.
+use_scratch() {
+  out=$(mktemp -d)
+  pids=()
+  trap '_scratch_cleanup' EXIT
+}
+_scratch_cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2> /dev/null; done
+  rm -rf "$out"
+}
