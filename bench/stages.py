@@ -15,16 +15,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, torchrun
 
 
-def torchrun(n, port, argv):
-    cmd = ["torchrun", "--no-python", "--standalone", f"--nproc-per-node={n}",
-           f"--master-port={port}"] + argv
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return res.stdout
 
 
 def mib(b):

@@ -17,15 +17,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, torchrun
 
 
-def run(n, port, argv):
-    cmd = ["torchrun", "--no-python", "--standalone", f"--nproc-per-node={n}",
-           f"--master-port={port}"] + argv
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
 
 
 def main():
@@ -47,7 +41,7 @@ def main():
                     for label, path in builds:
                         port += 1
                         out = os.path.join(tmp, f"{label}-{dtype}-{stage}-{rep}.json")
-                        run(args.ranks, port, [
+                        torchrun(args.ranks, port, [
                             path, "--config", os.path.join(ROOT, "configs", "zero2.yaml"),
                             "--set", f"zero_optimization.stage={stage}",
                             "--set", f"bf16.enabled={'true' if dtype == 'bf16' else 'false'}",

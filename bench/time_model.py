@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, torchrun
 
 # examples/gpt.cpp's presets: dim, layers, vocab, tied.
 PRESETS = {"gpt-25m": (384, 12, 8192, True), "gpt-50m": (512, 12, 8192, True),
@@ -58,13 +58,6 @@ def concurrent_rate(n, kind, tokens, shapes, seconds=2.0):
     return statistics.median(rates)
 
 
-def torchrun(n, port, argv):
-    cmd = ["torchrun", "--no-python", "--standalone", f"--nproc-per-node={n}",
-           f"--master-port={port}"] + argv
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return res.stdout
 
 
 def ffn_dim(dim):
