@@ -11,7 +11,6 @@ so on CPU stage 2's gradient traffic is not the half that NCCL gives.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 

@@ -13,7 +13,6 @@ Runs are interleaved (build A, build B, A, B ...) so load on a shared machine hi
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
