@@ -30,25 +30,30 @@ FlatLayout expected_layout(int shards, int64_t bucket) {
   return FlatLayout::build(specs, bucket, shards, /*align=*/64);
 }
 
-class StageMemory : public ::testing::TestWithParam<std::tuple<int, int>> {};
+class StageMemory : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 
 TEST_P(StageMemory, MeasuredBytesAreExactlyTheStagesPromise) {
-  const auto [stage, world] = GetParam();
+  const auto [stage, world, accumulation] = GetParam();
   const int64_t bucket = 200;
-  Config cfg = test_config(stage, 48 / world, 1, 0, bucket);
+  Config cfg = test_config(stage, 48 / world / accumulation, accumulation, 0, bucket);
   const FlatLayout L = expected_layout(stage == 0 ? 1 : world, bucket);
   const int64_t padded = L.total_numel();
   const int64_t shard = L.shard_numel();
-  const int64_t max_bucket = L.max_bucket_numel();
+  // Bucket buffers hold at most reduce_bucket_size elements (one 64-element row per rank when
+  // that is smaller), although fc2's 576-element weight makes a larger bucket.
+  EXPECT_LE(L.buffer_numel(), std::max<int64_t>(bucket, (stage == 0 ? 1 : world) * 64));
+  EXPECT_LT(L.buffer_numel(), L.max_bucket_numel());
 
   std::vector<MemoryReport> reports;
   std::mutex mu;
   run_ranks(world, [&](std::shared_ptr<comm::Group> group) {
     auto net = make_tiny_net(0);
     auto engine = initialize(net, cfg, group);
-    Batch b = rank_micro_batch(global_batch(0, 48), group->rank(), world, 0, 1);
-    engine.backward(mse(net->forward(b.x), b.y));
-    engine.step();
+    for (int m = 0; m < accumulation; ++m) {
+      Batch b = rank_micro_batch(global_batch(0, 48), group->rank(), world, m, accumulation);
+      engine.backward(mse(net->forward(b.x), b.y));
+      engine.step();
+    }
     auto all = engine.gather_memory_reports();
     std::lock_guard<std::mutex> lock(mu);
     if (group->rank() == 0) reports = all;
@@ -59,24 +64,20 @@ TEST_P(StageMemory, MeasuredBytesAreExactlyTheStagesPromise) {
     EXPECT_EQ(r.padded_params, padded);
     EXPECT_EQ(r.measured.params, 4 * padded);
     EXPECT_EQ(r.measured.optimizer, 2 * 4 * shard) << "AdamW keeps two fp32 states per element";
-    switch (stage) {
-      case 0:
-        EXPECT_EQ(r.measured.grads, 4 * padded);
-        EXPECT_EQ(r.measured.master, 0) << "the fp32 model is its own master";
-        EXPECT_EQ(r.measured.comm_buffers, 0);
-        break;
-      case 1:
-        EXPECT_EQ(r.measured.grads, 4 * padded + 4 * shard);
-        EXPECT_EQ(r.measured.master, world == 1 ? 0 : 4 * shard)
-            << "one rank's shard is the whole fp32 model: no separate master copy";
-        EXPECT_EQ(r.measured.comm_buffers, 0) << "fp32 gradients reduce in place";
-        break;
-      case 2:
-        EXPECT_EQ(r.measured.grads, 4 * shard);
-        EXPECT_EQ(r.measured.master, world == 1 ? 0 : 4 * shard);
-        EXPECT_EQ(r.measured.comm_buffers, 2 * 4 * (max_bucket + max_bucket / world))
-            << "two declared bucket buffers";
-        break;
+    // An fp32 model is its own master at every stage: stage 0 steps the flat buffer, stages 1/2
+    // their shard of each bucket of it, in place.
+    EXPECT_EQ(r.measured.master, 0) << "no fp32 copy beside the fp32 parameters";
+    if (stage == 0) {
+      EXPECT_EQ(r.measured.grads, 4 * padded);
+      EXPECT_EQ(r.measured.comm_buffers, 0);
+    } else if (stage == 1 && accumulation > 1) {
+      EXPECT_EQ(r.measured.grads, 4 * padded + 4 * shard)
+          << "the full accumulator across micro-steps, and the reduced shard";
+      EXPECT_EQ(r.measured.comm_buffers, 0) << "fp32 gradients reduce in place";
+    } else {
+      EXPECT_EQ(r.measured.grads, 4 * shard) << "only the reduced shard survives a micro-step";
+      EXPECT_EQ(r.measured.comm_buffers, 2 * 4 * (L.buffer_numel() + L.chunk_numel()))
+          << "two declared bucket buffers and their shards";
     }
     // The prediction uses the unpadded count: it may only differ by the padding.
     const int64_t pad = padded - r.num_params;
@@ -86,8 +87,12 @@ TEST_P(StageMemory, MeasuredBytesAreExactlyTheStagesPromise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesAndWorlds, StageMemory,
-                         ::testing::Combine(::testing::Values(0, 1, 2),
-                                            ::testing::Values(1, 2, 4)));
+                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values(1, 2, 4),
+                                            ::testing::Values(1)));
+// Stage 1 under gradient accumulation keeps its full accumulator.
+INSTANTIATE_TEST_SUITE_P(Stage1Accumulating, StageMemory,
+                         ::testing::Combine(::testing::Values(1), ::testing::Values(2, 4),
+                                            ::testing::Values(2)));
 
 // The allocator's own count (mallinfo2, process-wide: both rank threads), not the engine's list
 // of tensors: initialize adds exactly the report's model states less the user's parameters it
@@ -162,6 +167,7 @@ TEST(Memory, PredictionFallsWithStageAndWorld) {
   in.num_params = 7'000'000'000;
   in.param_bytes = 2;
   in.world_size = 8;
+  in.accumulation = 4;  // stage 1 keeps a full accumulator across micro-steps
   int64_t prev = INT64_MAX;
   for (int stage : {0, 1, 2}) {
     in.stage = stage;
@@ -169,6 +175,12 @@ TEST(Memory, PredictionFallsWithStageAndWorld) {
     EXPECT_LT(t, prev) << "stage " << stage;
     prev = t;
   }
+  // Without accumulation stage 1 reduces during backward and holds what stage 2 holds.
+  in.accumulation = 1;
+  in.stage = 1;
+  const int64_t s1 = predict_model_states(in).total();
+  in.stage = 2;
+  EXPECT_EQ(s1, predict_model_states(in).total());
   // The ZeRO paper's Ψ=7.5B, N=64 example adapted to ours: stage 2 with bf16 params keeps
   // 2Ψ + 16Ψ/N bytes (params, fp32 grad shard, master and two Adam states).
   in.num_params = 7'500'000'000;

@@ -1,6 +1,15 @@
-// Stages 0 and 1: gradients accumulate in a full fp32 flat buffer across micro-steps (autograd's
-// per-parameter gradients are added in and freed at once), and are reduced bucket by bucket
-// during the backward pass that closes the accumulation window.
+// Stage 0, and stage 1 under gradient accumulation or without overlap_comm: gradients accumulate in a full fp32 flat
+// buffer across micro-steps (autograd's per-parameter gradients are added in and freed at once),
+// and are reduced bucket by bucket during the backward pass that closes the accumulation window.
+//
+// What this costs stage 1 next to stage 2 (which reduce-scatters every micro-step and keeps
+// only its shard): 4Ψ bytes of full accumulator beside the 4Ψ/N shard, in exchange for one
+// reduction per window instead of one per micro-step. Without accumulation (and with
+// overlap_comm) there is nothing to accumulate, and stage 1 takes stage 2's path
+// (partitioned_grads.cpp): the same bytes as stage 2. DeepSpeed 0.19.8's ZeRO-1 makes the same
+// trade (runtime/zero/stage_1_and_2.py: reduce_ready_partitions_and_remove_grads reduces in the
+// hooks only at the accumulation boundary, and only under overlap_comm (process_gradients);
+// param.grad keeps the full gradient in between).
 #include <ATen/ATen.h>
 
 #include "zero/grad_buckets.hpp"
@@ -19,8 +28,7 @@ class AccumulatedGrads final : public GradSync {
         opts_(opts),
         tracker_(layout),
         // Stage 0 all-reduces in place in `in`: no `out` shard buffer.
-        pipeline_(layout.max_bucket_numel(),
-                  sharded ? layout.max_bucket_numel() / layout.world() : 0,
+        pipeline_(layout.buffer_numel(), sharded ? layout.chunk_numel() : 0,
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device),
                   // fp32 gradients are reduced in place; other dtypes travel through a copy.
                   opts.comm_dtype == at::kFloat ? 0 : 2) {
@@ -80,43 +88,55 @@ class AccumulatedGrads final : public GradSync {
     }
   }
 
+  // fp32 gradients are reduced in place in the accumulator, a bucket at a time. Other
+  // communication dtypes travel through the pool's buffers, chunk by chunk (BucketChunk), so
+  // that a buffer never exceeds the bucket size whatever the largest parameter.
   void launch(int b) {
     const BucketSlot& bucket = layout_.buckets()[b];
     const int64_t padded = bucket.shard.padded_numel();
     const int64_t S = bucket.shard.shard_numel();
     at::Tensor grads = full_.narrow(0, bucket.flat_offset, padded);
-    at::Tensor mine = shard_.narrow(0, bucket.shard_offset, S);
-    const std::string what = std::string(sharded_ ? "reduce_scatter" : "all_reduce") +
-                             " of gradient bucket " + std::to_string(b);
     const bool cast = opts_.comm_dtype != at::kFloat;
-    int buf = -1;
-    at::Tensor in = grads;
-    if (cast) {
-      buf = pipeline_.acquire();
-      // Buckets take a buffer only when released, in order: one is always free or in flight.
-      TORCH_INTERNAL_ASSERT(buf >= 0, "zero: no free buffer for gradient bucket ", b);
-      in = pipeline_.buffer(buf).in.narrow(0, 0, padded);
-      in.copy_(grads);
-    }
-    if (!sharded_) {
-      auto work = group_.all_reduce_sum(in, what);
-      pipeline_.push(std::move(work), buf, [in, grads, cast] {
-        if (cast) grads.copy_(in);
-      });
-      return;
-    }
+    const std::vector<BucketChunk> chunks =
+        cast ? bucket_chunks(bucket, layout_.chunk_numel()) : std::vector<BucketChunk>{{0, S}};
+    const int world = layout_.world();
     const int rank = group_.rank();
-    if (!opts_.reduce_scatter) {
-      auto work = group_.all_reduce_sum(in, what);
-      pipeline_.push(std::move(work), buf,
-                     [in, mine, rank, S] { mine.copy_(in.narrow(0, rank * S, S)); });
-      return;
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const BucketChunk c = chunks[k];
+      at::Tensor mine = shard_.narrow(0, bucket.shard_offset + c.offset, c.numel);
+      const std::string what = std::string(sharded_ ? "reduce_scatter" : "all_reduce") +
+                               " of gradient bucket " + std::to_string(b) +
+                               (chunks.size() > 1 ? " (chunk " + std::to_string(k) + ")" : "");
+      int buf = -1;
+      at::Tensor in = grads;
+      if (cast) {
+        buf = pipeline_.acquire();
+        // Buckets take a buffer only when released, in order: one is always free or in flight.
+        TORCH_INTERNAL_ASSERT(buf >= 0, "zero: no free buffer for gradient bucket ", b);
+        in = pipeline_.buffer(buf).in.narrow(0, 0, world * c.numel);
+        pack_chunk(in, bucket, c, 0, grads);
+      }
+      if (!sharded_) {
+        auto work = group_.all_reduce_sum(in, what);
+        const BucketSlot* bp = &bucket;
+        pipeline_.push(std::move(work), buf, [in, grads, bp, c, cast] {
+          if (cast) unpack_chunk(in, *bp, c, 0, grads);
+        });
+        continue;
+      }
+      if (!opts_.reduce_scatter) {
+        auto work = group_.all_reduce_sum(in, what);
+        const int64_t n = c.numel;
+        pipeline_.push(std::move(work), buf,
+                       [in, mine, rank, n] { mine.copy_(in.narrow(0, rank * n, n)); });
+        continue;
+      }
+      at::Tensor out = cast ? pipeline_.buffer(buf).out.narrow(0, 0, c.numel) : mine;
+      auto work = group_.reduce_scatter_sum(out, in, what);
+      pipeline_.push(std::move(work), buf, [out, mine, cast] {
+        if (cast) mine.copy_(out);
+      });
     }
-    at::Tensor out = cast ? pipeline_.buffer(buf).out.narrow(0, 0, S) : mine;
-    auto work = group_.reduce_scatter_sum(out, in, what);
-    pipeline_.push(std::move(work), buf, [out, mine, cast] {
-      if (cast) mine.copy_(out);
-    });
   }
 
   const FlatLayout& layout_;

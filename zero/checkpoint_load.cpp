@@ -76,7 +76,7 @@ std::vector<at::Tensor> read_shards(const Engine::Impl& m, const ckpt::Manifest&
   // Padding stays zero, as in a fresh engine.
   std::vector<at::Tensor> host;
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  host.push_back(at::zeros({m.fp.master.numel()}, f32));
+  host.push_back(at::zeros({L.shard_numel()}, f32));
   for (size_t i = 0; i < man.state_names.size(); ++i) host.push_back(at::zeros_like(host[0]));
   for (const OwnedPiece& p : L.owned_pieces(owner)) {
     const std::string& name = L.params()[p.param].name;
@@ -104,7 +104,7 @@ std::vector<at::Tensor> read_shards(const Engine::Impl& m, const ckpt::Manifest&
 // Copies what read_shards read into the master shard and the optimizer states.
 void commit_shards(Engine::Impl& m, const ckpt::Manifest& man,
                    const std::vector<at::Tensor>& host) {
-  m.fp.master.copy_(host[0]);
+  m.fp.set_master_shard(host[0]);
   const auto states = m.opt.optimizer->state();
   for (size_t i = 0; i < man.state_names.size(); ++i) {
     for (const auto& s : states) {

@@ -26,7 +26,7 @@ ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
   index.rank = rank;
   index.world = world;
   index.rng_state = ckpt::rng_state(m.fp.flat.device());
-  std::vector<at::Tensor> tensors{m.fp.master};
+  std::vector<at::Tensor> tensors{m.fp.master_shard()};
   for (auto& [name, t] : m.opt.optimizer->state()) {
     index.state_names.push_back(name);
     tensors.push_back(t);

@@ -48,8 +48,13 @@ void Engine::Impl::on_grad(int index, const at::Tensor& param) {
 }
 
 void Engine::Impl::make_sync() {
-  sync = stage == 2 ? make_partitioned_grads(fp.layout, *group, sync_opts)
-                    : make_accumulated_grads(fp.layout, *group, stage == 1, sync_opts);
+  // Stage 1 keeps a full accumulator only where it needs one: across the micro-steps of an
+  // accumulation window, or to reduce after backward (overlap_comm off, as DeepSpeed's ZeRO-1
+  // does then). Otherwise it reduces during backward exactly as stage 2 does, and holds what
+  // stage 2 holds (accumulated_grads.cpp says what the accumulator costs it).
+  const bool partitioned = !keeps_full_gradient(stage, accumulation, sync_opts.overlap);
+  sync = partitioned ? make_partitioned_grads(fp.layout, *group, sync_opts)
+                     : make_accumulated_grads(fp.layout, *group, stage == 1, sync_opts);
 }
 
 void Engine::Impl::discard_window() {
@@ -65,17 +70,19 @@ void Engine::Impl::discard_window() {
 void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
                                       const optim::ShardOptimizer::Scalars& scalars) {
   auto& o = *opt.optimizer;
-  o.begin_step(fp.master, grad, lr);
+  const auto& buckets = fp.layout.buckets();
+  o.begin_step(fp.master_window(buckets.front()), grad, lr);
   if (stage == 0 || fp.master_aliases_flat) {
     o.update(fp.master, grad, lr, scalars, {0, o.numel()});
     publish_parameters();
     return;
   }
   // Update this rank's slice of bucket b just before b's all-gather is launched: the gather
-  // runs (gloo threads / the NCCL stream) while b+1 is updated.
+  // runs (gloo threads / the NCCL stream) while b+1 is updated. With fp32 parameters the slice
+  // is the flat buffer's own (FlatParams::master_in_flat): updated in place, then gathered.
   publish_parameters([&](const BucketSlot& b) {
-    o.update(fp.master, grad, lr, scalars,
-             {b.shard_offset, b.shard_offset + b.shard.shard_numel()});
+    at::Tensor master = fp.master_window(b);
+    o.update(master, grad, lr, scalars, {b.shard_offset, b.shard_offset + b.shard.shard_numel()});
   });
 }
 
@@ -105,7 +112,7 @@ void Engine::Impl::publish_parameters(const std::function<void(const BucketSlot&
     const BucketSlot& bucket = buckets[b];
     if (before) before(bucket);
     const int64_t S = bucket.shard.shard_numel();
-    at::Tensor in = fp.master.narrow(0, bucket.shard_offset, S);
+    at::Tensor in = fp.bucket_master(bucket);
     if (param_dtype != at::kFloat) in = in.to(param_dtype);
     at::Tensor out = fp.flat.narrow(0, bucket.flat_offset, bucket.shard.padded_numel());
     while (!inflight.empty() &&
@@ -207,7 +214,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
 
   if (c.fp16.enabled) impl->scaler = DeviceLossScaler(c.fp16, impl->fp.flat.device());
   const int owner = impl->stage == 0 ? 0 : impl->group->rank();
-  impl->opt = make_optimizer(c, impl->fp.layout, owner, impl->fp.master.options());
+  impl->opt = make_optimizer(c, impl->fp.layout, owner, impl->fp.flat.options().dtype(at::kFloat));
 
   impl->hooks.install(impl.get(), impl->fp.params);
   impl->allocator_delta = allocated_bytes(device) - allocated_before;
@@ -374,7 +381,7 @@ MemoryReport Engine::memory_report() const {
   r.padded_params = m.fp.layout.total_numel();
   r.measured.params = m.fp.flat.nbytes();
   r.measured.grads = m.sync->grad_bytes();
-  r.measured.master = m.fp.master_aliases_flat ? 0 : m.fp.master.nbytes();
+  r.measured.master = m.fp.master_bytes();
   // Scratch too (none with the fused kernels): every byte the optimizer keeps between steps.
   r.measured.optimizer = m.opt.optimizer->state_bytes() + m.opt.optimizer->scratch_bytes();
   r.measured.comm_buffers = m.sync->comm_buffer_bytes();
@@ -390,6 +397,8 @@ MemoryReport Engine::memory_report() const {
   in.grad_accum_bytes = 4;
   in.optimizer_states = static_cast<int>(m.opt.optimizer->state().size());
   in.comm_buffer_bytes = r.measured.comm_buffers;
+  in.accumulation = m.accumulation;
+  in.overlap_comm = m.sync_opts.overlap;
   r.predicted = predict_model_states(in);
   MemoryModelInput dp = in;
   dp.stage = 0;

@@ -25,8 +25,14 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
   const bool whole = opts.shards == 1;
   fp.flat = at::empty({fp.layout.total_numel()}, f32.dtype(opts.param_dtype));
   fp.master_aliases_flat = whole && fp32;
-  fp.master = fp.master_aliases_flat ? fp.flat : at::empty({fp.layout.shard_numel()}, f32);
+  fp.master_in_flat = !whole && fp32;
+  if (fp.master_aliases_flat) {
+    fp.master = fp.flat;
+  } else if (!fp.master_in_flat) {
+    fp.master = at::empty({fp.layout.shard_numel()}, f32);
+  }
   const int r = whole ? 0 : group.rank();
+  fp.shard_rank = r;
   const auto& buckets = fp.layout.buckets();
   for (size_t bi = 0; bi < buckets.size(); ++bi) {
     const BucketSlot& b = buckets[bi];
@@ -44,7 +50,7 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
         .broadcast(staging, 0,
                    "broadcast of the initial parameters (bucket " + std::to_string(bi) + ")")
         .wait();
-    if (!fp.master_aliases_flat) {
+    if (!fp32) {  // fp32: the broadcast wrote the master into the flat buffer already
       const int64_t S = b.shard.shard_numel();
       fp.master.narrow(0, b.shard_offset, S).copy_(staging.narrow(0, b.shard.shard(r).begin, S));
     }
@@ -53,6 +59,44 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
 }
 
 }  // namespace
+
+at::Tensor FlatParams::bucket_master(const BucketSlot& b) const {
+  const int64_t S = b.shard.shard_numel();
+  return master_in_flat ? flat.narrow(0, b.flat_offset + shard_rank * S, S)
+                        : master.narrow(0, b.shard_offset, S);
+}
+
+at::Tensor FlatParams::master_window(const BucketSlot& b) const {
+  if (!master_in_flat) return master;
+  // Element i of the view is flat[start + i], with start chosen so that the window's elements
+  // land on this rank's slot of bucket b. It stays inside `flat`: shard_offset <= flat_offset
+  // (every earlier bucket is N shards long in `flat`, one in the master), and what follows the
+  // window in the view is at most the later buckets' shards, which `flat` holds N times over.
+  const int64_t start =
+      b.flat_offset + shard_rank * b.shard.shard_numel() - b.shard_offset + flat.storage_offset();
+  return flat.as_strided({layout.shard_numel()}, {1}, start);
+}
+
+at::Tensor FlatParams::master_shard() const {
+  if (!master_in_flat) return master;
+  std::vector<at::Tensor> parts;
+  for (const BucketSlot& b : layout.buckets()) parts.push_back(bucket_master(b));
+  return at::cat(parts);
+}
+
+void FlatParams::set_master_shard(const at::Tensor& shard) {
+  if (!master_in_flat) {
+    master.copy_(shard);
+    return;
+  }
+  for (const BucketSlot& b : layout.buckets()) {
+    bucket_master(b).copy_(shard.narrow(0, b.shard_offset, b.shard.shard_numel()));
+  }
+}
+
+int64_t FlatParams::master_bytes() const {
+  return master_aliases_flat || master_in_flat ? 0 : static_cast<int64_t>(master.nbytes());
+}
 
 FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
                               const FlattenOptions& opts) {

@@ -19,9 +19,32 @@ struct FlatParams {
   FlatLayout layout;
   std::vector<at::Tensor> params;    // the module's trainable parameters, in layout order
   std::vector<int> layout_of_named;  // layout index of the i-th distinct named parameter
-  at::Tensor flat;    // compute dtype, layout.total_numel(); params are views into it
-  at::Tensor master;  // fp32, this rank's shard (aliases `flat` when no copy is needed)
+  at::Tensor flat;  // compute dtype, layout.total_numel(); params are views into it
+  // fp32, this rank's shard: a tensor of its own under bf16/fp16, `flat` itself when one shard
+  // is the whole fp32 model (master_aliases_flat), and undefined when fp32 parameters are
+  // sharded (master_in_flat).
+  at::Tensor master;
   bool master_aliases_flat = false;
+  // fp32 parameters sharded over ranks: the master is this rank's shard of each bucket of
+  // `flat`, stepped in place by the optimizer and published by the all-gather (in place too:
+  // the input is the output's own slot), so no second fp32 copy of the shard exists. The
+  // accessors below hide which of the three it is.
+  bool master_in_flat = false;
+  int shard_rank = 0;  // whose shard of each bucket is the master (0 when unsharded)
+
+  // Bucket b's part of the master (its shard_numel() elements).
+  at::Tensor bucket_master(const BucketSlot& b) const;
+  // A contiguous view of layout.shard_numel() elements, addressed like the master shard, whose
+  // elements are the real master over bucket b's window [b.shard_offset, + shard_numel()) (what
+  // the optimizer updates for that bucket; elsewhere it reads other parts of `flat`, which the
+  // update does not touch). The master itself when that is one tensor.
+  at::Tensor master_window(const BucketSlot& b) const;
+  // The whole master shard as one contiguous tensor (a copy when master_in_flat: checkpoints
+  // and the layout rebuild read it) and the way back.
+  at::Tensor master_shard() const;
+  void set_master_shard(const at::Tensor& shard);
+  // Bytes of fp32 master held beside the parameters (0 when the parameters are the master).
+  int64_t master_bytes() const;
 };
 
 struct FlattenOptions {

@@ -7,6 +7,50 @@
 
 namespace zero {
 
+std::vector<BucketChunk> bucket_chunks(const BucketSlot& bucket, int64_t chunk_numel) {
+  std::vector<BucketChunk> out;
+  const int64_t S = bucket.shard.shard_numel();
+  for (int64_t at = 0; at < S; at += chunk_numel) out.push_back({at, std::min(chunk_numel, S - at)});
+  return out;
+}
+
+namespace {
+
+// Calls f(packed_offset, bucket_offset, numel) for each overlap of chunk `c` with the
+// bucket-local range [begin, end).
+template <class F>
+void for_each_overlap(const BucketSlot& bucket, const BucketChunk& c, int64_t begin, int64_t end,
+                      F f) {
+  const int64_t S = bucket.shard.shard_numel();
+  for (int r = 0; r < bucket.shard.world; ++r) {
+    const int64_t lo = r * S + c.offset;
+    const int64_t b = std::max(lo, begin), e = std::min(lo + c.numel, end);
+    if (b < e) f(r * c.numel + (b - lo), b, e - b);
+  }
+}
+
+}  // namespace
+
+void pack_chunk(const at::Tensor& packed, const BucketSlot& bucket, const BucketChunk& c,
+                int64_t begin, const at::Tensor& src, bool add) {
+  for_each_overlap(bucket, c, begin, begin + src.numel(), [&](int64_t p, int64_t b, int64_t n) {
+    at::Tensor dst = packed.narrow(0, p, n);
+    const at::Tensor from = src.narrow(0, b - begin, n);
+    if (add) {
+      dst.add_(from.to(dst.scalar_type()));
+    } else {
+      dst.copy_(from);
+    }
+  });
+}
+
+void unpack_chunk(const at::Tensor& packed, const BucketSlot& bucket, const BucketChunk& c,
+                  int64_t begin, const at::Tensor& dst) {
+  for_each_overlap(bucket, c, begin, begin + dst.numel(), [&](int64_t p, int64_t b, int64_t n) {
+    dst.narrow(0, b - begin, n).copy_(packed.narrow(0, p, n));
+  });
+}
+
 BucketTracker::BucketTracker(const FlatLayout& layout) : layout_(layout) { reset(); }
 
 void BucketTracker::reset(const std::vector<int>& expected) {

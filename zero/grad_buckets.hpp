@@ -19,6 +19,26 @@ namespace zero {
 // backward), kUnknown when it cannot be known yet (its bucket then waits for the end of backward).
 constexpr int kUnknownArrivals = -1;
 
+// One piece of a bucket's reduction when the bucket is larger than a bucket buffer
+// (FlatLayout::chunk_numel): for every rank r, the bucket-local elements
+// [r*S + offset, r*S + offset + numel), S being the bucket's shard size, packed rank after rank
+// into world*numel elements. Each chunk is then itself an equal-split reduce-scatter whose
+// rank-r output is elements [offset, offset + numel) of r's shard of the bucket. A bucket no
+// larger than a buffer is one chunk covering it all (the packing is then the identity).
+struct BucketChunk {
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+std::vector<BucketChunk> bucket_chunks(const BucketSlot& bucket, int64_t chunk_numel);
+
+// Copies (or adds, `add`) what `src`, the bucket-local elements [begin, begin + src.numel()),
+// holds of chunk `c` into its place in `packed` (world*c.numel elements).
+void pack_chunk(const at::Tensor& packed, const BucketSlot& bucket, const BucketChunk& c,
+                int64_t begin, const at::Tensor& src, bool add = false);
+// The reverse: chunk `c` of `packed` back into `dst` (bucket-local elements from `begin`).
+void unpack_chunk(const at::Tensor& packed, const BucketSlot& bucket, const BucketChunk& c,
+                  int64_t begin, const at::Tensor& dst);
+
 // Counts the gradients each bucket still waits for during one backward pass. Buckets are
 // released strictly in index order: every rank then issues the same collectives in the same
 // order, whatever order autograd happened to produce gradients in.

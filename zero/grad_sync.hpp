@@ -1,7 +1,8 @@
 // Where gradients go between autograd and the optimizer. One implementation per way of
-// keeping them: AccumulatedGrads (stages 0 and 1: a full fp32 gradient buffer, reduced once per
-// accumulation window) and PartitionedGrads (stage 2: only this rank's fp32 shard survives a
-// micro-step; buckets are reduce-scattered as backward produces them).
+// keeping them: AccumulatedGrads (stage 0, and stage 1 under gradient accumulation: a full fp32
+// gradient buffer, reduced once per accumulation window) and PartitionedGrads (stage 2, and
+// stage 1 without accumulation: only this rank's fp32 shard survives a micro-step; buckets are
+// reduce-scattered as backward produces them).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -59,11 +60,11 @@ class GradSync {
   GradSyncCounters counters_;
 };
 
-// Stage 0 (`sharded` false: all-reduce, every rank keeps the whole gradient) and stage 1
-// (`sharded` true: reduce-scatter into this rank's shard).
+// Stage 0 (`sharded` false: all-reduce, every rank keeps the whole gradient) and stage 1 under
+// accumulation (`sharded` true: reduce-scatter into this rank's shard).
 std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
                                                  bool sharded, const GradSyncOptions& opts);
-// Stage 2.
+// Stage 2, and stage 1 without accumulation.
 std::unique_ptr<GradSync> make_partitioned_grads(const FlatLayout& layout, comm::Group& group,
                                                  const GradSyncOptions& opts);
 

@@ -5,6 +5,10 @@
 
 namespace zero {
 
+bool keeps_full_gradient(int stage, int64_t accumulation, bool overlap_comm) {
+  return stage == 0 || (stage == 1 && (accumulation > 1 || !overlap_comm));
+}
+
 MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
   const double psi = static_cast<double>(in.num_params);
   const double n = in.world_size;
@@ -12,21 +16,16 @@ MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
   const double part = in.stage == 0 ? psi : psi / n;
   MemoryBreakdown b;
   b.params = static_cast<int64_t>(psi * in.param_bytes);
-  switch (in.stage) {
-    case 0:
-      b.grads = static_cast<int64_t>(psi * in.grad_accum_bytes);
-      break;
-    case 1:  // full accumulation buffer + the reduced fp32 shard
-      b.grads = static_cast<int64_t>(psi * in.grad_accum_bytes + 4.0 * psi / n);
-      break;
-    default:  // only the reduced fp32 shard survives a micro-step
-      b.grads = static_cast<int64_t>(4.0 * psi / n);
-      break;
+  if (in.stage == 0) {
+    b.grads = static_cast<int64_t>(psi * in.grad_accum_bytes);  // reduced in place
+  } else {
+    // The reduced fp32 shard, and the full accumulator where stage 1 keeps one.
+    const bool full = keeps_full_gradient(in.stage, in.accumulation, in.overlap_comm);
+    b.grads = static_cast<int64_t>((full ? psi * in.grad_accum_bytes : 0.0) + 4.0 * psi / n);
   }
-  // With an fp32 model and nothing sharded (stage 0, or one rank), the model's weights are the
-  // master weights.
-  const bool unsharded = in.stage == 0 || in.world_size == 1;
-  b.master = (unsharded && in.param_bytes == 4) ? 0 : static_cast<int64_t>(4.0 * part);
+  // fp32 parameters are the master weights: whole at stage 0, this rank's shard of each bucket
+  // of the flat buffer at stages 1 and 2.
+  b.master = in.param_bytes == 4 ? 0 : static_cast<int64_t>(4.0 * part);
   b.optimizer = static_cast<int64_t>(4.0 * in.optimizer_states * part);
   b.comm_buffers = in.comm_buffer_bytes;
   return b;

@@ -9,8 +9,11 @@
 //     matters only through 1 and 2, so among otherwise equal configurations the stage that does
 //     less wins: stages 1 and 2 all-gather the updated parameters after the step, outside
 //     backward's overlap, and stage 2 reduce-scatters every micro-step under gradient
-//     accumulation where stages 0 and 1 reduce once per step.
+//     accumulation where stages 0 and 1 reduce once per step. (Without accumulation stage 1
+//     reduces during backward as stage 2 does and holds the same bytes, so it wins the tie.)
 #include "zero/memory_plan.hpp"
+
+#include "zero/shard_info.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -103,6 +106,16 @@ int64_t max_bucket_elements(const PlanInput& in) {
   return std::max(largest, open);
 }
 
+int64_t bucket_buffer_elements(const PlanInput& in, int stage) {
+  // As FlatLayout::chunk_numel with the engine's 64-element alignment: a rank's part of a buffer
+  // is the largest bucket's shard, but at most reduce_bucket_size / N.
+  constexpr int64_t kAlign = 64;
+  const int64_t n = stage == 0 ? 1 : in.world_size;
+  const int64_t largest_shard = round_up(max_bucket_elements(in), n * kAlign) / n;
+  const int64_t bounded = std::max(kAlign, std::max<int64_t>(1, in.bucket_elements) / n / kAlign * kAlign);
+  return n * std::min(largest_shard, bounded);
+}
+
 MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   MemoryModelInput mi;
   mi.num_params = in.num_params;
@@ -111,15 +124,31 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   mi.param_bytes = in.param_bytes;
   mi.grad_accum_bytes = in.grad_accum_bytes;
   mi.optimizer_states = in.optimizer_states;
-  // Two buffers: stage 2 always (every gradient goes through them), stages 0/1 only when
-  // gradients travel in another dtype than their fp32 accumulator. Each holds a padded bucket
-  // and, where the reduction is a reduce-scatter (stages 1/2), its 1/N shard; stage 0
-  // all-reduces in place in the bucket buffer and needs no second one.
-  const int buffers = (stage == 2 || in.comm_bytes != 4) ? 2 : 0;
-  const int64_t b = max_bucket_elements(in);
+  mi.accumulation = in.accumulation;
+  mi.overlap_comm = in.overlap_comm;
+  // Two buffers where gradients go through them (stage 2, and stage 1 when it reduces during
+  // backward as stage 2 does), otherwise only when gradients travel in another dtype than their
+  // fp32 accumulator. Each holds a bucket (at most reduce_bucket_size elements) and, where the
+  // reduction is a reduce-scatter (stages 1/2), its 1/N shard; stage 0 all-reduces in place in
+  // the bucket buffer and needs no second one.
+  const bool partitioned = !keeps_full_gradient(stage, in.accumulation, in.overlap_comm);
+  const int buffers = (partitioned || in.comm_bytes != 4) ? 2 : 0;
+  const int64_t b = bucket_buffer_elements(in, stage);
   const int64_t out = stage == 0 ? 0 : b / in.world_size;
   mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + out);
   return predict_model_states(mi);
+}
+
+int64_t plan_startup_peak(const PlanInput& in, int stage) {
+  const MemoryBreakdown st = plan_model_states(in, stage);
+  // While the flat buffer fills: the user's parameters (built in fp32, each freed once its
+  // bucket is copied), the flat buffer and the master shard (allocated up front), and one fp32
+  // staging bucket under 16-bit parameters. Then the gradient path and the optimizer states:
+  // the steady state. A caching allocator holds all of the first at the first bucket; RSS counts
+  // pages as they are touched and so sees less.
+  const int64_t staging = in.param_bytes == 4 ? 0 : 4 * max_bucket_elements(in);
+  const int64_t flatten = 4 * in.num_params + st.params + st.master + staging;
+  return std::max(flatten, st.total());
 }
 
 std::string model_state_formula(const PlanInput& in, int stage) {
@@ -139,9 +168,11 @@ std::string model_state_formula(const PlanInput& in, int stage) {
     out += (out.empty() ? "" : " + ") + std::string(buf);
   };
   term(in.param_bytes, false);
-  if (stage <= 1) term(in.grad_accum_bytes, false);
+  if (keeps_full_gradient(stage, in.accumulation, in.overlap_comm)) {
+    term(in.grad_accum_bytes, false);
+  }
   if (stage >= 1) term(4, true);  // the reduced fp32 gradient shard
-  if (split || in.param_bytes != 4) term(4, split);
+  if (in.param_bytes != 4) term(4, split);  // fp32 parameters are their own master
   term(4.0 * in.optimizer_states, split);
   char total[40];
   std::snprintf(total, sizeof total, " = %.4gΨ", sum);

@@ -1,13 +1,18 @@
-// Stage 2: no full-size gradient outlives a micro-step. Autograd's gradient of each parameter is
-// copied into its bucket's communication buffer and freed; a complete bucket is reduce-scattered
-// at once, overlapping the rest of backward, and the rank's part is added to its fp32 shard.
+// Stage 2, and stage 1 without gradient accumulation: no full-size gradient outlives a
+// micro-step. Autograd's gradient of each parameter is copied into its bucket's communication
+// buffer and freed; a complete bucket is reduce-scattered at once, overlapping the rest of
+// backward, and the rank's part is added to its fp32 shard.
 //
-// The pool has two buffers and never grows. A bucket may take one only while it is among the
-// next two to be released: the bucket released next can then always get one (by finishing the
-// oldest reduction if need be). A gradient whose bucket is further ahead (gradients out of bucket
-// order, or a bucket held back by a parameter that has not delivered yet) is kept as autograd
-// produced it, and copied in when its bucket's turn comes: no memory beyond what autograd
-// allocated, where a growing pool would add a full bucket pair per stalled bucket.
+// The pool has two buffers of FlatLayout::buffer_numel() elements (at most reduce_bucket_size)
+// and never grows. A bucket may take one only while it is among the next two to be released:
+// the bucket released next can then always get one (by finishing the oldest reduction if need
+// be). A gradient whose bucket is further ahead (gradients out of bucket order, or a bucket held
+// back by a parameter that has not delivered yet) is kept as autograd produced it, and copied in
+// when its bucket's turn comes: no memory beyond what autograd allocated, where a growing pool
+// would add a full bucket pair per stalled bucket. A bucket larger than a buffer (a parameter
+// bigger than reduce_bucket_size) always keeps autograd's gradients that way and is reduced in
+// chunks through the pool (BucketChunk): the buffers stay bounded by the bucket size, not by
+// the largest parameter, and the gradient is held once, as autograd made it.
 #include <ATen/ATen.h>
 
 #include "zero/grad_buckets.hpp"
@@ -25,7 +30,7 @@ class PartitionedGrads final : public GradSync {
         group_(group),
         opts_(opts),
         tracker_(layout),
-        pipeline_(layout.max_bucket_numel(), layout.max_bucket_numel() / layout.world(),
+        pipeline_(layout.buffer_numel(), layout.chunk_numel(),
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers),
         bucket_buffer_(layout.buckets().size(), -1),
         deferred_(layout.params().size()) {
@@ -43,7 +48,8 @@ class PartitionedGrads final : public GradSync {
   void on_grad(int param, const at::Tensor& grad) override {
     const ParamSlot& p = layout_.params()[param];
     const bool first = tracker_.mark(param) == 1;
-    if (bucket_buffer_[p.bucket] < 0 && p.bucket < tracker_.next() + kPoolBuffers) {
+    if (bucket_buffer_[p.bucket] < 0 && fits(p.bucket) &&
+        p.bucket < tracker_.next() + kPoolBuffers) {
       take_buffer(p.bucket);
     }
     if (bucket_buffer_[p.bucket] >= 0) {
@@ -109,7 +115,15 @@ class PartitionedGrads final : public GradSync {
     }
   }
 
+  bool fits(int b) const {
+    return layout_.buckets()[b].shard.shard_numel() <= layout_.chunk_numel();
+  }
+
   void launch(int b) {
+    if (!fits(b)) {
+      launch_chunked(b);
+      return;
+    }
     const BucketSlot& bucket = layout_.buckets()[b];
     if (bucket_buffer_[b] < 0) take_buffer(b);
     // The bucket released next always finds a buffer (see the file comment).
@@ -123,10 +137,39 @@ class PartitionedGrads final : public GradSync {
     }
     const int64_t S = bucket.shard.shard_numel();
     const int buf = bucket_buffer_[b];
-    at::Tensor in = pipeline_.buffer(buf).in.narrow(0, 0, bucket.shard.padded_numel());
+    reduce(b, buf, pipeline_.buffer(buf).in.narrow(0, 0, bucket.shard.padded_numel()),
+           shard_.narrow(0, bucket.shard_offset, S), "");
+  }
+
+  // A bucket larger than a buffer: chunk by chunk from autograd's gradients, each chunk through
+  // a pool buffer (acquire finishes the oldest reduction when both are busy).
+  void launch_chunked(int b) {
+    const BucketSlot& bucket = layout_.buckets()[b];
+    const std::vector<BucketChunk> chunks = bucket_chunks(bucket, layout_.chunk_numel());
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const BucketChunk& c = chunks[k];
+      const int buf = pipeline_.acquire();
+      TORCH_INTERNAL_ASSERT(buf >= 0, "zero: no free bucket buffer for bucket ", b);
+      at::Tensor in = pipeline_.buffer(buf).in.narrow(0, 0, layout_.world() * c.numel);
+      in.zero_();  // padding and parameters without a gradient in this pass
+      for (int param : bucket.params) {
+        if (!deferred_[param].defined()) continue;
+        pack_chunk(in, bucket, c, layout_.params()[param].flat_offset - bucket.flat_offset,
+                   deferred_[param].reshape({-1}));
+      }
+      reduce(b, buf, in, shard_.narrow(0, bucket.shard_offset + c.offset, c.numel),
+             " (chunk " + std::to_string(k) + ")");
+    }
+    for (int param : bucket.params) deferred_[param].reset();
+  }
+
+  // Reduces `in` (world x mine.numel() elements, communication dtype) and adds this rank's
+  // part to `mine`.
+  void reduce(int b, int buf, at::Tensor in, at::Tensor mine,
+              const std::string& part) {
+    const int64_t S = mine.numel();
     at::Tensor out = pipeline_.buffer(buf).out.narrow(0, 0, S);
-    at::Tensor mine = shard_.narrow(0, bucket.shard_offset, S);
-    const std::string what = "reduce_scatter of gradient bucket " + std::to_string(b);
+    const std::string what = "reduce_scatter of gradient bucket " + std::to_string(b) + part;
     if (opts_.reduce_scatter) {
       auto work = group_.reduce_scatter_sum(out, in, what);
       pipeline_.push(std::move(work), buf, [out, mine] { mine.add_(out); });

@@ -88,7 +88,7 @@ void Engine::Impl::rebuild_layout(const std::vector<int>& new_order) {
   const int rank = flat_opts.shards == 1 ? 0 : group->rank();
   std::vector<at::Tensor> moved;
   {
-    std::vector<at::Tensor> old_shards{fp.master};
+    std::vector<at::Tensor> old_shards{fp.master_shard()};
     for (const auto& s : opt.optimizer->state()) old_shards.push_back(s.second);
     moved = reshard(old_shards, old_layout, layout, new_of_old, rank, *group);
   }
@@ -112,9 +112,15 @@ void Engine::Impl::rebuild_layout(const std::vector<int>& new_order) {
   std::vector<at::Tensor> params(n);
   for (size_t k = 0; k < n; ++k) params[k] = fp.params[new_order[k]];
   fp.layout = std::move(layout);
-  fp.master = moved[0];
-  fp.flat =
-      fp.master_aliases_flat ? fp.master : at::zeros({fp.layout.total_numel()}, fp.flat.options());
+  if (fp.master_in_flat) {
+    fp.flat = at::zeros({fp.layout.total_numel()}, fp.flat.options());
+    fp.set_master_shard(moved[0]);
+    moved[0].reset();
+  } else {
+    fp.master = moved[0];
+    fp.flat = fp.master_aliases_flat ? fp.master
+                                     : at::zeros({fp.layout.total_numel()}, fp.flat.options());
+  }
   for (size_t k = 0; k < n; ++k) {
     const ParamSlot& slot = fp.layout.params()[k];
     params[k].set_data(fp.flat.narrow(0, slot.flat_offset, slot.numel).view(params[k].sizes()));

@@ -18,6 +18,8 @@ FlatLayout FlatLayout::build(const std::vector<ParamSpec>& params, int64_t bucke
   }
   FlatLayout L;
   L.world_ = world;
+  L.bucket_numel_ = bucket_numel;
+  L.align_ = align;
   int64_t shard_offset = 0;
   auto close_bucket = [&](BucketSlot& b, int64_t numel) {
     b.shard = ShardInfo{numel, world, align};
@@ -51,6 +53,13 @@ int64_t FlatLayout::max_bucket_numel() const {
   int64_t m = 0;
   for (const auto& b : buckets_) m = std::max(m, b.shard.padded_numel());
   return m;
+}
+
+int64_t FlatLayout::chunk_numel() const {
+  int64_t largest_shard = 0;
+  for (const auto& b : buckets_) largest_shard = std::max(largest_shard, b.shard.shard_numel());
+  const int64_t bounded = std::max(align_, bucket_numel_ / world_ / align_ * align_);
+  return std::min(largest_shard, bounded);
 }
 
 std::vector<OwnedPiece> FlatLayout::owned_pieces(int rank) const {

@@ -83,6 +83,13 @@ class FlatLayout {
   int64_t total_numel() const { return total_numel_; }    // flat buffer size, with padding
   int64_t shard_numel() const { return total_numel_ / world_; }
   int64_t max_bucket_numel() const;
+  // Per-rank elements one reduction moves at a time: a bucket whose shard is larger (a parameter
+  // bigger than reduce_bucket_size makes one) is reduced in chunks of this many elements per
+  // rank, so a bucket buffer holds at most world() x chunk_numel() <= bucket_numel elements
+  // (one aligned row per rank when bucket_numel is smaller than that), never a whole bucket.
+  int64_t chunk_numel() const;
+  // Elements of one bucket buffer: world() x chunk_numel().
+  int64_t buffer_numel() const { return world_ * chunk_numel(); }
 
   // Every piece of every parameter that `rank` owns, in shard order.
   std::vector<OwnedPiece> owned_pieces(int rank) const;
@@ -106,6 +113,8 @@ class FlatLayout {
   std::vector<ParamSlot> params_;
   std::vector<BucketSlot> buckets_;
   int world_ = 1;
+  int64_t bucket_numel_ = 1;
+  int64_t align_ = 1;
   int64_t num_elements_ = 0;
   int64_t total_numel_ = 0;
 };

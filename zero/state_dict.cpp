@@ -23,7 +23,8 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
 
   // The full flat master in fp32, one bucket at a time, when ranks hold only their shards;
   // otherwise the values are right there (master, or the flat buffer it aliases).
-  const bool sharded = fp.layout.world() > 1 && !fp.master_aliases_flat;
+  const bool in_flat = fp.master_aliases_flat || fp.master_in_flat;
+  const bool sharded = fp.layout.world() > 1 && !in_flat;
   std::vector<at::Tensor> gathered;  // per layout parameter
   if (opts.master && sharded) {
     gathered.resize(fp.layout.params().size());
@@ -62,8 +63,9 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
       v = gathered[it->second];
     } else {
       const ParamSlot& s = fp.layout.params()[it->second];
-      // Stage 0 holds the whole master; when it aliases the flat buffer the offsets coincide.
-      v = out_of(fp.master.narrow(0, s.flat_offset, s.numel));
+      // Stage 0 holds the whole master; fp32 parameters are the master (published on every
+      // rank after each step), at the same offsets.
+      v = out_of((in_flat ? fp.flat : fp.master).narrow(0, s.flat_offset, s.numel));
     }
     out.emplace_back(item.key(), v.view(p.sizes()));
   }

@@ -25,13 +25,22 @@ struct MemoryModelInput {
   int grad_accum_bytes = 4;  // fp32 accumulation by default
   int optimizer_states = 2;  // fp32 tensors of Ψ/N elements per rank: AdamW 2, SGD momentum 1
   int64_t comm_buffer_bytes = 0;
+  int64_t accumulation = 1;  // gradient_accumulation_steps
+  bool overlap_comm = true;
 };
 
-// The ZeRO paper's per-rank formulas, adjusted to this engine's buffers:
+// Whether `stage` keeps a full gradient accumulator between micro-steps: stage 0 always, stage 1
+// under gradient accumulation or without overlap_comm (it then reduces once per window, after
+// the last backward), stage 2 never. Otherwise stage 1 reduces during backward as stage 2 does.
+bool keeps_full_gradient(int stage, int64_t accumulation, bool overlap_comm);
+
+// The ZeRO paper's per-rank formulas, adjusted to this engine's buffers (p: parameter bytes;
+// an fp32 model is its own master at every stage: its flat buffer's shard is what the optimizer
+// steps, so the master term is 0 when p = 4):
 //   stage 0: params Ψp + grads 4Ψ + master (4Ψ unless p = 4) + states 4KΨ
-//   (stages 1/2 at N = 1 with p = 4 need no master either: the one shard is the model)
-//   stage 1: params Ψp + grads 4Ψ + 4Ψ/N + master 4Ψ/N + states 4KΨ/N
-//   stage 2: params Ψp + grads 4Ψ/N + master 4Ψ/N + states 4KΨ/N
+//   stage 1: params Ψp + grads 4Ψ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N,
+//            plus a full 4Ψ accumulator under gradient accumulation (keeps_full_gradient)
+//   stage 2: params Ψp + grads 4Ψ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N
 MemoryBreakdown predict_model_states(const MemoryModelInput& in);
 
 struct MemoryReport {

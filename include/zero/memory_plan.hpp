@@ -73,6 +73,8 @@ struct PlanInput {
   int optimizer_states = 2;  // AdamW
   int comm_bytes = 2;        // gradients travel in the compute dtype (communication_data_type)
   int64_t bucket_elements = 500'000'000;  // zero_optimization.reduce_bucket_size
+  int64_t accumulation = 1;               // gradient_accumulation_steps (stage 1's accumulator)
+  bool overlap_comm = true;               // zero_optimization.overlap_comm (likewise)
 };
 
 struct ActivationEstimate {
@@ -92,8 +94,18 @@ ActivationEstimate predict_activations(const PlanInput& in, Recompute r);
 // Elements of the largest gradient bucket: the example GPT's parameters in the engine's order
 // (reverse registration), a bucket closing at the first parameter that reaches the size.
 int64_t max_bucket_elements(const PlanInput& in);
+// Elements of one bucket buffer for `stage` (FlatLayout::buffer_numel: the largest bucket, but at
+// most reduce_bucket_size, larger buckets being reduced in chunks); its 1/N shard buffer is
+// this divided by N at stages 1 and 2.
+int64_t bucket_buffer_elements(const PlanInput& in, int stage);
 // predict_model_states plus the bucket buffers the engine declares for this stage.
 MemoryBreakdown plan_model_states(const PlanInput& in, int stage);
+// The most bytes zero::initialize holds at once per rank, the user's fp32 model included: the
+// larger of the flattening phase (the user's parameters, freed bucket by bucket, beside the
+// flat buffer and master allocated up front and, for 16-bit parameters, one fp32 staging
+// bucket: flat_params.cpp) and the final model states (plan_model_states). In allocator terms
+// (a caching allocator reserves at::empty at once); bench/startup_step.py measures RSS.
+int64_t plan_startup_peak(const PlanInput& in, int stage);
 // "2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ": the terms of predict_model_states, buffers left out.
 std::string model_state_formula(const PlanInput& in, int stage);
 
