@@ -153,8 +153,8 @@ TEST(EquivalenceSgd, Stage1SplitBucketsMatchTorchSgd) {
       finals[group->rank()] = engine.flat_parameters();
     });
     for (auto& f : finals) {
-      EXPECT_LT((f - ref.params).abs().max().item<double>(), 2e-5) << "accumulation "
-                                                                   << accumulation;
+      EXPECT_LT((f - ref.params).abs().max().item<double>(), 2e-5)
+          << "accumulation " << accumulation;
     }
   }
 }

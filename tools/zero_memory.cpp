@@ -94,7 +94,8 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   row("optimizer states", [&](int s) { return st[s].optimizer; });
   row("bucket buffers", [&](int s) { return st[s].comm_buffers; });
   row("= model states", [&](int s) { return st[s].total(); });
-  row("start-up peak (initialize, with the model)", [&](int s) { return plan_startup_peak(in, s); });
+  row("start-up peak (initialize, with the model)",
+      [&](int s) { return plan_startup_peak(in, s); });
   if (m.known()) {
     for (int r = 0; r < 3; ++r) {
       const std::string label = std::string("activations, ") + recompute_name(kModes[r]);
@@ -214,10 +215,11 @@ void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts
                       ? block_activation_bytes(in.shape, in.micro_batch, in.seq_len, in.param_bytes)
                       : 0));
   for (int s = 0; s < 3; ++s) {
-    std::printf("%s\n  {\"stage\": %d, \"model_states\": %s, \"startup_peak\": %lld, "
-                "\"activations\": {",
-                s ? "," : "", s, to_json(plan_model_states(in, s)).c_str(),
-                (long long)plan_startup_peak(in, s));
+    std::printf(
+        "%s\n  {\"stage\": %d, \"model_states\": %s, \"startup_peak\": %lld, "
+        "\"activations\": {",
+        s ? "," : "", s, to_json(plan_model_states(in, s)).c_str(),
+        (long long)plan_startup_peak(in, s));
     for (int r = 0; r < 3; ++r) {
       std::printf("%s\"%s\": %lld", r ? ", " : "", kModeIds[r],
                   (long long)predict_activations(in, kModes[r]).peak());

@@ -1,6 +1,7 @@
-// Stage 0, and stage 1 under gradient accumulation or without overlap_comm: gradients accumulate in a full fp32 flat
-// buffer across micro-steps (autograd's per-parameter gradients are added in and freed at once),
-// and are reduced bucket by bucket during the backward pass that closes the accumulation window.
+// Stage 0, and stage 1 under gradient accumulation or without overlap_comm: gradients accumulate in
+// a full fp32 flat buffer across micro-steps (autograd's per-parameter gradients are added in and
+// freed at once), and are reduced bucket by bucket during the backward pass that closes the
+// accumulation window.
 //
 // What this costs stage 1 next to stage 2 (which reduce-scatters every micro-step and keeps
 // only its shard): 4Ψ bytes of full accumulator beside the 4Ψ/N shard, in exchange for one

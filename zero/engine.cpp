@@ -13,8 +13,8 @@
 #include <unordered_set>
 #include <utility>
 
-#include "zero/device.hpp"
 #include "zero/auto_strategy.hpp"
+#include "zero/device.hpp"
 #include "zero/engine_impl.hpp"
 
 namespace zero {

@@ -10,7 +10,8 @@ namespace zero {
 std::vector<BucketChunk> bucket_chunks(const BucketSlot& bucket, int64_t chunk_numel) {
   std::vector<BucketChunk> out;
   const int64_t S = bucket.shard.shard_numel();
-  for (int64_t at = 0; at < S; at += chunk_numel) out.push_back({at, std::min(chunk_numel, S - at)});
+  for (int64_t at = 0; at < S; at += chunk_numel)
+    out.push_back({at, std::min(chunk_numel, S - at)});
   return out;
 }
 

@@ -112,7 +112,8 @@ int64_t bucket_buffer_elements(const PlanInput& in, int stage) {
   constexpr int64_t kAlign = 64;
   const int64_t n = stage == 0 ? 1 : in.world_size;
   const int64_t largest_shard = round_up(max_bucket_elements(in), n * kAlign) / n;
-  const int64_t bounded = std::max(kAlign, std::max<int64_t>(1, in.bucket_elements) / n / kAlign * kAlign);
+  const int64_t bounded =
+      std::max(kAlign, std::max<int64_t>(1, in.bucket_elements) / n / kAlign * kAlign);
   return n * std::min(largest_shard, bounded);
 }
 
@@ -171,7 +172,7 @@ std::string model_state_formula(const PlanInput& in, int stage) {
   if (keeps_full_gradient(stage, in.accumulation, in.overlap_comm)) {
     term(in.grad_accum_bytes, false);
   }
-  if (stage >= 1) term(4, true);  // the reduced fp32 gradient shard
+  if (stage >= 1) term(4, true);            // the reduced fp32 gradient shard
   if (in.param_bytes != 4) term(4, split);  // fp32 parameters are their own master
   term(4.0 * in.optimizer_states, split);
   char total[40];

@@ -165,8 +165,7 @@ class PartitionedGrads final : public GradSync {
 
   // Reduces `in` (world x mine.numel() elements, communication dtype) and adds this rank's
   // part to `mine`.
-  void reduce(int b, int buf, at::Tensor in, at::Tensor mine,
-              const std::string& part) {
+  void reduce(int b, int buf, at::Tensor in, at::Tensor mine, const std::string& part) {
     const int64_t S = mine.numel();
     at::Tensor out = pipeline_.buffer(buf).out.narrow(0, 0, S);
     const std::string what = "reduce_scatter of gradient bucket " + std::to_string(b) + part;
