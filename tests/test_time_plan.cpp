@@ -91,11 +91,16 @@ TEST(TimePlan, OptimizerBytesPerStage) {
   // Stage 0 updates all 1000: norm 4 + grad 4 + master 8 + states 16 = 32 B, the bf16 copy 2 B,
   // zeroing the fp32 accumulator 4 B.
   EXPECT_DOUBLE_EQ(optimizer_bytes(in, 0), 32 * 1000 + 2 * 1000 + 4 * 1000);
-  // Stage 1 updates 250; zeroes the full accumulator and its 250-element shard.
-  EXPECT_DOUBLE_EQ(optimizer_bytes(in, 1), 32 * 250 + 2 * 250 + 4 * 1000 + 4 * 250);
+  // Stages 1 and 2 update 250 and zero their 250-element shard.
+  EXPECT_DOUBLE_EQ(optimizer_bytes(in, 1), 32 * 250 + 2 * 250 + 4 * 250);
   EXPECT_DOUBLE_EQ(optimizer_bytes(in, 2), 32 * 250 + 2 * 250 + 4 * 250);
-  in.param_bytes = 4;  // fp32 stage 0: the master is the parameters, no copy
+  // Under accumulation stage 1 also zeroes its full accumulator.
+  in.accumulation = 2;
+  EXPECT_DOUBLE_EQ(optimizer_bytes(in, 1), 32 * 250 + 2 * 250 + 4 * 1000 + 4 * 250);
+  in.accumulation = 1;
+  in.param_bytes = 4;  // fp32: the master is the parameters at every stage, no copy
   EXPECT_DOUBLE_EQ(optimizer_bytes(in, 0), 32 * 1000 + 4 * 1000);
+  EXPECT_DOUBLE_EQ(optimizer_bytes(in, 1), 32 * 250 + 4 * 250);
 }
 
 TEST(TimePlan, StepTimeOfStage0ByHand) {

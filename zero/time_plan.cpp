@@ -165,10 +165,12 @@ double optimizer_bytes(const PlanInput& in, int stage) {
   const double e = stage == 0 ? psi : psi / n;  // elements this rank updates
   const double k = in.optimizer_states;
   double bytes = 4 * e + 4 * e + 8 * e + 8 * k * e;  // norm, gradient, master, states
-  const bool master_separate = in.param_bytes != 4 || (stage > 0 && n > 1);
-  if (master_separate) bytes += in.param_bytes * e;
-  // Zeroing the accumulators: full fp32 ones at stages 0-1 (plus stage 1's shard), a shard at 2.
-  bytes += stage == 2 ? 4 * psi / n : in.grad_accum_bytes * psi + (stage == 1 ? 4 * psi / n : 0);
+  // fp32 parameters are the master (stepped in place); 16-bit ones are written from it.
+  if (in.param_bytes != 4) bytes += in.param_bytes * e;
+  // Zeroing the accumulators: the full one where the stage keeps one (stage 0; stage 1 under
+  // accumulation), and the reduced shard at stages 1-2.
+  const bool full = keeps_full_gradient(stage, in.accumulation, in.overlap_comm);
+  bytes += (full ? in.grad_accum_bytes * psi : 0.0) + (stage > 0 ? 4 * psi / n : 0.0);
   return bytes;
 }
 
