@@ -19,6 +19,8 @@ PlanInput llama7b(int world) {
   in.world_size = world;
   in.micro_batch = 1;
   in.seq_len = 2048;
+  // Gradient accumulation: stage 1 keeps its full fp32 accumulator, so the three stages differ.
+  in.accumulation = 4;
   return in;  // bf16, fp32 accumulation, AdamW, 5e8-element buckets
 }
 
@@ -55,6 +57,18 @@ TEST(AutoStrategy, StageAutoPicksTheLowestStageThatFits) {
   EXPECT_NE(choose_strategy(in, room_for(need(in, 2, Recompute::kNone)), micro_one_no_ckpt())
                 .line.find("stage 1 does not fit"),
             std::string::npos);
+}
+
+// Without accumulation stage 1 reduces during backward as stage 2 does and holds the same bytes:
+// where stage 2 fits so does stage 1, and the lower stage is chosen.
+TEST(AutoStrategy, WithoutAccumulationStage1IsChosenWhereStage2Fits) {
+  PlanInput in = llama7b(8);
+  in.accumulation = 1;
+  EXPECT_EQ(need(in, 1, Recompute::kNone), need(in, 2, Recompute::kNone));
+  const AutoChoice c =
+      choose_strategy(in, room_for(need(in, 2, Recompute::kNone)), micro_one_no_ckpt());
+  EXPECT_EQ(c.stage, 1) << c.line;
+  EXPECT_EQ(c.recompute, Recompute::kNone);
 }
 
 TEST(AutoStrategy, CheckpointingOnlyWhenNothingFitsWithout) {
