@@ -1,9 +1,11 @@
-// zero's side of bench/ds_parity.py: trains the MLP that ds_parity.py defines, from the initial
-// weights and batches it wrote, with the DeepSpeed JSON in the same folder, and writes per-step
-// losses and the final parameters. Launch with torch.distributed.run (2 ranks).
+// zero's side of bench/ds_parity.py: trains the MLP that ds_parity.py defines, or the example GPT
+// loaded from the LlamaForCausalLM it saved, from the initial weights and batches it wrote, with
+// the DeepSpeed JSON in the same folder, and writes per-step losses and the final parameters.
+// Launch with torch.distributed.run (2 ranks).
 //
-//   ds-parity-zero DIR    (reads DIR/ds_config.json, meta.txt, init.bin, x.bin, y.bin;
-//                          writes DIR/zero_losses.txt and DIR/zero_params.bin on rank 0)
+//   ds-parity-zero DIR    (reads DIR/ds_config.json, meta.txt, and init.bin, x.bin, y.bin (MLP)
+//                          or hf/, tokens.bin, names.txt (LLaMA); writes DIR/zero_losses.txt and
+//                          DIR/zero_params.bin on rank 0)
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
@@ -12,10 +14,14 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "gpt.hpp"
+#include "hf_llama.hpp"
 #include "zero/zero.hpp"
 
 namespace {
@@ -48,11 +54,80 @@ at::Tensor read_floats(const std::string& path, int64_t n) {
   return t;
 }
 
+void write_results(const std::string& dir, const std::vector<double>& losses,
+                   const std::vector<at::Tensor>& params) {
+  std::FILE* f = std::fopen((dir + "/zero_losses.txt").c_str(), "w");
+  if (!f) throw std::runtime_error("ds-parity-zero: cannot write " + dir + "/zero_losses.txt");
+  for (double l : losses) std::fprintf(f, "%.17g\n", l);
+  std::fclose(f);
+  std::vector<at::Tensor> parts;
+  for (const auto& p : params) parts.push_back(p.detach().to(at::kFloat).reshape({-1}));
+  const at::Tensor flat = at::cat(parts).contiguous();
+  std::ofstream pf(dir + "/zero_params.bin", std::ios::binary);
+  pf.write(reinterpret_cast<const char*>(flat.data_ptr<float>()),
+           flat.numel() * static_cast<int64_t>(sizeof(float)));
+}
+
+// The small transformer: the example GPT loaded from DIR/hf, cross-entropy on DIR/tokens.bin
+// ([steps, acc, world, micro, seq + 1] int64), parameters written in DIR/names.txt's (HF) order.
+int run_llama(const std::string& dir, std::istream& meta) {
+  int64_t steps, acc, world, mb, seq, vocab;
+  if (!(meta >> steps >> acc >> world >> mb >> seq >> vocab)) {
+    throw std::runtime_error("ds-parity-zero: cannot read " + dir + "/meta.txt");
+  }
+  zero::Config cfg = zero::Config::from_file(dir + "/ds_config.json");
+  auto model =
+      std::make_shared<zero::examples::GptImpl>(zero::examples::hf_llama_config(dir + "/hf"));
+  zero::examples::load_hf_llama(*model, dir + "/hf");
+  const int64_t n = steps * acc * world * mb * (seq + 1);
+  at::Tensor tokens = at::empty({n}, at::kLong);
+  {
+    std::ifstream f(dir + "/tokens.bin", std::ios::binary);
+    f.read(reinterpret_cast<char*>(tokens.data_ptr<int64_t>()), n * 8);
+    if (f.gcount() != n * 8) throw std::runtime_error("ds-parity-zero: short tokens.bin");
+  }
+  tokens = tokens.view({steps, acc, world, mb, seq + 1});
+  auto engine = zero::initialize(model, cfg);
+  const int rank = engine.rank();
+  std::vector<double> losses;
+  for (int64_t s = 0; s < steps; ++s) {
+    double total = 0;
+    for (int64_t m = 0; m < acc; ++m) {
+      const at::Tensor t = tokens[s][m][rank];
+      at::Tensor loss = model->loss(t.narrow(1, 0, seq), t.narrow(1, 1, seq));
+      total += engine.all_reduce_mean(loss.item<double>());
+      engine.backward(loss);
+      engine.step();
+    }
+    losses.push_back(total / static_cast<double>(acc));
+  }
+  if (rank == 0) {
+    std::map<std::string, at::Tensor> by_hf;
+    for (const auto& item : model->named_parameters()) {
+      by_hf[zero::examples::hf_llama_name(item.key())] = item.value();
+    }
+    std::ifstream names(dir + "/names.txt");
+    std::vector<at::Tensor> params;
+    for (std::string name; names >> name;) {
+      auto it = by_hf.find(name);
+      if (it == by_hf.end()) throw std::runtime_error("ds-parity-zero: no GPT parameter " + name);
+      params.push_back(it->second);
+    }
+    write_results(dir, losses, params);
+  }
+  return 0;
+}
+
 int run(const std::string& dir) {
   int64_t steps, acc, world, mb, in, hidden, out;
   {
     std::ifstream meta(dir + "/meta.txt");
-    if (!(meta >> steps >> acc >> world >> mb >> in >> hidden >> out)) {
+    std::string first;
+    if (!(meta >> first))
+      throw std::runtime_error("ds-parity-zero: cannot read " + dir + "/meta.txt");
+    if (first == "llama") return run_llama(dir, meta);
+    steps = std::stoll(first);
+    if (!(meta >> acc >> world >> mb >> in >> hidden >> out)) {
       throw std::runtime_error("ds-parity-zero: cannot read " + dir + "/meta.txt");
     }
   }
@@ -88,17 +163,7 @@ int run(const std::string& dir) {
     }
     losses.push_back(total / static_cast<double>(acc));
   }
-  if (rank == 0) {
-    std::FILE* f = std::fopen((dir + "/zero_losses.txt").c_str(), "w");
-    for (double l : losses) std::fprintf(f, "%.17g\n", l);
-    std::fclose(f);
-    std::vector<at::Tensor> parts;
-    for (auto& p : model->parameters()) parts.push_back(p.detach().to(at::kFloat).reshape({-1}));
-    const at::Tensor flat = at::cat(parts).contiguous();
-    std::ofstream pf(dir + "/zero_params.bin", std::ios::binary);
-    pf.write(reinterpret_cast<const char*>(flat.data_ptr<float>()),
-             flat.numel() * static_cast<int64_t>(sizeof(float)));
-  }
+  if (rank == 0) write_results(dir, losses, model->parameters());
   return 0;
 }
 

@@ -54,7 +54,7 @@ class Block(torch.nn.Module):
 
 
 class Gpt(torch.nn.Module):
-    def __init__(self, vocab, dim, layers, heads, max_seq, ckpt):
+    def __init__(self, vocab, dim, layers, heads, max_seq, ckpt, tied=False):
         super().__init__()
         ffn = (2 * 4 * dim // 3 + 255) // 256 * 256
         self.ckpt = ckpt
@@ -62,6 +62,8 @@ class Gpt(torch.nn.Module):
         self.blocks = torch.nn.ModuleList(Block(dim, heads, ffn) for _ in range(layers))
         self.norm = RMSNorm(dim)
         self.head = torch.nn.Linear(dim, vocab, bias=False)
+        if tied:  # the C++ presets up to gpt-50m tie the output head to the embedding
+            self.head.weight = self.embed.weight
         hd = dim // heads
         inv = 10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
         ang = torch.outer(torch.arange(max_seq, dtype=torch.float64), inv)

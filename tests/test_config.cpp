@@ -217,9 +217,15 @@ TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
              "'fp16.fp16_master_weights_and_grads' keeps master weights in fp16");
   EXPECT_HAS(load_error("optimizer: {type: AdamW, params: {max_grad_norm: 1.0}}\n"),
              "use the top-level 'gradient_clipping' key instead");
+  // DeepSpeed accumulates in fp32 or in the model dtype (engine.py _do_optimizer_sanity_check).
   EXPECT_HAS(load_error("data_types: {grad_accum_dtype: bf16}\n"),
-             "'data_types.grad_accum_dtype' bf16 is not implemented: zero accumulates gradients "
-             "in fp32; set it to fp32 or remove it");
+             "'data_types.grad_accum_dtype' bf16 needs bf16 parameters (the model is fp32): "
+             "gradients accumulate in fp32 or in the model dtype; set fp32, enable bf16 or "
+             "remove it");
+  EXPECT_HAS(load_error("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp16}\n"),
+             "'data_types.grad_accum_dtype' fp16 needs fp16 parameters (the model is bf16)");
+  EXPECT_EQ(load("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: bf16}\n").accum_dtype(),
+            Dtype::kBFloat16);
   EXPECT_HAS(load_error("pipeline: {stages: 2}\n"),
              "'pipeline' is a DeepSpeed option zero does not implement; remove it");
   EXPECT_HAS(load_error("zero_optimization: {allgather_partitions: false}\n"),

@@ -66,6 +66,13 @@ std::vector<DefaultRow> default_rows() {
       {"zero_optimization.overlap_comm", "{}", 0,
        [](C c) { return c.zero_optimization.overlap_comm; }, true},
       {"bf16.enabled", "{}", 0, [](C c) { return c.bf16; }},
+      // Unset: the model dtype (engine.py get_data_types), so bf16 sums micro-steps in bf16.
+      {"data_types.grad_accum_dtype (fp32 model; fp32 = 0)", "{}", 0,
+       [](C c) { return static_cast<double>(c.accum_dtype()); }},
+      {"data_types.grad_accum_dtype (bf16 model; bf16 = 1)", "bf16: {enabled: true}", 1,
+       [](C c) { return static_cast<double>(c.accum_dtype()); }},
+      {"data_types.grad_accum_dtype (fp16 model; fp16 = 2)", "fp16: {enabled: true}", 2,
+       [](C c) { return static_cast<double>(c.accum_dtype()); }},
       {"fp16.enabled", "{}", 0, [](C c) { return c.fp16.enabled; }},
       {"fp16.loss_scale", "{}", 0, [](C c) { return c.fp16.loss_scale; }},
       {"fp16.initial_scale_power", "{}", 16, [](C c) { return c.fp16.initial_scale_power; }},
@@ -116,12 +123,11 @@ TEST(DeepSpeedDefaults, EveryAcceptedKeyDefaultsAsInDeepSpeed) {
       EXPECT_DOUBLE_EQ(got, row.deepspeed) << row.key << " (config " << row.config << ")";
     }
   }
-  // Keys whose DeepSpeed default is "unset, use the model dtype": zero leaves them unset too,
-  // except grad_accum_dtype, which is fp32 only (see README, Configuration).
+  // Keys whose DeepSpeed default is "unset, use the model dtype": zero leaves them unset too.
   const Config c = load("{}");
   EXPECT_FALSE(c.communication_data_type.has_value());
   EXPECT_FALSE(c.scheduler.warmup_max_lr.has_value());  // resolved per type: next test
-  EXPECT_EQ(c.grad_accum_dtype, Dtype::kFloat32);
+  EXPECT_FALSE(c.grad_accum_dtype.has_value());
 }
 
 // Runs `steps` optimizer steps of TinyNet on `world` thread ranks and returns, per step, the lr
@@ -287,7 +293,7 @@ const std::map<std::string, std::string>& corpus_expectations() {
   static const std::map<std::string, std::string> m = {
       {"accelerate_zero1_sgd.json", ""},
       {"accelerate_zero2_ga_only.json", ""},
-      {"ds_bf16_accum.json", "'data_types.grad_accum_dtype' bf16 is not implemented"},
+      {"ds_bf16_accum.json", ""},
       {"ds_bing_bert_lamb.json", "'optimizer.type' 'Lamb' is not supported by zero"},
       {"ds_chat_bf16_fp32_accum.json", ""},
       {"ds_chat_step1_zero2.json", ""},

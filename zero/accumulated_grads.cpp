@@ -48,7 +48,9 @@ class AccumulatedGrads final : public GradSync {
 
   void on_grad(int param, const at::Tensor& grad) override {
     const ParamSlot& p = layout_.params()[param];
-    full_.narrow(0, p.flat_offset, p.numel).add_(grad.reshape({-1}));
+    // DeepSpeed sums a rank's micro-step gradients (autograd's .grad) in grad_accum_dtype.
+    at::Tensor acc = full_.narrow(0, p.flat_offset, p.numel);
+    accumulate(acc, grad.reshape({-1}), opts_.accum_dtype);
     tracker_.mark(param);
     launch_ready();
   }

@@ -206,6 +206,11 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
 
   GradSyncOptions& so = impl->sync_opts;
   so.comm_dtype = to_scalar_type(c.communication_data_type.value_or(c.param_dtype()));
+  TORCH_CHECK(c.accum_dtype() == Dtype::kFloat32 || c.accum_dtype() == c.param_dtype(),
+              "zero: data_types.grad_accum_dtype ", dtype_name(c.accum_dtype()), " with ",
+              dtype_name(c.param_dtype()),
+              " parameters: gradients accumulate in fp32 or in the model dtype; set fp32");
+  so.accum_dtype = to_scalar_type(c.accum_dtype());
   so.device = impl->fp.flat.device();
   so.overlap = c.zero_optimization.overlap_comm;
   so.reduce_scatter = c.zero_optimization.reduce_scatter;

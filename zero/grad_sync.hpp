@@ -17,6 +17,9 @@ namespace zero {
 
 struct GradSyncOptions {
   at::ScalarType comm_dtype = at::kFloat;  // dtype gradients travel in
+  // Dtype the accumulated gradient is rounded to after every addition (data_types.
+  // grad_accum_dtype): the buffers stay fp32, the values are those of a sum kept in this dtype.
+  at::ScalarType accum_dtype = at::kFloat;
   at::Device device = at::kCPU;
   bool overlap = true;         // launch a bucket's reduction as soon as it is complete
   bool reduce_scatter = true;  // false: all-reduce and keep the own shard (DeepSpeed's option)
@@ -64,6 +67,13 @@ class GradSync {
 // accumulation (`sharded` true: reduce-scatter into this rank's shard).
 std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
                                                  bool sharded, const GradSyncOptions& opts);
+// `acc` += `add`, then rounded to `accum_dtype` when that is not fp32: what adding in that dtype
+// gives (one rounding per addition), in an fp32 buffer.
+inline void accumulate(at::Tensor& acc, const at::Tensor& add, at::ScalarType accum_dtype) {
+  acc.add_(add);
+  if (accum_dtype != at::kFloat) acc.copy_(acc.to(accum_dtype));
+}
+
 // Stage 2, and stage 1 without accumulation.
 std::unique_ptr<GradSync> make_partitioned_grads(const FlatLayout& layout, comm::Group& group,
                                                  const GradSyncOptions& opts);

@@ -169,14 +169,18 @@ class PartitionedGrads final : public GradSync {
     const int64_t S = mine.numel();
     at::Tensor out = pipeline_.buffer(buf).out.narrow(0, 0, S);
     const std::string what = "reduce_scatter of gradient bucket " + std::to_string(b) + part;
+    // DeepSpeed's stage 2 sums the reduced micro-step gradients in grad_accum_dtype.
+    const at::ScalarType acc = opts_.accum_dtype;
     if (opts_.reduce_scatter) {
       auto work = group_.reduce_scatter_sum(out, in, what);
-      pipeline_.push(std::move(work), buf, [out, mine] { mine.add_(out); });
+      pipeline_.push(std::move(work), buf,
+                     [out, mine, acc]() mutable { accumulate(mine, out, acc); });
     } else {
       auto work = group_.all_reduce_sum(in, what);
       const int rank = group_.rank();
-      pipeline_.push(std::move(work), buf,
-                     [in, mine, rank, S] { mine.add_(in.narrow(0, rank * S, S)); });
+      pipeline_.push(std::move(work), buf, [in, mine, rank, S, acc]() mutable {
+        accumulate(mine, in.narrow(0, rank * S, S), acc);
+      });
     }
     if (!opts_.overlap) counters_.wait_seconds += pipeline_.drain();
   }

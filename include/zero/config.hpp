@@ -105,9 +105,11 @@ struct Config {
 
   // Dtype gradients travel in; defaults to the model's compute dtype.
   std::optional<Dtype> communication_data_type;
-  // data_types.grad_accum_dtype: zero accumulates gradients in fp32 only, so other values are
-  // refused. (DeepSpeed's default accumulates in the model dtype; fp32 is the more exact one.)
-  Dtype grad_accum_dtype = Dtype::kFloat32;
+  // data_types.grad_accum_dtype: the dtype micro-steps' gradients are summed in; unset means the
+  // model dtype, as in DeepSpeed (see accum_dtype()). fp32 or the model dtype only. zero keeps
+  // the sum in an fp32 buffer and rounds it to this dtype after every addition: DeepSpeed's
+  // arithmetic, not its memory saving.
+  std::optional<Dtype> grad_accum_dtype;
 
   // Our own keys.
   std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};  // comm_timeout_s
@@ -167,6 +169,8 @@ struct Config {
   Dtype param_dtype() const {
     return bf16 ? Dtype::kBFloat16 : (fp16.enabled ? Dtype::kFloat16 : Dtype::kFloat32);
   }
+  // The dtype gradients accumulate in across micro-steps.
+  Dtype accum_dtype() const { return grad_accum_dtype.value_or(param_dtype()); }
 };
 
 }  // namespace zero

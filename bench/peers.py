@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""zero next to its peers on the CPU: the same LLaMA-style GPT trained by zero-train (stages 0, 1,
+2), PyTorch DDP, DDP + ZeroRedundancyOptimizer, FSDP2 (fully_shard, reshard_after_forward=False)
+and DeepSpeed ZeRO-1/2 (.dsvenv, DS_ACCELERATOR=cpu, torch_adam), over gloo at N ranks, fp32 and
+bf16, repetitions interleaved (every configuration once, then again) so machine load spreads
+over all of them.
+
+Per run: step time (median of the steps after the warm-up ones, rank 0), peak RSS per rank (GNU
+time's maximum resident set, the max over ranks) minus that framework's process baseline (a
+process that imports the framework and sets up the gloo process group, but builds no model:
+comm-bench with a 1-element payload for zero, the same worker with --baseline for the Python
+ones), and model-state bytes: zero's engine accounting for zero-train, the live tensor storages
+(parameters, gradients, masters, optimizer states, flat buffers; each storage once) found by a
+gc walk after the last step for the Python frameworks.
+
+  python3 bench/peers.py [--quick] [--ranks 2 4] [--dtypes fp32 bf16] [--reps 2]
+"""
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT  # noqa: E402
+
+FRAMEWORKS = ["zero-s0", "zero-s1", "zero-s2", "ddp", "ddp-zero1", "fsdp2", "ds-z1", "ds-z2"]
+BASELINE_OF = {"zero-s0": "zero", "zero-s1": "zero", "zero-s2": "zero", "ddp": "torch",
+               "ddp-zero1": "torch", "fsdp2": "torch", "ds-z1": "deepspeed", "ds-z2": "deepspeed"}
+# Optimizer and clipping of configs/zero2.yaml, for every framework.
+LR, BETAS, WD, CLIP = 3e-3, (0.9, 0.95), 0.1, 1.0
+PRESETS = {"gpt-25m": dict(vocab=8192, dim=384, layers=12, heads=6, max_seq=512, tied=True),
+           "small": dict(vocab=256, dim=192, layers=6, heads=6, max_seq=256, tied=True)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker: one rank of a Python framework (run under torchrun).
+
+def live_tensor_bytes(torch):
+    """Bytes of every live tensor storage reachable from Python, each storage once."""
+    gc.collect()
+    seen = {}
+    for o in gc.get_objects():
+        try:
+            if not isinstance(o, torch.Tensor):
+                continue
+            s = o.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+        except Exception:  # DTensor wrappers have no storage of their own; their locals count
+            continue
+    return sum(seen.values())
+
+
+def worker(a):
+    import torch
+    import torch.distributed as dist
+    if a.framework.startswith("ds") or a.baseline == "deepspeed":
+        import deepspeed
+        import deepspeed.comm.torch  # noqa: F401
+        # The CPU accelerator JIT-compiles a shared-memory all-reduce otherwise; gloo does it.
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+        deepspeed.init_distributed(dist_backend="gloo")
+    else:
+        dist.init_process_group("gloo")
+        from torch.distributed.fsdp import fully_shard  # noqa: F401 (part of the baseline)
+    dist.barrier()
+    if a.baseline:
+        return
+    torch.set_num_threads(1)
+    from torch_eager_gpt import Gpt
+    rank, world = dist.get_rank(), dist.get_world_size()
+    p = PRESETS[a.model]
+    torch.manual_seed(0)
+    model = Gpt(p["vocab"], p["dim"], p["layers"], p["heads"], p["max_seq"], False, tied=p["tied"])
+    bf16 = a.dtype == "bf16"
+    fw = a.framework
+    masters = None
+    if fw.startswith("ds"):
+        cfg = {"train_micro_batch_size_per_gpu": a.micro, "gradient_accumulation_steps": 1,
+               "zero_optimization": {"stage": 1 if fw == "ds-z1" else 2,
+                                     "reduce_bucket_size": int(5e5)},
+               "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
+                                                         "weight_decay": WD, "torch_adam": True}},
+               "gradient_clipping": CLIP, "bf16": {"enabled": bf16}, "steps_per_print": 10**9}
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               config=cfg)
+
+        def step(x, y):
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+    elif fw == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
+            if bf16 else MixedPrecisionPolicy()
+        for b in model.blocks:
+            fully_shard(b, reshard_after_forward=False, mp_policy=mp)
+        fully_shard(model, reshard_after_forward=False, mp_policy=mp)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
+
+        def step(x, y):
+            model(x, y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    else:
+        # DDP: bf16 runs keep the model in bf16 (gradients all-reduced in bf16) and fp32 master
+        # copies for the optimizer, as zero does.
+        if bf16:
+            masters = [q.detach().clone().float() for q in model.parameters()]
+            model.to(torch.bfloat16)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=2)
+        params = masters if bf16 else list(model.parameters())
+        if fw == "ddp-zero1":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=LR,
+                                          betas=BETAS, weight_decay=WD)
+        else:
+            opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WD)
+
+        def step(x, y):
+            ddp(x, y).backward()
+            if bf16:
+                for m, q in zip(masters, model.parameters()):
+                    m.grad = q.grad.float()
+                    q.grad = None
+            torch.nn.utils.clip_grad_norm_(params, CLIP)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if bf16:
+                with torch.no_grad():
+                    for m, q in zip(masters, model.parameters()):
+                        q.copy_(m)
+
+    g = torch.Generator().manual_seed(1000 + rank)
+    times = []
+    for s in range(a.steps):
+        x = torch.randint(p["vocab"], (a.micro, a.seq_len), generator=g)
+        t = time.perf_counter()
+        step(x, torch.roll(x, -1, 1))
+        times.append(time.perf_counter() - t)
+    state = torch.tensor([live_tensor_bytes(torch)], dtype=torch.float64)
+    dist.all_reduce(state, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        json.dump({"step_s": statistics.median(times[a.warmup:]),
+                   "model_state_bytes": int(state.item()),
+                   "num_params": sum(q.numel() for q in Gpt(p["vocab"], p["dim"], p["layers"],
+                                                            p["heads"], 8, False,
+                                                            tied=p["tied"]).parameters())},
+                  open(a.out, "w"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver.
+
+def ds_python():
+    py = os.path.join(ROOT, ".dsvenv", "bin", "python")
+    return py if os.path.exists(py) else sys.executable
+
+
+def run(n, port, argv, env, rss_file):
+    """torchrun with every rank under GNU time; returns the max peak RSS over ranks (bytes)."""
+    if os.path.exists(rss_file):
+        os.remove(rss_file)
+    cmd = ["torchrun", "--no-python", "--standalone", f"--nproc-per-node={n}",
+           f"--master-port={port}", "/usr/bin/time", "-a", "-o", rss_file, "-f", "PEAKRSS %M"]
+    res = subprocess.run(cmd + argv, capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        sys.exit(f"peers: {' '.join(cmd + argv)} failed:\n{res.stdout[-3000:]}\n"
+                 f"{res.stderr[-3000:]}")
+    kb = [int(line.split()[1]) for line in open(rss_file) if line.startswith("PEAKRSS")]
+    assert len(kb) == n, f"expected {n} RSS lines, got {kb}"
+    return max(kb) * 1024
+
+
+def one_run(fw, n, dtype, a, port, tmp):
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    rss_file = os.path.join(tmp, "rss.txt")
+    out = os.path.join(tmp, f"{fw}-{n}-{dtype}.json")
+    if fw.startswith("zero-"):
+        argv = [os.path.join(a.build, "examples", "zero-train"),
+                "--config", os.path.join(ROOT, "configs", "zero2.yaml"),
+                "--set", f"zero_optimization.stage={fw[-1]}",
+                "--set", f"bf16.enabled={'true' if dtype == 'bf16' else 'false'}",
+                "--set", f"trainer.model={a.model}", "--set", f"trainer.steps={a.steps}",
+                "--set", f"trainer.seq_len={a.seq_len}",
+                "--set", f"train_micro_batch_size_per_gpu={a.micro}",
+                "--set", "gradient_accumulation_steps=1", "--set", "steps_per_print=100000",
+                "--set", "no_weight_decay=[]", "--summary-json", out]
+        rss = run(n, port, argv, env, rss_file)
+        s = json.load(open(out))
+        return {"step_s": s["step_seconds_median"], "peak_rss": rss,
+                "model_state_bytes": s["memory"][0]["measured"]["total"],
+                "num_params": s["num_params"]}
+    py = ds_python() if fw.startswith("ds") else sys.executable
+    argv = [py, os.path.abspath(__file__), "--worker", fw, "--dtype", dtype, "--model", a.model,
+            "--steps", str(a.steps), "--warmup", str(a.warmup), "--seq-len", str(a.seq_len),
+            "--micro", str(a.micro), "--out", out]
+    rss = run(n, port, argv, env, rss_file)
+    r = json.load(open(out))
+    r["peak_rss"] = rss
+    return r
+
+
+def baseline(kind, n, a, port, tmp):
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    rss_file = os.path.join(tmp, "rss.txt")
+    if kind == "zero":
+        argv = [os.path.join(a.build, "bench", "comm-bench"), "1"]
+    else:
+        py = ds_python() if kind == "deepspeed" else sys.executable
+        argv = [py, os.path.abspath(__file__), "--worker", "none", "--baseline", kind]
+    return run(n, port, argv, env, rss_file)
+
+
+def mib(b):
+    return b / 2**20
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt-25m", choices=sorted(PRESETS))
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
+    ap.add_argument("--frameworks", nargs="+", default=FRAMEWORKS)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--micro", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="1 repetition, 4 steps (2 timed)")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--out-md", default=os.path.join(ROOT, "bench", "results", "peers_cpu.md"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--baseline", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    a.framework = a.worker
+    if a.worker:
+        return worker(a)
+    if a.quick:
+        a.reps, a.steps, a.warmup = 1, 4, 2
+    # zero-train's median skips only its first step; the Python workers skip `warmup`.
+    port = 29800 + os.getpid() % 100
+    runs, bases = {}, {}
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(a.reps):
+            for n in a.ranks:
+                for kind in sorted({BASELINE_OF[f] for f in a.frameworks}):
+                    port += 1
+                    bases.setdefault((kind, n), []).append(baseline(kind, n, a, port, tmp))
+                for dtype in a.dtypes:
+                    for fw in a.frameworks:
+                        port += 1
+                        r = one_run(fw, n, dtype, a, port, tmp)
+                        runs.setdefault((fw, n, dtype), []).append(r)
+                        print(f"peers: rep {rep} N={n} {dtype} {fw}: {r['step_s']:.3f} s/step, "
+                              f"peak RSS {mib(r['peak_rss']):.0f} MiB "
+                              f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    med = lambda xs: statistics.median(xs)
+    nparams = runs[next(iter(runs))][0]["num_params"]
+    lines = [f"# zero and its peers on the CPU ({a.model}, {nparams / 1e6:.1f} M parameters)", "",
+             f"`python3 bench/peers.py{' --quick' if a.quick else ''}"
+             f"{'' if a.model == 'gpt-25m' else ' --model ' + a.model}`: micro-batch {a.micro} x "
+             f"{a.seq_len} tokens per rank, AdamW (lr {LR}, betas {BETAS}, weight decay {WD} on "
+             f"every parameter), clipping {CLIP}, gloo, {a.steps} steps per run, {a.reps} "
+             "interleaved repetition(s) (medians over them). Step time: median of the steps "
+             f"after the first {a.warmup} (rank 0; zero-train's own median skips only its first "
+             "step). Peak RSS: the max over ranks of GNU time's maximum "
+             "resident set, minus the framework's process baseline (imports + gloo process group, "
+             "no model: zero "
+             + ", ".join(f"N={n} {mib(med(bases[('zero', n)])):.0f} MiB" for n in a.ranks
+                         if ("zero", n) in bases)
+             + "; torch " + ", ".join(f"N={n} {mib(med(bases[('torch', n)])):.0f} MiB"
+                                      for n in a.ranks if ("torch", n) in bases)
+             + "; DeepSpeed " + ", ".join(f"N={n} {mib(med(bases[('deepspeed', n)])):.0f} MiB"
+                                          for n in a.ranks if ("deepspeed", n) in bases)
+             + "). Model states: zero's engine accounting (parameters, gradients, master, "
+             "optimizer states, bucket buffers) for zero-train; live tensor storages after the "
+             "last step (gc walk, each storage once) for the Python frameworks, which also counts "
+             "their flat buffers.", "",
+             "Caveats: gloo has no native reduce-scatter; c10d emulates it with an all-reduce, so "
+             "ZeRO-2 / FSDP2 gradient traffic is that of an all-reduce (2x the reduce-scatter "
+             "volume NCCL would move). The machine (2 cores) was shared with other builds while "
+             "this ran: times are noisy, compare within a row group and read ratios, not "
+             "absolutes. bf16 for DDP and DDP + ZeroRedundancyOptimizer: a bf16 model with fp32 "
+             "master copies (as zero and DeepSpeed keep); FSDP2: MixedPrecisionPolicy(bf16 "
+             "params, bf16 reduce) over fp32 sharded parameters.", "",
+             "| N | dtype | framework | step (s) | vs DS ZeRO-2 | vs FSDP2 | peak RSS - "
+             "baseline (MiB) | vs DS ZeRO-2 | vs FSDP2 | model states (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for n in a.ranks:
+        for dtype in a.dtypes:
+            row = {}
+            for fw in a.frameworks:
+                rs = runs[(fw, n, dtype)]
+                net = [r["peak_rss"] - med(bases[(BASELINE_OF[fw], n)]) for r in rs]
+                row[fw] = (med([r["step_s"] for r in rs]), med(net),
+                           med([r["model_state_bytes"] for r in rs]))
+            ds, fs = row.get("ds-z2"), row.get("fsdp2")
+            ratio = lambda v, ref, i: f"{v / ref[i]:.2f}x" if ref and ref[i] > 0 else "-"
+            for fw in a.frameworks:
+                st, net, ms = row[fw]
+                lines.append(f"| {n} | {dtype} | {fw} | {st:.3f} | {ratio(st, ds, 0)} | "
+                             f"{ratio(st, fs, 0)} | {mib(net):.0f} | {ratio(net, ds, 1)} | "
+                             f"{ratio(net, fs, 1)} | {mib(ms):.0f} |")
+    text = "\n".join(lines) + "\n"
+    os.makedirs(os.path.dirname(a.out_md), exist_ok=True)
+    open(a.out_md, "w").write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
