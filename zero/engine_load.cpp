@@ -16,7 +16,7 @@
 #include <filesystem>
 #include <map>
 
-#include "zero/checkpoint_engine.hpp"
+#include "zero/engine_checkpoint.hpp"
 
 namespace zero {
 namespace fs = std::filesystem;

@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "zero/checkpoint_engine.hpp"
+#include "zero/engine_checkpoint.hpp"
 
 namespace zero {
 namespace fs = std::filesystem;

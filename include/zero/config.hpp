@@ -2,9 +2,9 @@
 //
 // A DeepSpeed JSON config loads unchanged (JSON is a subset of YAML) and means what it means to
 // DeepSpeed 0.19: same defaults, same schedule timing. Every key is checked against one policy
-// (zero/config.cpp): a key zero honours is applied; a key that has no effect in this setting
-// (for DeepSpeed too) is a warning naming the key and why; a key whose meaning zero cannot
-// honour is a ConfigError naming the file, the line and the fix. Nothing is silently ignored.
+// (zero/config/): a key zero honours is applied; a key that has no effect in this setting (for
+// DeepSpeed too) is a warning naming the key and why; a key whose meaning zero cannot honour is
+// a ConfigError naming the file, the line and the fix. Nothing is silently ignored.
 // Unset fields below hold DeepSpeed's defaults.
 #pragma once
 
