@@ -1,6 +1,8 @@
 // optimizer (AdamW, Adam, SGD and their DeepSpeed spellings) and scheduler (the WarmupLR family).
 #include <algorithm>
 #include <cmath>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,49 @@ namespace zero::config_detail {
 
 namespace {
 const char* const kSchedulerList = "WarmupLR, WarmupDecayLR, WarmupCosineLR";
+
+// optimizer.param_groups: a list of {params: regex, lr_scale, weight_decay}.
+std::vector<OptimizerConfig::ParamGroup> load_param_groups(Loader& l, const Entry& s) {
+  std::vector<OptimizerConfig::ParamGroup> out;
+  if (Loader::is_null(s)) return out;
+  if (!s.value.IsSequence()) {
+    l.fail(s, "'" + s.path + "' must be a list of groups such as [{params: \"bias$\", " +
+                  "lr_scale: 0.1, weight_decay: 0.0}], got " + describe(s.value));
+  }
+  for (size_t i = 0; i < s.value.size(); ++i) {
+    const Entry g{s.path + "[" + std::to_string(i) + "]", s.value[i], s.value[i]};
+    OptimizerConfig::ParamGroup pg;
+    bool has_params = false;
+    l.walk(g, {
+                  {"params",
+                   [&](const Entry& e) {
+                     pg.params = l.string(e);
+                     l.require(e, !pg.params.empty(), "a non-empty regular expression");
+                     try {
+                       std::regex check(pg.params, std::regex::ECMAScript);
+                     } catch (const std::regex_error& err) {
+                       l.fail(e, "'" + e.path + "' is not a valid regular expression (" +
+                                     err.what() + "): '" + pg.params + "'");
+                     }
+                     has_params = true;
+                   }},
+                  {"lr_scale",
+                   [&](const Entry& e) {
+                     pg.lr_scale = l.number(e);
+                     l.require(e, std::isfinite(pg.lr_scale) && pg.lr_scale >= 0,
+                               "a finite number >= 0");
+                   }},
+                  {"weight_decay", [&](const Entry& e) { pg.weight_decay = non_negative(l, e); }},
+              });
+    if (!has_params) {
+      l.fail(g, "'" + g.path + "' needs 'params', the regular expression of the parameter " +
+                    "names it holds");
+    }
+    out.push_back(std::move(pg));
+  }
+  return out;
+}
+
 }  // namespace
 
 void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
@@ -86,6 +131,7 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
                    }
                  }},
                 {"params", [&](const Entry& e) { l.walk(e, params); }},
+                {"param_groups", [&](const Entry& e) { o.param_groups = load_param_groups(l, e); }},
                 l.no_effect("legacy_fusion",
                             "it only picks DeepSpeed's fused or unfused fp16 optimizer "
                             "implementation, which compute the same update"),
@@ -219,3 +265,22 @@ void load_scheduler(Loader& l, const Entry& s, SchedulerConfig& sc) {
 }
 
 }  // namespace zero::config_detail
+
+namespace zero {
+
+std::string param_groups_text(const std::vector<OptimizerConfig::ParamGroup>& groups) {
+  if (groups.empty()) return "";
+  std::ostringstream os;
+  os.precision(17);
+  os << "[";
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto& g = groups[i];
+    os << (i ? ", " : "") << "{params: " << g.params << ", lr_scale: " << g.lr_scale;
+    if (g.weight_decay) os << ", weight_decay: " << *g.weight_decay;
+    os << "}";
+  }
+  os << "]";
+  return os.str();
+}
+
+}  // namespace zero
