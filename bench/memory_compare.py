@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "zero2.yaml")
 CATEGORIES = [("params", "parameters"), ("grads", "gradients"), ("master", "fp32 master"),
               ("optimizer", "optimizer states"), ("comm_buffers", "bucket buffers")]
-COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9"]  # as zero/memory_svg.cpp
+COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9"]  # as zero/plan/memory_svg.cpp
 TOLERANCE = 0.05
 
 

@@ -8,16 +8,16 @@
 namespace zero::optim {
 namespace {
 
-// One pass of ATen's fused AdamW kernel per weight-decay group: it reads param, grad and both
+// One pass of ATen's fused AdamW kernel per parameter group: it reads param, grad and both
 // moments once and writes param and the moments once (28 bytes per element), where the op-by-op
 // form (torch::optim::AdamW) makes ~9 passes. The arithmetic is torch's AdamW in fp32 registers;
 // it rounds differently from the op-by-op form (a few ulp of the parameter after tens of steps,
 // tests/test_optim.cpp).
 class AdamW final : public ShardOptimizer {
  public:
-  AdamW(const AdamWOptions& o, int64_t numel, std::vector<Range> decay_ranges,
+  AdamW(const AdamWOptions& o, int64_t numel, std::vector<ParamGroup> groups,
         const at::TensorOptions& opts)
-      : ShardOptimizer(numel, std::move(decay_ranges), opts),
+      : ShardOptimizer(numel, std::move(groups), opts),
         o_(o),
         exp_avg_(zeros()),
         exp_avg_sq_(zeros()),
@@ -29,13 +29,14 @@ class AdamW final : public ShardOptimizer {
   void update(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& s,
               Range window) override {
     at::NoGradGuard no_grad;
-    for (const bool decay : {true, false}) {
-      std::vector<at::Tensor> p = slices(param, decay, window);
+    for (const ParamGroup& g : groups()) {
+      std::vector<at::Tensor> p = slices(param, g, window);
       if (p.empty()) continue;
       std::vector<at::Tensor> steps(p.size(), step_);
-      at::_fused_adamw_(p, slices(grad, decay, window), slices(exp_avg_, decay, window),
-                        slices(exp_avg_sq_, decay, window), {}, steps, lr, o_.beta1, o_.beta2,
-                        decay ? o_.weight_decay : 0.0, o_.eps, /*amsgrad=*/false,
+      at::_fused_adamw_(p, slices(grad, g, window), slices(exp_avg_, g, window),
+                        slices(exp_avg_sq_, g, window), {}, steps, lr * g.lr_scale, o_.beta1,
+                        o_.beta2, g.weight_decay.value_or(o_.weight_decay), o_.eps,
+                        /*amsgrad=*/false,
                         /*maximize=*/false, opt(s.grad_scale), opt(s.found_inf));
     }
   }
@@ -58,9 +59,9 @@ class AdamW final : public ShardOptimizer {
 
 }  // namespace
 
-std::unique_ptr<ShardOptimizer> make_adamw(const AdamWOptions& options, int64_t numel,
-                                           std::vector<Range> decay_ranges,
-                                           const at::TensorOptions& opts) {
+std::unique_ptr<ShardOptimizer> make_grouped_adamw(const AdamWOptions& options, int64_t numel,
+                                                   std::vector<ParamGroup> groups,
+                                                   const at::TensorOptions& opts) {
   // The same bounds torch::optim::AdamW enforces, with the config key to fix.
   TORCH_CHECK(options.beta1 >= 0 && options.beta1 < 1, "zero: AdamW beta1 must be in [0, 1), got ",
               options.beta1, " (optimizer.betas[0] in the config)");
@@ -69,7 +70,13 @@ std::unique_ptr<ShardOptimizer> make_adamw(const AdamWOptions& options, int64_t 
   TORCH_CHECK(options.eps >= 0, "zero: AdamW eps must be >= 0, got ", options.eps);
   TORCH_CHECK(options.weight_decay >= 0, "zero: AdamW weight_decay must be >= 0, got ",
               options.weight_decay);
-  return std::make_unique<AdamW>(options, numel, std::move(decay_ranges), opts);
+  return std::make_unique<AdamW>(options, numel, std::move(groups), opts);
+}
+
+std::unique_ptr<ShardOptimizer> make_adamw(const AdamWOptions& options, int64_t numel,
+                                           std::vector<Range> decay_ranges,
+                                           const at::TensorOptions& opts) {
+  return make_grouped_adamw(options, numel, decay_groups(numel, std::move(decay_ranges)), opts);
 }
 
 }  // namespace zero::optim

@@ -23,5 +23,9 @@ struct AdamWOptions {
 std::unique_ptr<ShardOptimizer> make_adamw(const AdamWOptions& options, int64_t numel,
                                            std::vector<Range> decay_ranges,
                                            const at::TensorOptions& opts);
+// The same over parameter groups (lr scale, weight decay), which must cover [0, numel).
+std::unique_ptr<ShardOptimizer> make_grouped_adamw(const AdamWOptions& options, int64_t numel,
+                                                   std::vector<ParamGroup> groups,
+                                                   const at::TensorOptions& opts);
 
 }  // namespace zero::optim

@@ -8,14 +8,14 @@
 namespace zero::optim {
 namespace {
 
-// ATen's fused SGD, one pass per weight-decay group: torch::optim::SGD's update (coupled weight
+// ATen's fused SGD, one pass per parameter group: torch::optim::SGD's update (coupled weight
 // decay, momentum started as a copy of the first gradient, dampening, Nesterov) without the d_p
 // temporaries, so no scratch buffer either.
 class Sgd final : public ShardOptimizer {
  public:
-  Sgd(const SgdOptions& o, int64_t numel, std::vector<Range> decay_ranges,
+  Sgd(const SgdOptions& o, int64_t numel, std::vector<ParamGroup> groups,
       const at::TensorOptions& opts)
-      : ShardOptimizer(numel, std::move(decay_ranges), opts), o_(o) {
+      : ShardOptimizer(numel, std::move(groups), opts), o_(o) {
     if (o_.momentum != 0) momentum_buffer_ = zeros();
   }
 
@@ -23,14 +23,14 @@ class Sgd final : public ShardOptimizer {
               Range window) override {
     at::NoGradGuard no_grad;
     const bool first = steps_ == 1;  // begin_step() counted this one already
-    for (const bool decay : {true, false}) {
-      std::vector<at::Tensor> p = slices(param, decay, window);
+    for (const ParamGroup& g : groups()) {
+      std::vector<at::Tensor> p = slices(param, g, window);
       if (p.empty()) continue;
       std::vector<at::Tensor> buf;
-      if (momentum_buffer_.defined()) buf = slices(momentum_buffer_, decay, window);
-      at::_fused_sgd_(p, slices(grad, decay, window), buf, decay ? o_.weight_decay : 0.0,
-                      o_.momentum, lr, o_.dampening, o_.nesterov, /*maximize=*/false, first,
-                      opt(s.grad_scale), opt(s.found_inf));
+      if (momentum_buffer_.defined()) buf = slices(momentum_buffer_, g, window);
+      at::_fused_sgd_(p, slices(grad, g, window), buf, g.weight_decay.value_or(o_.weight_decay),
+                      o_.momentum, lr * g.lr_scale, o_.dampening, o_.nesterov, /*maximize=*/false,
+                      first, opt(s.grad_scale), opt(s.found_inf));
     }
   }
 
@@ -51,9 +51,9 @@ class Sgd final : public ShardOptimizer {
 
 }  // namespace
 
-std::unique_ptr<ShardOptimizer> make_sgd(const SgdOptions& options, int64_t numel,
-                                         std::vector<Range> decay_ranges,
-                                         const at::TensorOptions& opts) {
+std::unique_ptr<ShardOptimizer> make_grouped_sgd(const SgdOptions& options, int64_t numel,
+                                                 std::vector<ParamGroup> groups,
+                                                 const at::TensorOptions& opts) {
   // The same bounds torch::optim::SGD enforces, with the fix spelled out.
   TORCH_CHECK(options.momentum >= 0, "zero: SGD momentum must be >= 0, got ", options.momentum);
   TORCH_CHECK(std::isfinite(options.dampening), "zero: SGD dampening must be finite, got ",
@@ -64,7 +64,13 @@ std::unique_ptr<ShardOptimizer> make_sgd(const SgdOptions& options, int64_t nume
               "zero: SGD nesterov needs momentum > 0 and dampening == 0, got momentum ",
               options.momentum, " and dampening ", options.dampening,
               "; set them or turn nesterov off");
-  return std::make_unique<Sgd>(options, numel, std::move(decay_ranges), opts);
+  return std::make_unique<Sgd>(options, numel, std::move(groups), opts);
+}
+
+std::unique_ptr<ShardOptimizer> make_sgd(const SgdOptions& options, int64_t numel,
+                                         std::vector<Range> decay_ranges,
+                                         const at::TensorOptions& opts) {
+  return make_grouped_sgd(options, numel, decay_groups(numel, std::move(decay_ranges)), opts);
 }
 
 }  // namespace zero::optim

@@ -23,5 +23,9 @@ struct SgdOptions {
 std::unique_ptr<ShardOptimizer> make_sgd(const SgdOptions& options, int64_t numel,
                                          std::vector<Range> decay_ranges,
                                          const at::TensorOptions& opts);
+// The same over parameter groups (lr scale, weight decay), which must cover [0, numel).
+std::unique_ptr<ShardOptimizer> make_grouped_sgd(const SgdOptions& options, int64_t numel,
+                                                 std::vector<ParamGroup> groups,
+                                                 const at::TensorOptions& opts);
 
 }  // namespace zero::optim

@@ -2,7 +2,7 @@
 //
 // The engine keeps the rank's master weights as one contiguous 1-D fp32 tensor and hands the
 // reduced gradient as another of the same size. An optimizer owns its state tensors (each the
-// shard's size) and updates the shard in one fused pass per weight-decay group (ATen's
+// shard's size) and updates the shard in one fused pass per parameter group (ATen's
 // _fused_adamw_ / _fused_sgd_, on CPU and CUDA alike), so a step reads and writes each element
 // once and its cost does not grow with the number of model parameters.
 //
@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,56 @@ struct Range {
   int64_t begin;
   int64_t end;
 };
+
+// Shard elements that share options, torch.optim's param group over a flat shard: one fused
+// call each per step.
+struct ParamGroup {
+  std::vector<Range> ranges;  // sorted, disjoint; adjacent ones are merged, empty ones dropped
+  double lr_scale = 1.0;      // the group's lr: the step's lr times this
+  std::optional<double> weight_decay;  // unset: the optimizer's own weight_decay
+};
+
+namespace detail {
+inline std::vector<Range> merged(const std::vector<Range>& sorted) {
+  std::vector<Range> out;
+  for (const Range& r : sorted) {
+    if (r.begin == r.end) continue;
+    if (!out.empty() && out.back().end == r.begin) {
+      out.back().end = r.end;
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+// Validated: inside [0, numel), sorted and disjoint; empty ones dropped, adjacent ones merged
+// (fewer, larger ops per step).
+inline std::vector<Range> checked(int64_t numel, const std::vector<Range>& ranges) {
+  int64_t prev_end = 0;
+  for (const Range& r : ranges) {
+    TORCH_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= numel, "zero: decay range [", r.begin,
+                ", ", r.end, ") is not inside the shard [0, ", numel, ")");
+    TORCH_CHECK(r.begin >= prev_end, "zero: decay ranges must be sorted and disjoint; [", r.begin,
+                ", ", r.end, ") starts before the previous one ends at ", prev_end);
+    prev_end = r.end;
+  }
+  return merged(ranges);
+}
+}  // namespace detail
+
+// `decay`: sorted, disjoint ranges inside [0, numel) whose elements get the optimizer's weight
+// decay; the rest get none. Two groups, both at the step's lr.
+inline std::vector<ParamGroup> decay_groups(int64_t numel, std::vector<Range> decay) {
+  std::vector<Range> keep;
+  int64_t at = 0;
+  for (const Range& r : detail::checked(numel, decay)) {
+    if (r.begin > at) keep.push_back({at, r.begin});
+    at = r.end;
+  }
+  if (at < numel) keep.push_back({at, numel});
+  return {ParamGroup{std::move(decay), 1.0, std::nullopt}, ParamGroup{std::move(keep), 1.0, 0.0}};
+}
 
 class ShardOptimizer {
  public:
@@ -100,40 +151,48 @@ class ShardOptimizer {
     return total;
   }
 
-  // The ranges that get weight decay, as validated: empty ones dropped, adjacent ones merged.
-  const std::vector<Range>& decay_ranges() const { return decay_ranges_; }
+  // The groups, as validated: together they cover the shard exactly once.
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  // The ranges that get the optimizer's own weight decay (groups without a weight_decay of
+  // their own), merged.
+  std::vector<Range> decay_ranges() const {
+    std::vector<Range> out;
+    for (const ParamGroup& g : groups_) {
+      if (g.weight_decay) continue;
+      out.insert(out.end(), g.ranges.begin(), g.ranges.end());
+    }
+    std::sort(out.begin(), out.end(), [](Range a, Range b) { return a.begin < b.begin; });
+    return detail::merged(out);
+  }
 
  protected:
-  // `decay_ranges`: sorted, disjoint ranges inside [0, numel) whose elements get weight decay.
-  ShardOptimizer(int64_t numel, std::vector<Range> decay_ranges, const at::TensorOptions& opts)
+  // `groups`: their ranges must cover [0, numel) exactly once.
+  ShardOptimizer(int64_t numel, std::vector<ParamGroup> groups, const at::TensorOptions& opts)
       : numel_(numel), opts_(opts) {
     TORCH_CHECK(numel >= 0, "zero: the optimizer's shard numel must be >= 0, got ", numel);
     TORCH_CHECK(opts.dtype() == caffe2::TypeMeta::Make<float>(),
                 "zero: optimizer state must be fp32 like the master weights, got ", opts.dtype(),
                 "; pass the master shard's options (dtype at::kFloat)");
-    int64_t prev_end = 0;
-    for (const Range& r : decay_ranges) {
-      TORCH_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= numel, "zero: decay range [",
-                  r.begin, ", ", r.end, ") is not inside the shard [0, ", numel, ")");
-      TORCH_CHECK(r.begin >= prev_end, "zero: decay ranges must be sorted and disjoint; [", r.begin,
-                  ", ", r.end, ") starts before the previous one ends at ", prev_end);
-      if (r.begin == r.end) continue;
-      // Adjacent parameters that both decay become one slice: fewer, larger ops per step.
-      if (!decay_ranges_.empty() && decay_ranges_.back().end == r.begin) {
-        decay_ranges_.back().end = r.end;
-      } else {
-        decay_ranges_.push_back(r);
-      }
-      prev_end = r.end;
+    std::vector<Range> all;
+    for (ParamGroup& g : groups) {
+      TORCH_CHECK(std::isfinite(g.lr_scale) && g.lr_scale >= 0,
+                  "zero: a parameter group's lr_scale must be finite and >= 0, got ", g.lr_scale);
+      TORCH_CHECK(!g.weight_decay || *g.weight_decay >= 0,
+                  "zero: a parameter group's weight_decay must be >= 0, got ", *g.weight_decay);
+      g.ranges = detail::checked(numel, g.ranges);
+      all.insert(all.end(), g.ranges.begin(), g.ranges.end());
+      if (!g.ranges.empty()) groups_.push_back(std::move(g));
     }
-    decay_all_ = numel > 0 && decay_ranges_.size() == 1 && decay_ranges_[0].begin == 0 &&
-                 decay_ranges_[0].end == numel;
+    std::sort(all.begin(), all.end(), [](Range a, Range b) { return a.begin < b.begin; });
     int64_t at = 0;
-    for (const Range& r : decay_ranges_) {
-      if (r.begin > at) keep_ranges_.push_back({at, r.begin});
+    for (const Range& r : all) {
+      TORCH_CHECK(r.begin == at, "zero: the optimizer's parameter groups must cover the shard [0, ",
+                  numel, ") exactly once; ", r.begin < at ? "two groups share" : "no group holds",
+                  " element ", std::min(r.begin, at), "; this is a bug");
       at = r.end;
     }
-    if (at < numel) keep_ranges_.push_back({at, numel});
+    TORCH_CHECK(at == numel, "zero: the optimizer's parameter groups end at ", at,
+                " but the shard has ", numel, " elements; this is a bug");
   }
 
   // Checks what step() relies on. Reads only metadata, so it costs nothing next to the update.
@@ -146,20 +205,18 @@ class ShardOptimizer {
 
   virtual void on_begin_step() {}
 
-  // The slices of `t` inside `window` that get weight decay (decay = true) or not: the tensor
-  // lists one fused call takes. The whole of `t` when one group covers the shard and the window
-  // is the shard, so the common case is one tensor.
-  std::vector<at::Tensor> slices(const at::Tensor& t, bool decay, Range window) const {
+  // The slices of `t` inside `window` that belong to group `g`: the tensor list of one fused
+  // call. The whole of `t` when one group covers the shard and the window is the shard, so the
+  // common case is one tensor.
+  std::vector<at::Tensor> slices(const at::Tensor& t, const ParamGroup& g, Range window) const {
     std::vector<at::Tensor> out;
-    for (const Range& r : decay ? decay_ranges_ : keep_ranges_) {
+    for (const Range& r : g.ranges) {
       const int64_t b = std::max(r.begin, window.begin), e = std::min(r.end, window.end);
       if (b >= e) continue;
       out.push_back(b == 0 && e == numel_ ? t : t.slice(0, b, e));
     }
     return out;
   }
-  bool decays_anything() const { return !decay_ranges_.empty(); }
-  bool decays_everything() const { return decay_all_; }
 
   // A zero-filled fp32 tensor of numel() on the optimizer's device.
   at::Tensor zeros() const { return at::zeros({numel_}, opts_); }
@@ -184,9 +241,7 @@ class ShardOptimizer {
   }
 
   int64_t numel_;
-  std::vector<Range> decay_ranges_;
-  std::vector<Range> keep_ranges_;  // the complement: no weight decay
-  bool decay_all_ = false;
+  std::vector<ParamGroup> groups_;
   at::TensorOptions opts_;
 };
 

@@ -16,7 +16,7 @@
 
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
-#include "zero/checkpoint_format.hpp"
+#include "zero/checkpoint/checkpoint_format.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
 

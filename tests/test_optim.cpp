@@ -438,6 +438,23 @@ TEST(DecayRanges, InvalidRangesAreRejected) {
   EXPECT_THROW(make_sgd({}, 10, {{0, 11}}, fp32()), c10::Error);
 }
 
+// Parameter groups must tile the shard: an element in two groups or in none is a bug upstream.
+TEST(ParamGroups, GroupsMustCoverTheShardOnce) {
+  auto make = [](std::vector<ParamGroup> g) {
+    return make_grouped_adamw({}, 100, std::move(g), fp32());
+  };
+  EXPECT_NO_THROW(make({{{{0, 40}, {60, 100}}, 1.0, {}}, {{{40, 60}}, 0.1, 0.0}}));
+  EXPECT_THROW(make({{{{0, 50}}, 1.0, {}}, {{{40, 100}}, 0.1, {}}}), c10::Error);  // overlap
+  EXPECT_THROW(make({{{{0, 50}}, 1.0, {}}, {{{60, 100}}, 0.1, {}}}), c10::Error);  // gap
+  EXPECT_THROW(make({{{{0, 100}}, -1.0, {}}}), c10::Error);                        // lr_scale
+  EXPECT_THROW(make_grouped_sgd({}, 10, {{{{0, 10}}, 1.0, -0.5}}, fp32()), c10::Error);
+  // The decay ranges are the groups that use the optimizer's own weight decay.
+  auto opt = make({{{{0, 40}, {60, 100}}, 1.0, {}}, {{{40, 60}}, 0.1, 0.0}});
+  ASSERT_EQ(opt->decay_ranges().size(), 2u);
+  EXPECT_EQ(opt->decay_ranges()[1].begin, 60);
+  EXPECT_EQ(opt->groups().size(), 2u);
+}
+
 TEST(StepArgs, MismatchedTensorsAndBadLrAreRejected) {
   const int64_t n = 8;
   auto opt = make_adamw({}, n, {}, fp32());

@@ -1,7 +1,8 @@
 // Engine::state_dict at 2 thread ranks, stages 1 and 2 (master weights sharded): after training,
 // the gathered master weights equal single-process torch::optim training parameter by parameter
 // and the model's own parameters; gathering to one rank leaves the others empty; under bf16 the
-// master weights are the unrounded values whose rounding the module computes with.
+// master weights are the unrounded values whose rounding the module computes with; evaluating
+// the training module in place between steps (README "Evaluation") changes nothing.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -117,6 +118,62 @@ TEST_P(StateDictTest, Bf16MasterIsTheUnroundedValueOfTheComputeWeights) {
 
 INSTANTIATE_TEST_SUITE_P(Sharded, StateDictTest, ::testing::Values(1, 2),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
+
+// The README's evaluation recipe: eval(), a forward pass under NoGradGuard, train(), between
+// two steps of stage 2. Training ends bit for bit where it ends without the evaluation, and the
+// evaluated loss is that of a separate module loaded from state_dict().
+TEST(Evaluation, EvaluationBetweenStepsChangesNothing) {
+  const Config cfg = test_config(2, kGlobalRows / kWorld, 1, 0.0, /*bucket=*/100);
+  std::mutex mu;
+  std::vector<at::Tensor> with(kWorld), without(kWorld);
+  std::vector<double> in_place(kWorld), standalone(kWorld);
+  run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
+    const int r = group->rank();
+    const Batch val = global_batch(100, kGlobalRows);
+    for (const bool evaluate : {false, true}) {
+      auto net = make_tiny_net(5);
+      auto engine = initialize(net, cfg, group);
+      for (int s = 0; s < kSteps; ++s) {
+        Batch b = rank_micro_batch(global_batch(s, kGlobalRows), r, kWorld, 0, 1);
+        engine.backward(mse(net->forward(b.x), b.y));
+        engine.step();
+        if (!evaluate || s != 1) continue;
+        ASSERT_TRUE(engine.is_gradient_accumulation_boundary());
+        net->eval();
+        double loss = 0;
+        {
+          at::NoGradGuard no_grad;
+          loss = mse(net->forward(val.x), val.y).item<double>();
+        }
+        net->train();
+        const StateDict sd = engine.state_dict();  // a collective: every rank
+        auto other = make_tiny_net(99);
+        double other_loss = 0;
+        {
+          at::NoGradGuard no_grad;
+          auto params = other->named_parameters();
+          for (const auto& [name, t] : sd) params[name].copy_(t);
+          other_loss = mse(other->forward(val.x), val.y).item<double>();
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        in_place[r] = loss;
+        standalone[r] = other_loss;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      (evaluate ? with : without)[r] = engine.flat_parameters();
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(at::equal(with[r], without[r])) << "rank " << r;
+    EXPECT_GT(in_place[r], 0.0);
+    EXPECT_NEAR(in_place[r], standalone[r], 1e-6 * standalone[r]) << "rank " << r;
+  }
+  // The separate module really started elsewhere: its own loss before loading differs.
+  const Batch val = global_batch(100, kGlobalRows);
+  at::NoGradGuard no_grad;
+  EXPECT_GT(std::abs(mse(make_tiny_net(99)->forward(val.x), val.y).item<double>() - standalone[0]),
+            1e-3);
+}
 
 }  // namespace
 }  // namespace zero::testing

@@ -14,8 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "gpt.hpp"
-#include "zero/errors.hpp"
+#include "gpt_config.hpp"
 #include "zero/memory_plan.hpp"
 #include "zero/time_plan.hpp"
 
@@ -419,6 +418,13 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
+// Not zero::run_main: that lives in the torch-linked engine (it unwraps c10::Error), and nothing
+// here throws one.
 int main(int argc, char** argv) {
-  return zero::run_main("zero-memory", [&] { return run(argc, argv); });
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero-memory: error: %s\n", e.what());
+    return 1;
+  }
 }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
+#include <regex>
 
 #include "optim/adamw.hpp"
 #include "optim/sgd.hpp"
@@ -50,18 +52,86 @@ std::unique_ptr<optim::LrSchedule> make_schedule(const Config& cfg) {
 
 }  // namespace
 
+std::vector<int> param_group_of(const Config& cfg, const FlatLayout& layout) {
+  const auto& groups = cfg.optimizer.param_groups;
+  std::vector<int> of(layout.params().size(), -1);
+  std::vector<bool> used(groups.size(), false);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const std::regex re(groups[k].params, std::regex::ECMAScript);
+    for (size_t i = 0; i < of.size(); ++i) {
+      const std::string& name = layout.params()[i].name;
+      if (!std::regex_search(name, re)) continue;
+      if (of[i] >= 0) {
+        throw ConfigError("zero: " + cfg.source + ": parameter '" + name +
+                          "' matches both optimizer.param_groups[" + std::to_string(of[i]) +
+                          "] ('" + groups[of[i]].params + "') and [" + std::to_string(k) + "] ('" +
+                          groups[k].params +
+                          "'); a parameter belongs to one group: make the patterns exclusive");
+      }
+      of[i] = static_cast<int>(k);
+      used[k] = true;
+    }
+  }
+  for (size_t k = 0; k < groups.size(); ++k) {
+    if (used[k]) continue;
+    std::string some;
+    for (size_t i = 0; i < of.size() && i < 3; ++i) {
+      some += (i ? "', '" : "'") + layout.params()[i].name;
+    }
+    throw ConfigError("zero: " + cfg.source + ": optimizer.param_groups[" + std::to_string(k) +
+                      "].params '" + groups[k].params +
+                      "' matches no trainable parameter (names look like " + some +
+                      "'); fix the pattern or remove the group");
+  }
+  return of;
+}
+
 OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int owner,
                                const at::TensorOptions& opts) {
+  const std::vector<int> group_of = param_group_of(cfg, layout);
   const auto& excluded = cfg.no_weight_decay;
-  std::vector<optim::Range> decay;
-  for (const Range& r : layout.owned_ranges(owner, [&](const ParamSlot& p) {
-         return std::none_of(excluded.begin(), excluded.end(), [&](const std::string& s) {
-           return p.name.find(s) != std::string::npos;
-         });
-       })) {
-    decay.push_back({r.begin, r.end});
+  const auto decays = [&](const ParamSlot& p) {
+    return std::none_of(excluded.begin(), excluded.end(),
+                        [&](const std::string& s) { return p.name.find(s) != std::string::npos; });
+  };
+  const auto index = [&](const ParamSlot& p) {
+    return static_cast<size_t>(&p - layout.params().data());
+  };
+  // One optimizer group per (config group or none, weight decay or not) that holds elements;
+  // a config group with its own weight_decay overrides no_weight_decay for its parameters.
+  std::vector<optim::ParamGroup> groups;
+  const auto& cfg_groups = cfg.optimizer.param_groups;
+  for (int k = -1; k < static_cast<int>(cfg_groups.size()); ++k) {
+    const std::optional<double> own_wd = k < 0 ? std::nullopt : cfg_groups[k].weight_decay;
+    for (const bool decay : {true, false}) {
+      if (own_wd && !decay) continue;
+      optim::ParamGroup g;
+      g.lr_scale = k < 0 ? 1.0 : cfg_groups[k].lr_scale;
+      g.weight_decay = own_wd ? own_wd : (decay ? std::nullopt : std::optional<double>(0.0));
+      for (const Range& r : layout.owned_ranges(owner, [&](const ParamSlot& p) {
+             return group_of[index(p)] == k && (own_wd || decays(p) == decay);
+           })) {
+        g.ranges.push_back({r.begin, r.end});
+      }
+      groups.push_back(std::move(g));
+    }
   }
   const int64_t n = layout.shard_numel();
+  // The shard's padding belongs to no parameter: it goes with the default no-decay group
+  // (groups[1]), as the decay/no-decay split always had it, so the groups tile the shard.
+  {
+    std::vector<optim::Range> taken;
+    for (const auto& g : groups) taken.insert(taken.end(), g.ranges.begin(), g.ranges.end());
+    std::sort(taken.begin(), taken.end(), [](auto a, auto b) { return a.begin < b.begin; });
+    auto& pad = groups[1].ranges;
+    int64_t at = 0;
+    for (const auto& r : taken) {
+      if (r.begin > at) pad.push_back({at, r.begin});
+      at = std::max(at, r.end);
+    }
+    if (at < n) pad.push_back({at, n});
+    std::sort(pad.begin(), pad.end(), [](auto a, auto b) { return a.begin < b.begin; });
+  }
   const OptimizerConfig& o = cfg.optimizer;
   OptimizerBundle b;
   const std::string type = lower(o.type);
@@ -71,14 +141,14 @@ OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int 
     a.beta2 = o.beta2;
     a.eps = o.eps;
     a.weight_decay = o.weight_decay;
-    b.optimizer = optim::make_adamw(a, n, std::move(decay), opts);
+    b.optimizer = optim::make_grouped_adamw(a, n, std::move(groups), opts);
   } else if (type == "sgd") {
     optim::SgdOptions s;
     s.momentum = o.momentum;
     s.dampening = o.dampening;
     s.weight_decay = o.weight_decay;
     s.nesterov = o.nesterov;
-    b.optimizer = optim::make_sgd(s, n, std::move(decay), opts);
+    b.optimizer = optim::make_grouped_sgd(s, n, std::move(groups), opts);
   } else {
     TORCH_CHECK(false, "zero: unknown optimizer.type '", o.type, "'; use AdamW, Adam or SGD");
   }

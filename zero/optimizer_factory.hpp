@@ -18,8 +18,14 @@ struct OptimizerBundle {
 };
 
 // `owner`: whose shard of `layout` the optimizer updates. Weight decay skips parameters whose
-// name contains one of cfg.no_weight_decay.
+// name contains one of cfg.no_weight_decay; cfg.optimizer.param_groups set the lr scale and
+// weight decay of the parameters they match (a ConfigError when a parameter matches two
+// groups or a group matches none, on every rank alike).
+
 OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int owner,
                                const at::TensorOptions& opts);
+
+// Per parameter of `layout`, the index of its optimizer.param_groups entry, -1 for none.
+std::vector<int> param_group_of(const Config& cfg, const FlatLayout& layout);
 
 }  // namespace zero

@@ -2,9 +2,9 @@
 //
 // A DeepSpeed JSON config loads unchanged (JSON is a subset of YAML) and means what it means to
 // DeepSpeed 0.19: same defaults, same schedule timing. Every key is checked against one policy
-// (zero/config.cpp): a key zero honours is applied; a key that has no effect in this setting
-// (for DeepSpeed too) is a warning naming the key and why; a key whose meaning zero cannot
-// honour is a ConfigError naming the file, the line and the fix. Nothing is silently ignored.
+// (zero/config/): a key zero honours is applied; a key that has no effect in this setting (for
+// DeepSpeed too) is a warning naming the key and why; a key whose meaning zero cannot honour is
+// a ConfigError naming the file, the line and the fix. Nothing is silently ignored.
 // Unset fields below hold DeepSpeed's defaults.
 #pragma once
 
@@ -39,7 +39,22 @@ struct OptimizerConfig {
   double momentum = 0.0;  // SGD
   double dampening = 0.0;
   bool nesterov = false;
+
+  // optimizer.param_groups: options for the parameters whose name matches a pattern, as
+  // torch.optim's param groups give them. Each parameter is in at most one group; the others
+  // keep the options above. A pattern matching no trainable parameter, or a parameter matched
+  // by two groups, is an error at initialize.
+  struct ParamGroup {
+    std::string params;     // ECMAScript regex, searched in the parameter's name ("bias$")
+    double lr_scale = 1.0;  // the group's lr is the scheduled lr times this
+    std::optional<double> weight_decay;  // unset: weight_decay above (and no_weight_decay)
+  };
+  std::vector<ParamGroup> param_groups;
 };
+
+// "[{params: bias$, lr_scale: 0.1, weight_decay: 0}]", "" for none: how a checkpoint records
+// the groups, so that a resume with other groups is refused.
+std::string param_groups_text(const std::vector<OptimizerConfig::ParamGroup>& groups);
 
 struct SchedulerConfig {
   // "" (constant lr), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR" (DeepSpeed's names).

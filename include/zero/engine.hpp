@@ -120,7 +120,8 @@ class Engine {
   // of the result is one bucket's fp32 values.
   StateDict state_dict(const StateDictOptions& opts = {}) const;
 
-  // Checkpoints (zero/checkpoint_*.cpp; on-disk format and consolidation: checkpoint_io.hpp).
+  // Checkpoints (zero/engine_save.cpp, engine_load.cpp; the on-disk format is zero/checkpoint/,
+  // consolidation checkpoint_io.hpp).
   // Both are collectives: every rank calls them, and a failure throws zero::CheckpointError on
   // every rank. save_checkpoint writes dir/tag/ (tag "" = "step<optimizer_steps>") atomically,
   // then points dir/latest at it and, with keep_last > 0, deletes older checkpoints. Call it

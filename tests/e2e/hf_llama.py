@@ -1,7 +1,9 @@
 """transformers' side of the Hugging Face round-trip test (tests/e2e/hf_llama_roundtrip.sh).
 
-  hf_llama.py make DIR TOKENS      a tiny random LlamaForCausalLM saved with save_pretrained
-                                   (sharded), and token sequences for it
+  hf_llama.py make DIR TOKENS [tied]
+                                   a tiny random LlamaForCausalLM saved with save_pretrained
+                                   (sharded), and token sequences for it; "tied": with
+                                   tie_word_embeddings (lm_head is the embedding, not saved)
   hf_llama.py compare DIR TOKENS ZERO_LOGITS
                                    transformers' logits of DIR vs zero's; fails above 1e-4
   hf_llama.py differ A B MIN       fails unless two logits files differ by more than MIN
@@ -16,7 +18,7 @@ TOL = 1e-4
 
 # torch and transformers are imported where needed: on a loaded machine importing them takes
 # tens of seconds, and the config edits need neither.
-def make(out, tokens_path):
+def make(out, tokens_path, tied=""):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -26,7 +28,7 @@ def make(out, tokens_path):
     # the tolerance is a real bound.
     cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      rms_norm_eps=1e-6, rope_theta=50000.0, tie_word_embeddings=False,
+                      rms_norm_eps=1e-6, rope_theta=50000.0, tie_word_embeddings=tied == "tied",
                       initializer_range=0.1,
                       bos_token_id=1, eos_token_id=2)
     model = LlamaForCausalLM(cfg).float()
@@ -34,6 +36,8 @@ def make(out, tokens_path):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+    if tied == "tied":  # what the test relies on: one tensor, and no lm_head in the files
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     model.save_pretrained(out, max_shard_size="100KB")
     tokens = torch.randint(0, cfg.vocab_size, (2, 48))
     with open(tokens_path, "w") as f:

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <yaml-cpp/yaml.h>
 
-#include "zero/checkpoint_format.hpp"
+#include "zero/checkpoint/checkpoint_format.hpp"
 #include "zero/safetensors.hpp"
 
 namespace zero {

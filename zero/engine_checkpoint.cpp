@@ -5,7 +5,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "zero/checkpoint_engine.hpp"
+#include "zero/engine_checkpoint.hpp"
 
 namespace zero::ckpt {
 namespace {

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "zero/memory_plan.hpp"
-#include "zero/stacked_svg.hpp"
+#include "zero/plan/stacked_svg.hpp"
 
 namespace zero::detail {
 namespace {

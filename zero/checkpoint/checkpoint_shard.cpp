@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "zero/checkpoint_format.hpp"
+#include "zero/checkpoint/checkpoint_format.hpp"
 
 namespace zero::ckpt {
 namespace {

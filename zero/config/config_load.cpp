@@ -7,7 +7,7 @@
 #include <string>
 
 #include "zero/config.hpp"
-#include "zero/config_schema.hpp"
+#include "zero/config/config_schema.hpp"
 
 namespace zero {
 

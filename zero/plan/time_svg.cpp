@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "zero/stacked_svg.hpp"
+#include "zero/plan/stacked_svg.hpp"
 #include "zero/time_plan.hpp"
 
 namespace zero {

@@ -1,4 +1,4 @@
-#include "zero/config_schema.hpp"
+#include "zero/config/config_schema.hpp"
 
 #include <algorithm>
 #include <cctype>

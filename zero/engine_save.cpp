@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "zero/checkpoint_engine.hpp"
+#include "zero/engine_checkpoint.hpp"
 
 namespace zero {
 namespace fs = std::filesystem;
@@ -55,6 +55,7 @@ ckpt::Manifest make_manifest(const Engine::Impl& m, const std::string& tag,
   man.fingerprint = ckpt::run_fingerprint(man.params, man.param_dtype);
   man.optimizer = m.opt.optimizer->name();
   for (const auto& s : m.opt.optimizer->state()) man.state_names.push_back(s.first);
+  man.param_groups = param_groups_text(m.cfg.optimizer.param_groups);
   man.optimizer_internal_steps = m.opt.optimizer->steps();
   man.optimizer_steps = m.stats.optimizer_steps;
   man.micro_steps = m.stats.micro_steps;

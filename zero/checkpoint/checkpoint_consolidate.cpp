@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "zero/checkpoint_format.hpp"
+#include "zero/checkpoint/checkpoint_format.hpp"
 
 namespace zero {
 namespace fs = std::filesystem;

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "zero/checkpoint_format.hpp"
+#include "zero/checkpoint/checkpoint_format.hpp"
 
 namespace zero::ckpt {
 namespace fs = std::filesystem;

@@ -16,7 +16,7 @@
 #include <filesystem>
 #include <map>
 
-#include "zero/checkpoint_engine.hpp"
+#include "zero/engine_checkpoint.hpp"
 
 namespace zero {
 namespace fs = std::filesystem;
@@ -63,6 +63,14 @@ void check_compatible(const Engine::Impl& m, const ckpt::Manifest& man, const st
                   ") but this run uses ", m.opt.optimizer->name(), " (states ", list_text(states),
                   "); set optimizer.type (and SGD momentum) as "
                   "in the run that saved it");
+  // The states would load, but each parameter would resume under another lr scale or weight
+  // decay than it trained with: a silent change of the run.
+  const std::string groups = param_groups_text(m.cfg.optimizer.param_groups);
+  ZERO_CKPT_CHECK(man.param_groups == groups, path, ": saved with optimizer.param_groups ",
+                  man.param_groups.empty() ? "(none)" : man.param_groups, " but this run has ",
+                  groups.empty() ? "(none)" : groups,
+                  "; resume with the groups that run used (change them in a fresh run, or "
+                  "start from the consolidated weights with zero-consolidate)");
 }
 
 // Reads the pieces of the checkpoint that overlap what this rank owns under the current layout

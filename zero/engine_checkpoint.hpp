@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/checkpoint_format.hpp"
+#include "zero/checkpoint/checkpoint_format.hpp"
 #include "zero/engine_impl.hpp"
 
 namespace zero::ckpt {

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <tuple>
 
-#include "zero/checkpoint_format.hpp"
+#include "zero/checkpoint/checkpoint_format.hpp"
 
 namespace zero::ckpt {
 namespace fs = std::filesystem;
@@ -96,7 +96,7 @@ std::string manifest_to_json(const Manifest& m) {
   j += "  \"optimizer\": {\"name\": " + quote(m.optimizer) +
        ", \"steps\": " + std::to_string(m.optimizer_internal_steps) + ", \"states\": [";
   for (size_t i = 0; i < m.state_names.size(); ++i) j += (i ? ", " : "") + quote(m.state_names[i]);
-  j += "]},\n";
+  j += "], \"param_groups\": " + quote(m.param_groups) + "},\n";
   j += "  \"optimizer_steps\": " + std::to_string(m.optimizer_steps) + ",\n";
   j += "  \"micro_steps\": " + std::to_string(m.micro_steps) + ",\n";
   j += "  \"skipped_steps\": " + std::to_string(m.skipped_steps) + ",\n";
@@ -160,6 +160,8 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   m.optimizer = get<std::string>(opt, "name", path);
   m.optimizer_internal_steps = get<int64_t>(opt, "steps", path);
   m.state_names = get<std::vector<std::string>>(opt, "states", path);
+  // Absent in checkpoints written before parameter groups existed: they had none.
+  if (opt["param_groups"]) m.param_groups = get<std::string>(opt, "param_groups", path);
   m.optimizer_steps = get<int64_t>(n, "optimizer_steps", path);
   m.micro_steps = get<int64_t>(n, "micro_steps", path);
   m.skipped_steps = get<int64_t>(n, "skipped_steps", path);

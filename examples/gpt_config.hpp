@@ -1,0 +1,33 @@
+// The example GPT's shape: sizes, named presets and the exact parameter count. Torch-free, so
+// the planner's command line (tools/zero-memory) can name a preset without linking LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero::examples {
+
+struct GptConfig {
+  int64_t vocab = 256;
+  int64_t dim = 256;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t kv_heads = 0;  // 0: as many as `heads`; fewer: grouped-query attention (LLaMA-2 70B, 3)
+  int64_t ffn = 0;       // 0: LLaMA's rule, 2/3 * 4 * dim rounded up to a multiple of 256
+  int64_t max_seq = 256;
+  bool tied = true;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;  // RMSNorm's epsilon (Hugging Face: rms_norm_eps)
+
+  int64_t ffn_dim() const;
+  int64_t kv_heads_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t head_dim() const { return dim / heads; }
+  int64_t num_params() const;  // exact, without building anything
+};
+
+// Named sizes, from a few million parameters to LLaMA-7B's exact shapes.
+GptConfig gpt_preset(const std::string& name);
+std::vector<std::string> gpt_preset_names();
+
+}  // namespace zero::examples

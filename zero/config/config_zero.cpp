@@ -1,0 +1,152 @@
+// zero_optimization (stage, buckets, overlap) and activation_checkpointing.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "zero/memory_plan.hpp"
+
+#include "zero/config/config_sections.hpp"
+
+namespace zero::config_detail {
+
+void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
+  const auto bucket = [&l](int64_t& out) {
+    return [&l, p = &out](const Entry& e) {
+      if (Loader::is_auto(e)) {
+        l.note_auto(e, "5e8", "DeepSpeed's default");
+        return;
+      }
+      *p = l.integer(e);
+      l.require(e, *p > 0, "a positive number of elements");
+    };
+  };
+  std::vector<Field> f = {
+      {"stage",
+       [&](const Entry& e) {
+         z.stage_auto = Loader::is_auto(e);
+         if (z.stage_auto) return;
+         const int64_t v = l.integer(e);
+         if (v == 3) {
+           l.fail(e, "'" + e.path +
+                         "' 3 (partitioned parameters) is not implemented by zero; use 0, 1 or 2");
+         }
+         l.require(e, v >= 0 && v <= 2, "0, 1 or 2");
+         z.stage = static_cast<int>(v);
+       }},
+      {"auto_device_memory",
+       [&](const Entry& e) {
+         try {
+           z.auto_device_memory = parse_byte_size(l.string(e));
+         } catch (const std::invalid_argument& x) {
+           l.fail(e, "'" + e.path + "': " + x.what());
+         }
+         l.require(e, z.auto_device_memory > 0, "a memory size such as 24GB");
+       }},
+      {"reduce_bucket_size", bucket(z.reduce_bucket_size)},
+      {"allgather_bucket_size", bucket(z.allgather_bucket_size)},
+      {"overlap_comm", [&](const Entry& e) { z.overlap_comm = l.boolean(e); }},
+      {"contiguous_gradients", [&](const Entry& e) { z.contiguous_gradients = l.boolean(e); }},
+      {"reduce_scatter", [&](const Entry& e) { z.reduce_scatter = l.boolean(e); }},
+      only_bool(l, "allgather_partitions", true, "selects all-reduce based gathering", true),
+      {"round_robin_gradients",
+       [&](const Entry& e) {
+         if (l.boolean(e)) {
+           l.warn(e, "'" + e.path + "' only changes DeepSpeed's gradient layout and is ignored");
+         }
+       }},
+  };
+  {
+    const std::string offload_fix =
+        "zero does not offload the optimizer or the parameters yet; remove it or set "
+        "device: none (activation offload is activation_checkpointing.cpu_checkpointing)";
+    for (const char* k : {"offload_optimizer", "offload_param"}) {
+      f.push_back({k,
+                   [&l, offload_fix](const Entry& e) {
+                     if (!e.value.IsMap() && !Loader::is_null(e)) {
+                       l.fail(e, "'" + e.path + "' must be a section, got " + describe(e.value));
+                     }
+                     if (Loader::is_neutral(e.value)) return;
+                     l.fail_at_key(e, "'" + e.path + "' is not implemented: " + offload_fix);
+                   },
+                   false});
+    }
+    for (const char* k : {"cpu_offload", "cpu_offload_params"}) {
+      f.push_back(only_bool(l, k, false, "offloads to the CPU: " + offload_fix));
+    }
+    f.push_back(l.no_effect("cpu_offload_use_pin_memory", "it only applies to CPU offload"));
+  }
+  // Keys that only ZeRO stage 3 reads: DeepSpeed ignores them below stage 3 too, and zero
+  // refuses stage 3 itself, so they can only be no-ops here.
+  for (const std::string& k :
+       words("sub_group_size stage3_* prefetch_bucket_size param_persistence_threshold "
+             "model_persistence_threshold max_live_parameters max_reuse_distance "
+             "gather_16bit_weights_on_model_save module_granularity_threshold "
+             "use_all_reduce_for_fetch_params zero_hpz_partition_size zero_quantized_weights "
+             "zero_quantized_nontrainable_weights zero_quantized_gradients mics_shard_size "
+             "mics_hierarchical_params_gather memory_efficient_linear "
+             "pipeline_loading_checkpoint override_module_apply log_trace_cache_warnings "
+             "leaf_module")) {
+    f.push_back({k, [&l](const Entry& e) {
+                   l.warn(e, "'" + e.path +
+                                 "' has no effect here and is ignored: only ZeRO stage 3 reads "
+                                 "it");
+                 }});
+    f.back().listed = false;
+  }
+  f.push_back(only_bool(l, "load_from_fp32_weights", true,
+                        "restores from 16-bit weights; zero checkpoints always hold fp32 master "
+                        "weights"));
+  f.push_back(only_bool(l, "compute_grad_norm", true,
+                        "skips the gradient norm; zero needs it for clipping and overflow checks"));
+  f.push_back(only_bool(l, "elastic_checkpoint", false, "is not implemented by zero"));
+  f.push_back(l.no_effect("use_multi_rank_bucket_allreduce",
+                          "it only changes how DeepSpeed issues MoE all-reduces"));
+  // Unused parameters are found from the loss's graph and count as zero gradients, always.
+  f.push_back(only_bool(l, "ignore_unused_parameters", true,
+                        "would make an unused parameter an error; zero always accepts them"));
+  for (const std::string& k : words("legacy_stage1 zenflow")) {
+    f.push_back(l.unsupported(k));
+  }
+  l.walk(s, f);
+}
+
+void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {
+  const std::string p = "activation_checkpointing.";
+  std::vector<Field> f;
+  for (const char* k :
+       {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+        "synchronize_checkpoint_boundary", "profile"}) {
+    f.push_back({k, [&, k](const Entry& e) {
+                   const bool on = l.boolean(e);
+                   c.extra[p + k] = on ? "true" : "false";
+                   const std::string key = k;
+                   // DeepSpeed partitions activations across the model-parallel group; with no
+                   // model parallelism (zero has none) that group is one rank, so it is a no-op
+                   // there as here. The contiguous buffers are a DeepSpeed memory layout.
+                   if (on && key == "partition_activations") {
+                     l.warn(e,
+                            "'activation_checkpointing.partition_activations' has no effect "
+                            "here and is ignored: it splits activations over model-parallel "
+                            "ranks, and without model parallelism (zero has none) there is one");
+                   } else if (on && key != "cpu_checkpointing") {
+                     l.warn(e, "'" + e.path +
+                                   "' has no effect here and is ignored: it only tunes "
+                                   "DeepSpeed's checkpoint buffers/profiling");
+                   }
+                 }});
+  }
+  f.push_back({"number_checkpoints", [&](const Entry& e) {
+                 if (!Loader::is_null(e)) {
+                   c.extra[p + "number_checkpoints"] = std::to_string(count(l, e, 1));
+                   // DeepSpeed sizes its contiguous checkpoint buffers with it; which blocks
+                   // are checkpointed is the model's choice, here as in DeepSpeed.
+                   l.warn(e, "'" + e.path +
+                                 "' only sizes DeepSpeed's contiguous buffers and is "
+                                 "ignored; the model decides which blocks are checkpointed");
+                 }
+               }});
+  l.walk(s, f);
+}
+
+}  // namespace zero::config_detail
