@@ -83,12 +83,6 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
          l.walk(s, {{"grad_accum_dtype", [&](const Entry& e) {
                        if (Loader::is_null(e)) return;
                        c.grad_accum_dtype = l.dtype(e);
-                       if (c.grad_accum_dtype != Dtype::kFloat32) {
-                         l.fail(e, std::string("'data_types.grad_accum_dtype' ") +
-                                       dtype_name(c.grad_accum_dtype) +
-                                       " is not implemented: zero accumulates gradients in "
-                                       "fp32; set it to fp32 or remove it");
-                       }
                      }}});
        }},
       {"activation_checkpointing", [&](const Entry& e) { load_activation_checkpointing(l, e, c); }},
@@ -157,6 +151,16 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
   }
   if (c.bf16 && c.fp16.enabled) {
     l.fail(*l.seen("fp16.enabled"), "fp16.enabled and bf16.enabled are both true; enable one");
+  }
+  // DeepSpeed accumulates in fp32 or in the model dtype; other mixes are its "unsupported mix".
+  if (c.grad_accum_dtype && *c.grad_accum_dtype != Dtype::kFloat32 &&
+      *c.grad_accum_dtype != c.param_dtype()) {
+    l.fail(*l.seen("data_types.grad_accum_dtype"),
+           std::string("'data_types.grad_accum_dtype' ") + dtype_name(*c.grad_accum_dtype) +
+               " needs " + dtype_name(*c.grad_accum_dtype) + " parameters (the model is " +
+               dtype_name(c.param_dtype()) +
+               "): gradients accumulate in fp32 or in the model dtype; set fp32, enable " +
+               (*c.grad_accum_dtype == Dtype::kBFloat16 ? "bf16" : "fp16") + " or remove it");
   }
 }
 
