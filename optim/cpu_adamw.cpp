@@ -48,25 +48,33 @@ inline void store(void* out, int64_t i, float v) {
 
 struct AdamStep {
   float lr, beta1, beta2, eps;
+  float one_minus_beta1, one_minus_beta2;  // rounded from double, as torch does
   float decay;      // 1 - lr x weight_decay (decoupled), 1 outside the decay ranges
   float step_size;  // lr / (1 - beta1^t)
   float bc2_sqrt;   // sqrt(1 - beta2^t)
   float grad_scale;
 };
 
-// One element's update is torch::optim::AdamW's, op for op, in fp32.
+// One element's update is torch's AdamW in fp32, rounded where ATen's fused CPU kernel (the
+// engine's optimizer without offload) rounds: the first moment as exp_avg.lerp_(grad, 1 - beta1)
+// with one fused multiply-add, the rest op by op. An offloaded run then tracks one without
+// offload to the ulp, rather than drifting by a few ulps per step.
 template <Out kOut>
 ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict g,
                                    float* __restrict m, float* __restrict v, void* __restrict out,
                                    int64_t n, AdamStep s) {
-  const float one_minus_b1 = 1.0f - s.beta1, one_minus_b2 = 1.0f - s.beta2;
+  // lerp(m, g, w) = m + w (g - m) for a small weight, g - (1 - w)(g - m) otherwise.
+  const float w = s.one_minus_beta1;
+  const bool small = std::abs(w) < 0.5f;
+  const float coeff = small ? w : w - 1.0f;
+  const float c2 = s.one_minus_beta2, minus_step = -s.step_size;
   for (int64_t i = 0; i < n; ++i) {
     const float grad = g[i] / s.grad_scale;
     const float param = p[i] * s.decay;
-    const float mi = m[i] * s.beta1 + grad * one_minus_b1;
-    const float vi = v[i] * s.beta2 + grad * grad * one_minus_b2;
+    const float mi = std::fma(coeff, grad - m[i], small ? m[i] : grad);
+    const float vi = v[i] * s.beta2 + c2 * grad * grad;
     const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
-    const float np = param - s.step_size * (mi / denom);
+    const float np = param + minus_step * mi / denom;
     m[i] = mi;
     v[i] = vi;
     p[i] = np;
@@ -255,6 +263,8 @@ class CpuAdamW final : public HostOptimizerBase {
     s.beta1 = static_cast<float>(o_.beta1);
     s.beta2 = static_cast<float>(o_.beta2);
     s.eps = static_cast<float>(o_.eps);
+    s.one_minus_beta1 = static_cast<float>(1.0 - o_.beta1);
+    s.one_minus_beta2 = static_cast<float>(1.0 - o_.beta2);
     s.decay = static_cast<float>(1.0 - lr * (decay ? o_.weight_decay : 0.0));
     s.step_size = static_cast<float>(lr / (1.0 - std::pow(o_.beta1, t)));
     s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o_.beta2, t)));
