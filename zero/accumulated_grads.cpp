@@ -3,6 +3,7 @@
 // during the backward pass that closes the accumulation window.
 #include <ATen/ATen.h>
 
+#include "optim/cpu_adamw.hpp"
 #include "zero/grad_buckets.hpp"
 #include "zero/grad_sync.hpp"
 
@@ -22,13 +23,16 @@ class AccumulatedGrads final : public GradSync {
         pipeline_(layout.max_bucket_numel(),
                   sharded ? layout.max_bucket_numel() / layout.world() : 0,
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device),
-                  // fp32 gradients are reduced in place; other dtypes travel through a copy.
-                  opts.comm_dtype == at::kFloat ? 0 : 2) {
+                  // fp32 gradients are reduced in place; other dtypes travel through a copy,
+                  // and so do gradients whose shard is in host memory (offload).
+                  opts.comm_dtype == at::kFloat && !opts.host_shard ? 0 : 2) {
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(opts.device);
     full_ = at::zeros({layout.total_numel()}, f32);
     // Stage 0's shard is the whole buffer (the layout was built for one shard), so the reduced
     // gradient stays in place; stage 1 reduces into a separate 1/N shard.
-    shard_ = sharded_ ? at::zeros({layout.shard_numel()}, f32) : full_;
+    shard_ = !sharded_         ? full_
+             : opts.host_shard ? optim::host_zeros(layout.shard_numel(), opts.pin_memory)
+                               : at::zeros({layout.shard_numel()}, f32);
   }
 
   void begin_backward(bool boundary, const std::vector<int>& expected) override {
@@ -88,7 +92,8 @@ class AccumulatedGrads final : public GradSync {
     at::Tensor mine = shard_.narrow(0, bucket.shard_offset, S);
     const std::string what = std::string(sharded_ ? "reduce_scatter" : "all_reduce") +
                              " of gradient bucket " + std::to_string(b);
-    const bool cast = opts_.comm_dtype != at::kFloat;
+    // The reduced shard lands in a device buffer first when it is then copied to the host.
+    const bool cast = opts_.comm_dtype != at::kFloat || opts_.host_shard;
     int buf = -1;
     at::Tensor in = grads;
     if (cast) {

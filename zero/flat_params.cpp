@@ -5,6 +5,8 @@
 
 #include <unordered_map>
 
+#include "optim/cpu_adamw.hpp"
+
 namespace zero {
 
 namespace {
@@ -24,8 +26,10 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
   const bool fp32 = opts.param_dtype == at::kFloat;
   const bool whole = opts.shards == 1;
   fp.flat = at::empty({fp.layout.total_numel()}, f32.dtype(opts.param_dtype));
-  fp.master_aliases_flat = whole && fp32;
-  fp.master = fp.master_aliases_flat ? fp.flat : at::empty({fp.layout.shard_numel()}, f32);
+  fp.master_aliases_flat = whole && fp32 && !opts.host_master;
+  fp.master = fp.master_aliases_flat ? fp.flat
+              : opts.host_master     ? optim::host_zeros(fp.layout.shard_numel(), opts.pin_memory)
+                                     : at::empty({fp.layout.shard_numel()}, f32);
   const int r = whole ? 0 : group.rank();
   const auto& buckets = fp.layout.buckets();
   for (size_t bi = 0; bi < buckets.size(); ++bi) {

@@ -26,7 +26,8 @@ MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
   // With an fp32 model and nothing sharded (stage 0, or one rank), the model's weights are the
   // master weights.
   const bool unsharded = in.stage == 0 || in.world_size == 1;
-  b.master = (unsharded && in.param_bytes == 4) ? 0 : static_cast<int64_t>(4.0 * part);
+  b.master =
+      (unsharded && in.param_bytes == 4 && !in.offload) ? 0 : static_cast<int64_t>(4.0 * part);
   b.optimizer = static_cast<int64_t>(4.0 * in.optimizer_states * part);
   b.comm_buffers = in.comm_buffer_bytes;
   return b;
@@ -75,6 +76,13 @@ std::string format_memory_report(const MemoryReport& r) {
   row("optimizer", r.measured.optimizer, r.predicted.optimizer, r.stage0.optimizer);
   row("comm buffers", r.measured.comm_buffers, r.predicted.comm_buffers, r.stage0.comm_buffers);
   row("total", r.measured.total(), r.predicted.total(), r.stage0.total());
+  if (r.host_measured > 0 || r.host_predicted > 0) {
+    std::snprintf(line, sizeof line, "  %-14s %14s %14s\n  %-14s %14s %14s\n", "  in host mem",
+                  format_bytes(r.host_measured).c_str(), format_bytes(r.host_predicted).c_str(),
+                  "  on device", format_bytes(r.measured.total() - r.host_measured).c_str(),
+                  format_bytes(r.predicted.total() - r.host_predicted).c_str());
+    os << line;
+  }
   if (!r.allocator.empty()) {
     os << "  allocator (" << r.allocator << "): initialize added "
        << format_bytes(r.allocator_delta) << "; the tensors above less the model's replaced "

@@ -6,6 +6,7 @@
 #include <cctype>
 
 #include "optim/adamw.hpp"
+#include "optim/cpu_adamw.hpp"
 #include "optim/sgd.hpp"
 
 namespace zero {
@@ -63,6 +64,10 @@ OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int 
   }
   const int64_t n = layout.shard_numel();
   const OptimizerConfig& o = cfg.optimizer;
+  // Optimizer offload: the host kernels, which also write the compute-dtype copy.
+  const auto& off = cfg.zero_optimization.offload_optimizer;
+  const bool offload = off.enabled;
+  const optim::HostOptimizerOptions host{off.threads, off.pin_memory};
   OptimizerBundle b;
   const std::string type = lower(o.type);
   if (type == "adamw" || type == "adam") {
@@ -71,14 +76,16 @@ OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int 
     a.beta2 = o.beta2;
     a.eps = o.eps;
     a.weight_decay = o.weight_decay;
-    b.optimizer = optim::make_adamw(a, n, std::move(decay), opts);
+    b.optimizer = offload ? optim::make_cpu_adamw(a, n, std::move(decay), opts, host)
+                          : optim::make_adamw(a, n, std::move(decay), opts);
   } else if (type == "sgd") {
     optim::SgdOptions s;
     s.momentum = o.momentum;
     s.dampening = o.dampening;
     s.weight_decay = o.weight_decay;
     s.nesterov = o.nesterov;
-    b.optimizer = optim::make_sgd(s, n, std::move(decay), opts);
+    b.optimizer = offload ? optim::make_cpu_sgd(s, n, std::move(decay), opts, host)
+                          : optim::make_sgd(s, n, std::move(decay), opts);
   } else {
     TORCH_CHECK(false, "zero: unknown optimizer.type '", o.type, "'; use AdamW, Adam or SGD");
   }

@@ -10,6 +10,7 @@
 // allocated, where a growing pool would add a full bucket pair per stalled bucket.
 #include <ATen/ATen.h>
 
+#include "optim/cpu_adamw.hpp"
 #include "zero/grad_buckets.hpp"
 #include "zero/grad_sync.hpp"
 
@@ -17,6 +18,17 @@ namespace zero {
 namespace {
 
 constexpr int kPoolBuffers = 2;
+
+// Adds a reduced bucket shard into the fp32 gradient shard. Under optimizer offload the shard is
+// in host memory: the bucket's piece is copied there first (once its reduction has completed,
+// which is when the pipeline runs this), and accumulation happens on the host.
+void add_into(const at::Tensor& shard, const at::Tensor& reduced) {
+  if (reduced.device() == shard.device()) {
+    shard.add_(reduced);
+  } else {
+    shard.add_(reduced.to(shard.device()));
+  }
+}
 
 class PartitionedGrads final : public GradSync {
  public:
@@ -29,8 +41,9 @@ class PartitionedGrads final : public GradSync {
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers),
         bucket_buffer_(layout.buckets().size(), -1),
         deferred_(layout.params().size()) {
-    shard_ = at::zeros({layout.shard_numel()},
-                       at::TensorOptions().dtype(at::kFloat).device(opts.device));
+    shard_ = opts.host_shard ? optim::host_zeros(layout.shard_numel(), opts.pin_memory)
+                             : at::zeros({layout.shard_numel()},
+                                         at::TensorOptions().dtype(at::kFloat).device(opts.device));
   }
 
   void begin_backward(bool /*boundary: every pass is reduced*/,
@@ -129,12 +142,12 @@ class PartitionedGrads final : public GradSync {
     const std::string what = "reduce_scatter of gradient bucket " + std::to_string(b);
     if (opts_.reduce_scatter) {
       auto work = group_.reduce_scatter_sum(out, in, what);
-      pipeline_.push(std::move(work), buf, [out, mine] { mine.add_(out); });
+      pipeline_.push(std::move(work), buf, [out, mine] { add_into(mine, out); });
     } else {
       auto work = group_.all_reduce_sum(in, what);
       const int rank = group_.rank();
       pipeline_.push(std::move(work), buf,
-                     [in, mine, rank, S] { mine.add_(in.narrow(0, rank * S, S)); });
+                     [in, mine, rank, S] { add_into(mine, in.narrow(0, rank * S, S)); });
     }
     if (!opts_.overlap) counters_.wait_seconds += pipeline_.drain();
   }

@@ -25,6 +25,7 @@ struct MemoryModelInput {
   int grad_accum_bytes = 4;  // fp32 accumulation by default
   int optimizer_states = 2;  // fp32 tensors of Ψ/N elements per rank: AdamW 2, SGD momentum 1
   int64_t comm_buffer_bytes = 0;
+  bool offload = false;  // optimizer offload: a separate (host) master even at N = 1 with p = 4
 };
 
 // The ZeRO paper's per-rank formulas, adjusted to this engine's buffers:
@@ -52,6 +53,11 @@ struct MemoryReport {
   int64_t allocator_delta = 0;
   int64_t replaced_param_bytes = 0;
   std::string allocator;
+  // Optimizer offload: the part of measured / predicted total in host memory (fp32 master,
+  // optimizer states, fp32 gradient shard, the compute-dtype copy of the shard); the rest is on
+  // the device. 0 without offload.
+  int64_t host_measured = 0;
+  int64_t host_predicted = 0;
 };
 
 // A fixed-width table, one row per category, measured vs predicted.
