@@ -192,10 +192,10 @@ class HostOptimizerBase : public HostShardOptimizer {
     // Alternating decay / no-decay runs of the window, each one parallel pass.
     const auto run = [&](int64_t b, int64_t e, bool decay) {
       if (b < e) {
+        float* p = param.data_ptr<float>();
+        const float* g = grad.data_ptr<float>();
         for_chunks({b, e}, [&](int64_t cb, int64_t ce) {
-          with_out(kind, [&](auto k) {
-            apply<decltype(k)::value>(param, grad, cb, ce, lr, grad_scale, decay, out_at(cb));
-          });
+          apply_chunk(kind, p + cb, g + cb, cb, ce - cb, lr, grad_scale, decay, out_at(cb));
         });
       }
     };
@@ -211,14 +211,9 @@ class HostOptimizerBase : public HostShardOptimizer {
   }
 
  protected:
-  // Runs one chunk [b, e) of the update; `out` points at element b of the copy (or null).
-  template <Out kOut>
-  void apply(at::Tensor& param, const at::Tensor& grad, int64_t b, int64_t e, double lr,
-             float grad_scale, bool decay, void* out) {
-    apply_chunk(static_cast<int>(kOut), param.data_ptr<float>() + b, grad.data_ptr<float>() + b, b,
-                e - b, lr, grad_scale, decay, out);
-  }
-  virtual void apply_chunk(int out_kind, float* p, const float* g, int64_t offset, int64_t n,
+  // One chunk of the update: n elements at `offset` of the shard (p, g point there), the copy
+  // of kind `out_kind` at `out` (or none).
+  virtual void apply_chunk(Out out_kind, float* p, const float* g, int64_t offset, int64_t n,
                            double lr, float grad_scale, bool decay, void* out) = 0;
 
   at::Tensor state_zeros() const { return host_zeros(numel(), pin_); }
@@ -254,7 +249,7 @@ class CpuAdamW final : public HostOptimizerBase {
   std::string name() const override { return "adamw"; }
 
  private:
-  void apply_chunk(int kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
+  void apply_chunk(Out kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
                    float grad_scale, bool decay, void* out) override {
     // Bias corrections in double, as torch computes them, then rounded once.
     const double t = static_cast<double>(steps_);
@@ -271,8 +266,7 @@ class CpuAdamW final : public HostOptimizerBase {
     s.grad_scale = grad_scale;
     float* m = exp_avg_.data_ptr<float>() + offset;
     float* v = exp_avg_sq_.data_ptr<float>() + offset;
-    with_out(static_cast<Out>(kind),
-             [&](auto k) { adamw_kernel<decltype(k)::value>(p, g, m, v, out, n, s); });
+    with_out(kind, [&](auto k) { adamw_kernel<decltype(k)::value>(p, g, m, v, out, n, s); });
   }
 
   AdamWOptions o_;
@@ -295,7 +289,7 @@ class CpuSgd final : public HostOptimizerBase {
   std::string name() const override { return "sgd"; }
 
  private:
-  void apply_chunk(int kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
+  void apply_chunk(Out kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
                    float grad_scale, bool decay, void* out) override {
     SgdStep s;
     s.lr = static_cast<float>(lr);
@@ -305,7 +299,7 @@ class CpuSgd final : public HostOptimizerBase {
     s.grad_scale = grad_scale;
     s.first = steps_ == 1;  // begin_step() counted this step already
     s.nesterov = o_.nesterov;
-    with_out(static_cast<Out>(kind), [&](auto k) {
+    with_out(kind, [&](auto k) {
       if (momentum_buffer_.defined()) {
         sgd_kernel<decltype(k)::value, true>(p, g, momentum_buffer_.data_ptr<float>() + offset, out,
                                              n, s);

@@ -9,8 +9,12 @@
 #include <filesystem>
 #include <mutex>
 
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
+#include "zero/device.hpp"
 #include "zero/engine.hpp"
 
 namespace zero::testing {
@@ -26,7 +30,7 @@ struct Trained {
 };
 
 Trained train(Config cfg, bool offload, int world, int accumulation, uint64_t seed,
-          at::ScalarType input = at::kFloat) {
+              at::ScalarType input = at::kFloat) {
   cfg.zero_optimization.offload_optimizer.enabled = offload;
   cfg.zero_optimization.offload_optimizer.threads = 2;
   Trained out;
@@ -250,6 +254,77 @@ TEST(OffloadMemory, HostHoldsMasterStatesAndGradientShard) {
               r.measured.params + r.measured.comm_buffers - shard * 2);
     EXPECT_NE(format_memory_report(r).find("in host mem"), std::string::npos);
   });
+}
+
+// Measured by the allocator, not the report: what initialize adds (mallinfo2, process-wide: on a
+// CPU run host and device are one pool) is the report's total, host part included, and steps
+// keep nothing new (a leaked host gradient or copy buffer would show).
+class OffloadAllocator : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(OffloadAllocator, InitializeAddsTheReportedBytesAndStepsNothing) {
+  const auto [stage, bf16] = GetParam();
+  constexpr int kWorld = 2;
+  Config cfg = test_config(stage, 4, 1, 0, /*bucket=*/200'000);
+  cfg.bf16 = bf16;
+  cfg.zero_optimization.offload_optimizer.enabled = true;
+  std::vector<MemoryReport> reports(kWorld);
+  int64_t before = 0, after_init = 0, after_warm = 0, after_steps = 0;
+  std::mutex mu;
+  run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
+    torch::nn::Sequential net;  // ~1.05 M parameters: far above allocator noise
+    for (int i = 0; i < 4; ++i) net->push_back(torch::nn::Linear(512, 512));
+    at::Tensor x = at::randn({4, 512}), y = at::randn({4, 512});
+    if (bf16) x = x.to(at::kBFloat16);
+    group->barrier("baseline");
+    if (group->rank() == 0) before = host_allocated_bytes();
+    group->barrier("baseline taken");
+    auto engine = initialize(net.ptr(), cfg, group);
+    group->barrier("initialized");
+    if (group->rank() == 0) after_init = host_allocated_bytes();
+    group->barrier("init measured");
+    for (int step = 0; step < 10; ++step) {
+      engine.backward(mse(net->forward(x).to(at::kFloat), y));
+      engine.step();
+      group->barrier("stepped");
+      if (group->rank() == 0 && step == 1) after_warm = host_allocated_bytes();
+      if (group->rank() == 0 && step == 9) after_steps = host_allocated_bytes();
+      group->barrier("step measured");
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    reports[group->rank()] = engine.memory_report();
+  });
+  int64_t expected = 0;
+  for (const MemoryReport& r : reports) {
+    EXPECT_EQ(r.host_measured, r.host_predicted);
+    EXPECT_GT(r.host_measured, 0);
+    expected += r.measured.total() - r.replaced_param_bytes;
+  }
+  const int64_t init = after_init - before;
+  std::printf(
+      "offload stage %d %s: allocator +%lld B over initialize, report %lld B (host %lld B "
+      "per rank); steps 3-10 +%lld B\n",
+      stage, bf16 ? "bf16" : "fp32", static_cast<long long>(init), static_cast<long long>(expected),
+      static_cast<long long>(reports[0].host_measured),
+      static_cast<long long>(after_steps - after_warm));
+  EXPECT_NEAR(static_cast<double>(init), static_cast<double>(expected),
+              0.02 * static_cast<double>(expected) + 512 * 1024);
+  EXPECT_LT(std::abs(after_steps - after_warm), 1024 * 1024) << "steps keep nothing new";
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndDtypes, OffloadAllocator,
+                         ::testing::Combine(::testing::Values(1, 2),
+                                            ::testing::Values(false, true)));
+
+// The DeepSpeed offload configs of the corpus (trained by test_deepspeed_semantics) turn it on.
+TEST(OffloadConfig, DeepSpeedCorpusConfigsEnableIt) {
+  for (const char* name : {"hf_zero2_offload_cpu.json", "accelerate_zero2_offload.json",
+                           "ds_cifar_cpu_offload.json"}) {
+    const Config c =
+        Config::from_file(std::string(ZERO_SOURCE_DIR) + "/tests/data/ds_corpus/" + name);
+    EXPECT_TRUE(c.zero_optimization.offload_optimizer.enabled) << name;
+    EXPECT_TRUE(c.zero_optimization.offload_optimizer.pin_memory) << name;
+    EXPECT_EQ(c.zero_optimization.stage, 2) << name;
+  }
 }
 
 TEST(OffloadConfig, StageZeroSetInCodeIsRefusedAtInitialize) {
