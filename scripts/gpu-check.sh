@@ -85,6 +85,19 @@ for stage in 0 2; do
     stamp "$name"
   done
 done
+# ZeRO-Offload (issue 13): the same stage-2 run with the optimizer on the host (pinned buffers,
+# CPU AdamW): step time, device peak and host bytes against zero-s2-ckpt-false above.
+name="zero-s2-offload"
+"$train" --config configs/zero2.yaml --set trainer.model=gpt-1.3b --set trainer.seq_len=2048 \
+  --set trainer.steps="$steps" --set scheduler.params.total_num_steps="$steps" \
+  --set scheduler.params.warmup_num_steps=2 --set train_micro_batch_size_per_gpu=1 \
+  --set gradient_accumulation_steps=1 --set bf16.enabled=true --set trainer.device=cuda \
+  --set zero_optimization.stage=2 --set zero_optimization.reduce_bucket_size=5e7 \
+  --set zero_optimization.offload_optimizer.device=cpu \
+  --set zero_optimization.offload_optimizer.pin_memory=true --set steps_per_print=1 \
+  --set trainer.metrics_file="$out/$name.jsonl" --summary-json "$out/$name.json" \
+  > "$out/$name.log" 2>&1 || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
+stamp "$name"
 for ckpt in "" --checkpointing; do
   name="eager${ckpt:+-ckpt}"
   python3 bench/torch_eager_gpt.py --dim 2048 --layers 24 --heads 16 --vocab 32000 \

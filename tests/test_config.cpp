@@ -204,15 +204,55 @@ TEST(Config, StageThreeIsNotImplemented) {
   EXPECT_HAS(m, "use 0, 1 or 2");
 }
 
-TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
+TEST(Config, OptimizerOffloadAtStagesOneAndTwo) {
+  Config c = load(
+      "zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: cpu\n"
+      "    pin_memory: false\n    threads: 4\n    buffer_count: 4\n");
+  EXPECT_TRUE(c.zero_optimization.offload_optimizer.enabled);
+  EXPECT_FALSE(c.zero_optimization.offload_optimizer.pin_memory);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.threads, 4);
+  // DeepSpeed 0.19's default pins; the legacy spelling and its pin key.
+  EXPECT_TRUE(load("zero_optimization: {stage: 1, offload_optimizer: {device: cpu}}\n")
+                  .zero_optimization.offload_optimizer.pin_memory);
+  c = load("zero_optimization: {stage: 1, cpu_offload: true, cpu_offload_use_pin_memory: false}\n");
+  EXPECT_TRUE(c.zero_optimization.offload_optimizer.enabled);
+  EXPECT_FALSE(c.zero_optimization.offload_optimizer.pin_memory);
+  EXPECT_FALSE(load("zero_optimization: {stage: 2, offload_optimizer: {device: none}}\n")
+                   .zero_optimization.offload_optimizer.enabled);
+  EXPECT_FALSE(load("zero_optimization: {stage: 0}\n").zero_optimization.offload_optimizer.enabled);
+}
+
+TEST(Config, OptimizerOffloadErrorsNameTheKeyAndTheFix) {
   std::string m =
-      load_error("zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: cpu\n");
-  EXPECT_HAS(m, "t.yaml:3:3: 'zero_optimization.offload_optimizer' is not implemented");
-  EXPECT_HAS(m, "remove it or set device: none");
+      load_error("zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: nvme\n");
+  EXPECT_HAS(m, "t.yaml:4:13: 'zero_optimization.offload_optimizer.device' nvme");
+  EXPECT_HAS(m, "use device: cpu");
+  m = load_error("zero_optimization:\n  stage: 0\n  offload_optimizer:\n    device: cpu\n");
+  EXPECT_HAS(m,
+             "t.yaml:3:3: 'zero_optimization.offload_optimizer' offloads the optimizer of ZeRO "
+             "stage 1 or 2, but zero_optimization.stage is 0");
+  EXPECT_HAS(m, "set zero_optimization.stage: 2 (or 1)");
+  EXPECT_HAS(load_error("zero_optimization: {cpu_offload: true}\n"),
+             "'zero_optimization.cpu_offload' offloads the optimizer of ZeRO stage 1 or 2");
+  EXPECT_HAS(load_error("zero_optimization: {stage: auto, cpu_offload: true}\n"),
+             "zero_optimization.stage is \"auto\"");
+  EXPECT_HAS(
+      load_error("zero_optimization: {stage: 2, offload_optimizer: {device: cpu, ratio: 0.5}}\n"),
+      "'zero_optimization.offload_optimizer.ratio' must be 1.0");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2, offload_optimizer: {device: gpu}}\n"),
+             "must be cpu or none");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2, offload_optimizer: cpu}\n"),
+             "must be a section");
+  EXPECT_HAS(
+      load_error("zero_optimization: {stage: 2, offload_optimizer: {device: cpu, threads: -1}}\n"),
+      "'zero_optimization.offload_optimizer.threads' must be a thread count");
+}
+
+TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
   EXPECT_HAS(load_error("zero_optimization: {offload_param: {device: nvme}}\n"),
              "'zero_optimization.offload_param' is not implemented");
-  EXPECT_HAS(load_error("zero_optimization: {cpu_offload: true}\n"), "offloads to the CPU");
-  EXPECT_NO_THROW(load("zero_optimization: {stage: 2, offload_optimizer: {device: none}}\n"));
+  EXPECT_HAS(load_error("zero_optimization: {cpu_offload_params: true}\n"),
+             "offloads the parameters (ZeRO stage 3)");
   EXPECT_HAS(load_error("fp16: {enabled: true, fp16_master_weights_and_grads: true}\n"),
              "'fp16.fp16_master_weights_and_grads' keeps master weights in fp16");
   EXPECT_HAS(load_error("optimizer: {type: AdamW, params: {max_grad_norm: 1.0}}\n"),
@@ -243,7 +283,7 @@ TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
              "adam_w_mode: false");
   EXPECT_HAS(load_error("optimizer: {type: SGD, params: {betas: [0.9, 0.9]}}\n"),
              "'optimizer.params.betas' does not apply to optimizer type SGD");
-  m = load_error("scheduler:\n  type: OneCycle\n");
+  std::string m = load_error("scheduler:\n  type: OneCycle\n");
   EXPECT_HAS(m,
              "'scheduler.type' 'OneCycle' is not supported by zero; supported: WarmupLR, "
              "WarmupDecayLR, WarmupCosineLR");

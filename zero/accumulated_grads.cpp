@@ -13,6 +13,7 @@
 // param.grad keeps the full gradient in between).
 #include <ATen/ATen.h>
 
+#include "optim/cpu_adamw.hpp"
 #include "zero/grad_buckets.hpp"
 #include "zero/grad_sync.hpp"
 
@@ -31,13 +32,16 @@ class AccumulatedGrads final : public GradSync {
         // Stage 0 all-reduces in place in `in`: no `out` shard buffer.
         pipeline_(layout.buffer_numel(), sharded ? layout.chunk_numel() : 0,
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device),
-                  // fp32 gradients are reduced in place; other dtypes travel through a copy.
-                  opts.comm_dtype == at::kFloat ? 0 : 2) {
+                  // fp32 gradients are reduced in place; other dtypes travel through a copy,
+                  // and so do gradients whose shard is in host memory (offload).
+                  opts.comm_dtype == at::kFloat && !opts.host_shard ? 0 : 2) {
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(opts.device);
     full_ = at::zeros({layout.total_numel()}, f32);
     // Stage 0's shard is the whole buffer (the layout was built for one shard), so the reduced
     // gradient stays in place; stage 1 reduces into a separate 1/N shard.
-    shard_ = sharded_ ? at::zeros({layout.shard_numel()}, f32) : full_;
+    shard_ = !sharded_         ? full_
+             : opts.host_shard ? optim::host_zeros(layout.shard_numel(), opts.pin_memory)
+                               : at::zeros({layout.shard_numel()}, f32);
   }
 
   void begin_backward(bool boundary, const std::vector<int>& expected) override {
@@ -99,7 +103,8 @@ class AccumulatedGrads final : public GradSync {
     const int64_t padded = bucket.shard.padded_numel();
     const int64_t S = bucket.shard.shard_numel();
     at::Tensor grads = full_.narrow(0, bucket.flat_offset, padded);
-    const bool cast = opts_.comm_dtype != at::kFloat;
+    // The reduced shard lands in a device buffer first when it is then copied to the host.
+    const bool cast = opts_.comm_dtype != at::kFloat || opts_.host_shard;
     const std::vector<BucketChunk> chunks =
         cast ? bucket_chunks(bucket, layout_.chunk_numel()) : std::vector<BucketChunk>{{0, S}};
     const int world = layout_.world();

@@ -70,6 +70,14 @@ void Engine::Impl::discard_window() {
 void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
                                       const optim::ShardOptimizer::Scalars& scalars) {
   auto& o = *opt.optimizer;
+  if (offload) {
+    // The CPU step of each bucket writes the compute-dtype copy that its gather sends.
+    o.begin_step(fp.master, grad, lr);
+    publish_from([&](const BucketSlot& b) {
+      return offload->update_bucket(&o, fp.master, grad, lr, scalars, b);
+    });
+    return;
+  }
   const auto& buckets = fp.layout.buckets();
   o.begin_step(fp.master_window(buckets.front()), grad, lr);
   if (stage == 0 || fp.master_aliases_flat) {
@@ -87,6 +95,15 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
 }
 
 void Engine::Impl::publish_parameters(const std::function<void(const BucketSlot&)>& before) {
+  publish_from([&](const BucketSlot& b) {
+    if (before) before(b);
+    if (offload) return offload->update_bucket(nullptr, fp.master, {}, 0, {}, b);
+    at::Tensor in = fp.bucket_master(b);
+    return param_dtype != at::kFloat ? in.to(param_dtype) : in;
+  });
+}
+
+void Engine::Impl::publish_from(const std::function<at::Tensor(const BucketSlot&)>& source) {
   at::NoGradGuard no_grad;
   if (fp.master_aliases_flat) return;
   if (stage == 0) {
@@ -110,10 +127,7 @@ void Engine::Impl::publish_parameters(const std::function<void(const BucketSlot&
   const auto& buckets = fp.layout.buckets();
   for (size_t b = 0; b < buckets.size(); ++b) {
     const BucketSlot& bucket = buckets[b];
-    if (before) before(bucket);
-    const int64_t S = bucket.shard.shard_numel();
-    at::Tensor in = fp.bucket_master(bucket);
-    if (param_dtype != at::kFloat) in = in.to(param_dtype);
+    at::Tensor in = source(bucket);
     at::Tensor out = fp.flat.narrow(0, bucket.flat_offset, bucket.shard.padded_numel());
     while (!inflight.empty() &&
            inflight_numel + out.numel() > cfg.zero_optimization.allgather_bucket_size) {
@@ -202,7 +216,20 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   fo.param_dtype = impl->param_dtype;
   fo.bucket_numel = c.zero_optimization.reduce_bucket_size;
   fo.shards = impl->stage == 0 ? 1 : impl->group->size();
+  const auto& off = c.zero_optimization.offload_optimizer;
+  if (off.enabled) {
+    // The config refuses offload outside stages 1 and 2; an application could set the field.
+    TORCH_CHECK(impl->stage == 1 || impl->stage == 2, "zero: ", c.source,
+                ": zero_optimization.offload_optimizer needs ZeRO stage 1 or 2, got stage ",
+                impl->stage, "; set zero_optimization.stage: 2 or turn the offload off");
+    fo.host_master = true;
+    fo.pin_memory = off.pin_memory;
+    impl->sync_opts.host_shard = true;
+    impl->sync_opts.pin_memory = off.pin_memory;
+    impl->offload = std::make_unique<OptimizerOffload>(off, impl->param_dtype, device);
+  }
   impl->fp = flatten_parameters(*impl->module, *impl->group, fo);
+  if (impl->offload) impl->offload->reserve(impl->fp.master.numel());
 
   GradSyncOptions& so = impl->sync_opts;
   so.comm_dtype = to_scalar_type(c.communication_data_type.value_or(c.param_dtype()));
@@ -329,6 +356,8 @@ bool Engine::step() {
   at::Tensor& g = m.sync->grad_shard();
   // fp32, straight from the shard (no fp64 copy); the reduction accumulates in a tree.
   at::Tensor sq = at::linalg_vector_norm(g, 2).square().reshape({1});
+  // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
+  if (m.offload) sq = sq.to(m.fp.flat.device());
   if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
   // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
   // predivide / (world x loss_scale), i.e. divided by `divisor`.
@@ -390,6 +419,12 @@ MemoryReport Engine::memory_report() const {
   // Scratch too (none with the fused kernels): every byte the optimizer keeps between steps.
   r.measured.optimizer = m.opt.optimizer->state_bytes() + m.opt.optimizer->scratch_bytes();
   r.measured.comm_buffers = m.sync->comm_buffer_bytes();
+  if (m.offload) {
+    // The compute-dtype copy the CPU step writes is a transfer buffer of the offload.
+    r.measured.comm_buffers += m.offload->staging_bytes();
+    r.host_measured = r.measured.master + r.measured.optimizer + m.sync->grad_shard().nbytes() +
+                      m.offload->staging_bytes();
+  }
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;
   r.allocator = m.fp.flat.is_cuda() ? "CUDA caching allocator" : "mallinfo2, process-wide";
@@ -404,7 +439,14 @@ MemoryReport Engine::memory_report() const {
   in.comm_buffer_bytes = r.measured.comm_buffers;
   in.accumulation = m.accumulation;
   in.overlap_comm = m.sync_opts.overlap;
+  in.offload = m.offload != nullptr;
   r.predicted = predict_model_states(in);
+  if (m.offload) {
+    // Per element of the (padded) shard: fp32 master, K fp32 states, the fp32 gradient shard
+    // and the compute-dtype copy.
+    const int64_t shard = r.padded_params / r.world_size;
+    r.host_predicted = shard * (4 + 4 * in.optimizer_states + 4 + in.param_bytes);
+  }
   MemoryModelInput dp = in;
   dp.stage = 0;
   dp.comm_buffer_bytes = 0;

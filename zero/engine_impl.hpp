@@ -16,6 +16,7 @@
 #include "zero/host_readback.hpp"
 #include "zero/loss_scaler.hpp"
 #include "zero/optimizer_factory.hpp"
+#include "zero/optimizer_offload.hpp"
 
 namespace zero {
 
@@ -37,13 +38,15 @@ struct Engine::Impl {
   OptimizerBundle opt;
   EngineStats stats;
   DeviceLossScaler scaler;  // active under fp16 only
+  // Optimizer offload (zero/optimizer_offload.hpp); null without it.
+  std::unique_ptr<OptimizerOffload> offload;
   // gradient_predivide_factor as resolved for this run (Config says how).
   double predivide = 1;
   bool in_backward = false;
   // The last step's {grad norm, found_inf, loss scale before, after}, on its way to the host.
   HostReadback verdict;
-  bool awaiting_step = false;  // a backward ran and its step() has not
-  bool taken_over = false;     // a later zero::initialize on the same model owns the hooks now
+  bool awaiting_step = false;   // a backward ran and its step() has not
+  bool taken_over = false;      // a later zero::initialize on the same model owns the hooks now
   std::string deferred_error;   // a non-finite norm seen by settle(), thrown by the next step()
   int64_t allocator_delta = 0;  // allocated_bytes() over initialize
   int64_t replaced_param_bytes = 0;  // the model's trainable parameters before initialize
@@ -64,6 +67,9 @@ struct Engine::Impl {
   // Copies (stage 0) or all-gathers (stages 1, 2) the master shards into the model; `before`
   // runs for each bucket just before its gather is launched.
   void publish_parameters(const std::function<void(const BucketSlot&)>& before = {});
+  // The same with each bucket's shard values, in the compute dtype on the device, from `source`
+  // (which may update them first).
+  void publish_from(const std::function<at::Tensor(const BucketSlot&)>& source);
 
   // The gradient path for the current layout (zero/engine.cpp).
   void make_sync();

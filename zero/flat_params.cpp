@@ -5,6 +5,8 @@
 
 #include <unordered_map>
 
+#include "optim/cpu_adamw.hpp"
+
 namespace zero {
 
 namespace {
@@ -24,10 +26,13 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
   const bool fp32 = opts.param_dtype == at::kFloat;
   const bool whole = opts.shards == 1;
   fp.flat = at::empty({fp.layout.total_numel()}, f32.dtype(opts.param_dtype));
-  fp.master_aliases_flat = whole && fp32;
-  fp.master_in_flat = !whole && fp32;
+  // Optimizer offload keeps its own master in host memory; it never aliases the flat buffer.
+  fp.master_aliases_flat = whole && fp32 && !opts.host_master;
+  fp.master_in_flat = !whole && fp32 && !opts.host_master;
   if (fp.master_aliases_flat) {
     fp.master = fp.flat;
+  } else if (opts.host_master) {
+    fp.master = optim::host_zeros(fp.layout.shard_numel(), opts.pin_memory);
   } else if (!fp.master_in_flat) {
     fp.master = at::empty({fp.layout.shard_numel()}, f32);
   }
@@ -50,7 +55,8 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
         .broadcast(staging, 0,
                    "broadcast of the initial parameters (bucket " + std::to_string(bi) + ")")
         .wait();
-    if (!fp32) {  // fp32: the broadcast wrote the master into the flat buffer already
+    // fp32 (not offloaded): the broadcast wrote the master into the flat buffer already.
+    if (fp.master.defined() && !fp.master_aliases_flat) {
       const int64_t S = b.shard.shard_numel();
       fp.master.narrow(0, b.shard_offset, S).copy_(staging.narrow(0, b.shard.shard(r).begin, S));
     }

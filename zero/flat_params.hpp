@@ -52,6 +52,10 @@ struct FlattenOptions {
   int64_t bucket_numel = 500'000'000;
   int shards = 1;      // 1 for stage 0, the world size otherwise
   int64_t align = 64;  // elements: keeps every shard 256-byte aligned for fp32
+  // Optimizer offload: the master shard lives in host memory (page-locked with pin_memory) and
+  // never aliases the flat buffer.
+  bool host_master = false;
+  bool pin_memory = false;
 };
 
 // Broadcasts rank 0's parameters and buffers, builds the flat layout (parameters in reverse

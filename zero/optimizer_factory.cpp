@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "optim/adamw.hpp"
+#include "optim/cpu_adamw.hpp"
 #include "optim/sgd.hpp"
 
 namespace zero {
@@ -133,6 +134,10 @@ OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int 
     std::sort(pad.begin(), pad.end(), [](auto a, auto b) { return a.begin < b.begin; });
   }
   const OptimizerConfig& o = cfg.optimizer;
+  // Optimizer offload: the host kernels, which also write the compute-dtype copy.
+  const auto& off = cfg.zero_optimization.offload_optimizer;
+  const bool offload = off.enabled;
+  const optim::HostOptimizerOptions host{off.threads, off.pin_memory};
   OptimizerBundle b;
   const std::string type = lower(o.type);
   if (type == "adamw" || type == "adam") {
@@ -141,14 +146,16 @@ OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int 
     a.beta2 = o.beta2;
     a.eps = o.eps;
     a.weight_decay = o.weight_decay;
-    b.optimizer = optim::make_grouped_adamw(a, n, std::move(groups), opts);
+    b.optimizer = offload ? optim::make_grouped_cpu_adamw(a, n, std::move(groups), opts, host)
+                          : optim::make_grouped_adamw(a, n, std::move(groups), opts);
   } else if (type == "sgd") {
     optim::SgdOptions s;
     s.momentum = o.momentum;
     s.dampening = o.dampening;
     s.weight_decay = o.weight_decay;
     s.nesterov = o.nesterov;
-    b.optimizer = optim::make_grouped_sgd(s, n, std::move(groups), opts);
+    b.optimizer = offload ? optim::make_grouped_cpu_sgd(s, n, std::move(groups), opts, host)
+                          : optim::make_grouped_sgd(s, n, std::move(groups), opts);
   } else {
     TORCH_CHECK(false, "zero: unknown optimizer.type '", o.type, "'; use AdamW, Adam or SGD");
   }

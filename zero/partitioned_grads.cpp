@@ -15,6 +15,7 @@
 // the largest parameter, and the gradient is held once, as autograd made it.
 #include <ATen/ATen.h>
 
+#include "optim/cpu_adamw.hpp"
 #include "zero/grad_buckets.hpp"
 #include "zero/grad_sync.hpp"
 
@@ -22,6 +23,14 @@ namespace zero {
 namespace {
 
 constexpr int kPoolBuffers = 2;
+
+// Adds a reduced bucket shard into the fp32 gradient shard. Under optimizer offload the shard is
+// in host memory: the bucket's piece is copied there first (once its reduction has completed,
+// which is when the pipeline runs this), and accumulation happens on the host.
+void add_into(at::Tensor& shard, const at::Tensor& reduced, at::ScalarType accum_dtype) {
+  accumulate(shard, reduced.device() == shard.device() ? reduced : reduced.to(shard.device()),
+             accum_dtype);
+}
 
 class PartitionedGrads final : public GradSync {
  public:
@@ -34,8 +43,9 @@ class PartitionedGrads final : public GradSync {
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers),
         bucket_buffer_(layout.buckets().size(), -1),
         deferred_(layout.params().size()) {
-    shard_ = at::zeros({layout.shard_numel()},
-                       at::TensorOptions().dtype(at::kFloat).device(opts.device));
+    shard_ = opts.host_shard ? optim::host_zeros(layout.shard_numel(), opts.pin_memory)
+                             : at::zeros({layout.shard_numel()},
+                                         at::TensorOptions().dtype(at::kFloat).device(opts.device));
   }
 
   void begin_backward(bool /*boundary: every pass is reduced*/,
@@ -174,12 +184,12 @@ class PartitionedGrads final : public GradSync {
     if (opts_.reduce_scatter) {
       auto work = group_.reduce_scatter_sum(out, in, what);
       pipeline_.push(std::move(work), buf,
-                     [out, mine, acc]() mutable { accumulate(mine, out, acc); });
+                     [out, mine, acc]() mutable { add_into(mine, out, acc); });
     } else {
       auto work = group_.all_reduce_sum(in, what);
       const int rank = group_.rank();
       pipeline_.push(std::move(work), buf, [in, mine, rank, S, acc]() mutable {
-        accumulate(mine, in.narrow(0, rank * S, S), acc);
+        add_into(mine, in.narrow(0, rank * S, S), acc);
       });
     }
     if (!opts_.overlap) counters_.wait_seconds += pipeline_.drain();

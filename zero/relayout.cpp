@@ -90,7 +90,14 @@ void Engine::Impl::rebuild_layout(const std::vector<int>& new_order) {
   {
     std::vector<at::Tensor> old_shards{fp.master_shard()};
     for (const auto& s : opt.optimizer->state()) old_shards.push_back(s.second);
+    // Offloaded shards travel through the device: the collectives run where the group does.
+    if (offload) {
+      for (auto& t : old_shards) t = t.to(fp.flat.device());
+    }
     moved = reshard(old_shards, old_layout, layout, new_of_old, rank, *group);
+    if (offload) {
+      for (auto& t : moved) t = offload->to_host(t);
+    }
   }
 
   // The gradient path and the optimizer are built for a layout: new ones (between windows they

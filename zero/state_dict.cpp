@@ -31,8 +31,11 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
     const auto& buckets = fp.layout.buckets();
     for (size_t b = 0; b < buckets.size(); ++b) {
       const BucketSlot& bucket = buckets[b];
-      at::Tensor in = fp.master.narrow(0, bucket.shard_offset, bucket.shard.shard_numel());
-      at::Tensor full = at::empty({bucket.shard.padded_numel()}, fp.master.options());
+      // Gathered where the group runs: an offloaded master is in host memory.
+      const at::Device dev = fp.flat.device();
+      at::Tensor in = fp.master.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()).to(dev);
+      at::Tensor full = at::empty({bucket.shard.padded_numel()},
+                                  at::TensorOptions().dtype(at::kFloat).device(dev));
       im.group
           ->all_gather(full, in,
                        "all_gather of parameter bucket " + std::to_string(b) + " for state_dict")

@@ -84,6 +84,18 @@ struct ZeroOptimizationConfig {
   bool overlap_comm = true;
   bool contiguous_gradients = true;
   bool reduce_scatter = true;
+  // ZeRO-Offload (zero_optimization.offload_optimizer: {device: cpu}, or the legacy
+  // cpu_offload: true), stages 1 and 2: see OffloadOptimizerConfig.
+  struct OffloadOptimizerConfig {
+    bool enabled = false;
+    // Page-locked host buffers (DeepSpeed 0.19's default): asynchronous, full-bandwidth copies
+    // between the GPU and the host. No effect on CPU-only runs.
+    bool pin_memory = true;
+    // Threads of this rank's CPU optimizer step (zero's key); 0: torch's intra-op thread count
+    // (OMP_NUM_THREADS). Give each rank its own cores: cores per node / ranks per node, with
+    // the ranks bound to disjoint cores (numactl --physcpubind, taskset).
+    int threads = 0;
+  } offload_optimizer;
 };
 
 struct Fp16Config {

@@ -27,6 +27,7 @@ struct MemoryModelInput {
   int64_t comm_buffer_bytes = 0;
   int64_t accumulation = 1;  // gradient_accumulation_steps
   bool overlap_comm = true;
+  bool offload = false;  // optimizer offload: a separate (host) master even at N = 1 with p = 4
 };
 
 // Whether `stage` keeps a full gradient accumulator between micro-steps: stage 0 always, stage 1
@@ -61,6 +62,11 @@ struct MemoryReport {
   int64_t allocator_delta = 0;
   int64_t replaced_param_bytes = 0;
   std::string allocator;
+  // Optimizer offload: the part of measured / predicted total in host memory (fp32 master,
+  // optimizer states, fp32 gradient shard, the compute-dtype copy of the shard); the rest is on
+  // the device. 0 without offload.
+  int64_t host_measured = 0;
+  int64_t host_predicted = 0;
 };
 
 // A fixed-width table, one row per category, measured vs predicted.

@@ -105,7 +105,7 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
       // DeepSpeed asks for it before using SGD (or any optimizer outside its ZeRO list) under
       // ZeRO; zero's ZeRO supports every optimizer it has, so the key only grants permission.
       {"zero_allow_untested_optimizer", [&](const Entry& e) { l.boolean(e); }},
-      // Its default (true) only matters with optimizer offload, which zero refuses.
+      // DeepSpeed: whether an offloaded run must use its CPU optimizer; zero always uses its own.
       {"zero_force_ds_cpu_optimizer", [&](const Entry& e) { l.boolean(e); }},
       l.no_effect("dataloader_drop_last",
                   "zero does not build the data loader; the application feeds the batches"),

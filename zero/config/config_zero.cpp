@@ -10,6 +10,88 @@
 
 namespace zero::config_detail {
 
+// ZeRO-Offload of the optimizer (stages 1 and 2). Parameter offload is ZeRO-3's and refused.
+void load_offload_keys(Loader& l, std::vector<Field>& f,
+                       ZeroOptimizationConfig::OffloadOptimizerConfig& o) {
+  f.push_back({"offload_optimizer", [&l, &o](const Entry& e) {
+                 if (!e.value.IsMap() && !Loader::is_null(e)) {
+                   l.fail(e, "'" + e.path + "' must be a section, got " + describe(e.value));
+                 }
+                 const std::string stage3 = "only ZeRO stage 3 reads it";
+                 const std::string nvme = "it only applies to device: nvme";
+                 l.walk(e, {
+                               {"device",
+                                [&](const Entry& d) {
+                                  const std::string v = lower(l.string(d));
+                                  if (v == "nvme") {
+                                    l.fail(d, "'" + d.path +
+                                                  "' nvme (ZeRO-Infinity) is not implemented by "
+                                                  "zero; use device: cpu (host memory) or none");
+                                  }
+                                  l.require(d, v == "cpu" || v == "none", "cpu or none");
+                                  o.enabled = v == "cpu";
+                                }},
+                               {"pin_memory", [&](const Entry& d) { o.pin_memory = l.boolean(d); }},
+                               {"threads",
+                                [&](const Entry& d) {
+                                  const int64_t t = l.integer(d);
+                                  l.require(d, t >= 0 && t <= 4096,
+                                            "a thread count >= 0 (0: OMP_NUM_THREADS)");
+                                  o.threads = static_cast<int>(t);
+                                }},
+                               l.no_effect("nvme_path", nvme),
+                               l.no_effect("buffer_count", nvme),
+                               l.no_effect("pipeline_read", nvme),
+                               l.no_effect("pipeline_write", nvme),
+                               l.no_effect("fast_init", nvme),
+                               {"ratio",
+                                [&](const Entry& d) {
+                                  l.require(d, l.number(d) == 1.0,
+                                            "1.0 (partial offload is ZeRO stage 3's)");
+                                }},
+                               only_bool(l, "super_offload", false, stage3),
+                               l.no_effect("cpuadam_cores_perc", stage3),
+                           });
+               }});
+  f.push_back({"cpu_offload", [&l, &o](const Entry& e) {
+                 // DeepSpeed's deprecated spelling of offload_optimizer: {device: cpu}.
+                 if (l.boolean(e)) o.enabled = true;
+               }});
+  f.push_back(
+      {"cpu_offload_use_pin_memory", [&l, &o](const Entry& e) { o.pin_memory = l.boolean(e); }});
+  f.push_back({"offload_param",
+               [&l](const Entry& e) {
+                 if (!e.value.IsMap() && !Loader::is_null(e)) {
+                   l.fail(e, "'" + e.path + "' must be a section, got " + describe(e.value));
+                 }
+                 if (Loader::is_neutral(e.value)) return;
+                 l.fail_at_key(e, "'" + e.path +
+                                      "' is not implemented: parameter offload is ZeRO stage 3's, "
+                                      "which zero does not implement; remove it or set device: "
+                                      "none (zero offloads the optimizer with "
+                                      "zero_optimization.offload_optimizer: {device: cpu})");
+               },
+               false});
+  f.push_back(only_bool(l, "cpu_offload_params", false,
+                        "offloads the parameters (ZeRO stage 3), which zero does not implement; "
+                        "use zero_optimization.offload_optimizer: {device: cpu}"));
+}
+
+// Offload moves what stages 1 and 2 shard (the fp32 master, its optimizer states and gradient
+// shard) to the host; stage 0 has no shard to move, and "auto" must not pick one silently.
+void check_offload_stage(const Loader& l, const Entry& s, const ZeroOptimizationConfig& z) {
+  if (!z.offload_optimizer.enabled || (!z.stage_auto && (z.stage == 1 || z.stage == 2))) return;
+  const Entry* at = l.seen(s.path + ".offload_optimizer");
+  if (!at) at = l.seen(s.path + ".cpu_offload");
+  const std::string key = at ? at->path : s.path + ".offload_optimizer";
+  const std::string got = z.stage_auto ? std::string("\"auto\"") : std::to_string(z.stage);
+  const std::string msg = "'" + key + "' offloads the optimizer of ZeRO stage 1 or 2, but " +
+                          s.path + ".stage is " + got + "; set " + s.path +
+                          ".stage: 2 (or 1), or remove the offload";
+  if (at) l.fail_at_key(*at, msg);
+  l.fail(s, msg);
+}
+
 void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   const auto bucket = [&l](int64_t& out) {
     return [&l, p = &out](const Entry& e) {
@@ -56,26 +138,7 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
          }
        }},
   };
-  {
-    const std::string offload_fix =
-        "zero does not offload the optimizer or the parameters yet; remove it or set "
-        "device: none (activation offload is activation_checkpointing.cpu_checkpointing)";
-    for (const char* k : {"offload_optimizer", "offload_param"}) {
-      f.push_back({k,
-                   [&l, offload_fix](const Entry& e) {
-                     if (!e.value.IsMap() && !Loader::is_null(e)) {
-                       l.fail(e, "'" + e.path + "' must be a section, got " + describe(e.value));
-                     }
-                     if (Loader::is_neutral(e.value)) return;
-                     l.fail_at_key(e, "'" + e.path + "' is not implemented: " + offload_fix);
-                   },
-                   false});
-    }
-    for (const char* k : {"cpu_offload", "cpu_offload_params"}) {
-      f.push_back(only_bool(l, k, false, "offloads to the CPU: " + offload_fix));
-    }
-    f.push_back(l.no_effect("cpu_offload_use_pin_memory", "it only applies to CPU offload"));
-  }
+  load_offload_keys(l, f, z.offload_optimizer);
   // Keys that only ZeRO stage 3 reads: DeepSpeed ignores them below stage 3 too, and zero
   // refuses stage 3 itself, so they can only be no-ops here.
   for (const std::string& k :
@@ -109,6 +172,7 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
     f.push_back(l.unsupported(k));
   }
   l.walk(s, f);
+  check_offload_stage(l, s, z);
 }
 
 void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {

@@ -24,8 +24,8 @@ MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
     b.grads = static_cast<int64_t>((full ? psi * in.grad_accum_bytes : 0.0) + 4.0 * psi / n);
   }
   // fp32 parameters are the master weights: whole at stage 0, this rank's shard of each bucket
-  // of the flat buffer at stages 1 and 2.
-  b.master = in.param_bytes == 4 ? 0 : static_cast<int64_t>(4.0 * part);
+  // of the flat buffer at stages 1 and 2; optimizer offload keeps a separate (host) master.
+  b.master = (in.param_bytes == 4 && !in.offload) ? 0 : static_cast<int64_t>(4.0 * part);
   b.optimizer = static_cast<int64_t>(4.0 * in.optimizer_states * part);
   b.comm_buffers = in.comm_buffer_bytes;
   return b;
@@ -74,6 +74,13 @@ std::string format_memory_report(const MemoryReport& r) {
   row("optimizer", r.measured.optimizer, r.predicted.optimizer, r.stage0.optimizer);
   row("comm buffers", r.measured.comm_buffers, r.predicted.comm_buffers, r.stage0.comm_buffers);
   row("total", r.measured.total(), r.predicted.total(), r.stage0.total());
+  if (r.host_measured > 0 || r.host_predicted > 0) {
+    std::snprintf(line, sizeof line, "  %-14s %14s %14s\n  %-14s %14s %14s\n", "  in host mem",
+                  format_bytes(r.host_measured).c_str(), format_bytes(r.host_predicted).c_str(),
+                  "  on device", format_bytes(r.measured.total() - r.host_measured).c_str(),
+                  format_bytes(r.predicted.total() - r.host_predicted).c_str());
+    os << line;
+  }
   if (!r.allocator.empty()) {
     os << "  allocator (" << r.allocator << "): initialize added "
        << format_bytes(r.allocator_delta) << "; the tensors above less the model's replaced "

@@ -1,0 +1,357 @@
+#include "optim/cpu_adamw.hpp"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <cstring>
+
+// x86-64 with GCC or Clang: one clone of each kernel per instruction set, picked at load time,
+// so the default build (no -march) still runs the loops 8 or 16 floats wide where the CPU can.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
+    !defined(__NVCC__)
+#define ZERO_SIMD_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ZERO_SIMD_CLONES
+#endif
+
+namespace zero::optim {
+namespace {
+
+// float -> bf16 bits, round to nearest even as c10::BFloat16 (and Tensor::to) does; branch-free
+// so the loop stays vectorized. NaN keeps a quiet NaN.
+inline uint16_t to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + (((u >> 16) & 1u) + 0x7FFFu)) >> 16;
+  return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
+}
+
+enum class Out { kNone, kFloat, kBFloat16, kHalf };
+
+template <Out kOut>
+inline void store(void* out, int64_t i, float v) {
+  if constexpr (kOut == Out::kFloat) {
+    static_cast<float*>(out)[i] = v;
+  } else if constexpr (kOut == Out::kBFloat16) {
+    static_cast<uint16_t*>(out)[i] = to_bf16_bits(v);
+  } else if constexpr (kOut == Out::kHalf) {
+    static_cast<c10::Half*>(out)[i] = c10::Half(v);
+  }
+}
+
+struct AdamStep {
+  float lr, beta1, beta2, eps;
+  float one_minus_beta1, one_minus_beta2;  // rounded from double, as torch does
+  float decay;      // 1 - lr x weight_decay (decoupled), 1 outside the decay ranges
+  float step_size;  // lr / (1 - beta1^t)
+  float bc2_sqrt;   // sqrt(1 - beta2^t)
+  float grad_scale;
+};
+
+// One element's update is torch's AdamW in fp32, rounded where ATen's fused CPU kernel (the
+// engine's optimizer without offload) rounds: the first moment as exp_avg.lerp_(grad, 1 - beta1)
+// with one fused multiply-add, the rest op by op. An offloaded run then tracks one without
+// offload to the ulp, rather than drifting by a few ulps per step.
+template <Out kOut>
+ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict g,
+                                   float* __restrict m, float* __restrict v, void* __restrict out,
+                                   int64_t n, AdamStep s) {
+  // lerp(m, g, w) = m + w (g - m) for a small weight, g - (1 - w)(g - m) otherwise.
+  const float w = s.one_minus_beta1;
+  const bool small = std::abs(w) < 0.5f;
+  const float coeff = small ? w : w - 1.0f;
+  const float c2 = s.one_minus_beta2, minus_step = -s.step_size;
+  for (int64_t i = 0; i < n; ++i) {
+    const float grad = g[i] / s.grad_scale;
+    const float param = p[i] * s.decay;
+    const float mi = std::fma(coeff, grad - m[i], small ? m[i] : grad);
+    const float vi = v[i] * s.beta2 + c2 * grad * grad;
+    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
+    const float np = param + minus_step * mi / denom;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = np;
+    store<kOut>(out, i, np);
+  }
+}
+
+struct SgdStep {
+  float lr, weight_decay, momentum, dampening, grad_scale;
+  bool first, nesterov;
+};
+
+// torch::optim::SGD: coupled decay, momentum started as a copy of the first gradient.
+template <Out kOut, bool kMomentum>
+ZERO_SIMD_CLONES void sgd_kernel(float* __restrict p, const float* __restrict g,
+                                 float* __restrict buf, void* __restrict out, int64_t n,
+                                 SgdStep s) {
+  const float keep = 1.0f - s.dampening;
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i] / s.grad_scale + s.weight_decay * p[i];
+    if constexpr (kMomentum) {
+      const float b = s.first ? d : buf[i] * s.momentum + d * keep;
+      buf[i] = b;
+      d = s.nesterov ? d + s.momentum * b : b;
+    }
+    const float np = p[i] - s.lr * d;
+    p[i] = np;
+    store<kOut>(out, i, np);
+  }
+}
+
+template <Out kOut>
+ZERO_SIMD_CLONES void round_kernel(const float* __restrict p, void* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) store<kOut>(out, i, p[i]);
+}
+
+Out out_kind(const at::Tensor& out) {
+  if (!out.defined()) return Out::kNone;
+  switch (out.scalar_type()) {
+    case at::kFloat:
+      return Out::kFloat;
+    case at::kBFloat16:
+      return Out::kBFloat16;
+    case at::kHalf:
+      return Out::kHalf;
+    default:
+      TORCH_CHECK(false, "zero: the CPU optimizer writes fp32, bf16 or fp16 copies, got ",
+                  out.scalar_type());
+  }
+}
+
+// Calls f(kind-tagged kernel) for `kind`: one instantiation per output dtype.
+template <typename F>
+void with_out(Out kind, F&& f) {
+  switch (kind) {
+    case Out::kNone:
+      return f(std::integral_constant<Out, Out::kNone>{});
+    case Out::kFloat:
+      return f(std::integral_constant<Out, Out::kFloat>{});
+    case Out::kBFloat16:
+      return f(std::integral_constant<Out, Out::kBFloat16>{});
+    case Out::kHalf:
+      return f(std::integral_constant<Out, Out::kHalf>{});
+  }
+}
+
+float host_scalar(const at::Tensor& t, float fallback) {
+  if (!t.defined()) return fallback;
+  return t.device().is_cpu() ? t.data_ptr<float>()[0] : t.item<float>();
+}
+
+class HostOptimizerBase : public HostShardOptimizer {
+ public:
+  HostOptimizerBase(int64_t numel, std::vector<ParamGroup> groups, const at::TensorOptions& opts,
+                    const HostOptimizerOptions& host)
+      : HostShardOptimizer(numel, std::move(groups), opts, host.threads),
+        pin_(host.pin_memory) {
+    TORCH_CHECK(opts.device().is_cpu(),
+                "zero: the CPU optimizer's shard must be in host memory, got ", opts.device());
+  }
+
+  void update_to(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& s,
+                 Range window, const at::Tensor& out) override {
+    TORCH_CHECK(window.begin >= 0 && window.begin <= window.end && window.end <= numel(),
+                "zero: update window [", window.begin, ", ", window.end, ") outside the shard");
+    TORCH_CHECK(param.is_cpu() && grad.is_cpu(), "zero: ", name(),
+                " updates host tensors; got param on ", param.device(), ", grad on ",
+                grad.device());
+    if (out.defined()) {
+      TORCH_CHECK(out.is_cpu() && out.is_contiguous() && out.numel() == window.end - window.begin,
+                  "zero: the compute-dtype copy must be a contiguous host tensor of the window's ",
+                  window.end - window.begin, " elements, got ", out.sizes(), " on ", out.device());
+    }
+    const Out kind = out_kind(out);
+    char* out_base = out.defined() ? static_cast<char*>(out.data_ptr()) : nullptr;
+    const int64_t out_elem = out.defined() ? static_cast<int64_t>(out.element_size()) : 0;
+    const auto out_at = [&](int64_t i) -> void* {
+      return out_base ? out_base + (i - window.begin) * out_elem : nullptr;
+    };
+    const bool skip = host_scalar(s.found_inf, 0.0f) != 0.0f;
+    const float grad_scale = host_scalar(s.grad_scale, 1.0f);
+    if (skip) {
+      // The master stays; the copy still gets it, so what the engine publishes is unchanged.
+      if (kind == Out::kNone) return;
+      const float* p = param.data_ptr<float>();
+      for_chunks(window, [&](int64_t b, int64_t e) {
+        with_out(kind, [&](auto k) {
+          if constexpr (decltype(k)::value != Out::kNone) {
+            round_kernel<decltype(k)::value>(p + b, out_at(b), e - b);
+          }
+        });
+      });
+      return;
+    }
+    // Each group's runs inside the window, each one parallel pass at the group's lr and decay.
+    float* p = param.data_ptr<float>();
+    const float* g = grad.data_ptr<float>();
+    for (const ParamGroup& group : groups()) {
+      const double group_lr = lr * group.lr_scale;
+      for (const Range& r : group.ranges) {
+        const int64_t b = std::max(r.begin, window.begin), e = std::min(r.end, window.end);
+        if (b >= e) continue;
+        for_chunks({b, e}, [&](int64_t cb, int64_t ce) {
+          apply_chunk(kind, p + cb, g + cb, cb, ce - cb, group_lr, grad_scale,
+                      group.weight_decay, out_at(cb));
+        });
+      }
+    }
+  }
+
+ protected:
+  // One chunk of the update: n elements at `offset` of the shard (p, g point there), at the
+  // group's lr and weight decay (unset: the optimizer's), the copy of kind `out_kind` at `out`
+  // (or none).
+  virtual void apply_chunk(Out out_kind, float* p, const float* g, int64_t offset, int64_t n,
+                           double lr, float grad_scale, std::optional<double> weight_decay,
+                           void* out) = 0;
+
+  at::Tensor state_zeros() const { return host_zeros(numel(), pin_); }
+
+ private:
+  // Splits [b, e) into at most threads_ pieces of at least kGrain elements, in parallel.
+  template <typename F>
+  void for_chunks(Range r, F&& f) const {
+    constexpr int64_t kGrain =
+        1 << 15;  // 128 KiB of fp32: below it threads cost more than they save
+    const int64_t n = r.end - r.begin;
+    if (n <= 0) return;
+    int64_t grain = kGrain;
+    if (threads_ > 0) grain = std::max<int64_t>(grain, (n + threads_ - 1) / threads_);
+    at::parallel_for(r.begin, r.end, grain, [&](int64_t b, int64_t e) { f(b, e); });
+  }
+
+  bool pin_;
+};
+
+class CpuAdamW final : public HostOptimizerBase {
+ public:
+  CpuAdamW(const AdamWOptions& o, int64_t numel, std::vector<ParamGroup> groups,
+           const at::TensorOptions& opts, const HostOptimizerOptions& host)
+      : HostOptimizerBase(numel, std::move(groups), opts, host), o_(o) {
+    exp_avg_ = state_zeros();
+    exp_avg_sq_ = state_zeros();
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> state() const override {
+    return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
+  }
+  std::string name() const override { return "adamw"; }
+
+ private:
+  void apply_chunk(Out kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
+                   float grad_scale, std::optional<double> weight_decay, void* out) override {
+    // Bias corrections in double, as torch computes them, then rounded once.
+    const double t = static_cast<double>(steps_);
+    AdamStep s;
+    s.lr = static_cast<float>(lr);
+    s.beta1 = static_cast<float>(o_.beta1);
+    s.beta2 = static_cast<float>(o_.beta2);
+    s.eps = static_cast<float>(o_.eps);
+    s.one_minus_beta1 = static_cast<float>(1.0 - o_.beta1);
+    s.one_minus_beta2 = static_cast<float>(1.0 - o_.beta2);
+    s.decay = static_cast<float>(1.0 - lr * weight_decay.value_or(o_.weight_decay));
+    s.step_size = static_cast<float>(lr / (1.0 - std::pow(o_.beta1, t)));
+    s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o_.beta2, t)));
+    s.grad_scale = grad_scale;
+    float* m = exp_avg_.data_ptr<float>() + offset;
+    float* v = exp_avg_sq_.data_ptr<float>() + offset;
+    with_out(kind, [&](auto k) { adamw_kernel<decltype(k)::value>(p, g, m, v, out, n, s); });
+  }
+
+  AdamWOptions o_;
+  at::Tensor exp_avg_;
+  at::Tensor exp_avg_sq_;
+};
+
+class CpuSgd final : public HostOptimizerBase {
+ public:
+  CpuSgd(const SgdOptions& o, int64_t numel, std::vector<ParamGroup> groups,
+         const at::TensorOptions& opts, const HostOptimizerOptions& host)
+      : HostOptimizerBase(numel, std::move(groups), opts, host), o_(o) {
+    if (o_.momentum != 0) momentum_buffer_ = state_zeros();
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> state() const override {
+    if (!momentum_buffer_.defined()) return {};
+    return {{"momentum_buffer", momentum_buffer_}};
+  }
+  std::string name() const override { return "sgd"; }
+
+ private:
+  void apply_chunk(Out kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
+                   float grad_scale, std::optional<double> weight_decay, void* out) override {
+    SgdStep s;
+    s.lr = static_cast<float>(lr);
+    s.weight_decay = static_cast<float>(weight_decay.value_or(o_.weight_decay));
+    s.momentum = static_cast<float>(o_.momentum);
+    s.dampening = static_cast<float>(o_.dampening);
+    s.grad_scale = grad_scale;
+    s.first = steps_ == 1;  // begin_step() counted this step already
+    s.nesterov = o_.nesterov;
+    with_out(kind, [&](auto k) {
+      if (momentum_buffer_.defined()) {
+        sgd_kernel<decltype(k)::value, true>(p, g, momentum_buffer_.data_ptr<float>() + offset, out,
+                                             n, s);
+      } else {
+        sgd_kernel<decltype(k)::value, false>(p, g, nullptr, out, n, s);
+      }
+    });
+  }
+
+  SgdOptions o_;
+  at::Tensor momentum_buffer_;
+};
+
+}  // namespace
+
+at::Tensor host_zeros(int64_t numel, bool pin, at::ScalarType dtype) {
+  const bool can_pin = pin && at::globalContext().hasCUDA();
+  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(can_pin));
+  t.zero_();
+  return t;
+}
+
+std::unique_ptr<HostShardOptimizer> make_grouped_cpu_adamw(const AdamWOptions& options,
+                                                           int64_t numel,
+                                                           std::vector<ParamGroup> groups,
+                                                           const at::TensorOptions& opts,
+                                                           const HostOptimizerOptions& host) {
+  // make_adamw's checks, with its messages.
+  make_adamw(options, 0, {}, opts);
+  return std::make_unique<CpuAdamW>(options, numel, std::move(groups), opts, host);
+}
+
+std::unique_ptr<HostShardOptimizer> make_cpu_adamw(const AdamWOptions& options, int64_t numel,
+                                                   std::vector<Range> decay_ranges,
+                                                   const at::TensorOptions& opts,
+                                                   const HostOptimizerOptions& host) {
+  return make_grouped_cpu_adamw(options, numel, decay_groups(numel, std::move(decay_ranges)), opts,
+                                host);
+}
+
+std::unique_ptr<HostShardOptimizer> make_grouped_cpu_sgd(const SgdOptions& options, int64_t numel,
+                                                         std::vector<ParamGroup> groups,
+                                                         const at::TensorOptions& opts,
+                                                         const HostOptimizerOptions& host) {
+  make_sgd(options, 0, {}, opts);  // make_sgd's checks, with its messages
+  return std::make_unique<CpuSgd>(options, numel, std::move(groups), opts, host);
+}
+
+std::unique_ptr<HostShardOptimizer> make_cpu_sgd(const SgdOptions& options, int64_t numel,
+                                                 std::vector<Range> decay_ranges,
+                                                 const at::TensorOptions& opts,
+                                                 const HostOptimizerOptions& host) {
+  return make_grouped_cpu_sgd(options, numel, decay_groups(numel, std::move(decay_ranges)), opts,
+                              host);
+}
+
+}  // namespace zero::optim

@@ -1,0 +1,207 @@
+// The offload optimizers (optim/cpu_adamw.hpp) against torch::optim per parameter, the compute
+// dtype copy they write in the same pass, and the step scalars.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+
+#include "optim/cpu_adamw.hpp"
+
+namespace zero::optim {
+namespace {
+
+constexpr int kSteps = 12;
+double lr_for(int step) { return 1e-2 * (1.0 + 0.5 * std::sin(step)); }
+
+// Parameters of odd sizes (vector tails) and one large enough to be split over threads; every
+// other one without weight decay, like biases.
+struct Model {
+  std::vector<int64_t> sizes = {20, 7, 100'003, 6, 1, 70'001, 33};
+  std::vector<at::Tensor> params;
+  Model() {
+    at::manual_seed(7);
+    for (int64_t n : sizes) params.push_back(at::randn({n}).set_requires_grad(true));
+  }
+  bool decays(size_t i) const { return i % 2 == 0; }
+  int64_t numel() const {
+    int64_t n = 0;
+    for (int64_t s : sizes) n += s;
+    return n;
+  }
+  at::Tensor flat() const {
+    std::vector<at::Tensor> parts;
+    for (const auto& p : params) parts.push_back(p.detach());
+    return at::cat(parts).contiguous();
+  }
+  std::vector<Range> decay_ranges() const {
+    std::vector<Range> r;
+    int64_t at = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (decays(i)) r.push_back({at, at + sizes[i]});
+      at += sizes[i];
+    }
+    return r;
+  }
+  std::vector<at::Tensor> pick(bool decay) const {
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (decays(i) == decay) out.push_back(params[i]);
+    }
+    return out;
+  }
+  at::Tensor set_random_grads() {
+    std::vector<at::Tensor> parts;
+    for (auto& p : params) {
+      p.mutable_grad() = at::randn(p.sizes());
+      parts.push_back(p.grad());
+    }
+    return at::cat(parts).contiguous();
+  }
+};
+
+template <typename Options>
+std::vector<torch::optim::OptimizerParamGroup> groups(const Model& m, const Options& o) {
+  std::vector<torch::optim::OptimizerParamGroup> g;
+  g.emplace_back(m.pick(true), std::make_unique<Options>(o));
+  g.emplace_back(m.pick(false), std::make_unique<Options>(Options(o).weight_decay(0)));
+  return g;
+}
+
+// Within 1e-6 of the parameter's largest magnitude, per parameter: both round after every op,
+// but not always the same ops (fused multiply-adds in torch's vector kernels), so single
+// elements differ by an ulp or two.
+void expect_close_per_parameter(const at::Tensor& ours, const at::Tensor& ref,
+                                const std::vector<int64_t>& sizes, int step) {
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    const at::Tensor a = ours.narrow(0, at, n), b = ref.narrow(0, at, n);
+    const double diff = (a - b).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-6 * b.abs().max().item<double>())
+        << "step " << step << ", parameter at " << at << " (" << n << " elements)";
+    at += n;
+  }
+}
+
+// Steps torch and ours on the same gradients, in two windows with the bf16 copy written;
+// compares the master with torch and the copy with the master rounded (exact).
+void run_against_torch(Model& m, torch::optim::Optimizer& ref, HostShardOptimizer& ours) {
+  at::Tensor shard = m.flat();
+  const int64_t n = shard.numel(), half = n / 3;
+  at::Tensor out = at::empty({n}, at::kBFloat16);
+  for (int s = 0; s < kSteps; ++s) {
+    const double lr = lr_for(s);
+    at::Tensor grad = m.set_random_grads();
+    for (auto& group : ref.param_groups()) group.options().set_lr(lr);
+    ref.step();
+    ours.begin_step(shard, grad, lr);
+    ours.update_to(shard, grad, lr, {}, {0, half}, out.narrow(0, 0, half));
+    ours.update_to(shard, grad, lr, {}, {half, n}, out.narrow(0, half, n - half));
+    expect_close_per_parameter(shard, m.flat(), m.sizes, s);
+    EXPECT_TRUE(at::equal(out, shard.to(at::kBFloat16))) << "step " << s;
+  }
+}
+
+TEST(CpuAdamW, MatchesTorchPerParameterWithDecayGroups) {
+  Model m;
+  AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
+  torch::optim::AdamW ref(groups(m, torch::optim::AdamWOptions(1.0)
+                                        .betas({o.beta1, o.beta2})
+                                        .eps(o.eps)
+                                        .weight_decay(o.weight_decay)),
+                          torch::optim::AdamWOptions(1.0).weight_decay(0));
+  auto ours = make_cpu_adamw(o, m.numel(), m.decay_ranges(), at::kFloat, {/*threads=*/2});
+  run_against_torch(m, ref, *ours);
+}
+
+struct SgdCase {
+  const char* name;
+  SgdOptions o;
+};
+class CpuSgdVsTorch : public ::testing::TestWithParam<SgdCase> {};
+
+TEST_P(CpuSgdVsTorch, MatchesTorchPerParameter) {
+  const SgdOptions o = GetParam().o;
+  Model m;
+  const auto opts = torch::optim::SGDOptions(1.0)
+                        .momentum(o.momentum)
+                        .dampening(o.dampening)
+                        .weight_decay(o.weight_decay)
+                        .nesterov(o.nesterov);
+  torch::optim::SGD ref(groups(m, opts), torch::optim::SGDOptions(opts).weight_decay(0));
+  auto ours = make_cpu_sgd(o, m.numel(), m.decay_ranges(), at::kFloat);
+  run_against_torch(m, ref, *ours);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sgd, CpuSgdVsTorch,
+                         ::testing::Values(SgdCase{"plain", {0, 0, 0, false}},
+                                           SgdCase{"weight_decay", {0, 0, 0.1, false}},
+                                           SgdCase{"momentum_dampening", {0.9, 0.3, 0.05, false}},
+                                           SgdCase{"nesterov", {0.8, 0, 0.2, true}}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The engine's scalars: grad_scale divides the gradient; found_inf skips the step (the copy
+// still receives the unchanged master).
+TEST(CpuAdamW, GradScaleAndFoundInf) {
+  const int64_t n = 1000;
+  at::manual_seed(3);
+  at::Tensor p = at::randn({n}), g = at::randn({n});
+  auto a = make_cpu_adamw({}, n, {{0, n}}, at::kFloat);
+  auto b = make_cpu_adamw({}, n, {{0, n}}, at::kFloat);
+  at::Tensor pa = p.clone(), pb = p.clone();
+  a->step(pa, g * 4, 0.01, {at::full({1}, 4.0f), at::zeros({1})});
+  b->step(pb, g, 0.01);
+  EXPECT_TRUE(at::allclose(pa, pb, 1e-6, 1e-8));
+
+  at::Tensor before = pa.clone(), m_before = a->state()[0].second.clone();
+  at::Tensor out = at::zeros({n}, at::kHalf);
+  a->begin_step(pa, g, 0.01);
+  a->update_to(pa, g, 0.01, {at::ones({1}), at::ones({1})}, {0, n}, out);
+  EXPECT_TRUE(at::equal(pa, before));
+  EXPECT_TRUE(at::equal(a->state()[0].second, m_before));
+  EXPECT_TRUE(at::equal(out, before.to(at::kHalf)));
+}
+
+TEST(CpuAdamW, CopyInEveryComputeDtypeIsTheMasterRounded) {
+  const int64_t n = 40'001;
+  at::Tensor g = at::randn({n});
+  for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    at::Tensor p = at::randn({n});
+    auto opt = make_cpu_adamw({}, n, {{0, n}}, at::kFloat);
+    at::Tensor out = at::empty({n}, dtype);
+    opt->begin_step(p, g, 1e-3);
+    opt->update_to(p, g, 1e-3, {}, {0, n}, out);
+    EXPECT_TRUE(at::equal(out, p.to(dtype))) << dtype;
+  }
+}
+
+// What the engine's non-offloaded path runs (ATen's fused kernel) and ours agree to 1e-6.
+TEST(CpuAdamW, AgreesWithTheFusedShardOptimizer) {
+  const int64_t n = 50'000;
+  at::manual_seed(5);
+  at::Tensor p0 = at::randn({n});
+  AdamWOptions o{0.9, 0.999, 1e-8, 0.01};
+  auto fused = make_adamw(o, n, {{0, n / 2}}, at::kFloat);
+  auto ours = make_cpu_adamw(o, n, {{0, n / 2}}, at::kFloat);
+  at::Tensor a = p0.clone(), b = p0.clone();
+  for (int s = 0; s < kSteps; ++s) {
+    at::Tensor g = at::randn({n});
+    fused->step(a, g.clone(), lr_for(s));
+    ours->step(b, g, lr_for(s));
+  }
+  expect_close_per_parameter(a, b, {n / 2, n - n / 2}, kSteps);
+}
+
+TEST(CpuOptim, RejectsDeviceShardsAndBadCopies) {
+  EXPECT_THROW(make_cpu_adamw({}, 10, {}, at::TensorOptions().dtype(at::kFloat).device(at::kMeta)),
+               c10::Error);
+  auto opt = make_cpu_sgd({}, 10, {}, at::kFloat);
+  at::Tensor p = at::zeros({10}), g = at::zeros({10});
+  opt->begin_step(p, g, 0.1);
+  EXPECT_THROW(opt->update_to(p, g, 0.1, {}, {0, 10}, at::empty({9})), c10::Error);
+  EXPECT_THROW(opt->update_to(p, g, 0.1, {}, {0, 10}, at::empty({10}, at::kInt)), c10::Error);
+}
+
+}  // namespace
+}  // namespace zero::optim

@@ -1,0 +1,344 @@
+// ZeRO-Offload (zero_optimization.offload_optimizer): stages 1 and 2 on 1, 2 and 4 real gloo
+// ranks (threads) train to the same parameters as the engine without offload and as
+// single-process torch::optim on the concatenated batch, with accumulation, clipping, SGD and
+// AdamW; bf16; the fp16 overflow skip; checkpoints moving between offload on and off; the host
+// side of the memory report.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
+#include "support/thread_group.hpp"
+#include "support/tiny_net.hpp"
+#include "zero/device.hpp"
+#include "zero/engine.hpp"
+
+namespace zero::testing {
+namespace {
+
+constexpr int kSteps = 5;
+constexpr int64_t kRows = 48;
+
+struct Trained {
+  std::vector<at::Tensor> params;   // per rank: flat_parameters() after training
+  std::vector<at::Tensor> masters;  // per rank: the fp32 master weights, gathered
+  std::vector<std::vector<double>> norms;
+};
+
+Trained train(Config cfg, bool offload, int world, int accumulation, uint64_t seed,
+              at::ScalarType input = at::kFloat) {
+  cfg.zero_optimization.offload_optimizer.enabled = offload;
+  cfg.zero_optimization.offload_optimizer.threads = 2;
+  Trained out;
+  out.params.resize(world);
+  out.masters.resize(world);
+  out.norms.resize(world);
+  std::mutex mu;
+  run_ranks(world, [&](std::shared_ptr<comm::Group> group) {
+    auto net = make_tiny_net(seed);
+    auto engine = initialize(net, cfg, group);
+    const int r = group->rank();
+    for (int s = 0; s < kSteps; ++s) {
+      Batch global = global_batch(s, kRows);
+      for (int m = 0; m < accumulation; ++m) {
+        Batch b = rank_micro_batch(global, r, world, m, accumulation);
+        engine.backward(mse(net->forward(b.x.to(input)).to(at::kFloat), b.y));
+        EXPECT_EQ(engine.step(), m == accumulation - 1);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      out.norms[r].push_back(engine.stats().last_grad_norm);
+    }
+    std::vector<at::Tensor> parts;
+    for (auto& [name, t] : engine.state_dict()) parts.push_back(t.reshape(-1));
+    std::lock_guard<std::mutex> lock(mu);
+    out.params[r] = engine.flat_parameters();
+    out.masters[r] = at::cat(parts);
+  });
+  return out;
+}
+
+// Per parameter of the tiny net: max |a - b| within `rel` of the parameter's largest magnitude.
+void expect_close_per_parameter(const at::Tensor& a, const at::Tensor& b, double rel,
+                                const std::string& what) {
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  int64_t at = 0;
+  for (const auto& p : make_tiny_net(1)->parameters()) {
+    const int64_t n = p.numel();
+    const at::Tensor x = a.narrow(0, at, n), y = b.narrow(0, at, n);
+    EXPECT_LE((x - y).abs().max().item<double>(), rel * y.abs().max().item<double>())
+        << what << ", parameter at " << at;
+    at += n;
+  }
+}
+
+struct Case {
+  int stage, world, accumulation;
+  double clip;
+  const char* optimizer;
+};
+
+class OffloadEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OffloadEquivalence, MatchesTheEngineWithoutOffloadAndTorch) {
+  const Case c = GetParam();
+  const int64_t micro = kRows / (c.world * c.accumulation);
+  Config cfg = test_config(c.stage, micro, c.accumulation, c.clip);
+  cfg.optimizer.type = c.optimizer;
+  if (cfg.optimizer.type == "SGD") {
+    cfg.optimizer.lr = 0.05;
+    cfg.optimizer.momentum = 0.9;
+    cfg.optimizer.weight_decay = 0.01;
+  }
+  const ReferenceResult ref = train_reference(cfg, kSteps, kRows, 3);
+  const Trained on = train(cfg, true, c.world, c.accumulation, 3);
+  const Trained off = train(cfg, false, c.world, c.accumulation, 3);
+  for (int r = 0; r < c.world; ++r) {
+    const std::string rank = "rank " + std::to_string(r);
+    // Same reductions, same order: only the optimizer kernel differs (an ulp here and there).
+    expect_close_per_parameter(on.params[r], off.params[r], 1e-6, rank + " vs no offload");
+    // Against torch::optim per parameter (the reduction order differs from one process).
+    EXPECT_LT((on.params[r] - ref.params).abs().max().item<double>(), 2e-5) << rank;
+    for (int s = 0; s < kSteps; ++s) {
+      EXPECT_NEAR(on.norms[r][s], ref.grad_norms[s], 1e-5 * ref.grad_norms[s]) << rank;
+      EXPECT_NEAR(on.norms[r][s], off.norms[r][s], 1e-6 * off.norms[r][s]) << rank;
+    }
+  }
+  // Training moved the parameters; with clipping, clipping was active.
+  EXPECT_GT((ref.params - flatten(*make_tiny_net(3))).abs().max().item<double>(), 1e-2);
+  if (c.clip > 0) EXPECT_GT(ref.grad_norms.front(), c.clip);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, OffloadEquivalence,
+                         ::testing::Values(Case{1, 1, 1, 0, "AdamW"}, Case{2, 1, 1, 0, "AdamW"},
+                                           Case{1, 2, 1, 0, "AdamW"}, Case{2, 2, 1, 0, "AdamW"},
+                                           Case{1, 4, 2, 0.3, "AdamW"}, Case{2, 4, 2, 0.3, "AdamW"},
+                                           Case{2, 2, 3, 0, "AdamW"}, Case{1, 2, 3, 0.3, "SGD"},
+                                           Case{2, 4, 1, 0, "SGD"}, Case{2, 2, 2, 0.3, "SGD"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const Case& c = info.param;
+                           return std::string(c.optimizer) + "_stage" + std::to_string(c.stage) +
+                                  "_world" + std::to_string(c.world) + "_ga" +
+                                  std::to_string(c.accumulation) + (c.clip > 0 ? "_clip" : "");
+                         });
+
+TEST(OffloadBf16, MastersMatchTheEngineWithoutOffload) {
+  Config cfg = test_config(2, kRows / 2, 1, 1.0);
+  cfg.bf16 = true;
+  const Trained on = train(cfg, true, 2, 1, 4, at::kBFloat16);
+  const Trained off = train(cfg, false, 2, 1, 4, at::kBFloat16);
+  for (int r = 0; r < 2; ++r) {
+    expect_close_per_parameter(on.masters[r], off.masters[r], 1e-6, "bf16 masters");
+    // The module's bf16 weights are the masters rounded, on both.
+    expect_close_per_parameter(on.params[r], off.params[r], 1.0 / 128, "bf16 weights");
+    EXPECT_TRUE(at::equal(on.params[r], on.masters[r].to(at::kBFloat16).to(at::kFloat)));
+  }
+}
+
+class OffloadFp16 : public ::testing::TestWithParam<int> {};
+
+TEST_P(OffloadFp16, OverflowSkipsTheSameStepEverywhere) {
+  Config cfg = test_config(GetParam(), kRows / 2, 1, 0);
+  cfg.fp16.enabled = true;
+  cfg.fp16.initial_scale_power = 8;
+  cfg.fp16.hysteresis = 1;
+  cfg.zero_optimization.offload_optimizer.enabled = true;
+  std::mutex mu;
+  std::vector<std::vector<int>> applied(2);
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    const int r = group->rank();
+    auto net = make_tiny_net(5);
+    auto engine = initialize(net, cfg, group);
+    for (int s = 0; s < 5; ++s) {
+      Batch b = rank_micro_batch(global_batch(s, kRows), r, 2, 0, 1);
+      at::Tensor x = b.x.to(at::kHalf);
+      if (s == 2 && r == 1) x.fill_(std::numeric_limits<float>::infinity());
+      const at::Tensor before = engine.flat_parameters();
+      engine.backward(mse(net->forward(x).to(at::kFloat), b.y));
+      const bool ok = engine.step();
+      if (s == 2) {
+        EXPECT_TRUE(engine.flat_parameters().equal(before)) << "skipped: nothing changed";
+        EXPECT_EQ(engine.loss_scale(), 128) << "the scale was halved";
+      } else {
+        EXPECT_FALSE(engine.flat_parameters().equal(before)) << "step " << s << " applied";
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      applied[r].push_back(ok ? 1 : 0);
+    }
+    EXPECT_EQ(engine.stats().skipped_steps, 1);
+    EXPECT_EQ(engine.stats().optimizer_steps, 4);
+  });
+  const std::vector<int> want = {1, 1, 0, 1, 1};
+  EXPECT_EQ(applied[0], want);
+  EXPECT_EQ(applied[1], want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, OffloadFp16, ::testing::Values(1, 2));
+
+// Saves after 2 steps with offload `save_offload`, resumes with `load_offload`: the loaded
+// masters are the saved ones bit for bit, and 2 more steps land where an uninterrupted run with
+// the saving side's setting does (1e-6 per parameter: the kernels differ by an ulp).
+void resume_across(bool save_offload, bool load_offload) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("zero_offload_ckpt_" + std::to_string(save_offload) +
+                            std::to_string(load_offload) + "_" + std::to_string(::getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  Config cfg = test_config(2, kRows / 2, 1, 1.0);
+  const auto steps = [&](Engine& e, std::shared_ptr<TinyNetImpl>& net, int from, int to, int r) {
+    for (int s = from; s < to; ++s) {
+      Batch b = rank_micro_batch(global_batch(s, kRows), r, 2, 0, 1);
+      e.backward(mse(net->forward(b.x), b.y));
+      e.step();
+    }
+  };
+  const auto masters = [](Engine& e) {
+    std::vector<at::Tensor> parts;
+    for (auto& [name, t] : e.state_dict()) parts.push_back(t.reshape(-1));
+    return at::cat(parts);
+  };
+  std::vector<at::Tensor> saved(2), straight(2), resumed(2), loaded(2);
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    const int r = group->rank();
+    Config c = cfg;
+    c.zero_optimization.offload_optimizer.enabled = save_offload;
+    auto net = make_tiny_net(6);
+    auto engine = initialize(net, c, group);
+    steps(engine, net, 0, 2, r);
+    engine.save_checkpoint(dir, "two");
+    saved[r] = masters(engine);
+    steps(engine, net, 2, 4, r);
+    straight[r] = masters(engine);
+  });
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    const int r = group->rank();
+    Config c = cfg;
+    c.zero_optimization.offload_optimizer.enabled = load_offload;
+    auto net = make_tiny_net(99);  // other weights: the checkpoint must replace them
+    auto engine = initialize(net, c, group);
+    EXPECT_EQ(engine.load_checkpoint(dir, "two"), "two");
+    loaded[r] = masters(engine);
+    steps(engine, net, 2, 4, r);
+    resumed[r] = masters(engine);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(at::equal(loaded[r], saved[r])) << "rank " << r;
+    expect_close_per_parameter(resumed[r], straight[r], 1e-6, "resumed");
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OffloadCheckpoint, SavedWithOffloadResumesWithout) { resume_across(true, false); }
+TEST(OffloadCheckpoint, SavedWithoutOffloadResumesWith) { resume_across(false, true); }
+
+TEST(OffloadMemory, HostHoldsMasterStatesAndGradientShard) {
+  Config cfg = test_config(2, kRows / 2, 1, 0);
+  cfg.bf16 = true;
+  cfg.zero_optimization.offload_optimizer.enabled = true;
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    auto net = make_tiny_net(2);
+    auto engine = initialize(net, cfg, group);
+    Batch b = rank_micro_batch(global_batch(0, kRows), group->rank(), 2, 0, 1);
+    engine.backward(mse(net->forward(b.x.to(at::kBFloat16)).to(at::kFloat), b.y));
+    engine.step();
+    const MemoryReport r = engine.memory_report();
+    const int64_t shard = r.padded_params / 2;
+    // fp32 master + 2 AdamW states + fp32 gradient shard + the bf16 copy, all 1/N.
+    EXPECT_EQ(r.host_measured, shard * (4 + 8 + 4 + 2));
+    EXPECT_EQ(r.host_predicted, r.host_measured);
+    // What stays on the device: the bf16 parameters and the bucket buffers.
+    EXPECT_EQ(r.measured.total() - r.host_measured,
+              r.measured.params + r.measured.comm_buffers - shard * 2);
+    EXPECT_NE(format_memory_report(r).find("in host mem"), std::string::npos);
+  });
+}
+
+// Measured by the allocator, not the report: what initialize adds (mallinfo2, process-wide: on a
+// CPU run host and device are one pool) is the report's total, host part included, and steps
+// keep nothing new (a leaked host gradient or copy buffer would show).
+class OffloadAllocator : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(OffloadAllocator, InitializeAddsTheReportedBytesAndStepsNothing) {
+  const auto [stage, bf16] = GetParam();
+  constexpr int kWorld = 2;
+  Config cfg = test_config(stage, 4, 1, 0, /*bucket=*/200'000);
+  cfg.bf16 = bf16;
+  cfg.zero_optimization.offload_optimizer.enabled = true;
+  std::vector<MemoryReport> reports(kWorld);
+  int64_t before = 0, after_init = 0, after_warm = 0, after_steps = 0;
+  std::mutex mu;
+  run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
+    torch::nn::Sequential net;  // ~1.05 M parameters: far above allocator noise
+    for (int i = 0; i < 4; ++i) net->push_back(torch::nn::Linear(512, 512));
+    at::Tensor x = at::randn({4, 512}), y = at::randn({4, 512});
+    if (bf16) x = x.to(at::kBFloat16);
+    group->barrier("baseline");
+    if (group->rank() == 0) before = host_allocated_bytes();
+    group->barrier("baseline taken");
+    auto engine = initialize(net.ptr(), cfg, group);
+    group->barrier("initialized");
+    if (group->rank() == 0) after_init = host_allocated_bytes();
+    group->barrier("init measured");
+    for (int step = 0; step < 10; ++step) {
+      engine.backward(mse(net->forward(x).to(at::kFloat), y));
+      engine.step();
+      group->barrier("stepped");
+      if (group->rank() == 0 && step == 1) after_warm = host_allocated_bytes();
+      if (group->rank() == 0 && step == 9) after_steps = host_allocated_bytes();
+      group->barrier("step measured");
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    reports[group->rank()] = engine.memory_report();
+  });
+  int64_t expected = 0;
+  for (const MemoryReport& r : reports) {
+    EXPECT_EQ(r.host_measured, r.host_predicted);
+    EXPECT_GT(r.host_measured, 0);
+    expected += r.measured.total() - r.replaced_param_bytes;
+  }
+  const int64_t init = after_init - before;
+  std::printf(
+      "offload stage %d %s: allocator +%lld B over initialize, report %lld B (host %lld B "
+      "per rank); steps 3-10 +%lld B\n",
+      stage, bf16 ? "bf16" : "fp32", static_cast<long long>(init), static_cast<long long>(expected),
+      static_cast<long long>(reports[0].host_measured),
+      static_cast<long long>(after_steps - after_warm));
+  EXPECT_NEAR(static_cast<double>(init), static_cast<double>(expected),
+              0.02 * static_cast<double>(expected) + 512 * 1024);
+  EXPECT_LT(std::abs(after_steps - after_warm), 1024 * 1024) << "steps keep nothing new";
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndDtypes, OffloadAllocator,
+                         ::testing::Combine(::testing::Values(1, 2),
+                                            ::testing::Values(false, true)));
+
+// The DeepSpeed offload configs of the corpus (trained by test_deepspeed_semantics) turn it on.
+TEST(OffloadConfig, DeepSpeedCorpusConfigsEnableIt) {
+  for (const char* name : {"hf_zero2_offload_cpu.json", "accelerate_zero2_offload.json",
+                           "ds_cifar_cpu_offload.json"}) {
+    const Config c =
+        Config::from_file(std::string(ZERO_SOURCE_DIR) + "/tests/data/ds_corpus/" + name);
+    EXPECT_TRUE(c.zero_optimization.offload_optimizer.enabled) << name;
+    EXPECT_TRUE(c.zero_optimization.offload_optimizer.pin_memory) << name;
+    EXPECT_EQ(c.zero_optimization.stage, 2) << name;
+  }
+}
+
+TEST(OffloadConfig, StageZeroSetInCodeIsRefusedAtInitialize) {
+  Config cfg = test_config(0, kRows, 1, 0);
+  cfg.zero_optimization.offload_optimizer.enabled = true;
+  auto net = make_tiny_net(1);
+  try {
+    initialize(net, cfg, comm::Group::single());
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_optimizer needs ZeRO stage 1 or 2"),
+              std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace zero::testing
