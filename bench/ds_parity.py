@@ -51,20 +51,21 @@ FP32_NOTE = (
     "fp32: every row is within 1e-6 in loss (at most 3.5e-7); DeepSpeed against itself moves by "
     "about as much (8e-8 to 2.4e-7 in loss, ~1e-7 in parameters on the rows measured). One row "
     "misses in parameters, llama_s2_adamw_acc2_clip: 6.6e-5 in one embedding element, 228 of 29k "
-    "elements over 1e-6, where DeepSpeed against itself differs by 8.6e-7 with none over 1e-6. So "
-    "this miss is ABOVE DeepSpeed's own floor, not explained by it. Measured (one-off runs of the "
-    "same case, zero vs DeepSpeed) what it does not come from: zero's AdamW in torch.optim.AdamW's "
-    "op-by-op order (lerp; mul, addcmul; sqrt / bias correction + eps; addcdiv; DeepSpeed's "
-    "torch_adam) instead of the fused kernel gives 6.59e-5 (the two differ by one ulp in ~0.3% "
-    "of parameters per step, moments bit-identical, far below the gradients' own difference), so "
-    "the fused hot path stays; without clipping 3.7e-5; at stage 1 6.59e-5; with beta2 0.999 "
-    "6.59e-5; with micro-batch 4 and no accumulation (as many samples per step) 6.58e-5. It goes "
-    "with the data per step at a constant lr of 3e-3 (micro-batch 2 alone: 6.5e-6), not with an "
-    "engine feature. Not separated here: the model. zero trains its example GPT, DeepSpeed the "
-    "transformers LlamaForCausalLM, two forward/backward implementations whose gradients differ "
-    "in the last bits every step; the floor run shares DeepSpeed's model, so it holds none of "
-    "that. A zero-vs-zero floor (ds-parity-zero on one rank) would tell the engine from the "
-    "model; it is not built yet.")
+    "elements over 1e-6, where DeepSpeed against itself differs by 8.6e-7 with none over 1e-6. "
+    "This miss is ABOVE DeepSpeed's floor. It is not in ZeRO's distributed path: on one rank "
+    "(no reduction, no sharding) zero and DeepSpeed differ by the same 6.6e-5 (1-rank column), "
+    "while zero on one rank against zero on two differs by 1.1e-6, like DeepSpeed's 8.6e-7. What "
+    "differs on one rank is each side's model (zero's example GPT, DeepSpeed the transformers "
+    "LlamaForCausalLM: two forward/backward implementations whose gradients differ in the last "
+    "bits every step) and the single-rank optimizer step. Measured (one-off runs of this case): "
+    "zero's AdamW in torch.optim.AdamW's op-by-op order (lerp; mul, addcmul; sqrt / bias "
+    "correction + eps; addcdiv; DeepSpeed's torch_adam) instead of the fused kernel gives 6.59e-5 "
+    "(the two differ by one ulp in ~0.3% of parameters per step, moments bit-identical), so the "
+    "fused hot path stays; without clipping 3.7e-5; at stage 1 6.59e-5; with beta2 0.999 "
+    "6.59e-5; with micro-batch 4 and no accumulation (as many samples per step) 6.58e-5; "
+    "micro-batch 2 alone 6.5e-6. What is left is the models' arithmetic, amplified by AdamW on "
+    "embedding rows whose gradient nearly cancels; comparing the two models' gradients directly "
+    "would prove it and is not done here.")
 FLOOR_NOTE = (
     "DeepSpeed's own floor (the DS vs DS column): DeepSpeed run a second time on the same JSON with "
     "the same global batch on one rank (micro-batch 2m instead of 2 ranks x m). That is the same "
@@ -72,7 +73,10 @@ FLOOR_NOTE = (
     "the two-rank DeepSpeed run, in the same metrics, is how far DeepSpeed moves from itself under "
     "a reordering, the level below which no engine can be told apart from DeepSpeed. A row that "
     "misses the tolerance says whether zero's difference is at or below that floor (every missed "
-    "metric no larger than DeepSpeed's own) or above it.")
+    "metric no larger than DeepSpeed's own) or above it. The \"1 rank\" column runs zero on one rank "
+    "as well and compares it with that one-rank DeepSpeed run: no reduction, no sharding, so what "
+    "differs there is not ZeRO's distributed arithmetic but the models' forward/backward and the "
+    "single-rank optimizer step.")
 IN, HIDDEN, OUT = 16, 32, 4
 WORLD = 2
 # The small transformer: a LlamaForCausalLM that zero trains as its example GPT, loaded from the
@@ -470,9 +474,16 @@ def main():
         if a.side != "none":
             print(f"ds_parity: {name}: zero ...", flush=True)
             launch(sys.executable, ["--no-python", a.zero_bin, str(d)], env, d / "zero.log")
+            if wants_floor and (d / "floor_config.json").exists():
+                # zero on one rank too: against DeepSpeed on one rank, what differs without
+                # any reduction or sharding (the models, the single-rank step).
+                launch(sys.executable, ["--no-python", a.zero_bin, str(d), "floor"], env,
+                       d / "zero_floor.log", nproc=1)
         bf16 = cfg.get("bf16", {}).get("enabled", False)
         loss_rel, param_abs, param_rel, ulps, lt, pt, ok, ds_l = compare(d, bf16)
         floor = compare(d, bf16, "floor", "ds") if (d / "floor_losses.txt").exists() else None
+        one = (compare(d, bf16, "zero_floor", "floor")
+               if floor and (d / "zero_floor_losses.txt").exists() else None)
         verdict = "ok" if ok else "FAIL"
         if not ok and floor:
             # Each metric zero misses, against the same metric of DeepSpeed against itself.
@@ -481,7 +492,8 @@ def main():
                 missed.append((param_rel, floor[2]) if bf16 else (param_abs, floor[1]))
             verdict = ("FAIL, at/below DS floor" if all(z <= f for z, f in missed)
                        else "FAIL, above DS floor")
-        rows.append((name, cfg, bf16, loss_rel, param_abs, param_rel, ulps, lt, pt, verdict, floor))
+        rows.append((name, cfg, bf16, loss_rel, param_abs, param_rel, ulps, lt, pt, verdict, floor,
+                     one))
         fl = (f"; DS floor: loss rel {floor[0]:.2e}, params abs {floor[1]:.2e}, rel {floor[2]:.2e}"
               if floor else "")
         print(f"ds_parity: {name}: loss rel {loss_rel:.2e} (tol {lt:g}), params abs {param_abs:.2e}, "
@@ -504,9 +516,10 @@ def main():
              "",
              "| case | stage | optimizer | scheduler | accum | clip | dtype | grad_accum_dtype | "
              "loss rel diff | param abs diff | param rel diff | DS vs DS floor: loss rel / param "
-             "abs / param rel | tolerance | result |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, cfg, bf16, lr, pa, prel, ulps, lt, pt, verdict, floor in rows:
+             "abs / param rel | 1 rank, zero vs DS: loss rel / param abs / param rel | tolerance | "
+             "result |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, cfg, bf16, lr, pa, prel, ulps, lt, pt, verdict, floor, one in rows:
         accum = cfg.get("data_types", {}).get("grad_accum_dtype", "model dtype")
         sched = cfg.get("scheduler", {}).get("type", "-")
         clip = cfg.get("gradient_clipping", "1.0 (default)")
@@ -516,6 +529,7 @@ def main():
                      f"{pa:.1e}{f' ({ulps:.0f} ulp)' if bf16 else ''} | {prel:.1e} | "
                      + (f"{floor[0]:.1e} / {floor[1]:.1e}{f' ({floor[3]:.0f} ulp)' if bf16 else ''}"
                         f" / {floor[2]:.1e} | " if floor else "- | ")
+                     + (f"{one[0]:.1e} / {one[1]:.1e} / {one[2]:.1e} | " if one else "- | ")
                      + f"{lt:g} / {pt:g} {'rel' if bf16 else 'abs'} | {verdict} |")
     lines += ["", FP32_NOTE, "", BF16_NOTE]
     text = "\n".join(lines) + "\n"
