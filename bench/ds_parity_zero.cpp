@@ -3,9 +3,13 @@
 // the DeepSpeed JSON in the same folder, and writes per-step losses and the final parameters.
 // Launch with torch.distributed.run (2 ranks).
 //
-//   ds-parity-zero DIR    (reads DIR/ds_config.json, meta.txt, and init.bin, x.bin, y.bin (MLP)
-//                          or hf/, tokens.bin, names.txt (LLaMA); writes DIR/zero_losses.txt and
-//                          DIR/zero_params.bin on rank 0)
+//   ds-parity-zero DIR [TAG]  (reads DIR/ds_config.json, meta.txt, and init.bin, x.bin, y.bin
+//                              (MLP) or hf/, tokens.bin, names.txt (LLaMA); writes
+//                              DIR/zero_losses.txt and DIR/zero_params.bin on rank 0)
+//
+// With TAG (e.g. floor) it reads DIR/TAG_config.json and writes DIR/zero_TAG_*: zero's own floor,
+// on fewer ranks than the data has; each rank then takes world / ranks ranks' micro-batches side
+// by side (the config's micro-batch must say so).
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
@@ -54,16 +58,31 @@ at::Tensor read_floats(const std::string& path, int64_t n) {
   return t;
 }
 
+std::string g_tag;  // empty, or the floor run's tag
+
+std::string config_path(const std::string& dir) {
+  return dir + (g_tag.empty() ? "/ds_config.json" : "/" + g_tag + "_config.json");
+}
+
+// This rank's micro-batch m of step s: its share of the data's ranks, side by side.
+at::Tensor share(const at::Tensor& data, int64_t s, int64_t m, int rank, int ranks) {
+  const int64_t world = data.size(2), k = world / ranks;
+  TORCH_CHECK(k * ranks == world, "ds-parity-zero: ", ranks, " ranks cannot share ", world);
+  const at::Tensor t = data[s][m].narrow(0, rank * k, k);
+  return t.reshape({-1, t.size(-1)});
+}
+
 void write_results(const std::string& dir, const std::vector<double>& losses,
                    const std::vector<at::Tensor>& params) {
-  std::FILE* f = std::fopen((dir + "/zero_losses.txt").c_str(), "w");
-  if (!f) throw std::runtime_error("ds-parity-zero: cannot write " + dir + "/zero_losses.txt");
+  const std::string out = dir + (g_tag.empty() ? "/zero" : "/zero_" + g_tag);
+  std::FILE* f = std::fopen((out + "_losses.txt").c_str(), "w");
+  if (!f) throw std::runtime_error("ds-parity-zero: cannot write " + out + "_losses.txt");
   for (double l : losses) std::fprintf(f, "%.17g\n", l);
   std::fclose(f);
   std::vector<at::Tensor> parts;
   for (const auto& p : params) parts.push_back(p.detach().to(at::kFloat).reshape({-1}));
   const at::Tensor flat = at::cat(parts).contiguous();
-  std::ofstream pf(dir + "/zero_params.bin", std::ios::binary);
+  std::ofstream pf(out + "_params.bin", std::ios::binary);
   pf.write(reinterpret_cast<const char*>(flat.data_ptr<float>()),
            flat.numel() * static_cast<int64_t>(sizeof(float)));
 }
@@ -75,7 +94,7 @@ int run_llama(const std::string& dir, std::istream& meta) {
   if (!(meta >> steps >> acc >> world >> mb >> seq >> vocab)) {
     throw std::runtime_error("ds-parity-zero: cannot read " + dir + "/meta.txt");
   }
-  zero::Config cfg = zero::Config::from_file(dir + "/ds_config.json");
+  zero::Config cfg = zero::Config::from_file(config_path(dir));
   auto model =
       std::make_shared<zero::examples::GptImpl>(zero::examples::hf_llama_config(dir + "/hf"));
   zero::examples::load_hf_llama(*model, dir + "/hf");
@@ -93,7 +112,7 @@ int run_llama(const std::string& dir, std::istream& meta) {
   for (int64_t s = 0; s < steps; ++s) {
     double total = 0;
     for (int64_t m = 0; m < acc; ++m) {
-      const at::Tensor t = tokens[s][m][rank];
+      const at::Tensor t = share(tokens, s, m, rank, engine.world_size());
       at::Tensor loss = model->loss(t.narrow(1, 0, seq), t.narrow(1, 1, seq));
       total += engine.all_reduce_mean(loss.item<double>());
       engine.backward(loss);
@@ -131,7 +150,7 @@ int run(const std::string& dir) {
       throw std::runtime_error("ds-parity-zero: cannot read " + dir + "/meta.txt");
     }
   }
-  zero::Config cfg = zero::Config::from_file(dir + "/ds_config.json");
+  zero::Config cfg = zero::Config::from_file(config_path(dir));
   auto model = std::make_shared<MlpImpl>(in, hidden, out);
   {
     at::NoGradGuard g;
@@ -155,8 +174,9 @@ int run(const std::string& dir) {
   for (int64_t s = 0; s < steps; ++s) {
     double total = 0;
     for (int64_t m = 0; m < acc; ++m) {
-      at::Tensor pred = model->forward(x[s][m][rank].to(dtype));
-      at::Tensor loss = (pred.to(at::kFloat) - y[s][m][rank]).square().mean();
+      const int ranks = engine.world_size();
+      at::Tensor pred = model->forward(share(x, s, m, rank, ranks).to(dtype));
+      at::Tensor loss = (pred.to(at::kFloat) - share(y, s, m, rank, ranks)).square().mean();
       total += engine.all_reduce_mean(loss.item<double>());
       engine.backward(loss);
       engine.step();
@@ -170,10 +190,11 @@ int run(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: ds-parity-zero DIR (run by bench/ds_parity.py)\n";
+  if (argc != 2 && argc != 3) {
+    std::cerr << "usage: ds-parity-zero DIR [TAG] (run by bench/ds_parity.py)\n";
     return 2;
   }
+  if (argc == 3) g_tag = argv[2];
   try {
     return run(argv[1]);
   } catch (const std::exception& e) {
