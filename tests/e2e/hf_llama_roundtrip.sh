@@ -17,6 +17,7 @@ if ! python3 -c 'import transformers' 2> /dev/null; then
   exit 77
 fi
 source "$src/tests/e2e/lib/check.sh"
+source "$src/tests/e2e/lib/hf.sh"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 port=$((33500 + RANDOM % 2000))
@@ -30,19 +31,9 @@ check "transformers saved sharded safetensors with an index" \
 check "loaded weights: zero's logits equal transformers'" \
   python3 "$helper" compare "$out/base" "$out/tokens.txt" "$out/zero_base.safetensors"
 
-torchrun --no-python --standalone --nproc-per-node 2 --master-port $port "$train" \
-  --config "$src/configs/zero2.yaml" --set "trainer.init_from=hf:$out/base" \
-  --set trainer.steps=6 --set trainer.seq_len=48 --set scheduler.params.total_num_steps=6 \
-  --set scheduler.params.warmup_num_steps=1 --set "trainer.save_dir=$out/ckpt" \
-  --set trainer.save_interval=6 > "$out/train.log" 2>&1 || { cat "$out/train.log"; exit 1; }
-tail -n 2 "$out/train.log"
-
-"$consolidate" --checkpoint "$out/ckpt" --format hf --model "hf:$out/base" --out "$out/export" \
-  --max-shard-size 100KB
+hf_train_export 6
 ls "$out/export"
 check "the export is sharded with an index" test -f "$out/export/model.safetensors.index.json"
-"$logits" --model "hf:$out/base" --checkpoint "$out/ckpt" --tokens "$out/tokens.txt" \
-  --out "$out/zero_trained.safetensors"
 check "training changed the model" \
   python3 "$helper" differ "$out/zero_base.safetensors" "$out/zero_trained.safetensors" 1e-3
 check "exported weights: transformers' logits equal zero's of the trained checkpoint" \

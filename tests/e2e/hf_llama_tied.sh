@@ -16,6 +16,7 @@ if ! python3 -c 'import transformers' 2> /dev/null; then
   exit 77
 fi
 source "$src/tests/e2e/lib/check.sh"
+source "$src/tests/e2e/lib/hf.sh"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 port=$((39500 + RANDOM % 2000))
@@ -28,21 +29,11 @@ check "transformers saved no lm_head for the tied model" \
 check "loaded tied weights: zero's logits equal transformers'" \
   python3 "$helper" compare "$out/base" "$out/tokens.txt" "$out/zero_base.safetensors"
 
-torchrun --no-python --standalone --nproc-per-node 2 --master-port $port "$train" \
-  --config "$src/configs/zero2.yaml" --set "trainer.init_from=hf:$out/base" \
-  --set trainer.steps=4 --set trainer.seq_len=48 --set scheduler.params.total_num_steps=4 \
-  --set scheduler.params.warmup_num_steps=1 --set "trainer.save_dir=$out/ckpt" \
-  --set trainer.save_interval=4 > "$out/train.log" 2>&1 || { cat "$out/train.log"; exit 1; }
-tail -n 2 "$out/train.log"
-
-"$consolidate" --checkpoint "$out/ckpt" --format hf --model "hf:$out/base" --out "$out/export" \
-  --max-shard-size 100KB
+hf_train_export 4
 check "the export says tie_word_embeddings: true" \
   grep -q '"tie_word_embeddings": *true' "$out/export/config.json"
 check "the export holds no lm_head tensor" \
   bash -c "! grep -q lm_head '$out/export/model.safetensors.index.json'"
-"$logits" --model "hf:$out/base" --checkpoint "$out/ckpt" --tokens "$out/tokens.txt" \
-  --out "$out/zero_trained.safetensors"
 check "training changed the model" \
   python3 "$helper" differ "$out/zero_base.safetensors" "$out/zero_trained.safetensors" 1e-3
 check "exported tied weights: transformers' logits equal zero's of the trained checkpoint" \
