@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "support/allocator_run.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/device.hpp"
@@ -105,57 +106,26 @@ TEST_P(AllocatorMemory, InitializeAddsTheReportedStatesAndAStepNothing) {
   constexpr int kWorld = 2;
   Config cfg = test_config(stage, 4, 1, 0, /*bucket=*/200'000);
   cfg.bf16 = bf16;
-  std::vector<MemoryReport> reports(kWorld);
-  int64_t before = 0, after_init = 0, after_first = 0, after_step = 0;
-  std::mutex mu;
-  run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
-    // ~1.05 M parameters: model states of several MiB per rank, far above allocator noise.
-    torch::nn::Sequential net;
-    for (int i = 0; i < 4; ++i) net->push_back(torch::nn::Linear(512, 512));
-    at::Tensor x = at::randn({4, 512}), y = at::randn({4, 512});
-    if (bf16) x = x.to(at::kBFloat16);
-    group->barrier("baseline");
-    if (group->rank() == 0) before = host_allocated_bytes();
-    group->barrier("baseline taken");
-    auto engine = initialize(net.ptr(), cfg, group);
-    group->barrier("initialized");
-    if (group->rank() == 0) after_init = host_allocated_bytes();
-    group->barrier("init measured");
-    // The first steps also warm up the libraries (MKL's per-thread sgemm buffers: ~1 MiB per
-    // rank thread under fp32; gloo's and glibc's per-thread caches, which a CUDA build of torch
-    // fills a step later, ~270 KiB). Then eight steps must keep nothing that outlives them: the
-    // process-wide figure moves by up to ~600 KiB between two readings (other threads' transient
-    // buffers), so a leak shows only summed over several steps.
-    for (int step = 0; step < 10; ++step) {
-      engine.backward(mse(net->forward(x).to(at::kFloat), y));
-      engine.step();
-      group->barrier("stepped");
-      if (group->rank() == 0 && step == 1) after_first = host_allocated_bytes();
-      if (group->rank() == 0 && step == 9) after_step = host_allocated_bytes();
-      group->barrier("step measured");
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    reports[group->rank()] = engine.memory_report();
-  });
+  const AllocatorRun run = run_with_allocator_readings(cfg, kWorld);
   int64_t expected = 0;
-  for (const MemoryReport& r : reports) {
+  for (const MemoryReport& r : run.reports) {
     EXPECT_EQ(r.replaced_param_bytes, 4 * r.num_params);
     EXPECT_EQ(r.measured.optimizer, 8 * (stage == 0 ? r.padded_params : r.padded_params / kWorld))
         << "two AdamW states and no scratch";
     expected += r.measured.total() - r.replaced_param_bytes;
   }
-  const int64_t init = after_init - before;
+  const int64_t init = run.after_init - run.before;
   std::printf(
       "stage %d %s: allocator +%lld B over initialize, report %lld B; steps 1-2 +%lld B, steps "
       "3-10 +%lld B\n",
       stage, bf16 ? "bf16" : "fp32", static_cast<long long>(init), static_cast<long long>(expected),
-      static_cast<long long>(after_first - after_init),
-      static_cast<long long>(after_step - after_first));
+      static_cast<long long>(run.after_warm - run.after_init),
+      static_cast<long long>(run.after_steps - run.after_warm));
   // Noise: gloo's lazily created buffers, the broadcast temporaries' fragments (~256 KiB).
   EXPECT_NEAR(static_cast<double>(init), static_cast<double>(expected),
               0.02 * static_cast<double>(expected) + 512 * 1024);
   // A leaked bucket buffer or gradient shard (>= 1 MiB here) per step would add >= 8 MiB.
-  EXPECT_LT(std::abs(after_step - after_first), 1024 * 1024) << "steps keep nothing new";
+  EXPECT_LT(std::abs(run.after_steps - run.after_warm), 1024 * 1024) << "steps keep nothing new";
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesAndDtypes, AllocatorMemory,

@@ -12,6 +12,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
+#include "support/allocator_run.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/device.hpp"
@@ -267,48 +268,23 @@ TEST_P(OffloadAllocator, InitializeAddsTheReportedBytesAndStepsNothing) {
   Config cfg = test_config(stage, 4, 1, 0, /*bucket=*/200'000);
   cfg.bf16 = bf16;
   cfg.zero_optimization.offload_optimizer.enabled = true;
-  std::vector<MemoryReport> reports(kWorld);
-  int64_t before = 0, after_init = 0, after_warm = 0, after_steps = 0;
-  std::mutex mu;
-  run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
-    torch::nn::Sequential net;  // ~1.05 M parameters: far above allocator noise
-    for (int i = 0; i < 4; ++i) net->push_back(torch::nn::Linear(512, 512));
-    at::Tensor x = at::randn({4, 512}), y = at::randn({4, 512});
-    if (bf16) x = x.to(at::kBFloat16);
-    group->barrier("baseline");
-    if (group->rank() == 0) before = host_allocated_bytes();
-    group->barrier("baseline taken");
-    auto engine = initialize(net.ptr(), cfg, group);
-    group->barrier("initialized");
-    if (group->rank() == 0) after_init = host_allocated_bytes();
-    group->barrier("init measured");
-    for (int step = 0; step < 10; ++step) {
-      engine.backward(mse(net->forward(x).to(at::kFloat), y));
-      engine.step();
-      group->barrier("stepped");
-      if (group->rank() == 0 && step == 1) after_warm = host_allocated_bytes();
-      if (group->rank() == 0 && step == 9) after_steps = host_allocated_bytes();
-      group->barrier("step measured");
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    reports[group->rank()] = engine.memory_report();
-  });
+  const AllocatorRun run = run_with_allocator_readings(cfg, kWorld);
   int64_t expected = 0;
-  for (const MemoryReport& r : reports) {
+  for (const MemoryReport& r : run.reports) {
     EXPECT_EQ(r.host_measured, r.host_predicted);
     EXPECT_GT(r.host_measured, 0);
     expected += r.measured.total() - r.replaced_param_bytes;
   }
-  const int64_t init = after_init - before;
+  const int64_t init = run.after_init - run.before;
   std::printf(
       "offload stage %d %s: allocator +%lld B over initialize, report %lld B (host %lld B "
       "per rank); steps 3-10 +%lld B\n",
       stage, bf16 ? "bf16" : "fp32", static_cast<long long>(init), static_cast<long long>(expected),
-      static_cast<long long>(reports[0].host_measured),
-      static_cast<long long>(after_steps - after_warm));
+      static_cast<long long>(run.reports[0].host_measured),
+      static_cast<long long>(run.after_steps - run.after_warm));
   EXPECT_NEAR(static_cast<double>(init), static_cast<double>(expected),
               0.02 * static_cast<double>(expected) + 512 * 1024);
-  EXPECT_LT(std::abs(after_steps - after_warm), 1024 * 1024) << "steps keep nothing new";
+  EXPECT_LT(std::abs(run.after_steps - run.after_warm), 1024 * 1024) << "steps keep nothing new";
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesAndDtypes, OffloadAllocator,
