@@ -6,20 +6,7 @@
 # the trained checkpoint. Configs the GPT cannot express, missing tensors and wrong shapes fail
 # with the key or tensor named. Skipped (exit 77) when the transformers package is absent.
 set -euo pipefail
-train=$1
-src=$2
-bin=$(dirname "$train")
-logits=$bin/zero-logits
-consolidate=$bin/../tools/zero-consolidate
-helper=$src/tests/e2e/hf_llama.py
-if ! python3 -c 'import transformers' 2> /dev/null; then
-  echo "SKIP: the transformers package is not installed (pip install transformers)"
-  exit 77
-fi
-source "$src/tests/e2e/lib/check.sh"
-source "$src/tests/e2e/lib/hf.sh"
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+source "$2/tests/e2e/lib/hf.sh" "$@"  # train, src, logits, ..., out; skips without transformers
 port=$((33500 + RANDOM % 2000))
 
 python3 "$helper" make "$out/base" "$out/tokens.txt"

@@ -5,20 +5,7 @@
 # --format hf export keeps the tie (config key set, no lm_head tensor) and transformers' logits
 # of the export equal zero's of the trained checkpoint. Skipped (exit 77) without transformers.
 set -euo pipefail
-train=$1
-src=$2
-bin=$(dirname "$train")
-logits=$bin/zero-logits
-consolidate=$bin/../tools/zero-consolidate
-helper=$src/tests/e2e/hf_llama.py
-if ! python3 -c 'import transformers' 2> /dev/null; then
-  echo "SKIP: the transformers package is not installed (pip install transformers)"
-  exit 77
-fi
-source "$src/tests/e2e/lib/check.sh"
-source "$src/tests/e2e/lib/hf.sh"
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+source "$2/tests/e2e/lib/hf.sh" "$@"  # train, src, logits, ..., out; skips without transformers
 port=$((39500 + RANDOM % 2000))
 
 python3 "$helper" make "$out/base" "$out/tokens.txt" tied

@@ -1,7 +1,23 @@
-# Sourced by the Hugging Face e2e scripts (after check.sh, with train, src, out, port, logits and
-# consolidate set): `hf_train_export STEPS` fine-tunes $out/base on 2 ranks with ZeRO-2 for STEPS
+# Sourced by the Hugging Face e2e scripts with their arguments (TRAIN_BINARY SOURCE_DIR): sets
+# train, src, logits, consolidate, helper and a temporary $out (removed on exit), sources
+# check.sh, and skips the test (exit 77) when the transformers package is absent.
+# `hf_train_export STEPS` (needs $port too) fine-tunes $out/base on 2 ranks with ZeRO-2 for STEPS
 # steps, exports the checkpoint with --format hf into $out/export and writes zero's logits of the
 # trained checkpoint to $out/zero_trained.safetensors.
+train=$1
+src=$2
+bin=$(dirname "$train")
+logits=$bin/zero-logits
+consolidate=$bin/../tools/zero-consolidate
+helper=$src/tests/e2e/hf_llama.py
+if ! python3 -c 'import transformers' 2> /dev/null; then
+  echo "SKIP: the transformers package is not installed (pip install transformers)"
+  exit 77
+fi
+source "$src/tests/e2e/lib/check.sh"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
 hf_train_export() {
   local steps=$1
   torchrun --no-python --standalone --nproc-per-node 2 --master-port "$port" "$train" \
