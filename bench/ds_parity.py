@@ -16,6 +16,7 @@ loaded from the same safetensors. DeepSpeed's own floor: for every llama_* row a
 the table shows that run's difference to the first next to zero's.
 
     python3 bench/ds_parity.py --cases llama_s2_bf16_adamw --floor none   # one case, no floor
+    python3 bench/ds_parity.py --grads    # the two transformer models' gradients, one step
 """
 import argparse
 import copy
@@ -420,6 +421,48 @@ def compare(d, bf16, ours="zero", ref="ds"):
     return loss_rel, param_abs, param_rel, ulps, loss_tol, param_tol, ok, ds_l
 
 
+def grads_check(zero_bin, out):
+    """One forward/backward of the example GPT and of LlamaForCausalLM on the same weights and
+    token batch (llama_s2_adamw_acc2_clip's first micro-batch), fp32 and bf16: the models'
+    arithmetic alone, without an engine or an optimizer. Returns the report lines."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from transformers import LlamaForCausalLM
+    d = out / "grads"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    write_llama_inputs(d, cases()["llama_s2_adamw_acc2_clip"], 1)
+    subprocess.run([zero_bin, str(d), "grads"], check=True)
+    mb = cases()["llama_s2_adamw_acc2_clip"]["train_micro_batch_size_per_gpu"]
+    tok = torch.from_numpy(np.fromfile(d / "tokens.bin", dtype="<i8")[:mb * (SEQ + 1)]).view(mb, -1)
+    names = (d / "names.txt").read_text().split()
+    lines = []
+    for tag, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model = LlamaForCausalLM.from_pretrained(d / "hf", dtype=torch.float32)
+        for p in model.parameters():  # DeepSpeed casts the parameters only: buffers stay fp32
+            p.data = p.data.to(dtype)
+        logits = model(input_ids=tok[:, :-1]).logits
+        F.cross_entropy(logits.float().reshape(-1, LLAMA["vocab_size"]), tok[:, 1:].reshape(-1)).backward()
+        params = dict(model.named_parameters())
+        z_logits = torch.from_numpy(np.fromfile(d / f"zero_logits_{tag}.bin", dtype="<f4"))
+        z_grads = torch.from_numpy(np.fromfile(d / f"zero_grads_{tag}.bin", dtype="<f4"))
+        ldiff = (z_logits - logits.detach().float().reshape(-1)).abs().max().item()
+        worst, worst_rel, differ, off = (0.0, ""), 0.0, 0, 0
+        for n in names:
+            ref = params[n].grad.float().reshape(-1)
+            z = z_grads[off:off + ref.numel()]
+            off += ref.numel()
+            diff = (z - ref).abs()
+            worst = max(worst, (diff.max().item(), n))
+            worst_rel = max(worst_rel, (diff / ref.abs().clamp_min(1e-30)).max().item())
+            differ += int((diff > 0).sum())
+        lines.append(f"{tag}: logits max abs diff {ldiff:.1e}; gradients: max abs diff {worst[0]:.1e}"
+                     f"{f' ({worst[1]})' if worst[0] else ''}, max rel diff {worst_rel:.1e}, "
+                     f"{differ} of {off} elements differ")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -434,6 +477,9 @@ def main():
                     help="rows that get DeepSpeed's own floor (a second DeepSpeed run, the same "
                          "global batch on one rank): default every llama_* row and "
                          + ", ".join(FLOOR_DEFAULT))
+    ap.add_argument("--grads", action="store_true",
+                    help="only compare one forward/backward of the two transformer models "
+                         "(example GPT vs LlamaForCausalLM, same weights and batch, fp32 and bf16)")
     ap.add_argument("--worker", choices=["deepspeed"], help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--tag", default="ds", help=argparse.SUPPRESS)
@@ -443,6 +489,9 @@ def main():
 
     if a.side in ("both", "zero") and not Path(a.zero_bin).exists():
         subprocess.run(["ninja", "-C", str(ROOT / "build"), "-j2", "ds-parity-zero"], check=True)
+    if a.grads:
+        print("\n".join(grads_check(a.zero_bin, Path(a.out))))
+        return
     ds_py = deepspeed_python()
     ds_version = subprocess.run([ds_py, "-c", "import deepspeed; print(deepspeed.__version__)"],
                                 env=dict(os.environ, DS_ACCELERATOR="cpu"), capture_output=True,
