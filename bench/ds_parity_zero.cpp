@@ -9,7 +9,8 @@
 //
 // With TAG (e.g. floor) it reads DIR/TAG_config.json and writes DIR/zero_TAG_*: zero's own floor,
 // on fewer ranks than the data has; each rank then takes world / ranks ranks' micro-batches side
-// by side (the config's micro-batch must say so).
+// by side (the config's micro-batch must say so). With TAG grads (no launcher, no engine) it
+// writes one forward/backward's logits and gradients in fp32 and bf16 (see run_grads).
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
@@ -72,6 +73,17 @@ at::Tensor share(const at::Tensor& data, int64_t s, int64_t m, int rank, int ran
   return t.reshape({-1, t.size(-1)});
 }
 
+// `tensors` flattened one after another, as little-endian fp32.
+void write_floats(const std::string& path, const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> parts;
+  for (const auto& t : tensors) parts.push_back(t.detach().to(at::kFloat).reshape({-1}));
+  const at::Tensor flat = at::cat(parts).contiguous();
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(flat.data_ptr<float>()),
+          flat.numel() * static_cast<int64_t>(sizeof(float)));
+  if (!f) throw std::runtime_error("ds-parity-zero: cannot write " + path);
+}
+
 void write_results(const std::string& dir, const std::vector<double>& losses,
                    const std::vector<at::Tensor>& params) {
   const std::string out = dir + (g_tag.empty() ? "/zero" : "/zero_" + g_tag);
@@ -79,12 +91,7 @@ void write_results(const std::string& dir, const std::vector<double>& losses,
   if (!f) throw std::runtime_error("ds-parity-zero: cannot write " + out + "_losses.txt");
   for (double l : losses) std::fprintf(f, "%.17g\n", l);
   std::fclose(f);
-  std::vector<at::Tensor> parts;
-  for (const auto& p : params) parts.push_back(p.detach().to(at::kFloat).reshape({-1}));
-  const at::Tensor flat = at::cat(parts).contiguous();
-  std::ofstream pf(out + "_params.bin", std::ios::binary);
-  pf.write(reinterpret_cast<const char*>(flat.data_ptr<float>()),
-           flat.numel() * static_cast<int64_t>(sizeof(float)));
+  write_floats(out + "_params.bin", params);
 }
 
 // The small transformer: the example GPT loaded from DIR/hf, cross-entropy on DIR/tokens.bin
@@ -137,7 +144,49 @@ int run_llama(const std::string& dir, std::istream& meta) {
   return 0;
 }
 
+// One forward and backward of the example GPT, no engine: data rank 0's first micro-batch, in
+// fp32 and in bf16 (the model cast as DeepSpeed casts it), for ds_parity.py --grads to compare
+// with LlamaForCausalLM's on the same weights. Writes DIR/zero_{logits,grads}_{fp32,bf16}.bin
+// (fp32 values; gradients in DIR/names.txt's order).
+int run_grads(const std::string& dir) {
+  std::ifstream meta(dir + "/meta.txt");
+  std::string kind;
+  int64_t steps, acc, world, mb, seq, vocab;
+  if (!(meta >> kind >> steps >> acc >> world >> mb >> seq >> vocab) || kind != "llama") {
+    throw std::runtime_error("ds-parity-zero: " + dir + "/meta.txt is not a llama case");
+  }
+  at::Tensor tokens = at::empty({mb, seq + 1}, at::kLong);
+  std::ifstream f(dir + "/tokens.bin", std::ios::binary);
+  f.read(reinterpret_cast<char*>(tokens.data_ptr<int64_t>()), tokens.numel() * 8);
+  if (f.gcount() != tokens.numel() * 8)
+    throw std::runtime_error("ds-parity-zero: short tokens.bin");
+  std::vector<std::string> names;
+  std::ifstream nf(dir + "/names.txt");
+  for (std::string name; nf >> name;) names.push_back(name);
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    zero::examples::Gpt model(zero::examples::hf_llama_config(dir + "/hf"));
+    zero::examples::load_hf_llama(*model, dir + "/hf");
+    // The RoPE tables are cast too: forward rounds them to the model dtype anyway, as HF does.
+    model->to(dtype);
+    const at::Tensor logits = model->forward(tokens.narrow(1, 0, seq));
+    at::cross_entropy_loss(logits.reshape({-1, vocab}).to(at::kFloat),
+                           tokens.narrow(1, 1, seq).reshape({-1}))
+        .backward();
+    std::map<std::string, at::Tensor> grads;
+    for (const auto& item : model->named_parameters()) {
+      grads[zero::examples::hf_llama_name(item.key())] = item.value().grad();
+    }
+    std::vector<at::Tensor> parts;
+    for (const auto& n : names) parts.push_back(grads.at(n));
+    const std::string tag = dtype == at::kFloat ? "fp32" : "bf16";
+    write_floats(dir + "/zero_logits_" + tag + ".bin", {logits});
+    write_floats(dir + "/zero_grads_" + tag + ".bin", parts);
+  }
+  return 0;
+}
+
 int run(const std::string& dir) {
+  if (g_tag == "grads") return run_grads(dir);
   int64_t steps, acc, world, mb, in, hidden, out;
   {
     std::ifstream meta(dir + "/meta.txt");

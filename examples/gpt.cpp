@@ -81,10 +81,13 @@ GptImpl::GptImpl(const GptConfig& c) : cfg(c) {
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
   if (!c.tied) head = register_module("head", linear(c.dim, c.vocab));
 
+  // HF Llama's RoPE formula, op for op and in fp32 (not the exact angle in double): the
+  // tables are then bit-identical to transformers' and so are the logits and gradients of a
+  // model loaded from its weights (a last-bit difference here moved fp32 training off it).
   const int64_t hd = c.dim / c.heads;
-  auto inv = at::pow(c.rope_theta, -at::arange(0, hd, 2, at::kDouble) / hd);
-  auto angles = at::outer(at::arange(c.max_seq, at::kDouble), inv);  // [T, hd/2]
-  angles = at::cat({angles, angles}, -1).to(at::kFloat);
+  auto inv = at::reciprocal(at::pow(c.rope_theta, at::arange(0, hd, 2, at::kFloat) / hd));
+  auto angles = at::outer(at::arange(c.max_seq, at::kFloat), inv);  // [T, hd/2]
+  angles = at::cat({angles, angles}, -1);
   rope_cos = register_buffer("rope_cos", at::cos(angles));
   rope_sin = register_buffer("rope_sin", at::sin(angles));
 

@@ -4,8 +4,9 @@
                                    a tiny random LlamaForCausalLM saved with save_pretrained
                                    (sharded), and token sequences for it; "tied": with
                                    tie_word_embeddings (lm_head is the embedding, not saved)
-  hf_llama.py compare DIR TOKENS ZERO_LOGITS
-                                   transformers' logits of DIR vs zero's; fails above 1e-4
+  hf_llama.py compare DIR TOKENS ZERO_LOGITS [TOL]
+                                   transformers' logits of DIR vs zero's; fails above TOL
+                                   (default 1e-4; 0: bit for bit)
   hf_llama.py differ A B MIN       fails unless two logits files differ by more than MIN
   hf_llama.py set-key KEY JSON DIR sets a config.json key
   hf_llama.py drop-tensor NAME DIR removes a tensor from the index
@@ -55,7 +56,7 @@ def logits_of(model_dir, tokens_path):
         return model(torch.tensor(rows)).logits
 
 
-def compare(model_dir, tokens_path, zero_path):
+def compare(model_dir, tokens_path, zero_path, tol=TOL):
     from safetensors.torch import load_file
 
     theirs = logits_of(model_dir, tokens_path)
@@ -64,9 +65,10 @@ def compare(model_dir, tokens_path, zero_path):
         print(f"shape: zero {tuple(ours.shape)} vs transformers {tuple(theirs.shape)}")
         return 1
     diff = (ours - theirs).abs().max().item()
-    print(f"max |zero - transformers| logit difference: {diff:.3e} (tolerance {TOL:g}, "
+    tol = float(tol)
+    print(f"max |zero - transformers| logit difference: {diff:.3e} (tolerance {tol:g}, "
           f"logits up to {theirs.abs().max().item():.3f})")
-    return 0 if diff <= TOL else 1
+    return 0 if diff <= tol else 1
 
 
 def differ(a, b, least):
