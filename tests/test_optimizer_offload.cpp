@@ -17,6 +17,7 @@
 #include "support/tiny_net.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
+#include "zero/shard_info.hpp"
 
 namespace zero::testing {
 namespace {
@@ -235,6 +236,19 @@ void resume_across(bool save_offload, bool load_offload) {
 TEST(OffloadCheckpoint, SavedWithOffloadResumesWithout) { resume_across(true, false); }
 TEST(OffloadCheckpoint, SavedWithoutOffloadResumesWith) { resume_across(false, true); }
 
+// The layout the engine builds for the tiny net: trainable parameters in reverse registration
+// order (as test_memory.cpp rebuilds it).
+FlatLayout tiny_net_layout(int shards, int64_t bucket) {
+  auto net = make_tiny_net(0);
+  std::vector<ParamSpec> specs;
+  auto named = net->named_parameters();
+  for (auto it = named.end(); it != named.begin();) {
+    --it;
+    specs.push_back({it->key(), it->value().numel()});
+  }
+  return FlatLayout::build(specs, bucket, shards, /*align=*/64);
+}
+
 TEST(OffloadMemory, HostHoldsMasterStatesAndGradientShard) {
   Config cfg = test_config(2, kRows / 2, 1, 0);
   cfg.bf16 = true;
@@ -247,12 +261,15 @@ TEST(OffloadMemory, HostHoldsMasterStatesAndGradientShard) {
     engine.step();
     const MemoryReport r = engine.memory_report();
     const int64_t shard = r.padded_params / 2;
-    // fp32 master + 2 AdamW states + fp32 gradient shard + the bf16 copy, all 1/N.
-    EXPECT_EQ(r.host_measured, shard * (4 + 8 + 4 + 2));
+    // fp32 master + 2 AdamW states + fp32 gradient shard + the bf16 copy, all 1/N; and the
+    // three bf16 slots (one bucket shard each) the reduced gradients land in on the host.
+    const int64_t ring =
+        3 * 2 * tiny_net_layout(2, cfg.zero_optimization.reduce_bucket_size).chunk_numel();
+    EXPECT_EQ(r.host_measured, shard * (4 + 8 + 4 + 2) + ring);
     EXPECT_EQ(r.host_predicted, r.host_measured);
     // What stays on the device: the bf16 parameters and the bucket buffers.
     EXPECT_EQ(r.measured.total() - r.host_measured,
-              r.measured.params + r.measured.comm_buffers - shard * 2);
+              r.measured.params + r.measured.comm_buffers - shard * 2 - ring);
     EXPECT_NE(format_memory_report(r).find("in host mem"), std::string::npos);
   });
 }
