@@ -17,6 +17,8 @@
 #include "support/tiny_net.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
+#include "zero/grad_buckets.hpp"
+#include "zero/grad_to_host.hpp"
 #include "zero/shard_info.hpp"
 
 namespace zero::testing {
@@ -331,6 +333,68 @@ TEST(OffloadConfig, StageZeroSetInCodeIsRefusedAtInitialize) {
     EXPECT_NE(std::string(e.what()).find("offload_optimizer needs ZeRO stage 1 or 2"),
               std::string::npos);
   }
+}
+
+// The gradient shard's trip to the host (zero/grad_to_host.hpp), on the host copy engine: more
+// pieces than the ring has slots land, each into its own destination, added (rounded to
+// grad_accum_dtype) or copied, and the source may be rewritten once the ticket was waited for.
+TEST(OffloadGradToHost, EveryPieceLandsOnceAddedOrCopied) {
+  GradToHost to_host(at::kCPU, /*slot_numel=*/4, at::kBFloat16, at::kFloat);
+  at::Tensor shard = at::arange(20, at::kFloat);
+  const at::Tensor before = shard.clone();
+  at::Tensor src = at::empty({4}, at::kBFloat16);
+  std::vector<at::Tensor> sent;
+  for (int k = 0; k < 5; ++k) {  // 5 pieces through 3 slots: the ring wraps twice
+    src.copy_(at::full({4}, 0.5 * (k + 1), at::kFloat));
+    sent.push_back(src.to(at::kFloat));
+    const auto ticket = to_host.send(src, shard.narrow(0, 4 * k, 4), /*add=*/k != 2);
+    to_host.wait(ticket);
+    src.fill_(-1000);  // the next bucket reuses the buffer
+  }
+  to_host.finish();
+  for (int k = 0; k < 5; ++k) {
+    const at::Tensor want = k != 2 ? before.narrow(0, 4 * k, 4) + sent[k] : sent[k];
+    EXPECT_TRUE(at::equal(shard.narrow(0, 4 * k, 4), want)) << "piece " << k;
+  }
+  EXPECT_EQ(to_host.bytes(), 3 * 4 * 2) << "three bf16 slots of 4 elements";
+}
+
+TEST(OffloadGradToHost, AccumulatesInGradAccumDtypeAndAbortDropsPending) {
+  GradToHost to_host(at::kCPU, 3, at::kFloat, at::kBFloat16);
+  at::Tensor shard = at::full({3}, 1.0f);
+  const at::Tensor x = at::full({3}, 1.0f / 512);  // lost when the sum is rounded to bf16
+  to_host.send(x, shard, /*add=*/true);
+  to_host.finish();
+  EXPECT_TRUE(at::equal(shard, (at::full({3}, 1.0f) + x).to(at::kBFloat16).to(at::kFloat)));
+  at::Tensor untouched = at::full({3}, 7.0f);
+  to_host.send(at::ones({3}), untouched, /*add=*/true);
+  to_host.abort();  // a failed backward: nothing of it reaches the shard
+  to_host.finish();
+  EXPECT_TRUE(at::equal(untouched, at::full({3}, 7.0f)));
+}
+
+// The fence a buffer carries (the wait for a copy still reading it) runs when the buffer is next
+// acquired, once, and not for another buffer; an aborted pass forgets it.
+TEST(OffloadGradToHost, BucketBufferFenceRunsAtItsNextAcquire) {
+  BucketPipeline pool(8, 4, at::TensorOptions().dtype(at::kFloat), 2);
+  int fenced = 0;
+  const int a = pool.acquire();
+  pool.before_reuse(a, [&] { ++fenced; });
+  pool.release(a);
+  const int b = pool.acquire();
+  const int c = pool.acquire();
+  EXPECT_EQ(fenced, 1);
+  EXPECT_TRUE((b == a) != (c == a));
+  pool.release(b);
+  pool.release(c);
+  pool.acquire();
+  pool.acquire();
+  EXPECT_EQ(fenced, 1) << "a fence runs once";
+  pool.before_reuse(a, [&] { ++fenced; });
+  pool.abort();
+  pool.acquire();
+  pool.acquire();
+  EXPECT_EQ(fenced, 1) << "abort forgets fences";
 }
 
 }  // namespace
