@@ -154,6 +154,7 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"skipped_steps\": " << engine.settled_stats().skipped_steps
       << ",\n  \"bf16\": " << b(c.bf16) << ",\n  \"activation_checkpointing\": " << b(checkpointing)
       << ",\n  \"cpu_offload\": " << b(cpu_offload)
+      << ",\n  \"optimizer_offload\": " << b(c.zero_optimization.offload_optimizer.enabled)
       << ",\n  \"offload_peak_host_bytes\": " << offload_peak_host_bytes
       << ",\n  \"allgather_wait_s_mean\": " << Num{mean(&StepRecord::allgather_wait_s)}
       << ",\n  \"peak_rss_bytes\": " << peak_rss_bytes
@@ -176,8 +177,12 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
   out << ",\n  \"memory\": [";
   for (size_t r = 0; r < reports.size(); ++r) {
     out << (r ? ",\n" : "\n") << "    {\"rank\": " << r
-        << ", \"measured\": " << to_json(reports[r].measured)
-        << ", \"predicted\": " << to_json(reports[r].predicted) << "}";
+        << ", \"measured\": " << to_json(reports[r].measured) << ", \"predicted\": "
+        << to_json(reports[r].predicted)
+        // Optimizer offload: what lives in host memory (master, states, gradient shard, the
+        // transfer buffers); 0 without it. Also counted in measured/predicted above.
+        << ", \"host_measured\": " << reports[r].host_measured
+        << ", \"host_predicted\": " << reports[r].host_predicted << "}";
   }
   out << "\n  ]\n}\n";
 }

@@ -1,6 +1,7 @@
-// The device-specific half of activation offload, behind one small interface so that the
-// bookkeeping (activation_offloader.cpp) is the same code on CPU-only and CUDA builds. Exactly one
-// of cuda_copy.cpp / no_cuda_copy.cpp defines make_copy_engine (see offload/CMakeLists.txt).
+// The device-specific half of host <-> device copies, behind one small interface so that the
+// bookkeeping (activation_offloader.cpp, and the gradient shard's trip to the host under optimizer
+// offload, zero/grad_to_host.cpp) is the same code on CPU-only and CUDA builds. Exactly one of
+// cuda_copy.cpp / no_cuda_copy.cpp defines make_copy_engine (see offload/CMakeLists.txt).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,6 +25,12 @@ class CopyEngine {
   // Copies `src` (on this engine's device) into a fresh host buffer. The caller keeps `src` alive
   // until ready(ticket): device memory freed earlier could be reused while still being read.
   virtual Copy to_host_async(const at::Tensor& src) = 0;
+  // Copies `src` (on this engine's device) into the existing host buffer `dst` (same numel and
+  // dtype; page-locked, or the copy cannot overlap anything), after the work queued so far on the
+  // current stream: a collective whose wait() ordered the current stream after it is included.
+  // Until the copy finished (synchronize/ready), `dst` must not be read and `src` must not be
+  // written: the caller orders the next writer of `src` after it with wait(ticket).
+  virtual Ticket copy_into_host(const at::Tensor& dst, const at::Tensor& src) = 0;
   // Copies a buffer from to_host_async back to this engine's device.
   virtual Copy to_device_async(const at::Tensor& host) = 0;
   // Orders the current stream after the copy: work enqueued from now on may use its dst.

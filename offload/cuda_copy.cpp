@@ -43,6 +43,24 @@ class CudaCopyEngine final : public CopyEngine {
     return {host, done};
   }
 
+  Ticket copy_into_host(const at::Tensor& dst, const at::Tensor& src) override {
+    c10::cuda::CUDAGuard guard(device_);
+    // `src` is written by work on the current stream (or by a collective the current stream
+    // was made to wait for): the copy stream starts reading only after that.
+    copy_stream_waits_for_compute();
+    auto done = std::make_shared<Event>();
+    {
+      c10::cuda::CUDAStreamGuard on_copy_stream(copy_stream_);
+      // Asynchronous only into page-locked memory; into pageable memory CUDA stages it and the
+      // host waits, which is correct but does not overlap.
+      dst.copy_(src, /*non_blocking=*/true);
+      // The host waits on this before reading `dst` (synchronize); the current stream waits on
+      // it (wait) before anything overwrites `src`.
+      done->record(copy_stream_);
+    }
+    return done;
+  }
+
   Copy to_device_async(const at::Tensor& host) override {
     c10::cuda::CUDAGuard guard(device_);
     // Allocated on the compute stream, which consumes it. That pool may return memory whose

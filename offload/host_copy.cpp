@@ -16,6 +16,11 @@ class HostCopyEngine final : public CopyEngine {
   Copy to_device_async(const at::Tensor& host) override {
     return {host.clone(at::MemoryFormat::Contiguous), nullptr};
   }
+  // The plain copy: the host is the device, and the copy is done when this returns.
+  Ticket copy_into_host(const at::Tensor& dst, const at::Tensor& src) override {
+    dst.copy_(src);
+    return nullptr;
+  }
   void wait(const Ticket&) override {}
   bool ready(const Ticket&) override { return true; }
   void synchronize(const Ticket&) override {}

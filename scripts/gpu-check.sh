@@ -93,7 +93,7 @@ name="zero-s2-offload"
   --set scheduler.params.warmup_num_steps=2 --set train_micro_batch_size_per_gpu=1 \
   --set gradient_accumulation_steps=1 --set bf16.enabled=true --set trainer.device=cuda \
   --set zero_optimization.stage=2 --set zero_optimization.reduce_bucket_size=5e7 \
-  --set zero_optimization.offload_optimizer.device=cpu \
+  --set trainer.activation_checkpointing=false --set zero_optimization.offload_optimizer.device=cpu \
   --set zero_optimization.offload_optimizer.pin_memory=true --set steps_per_print=1 \
   --set trainer.metrics_file="$out/$name.jsonl" --summary-json "$out/$name.json" \
   > "$out/$name.log" 2>&1 || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
@@ -158,5 +158,27 @@ for stage in (0, 2):
         m = s.get("step_seconds_median") if s else None
         err = f"{100 * (p - m) / m:+.0f}%" if p and m else "n/a"
         print(f"| {stage} | {ckpt} | {p if p else 'n/a'} | {m if m else 'n/a'} | {err} |")
+# ZeRO-Offload against the same stage-2 run on the device (both without checkpointing): the
+# step time it costs, the device memory it saves, and the host bytes it holds per rank (the
+# engine's report, beside the process's peak RSS, which the allocator and not the engine saw).
+print()
+print("| ZeRO-2 gpt-1.3b | median step (s) | optimizer (s) | device peak (GiB) | host measured / "
+      "predicted (GiB) | peak RSS (GiB) |")
+print("|---|---|---|---|---|---|")
+for label, name in (("on the device", "zero-s2-ckpt-false"), ("optimizer offload", "zero-s2-offload")):
+    s = load(name)
+    if not s:
+        print(f"| {label} | failed | | | | |"); continue
+    mem = s.get("memory") or [{}]
+    host = max(m.get("host_measured", 0) for m in mem)
+    host_p = max(m.get("host_predicted", 0) for m in mem)
+    print(f"| {label} | {s.get('step_seconds_median', float('nan')):.3f} | "
+          f"{s.get('optimizer_s_mean', float('nan')):.3f} | "
+          f"{s.get('device_peak_allocated_bytes', 0) / 2**30:.2f} | "
+          f"{host / 2**30:.2f} / {host_p / 2**30:.2f} | {s.get('peak_rss_bytes', 0) / 2**30:.2f} |")
+on, off = load("zero-s2-offload"), load("zero-s2-ckpt-false")
+if on and off and off.get("step_seconds_median") and off.get("device_peak_allocated_bytes"):
+    print(f"\noffload/device: step time {on['step_seconds_median'] / off['step_seconds_median']:.2f}x, "
+          f"device peak {on['device_peak_allocated_bytes'] / off['device_peak_allocated_bytes']:.2f}x")
 PY
 stamp "done"

@@ -17,6 +17,9 @@
 #include "support/tiny_net.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
+#include "zero/grad_buckets.hpp"
+#include "zero/grad_to_host.hpp"
+#include "zero/shard_info.hpp"
 
 namespace zero::testing {
 namespace {
@@ -235,6 +238,19 @@ void resume_across(bool save_offload, bool load_offload) {
 TEST(OffloadCheckpoint, SavedWithOffloadResumesWithout) { resume_across(true, false); }
 TEST(OffloadCheckpoint, SavedWithoutOffloadResumesWith) { resume_across(false, true); }
 
+// The layout the engine builds for the tiny net: trainable parameters in reverse registration
+// order (as test_memory.cpp rebuilds it).
+FlatLayout tiny_net_layout(int shards, int64_t bucket) {
+  auto net = make_tiny_net(0);
+  std::vector<ParamSpec> specs;
+  auto named = net->named_parameters();
+  for (auto it = named.end(); it != named.begin();) {
+    --it;
+    specs.push_back({it->key(), it->value().numel()});
+  }
+  return FlatLayout::build(specs, bucket, shards, /*align=*/64);
+}
+
 TEST(OffloadMemory, HostHoldsMasterStatesAndGradientShard) {
   Config cfg = test_config(2, kRows / 2, 1, 0);
   cfg.bf16 = true;
@@ -247,12 +263,15 @@ TEST(OffloadMemory, HostHoldsMasterStatesAndGradientShard) {
     engine.step();
     const MemoryReport r = engine.memory_report();
     const int64_t shard = r.padded_params / 2;
-    // fp32 master + 2 AdamW states + fp32 gradient shard + the bf16 copy, all 1/N.
-    EXPECT_EQ(r.host_measured, shard * (4 + 8 + 4 + 2));
+    // fp32 master + 2 AdamW states + fp32 gradient shard + the bf16 copy, all 1/N; and the
+    // three bf16 slots (one bucket shard each) the reduced gradients land in on the host.
+    const int64_t ring =
+        3 * 2 * tiny_net_layout(2, cfg.zero_optimization.reduce_bucket_size).chunk_numel();
+    EXPECT_EQ(r.host_measured, shard * (4 + 8 + 4 + 2) + ring);
     EXPECT_EQ(r.host_predicted, r.host_measured);
     // What stays on the device: the bf16 parameters and the bucket buffers.
     EXPECT_EQ(r.measured.total() - r.host_measured,
-              r.measured.params + r.measured.comm_buffers - shard * 2);
+              r.measured.params + r.measured.comm_buffers - shard * 2 - ring);
     EXPECT_NE(format_memory_report(r).find("in host mem"), std::string::npos);
   });
 }
@@ -314,6 +333,68 @@ TEST(OffloadConfig, StageZeroSetInCodeIsRefusedAtInitialize) {
     EXPECT_NE(std::string(e.what()).find("offload_optimizer needs ZeRO stage 1 or 2"),
               std::string::npos);
   }
+}
+
+// The gradient shard's trip to the host (zero/grad_to_host.hpp), on the host copy engine: more
+// pieces than the ring has slots land, each into its own destination, added (rounded to
+// grad_accum_dtype) or copied, and the source may be rewritten once the ticket was waited for.
+TEST(OffloadGradToHost, EveryPieceLandsOnceAddedOrCopied) {
+  GradToHost to_host(at::kCPU, /*slot_numel=*/4, at::kBFloat16, at::kFloat);
+  at::Tensor shard = at::arange(20, at::kFloat);
+  const at::Tensor before = shard.clone();
+  at::Tensor src = at::empty({4}, at::kBFloat16);
+  std::vector<at::Tensor> sent;
+  for (int k = 0; k < 5; ++k) {  // 5 pieces through 3 slots: the ring wraps twice
+    src.copy_(at::full({4}, 0.5 * (k + 1), at::kFloat));
+    sent.push_back(src.to(at::kFloat));
+    const auto ticket = to_host.send(src, shard.narrow(0, 4 * k, 4), /*add=*/k != 2);
+    to_host.wait(ticket);
+    src.fill_(-1000);  // the next bucket reuses the buffer
+  }
+  to_host.finish();
+  for (int k = 0; k < 5; ++k) {
+    const at::Tensor want = k != 2 ? before.narrow(0, 4 * k, 4) + sent[k] : sent[k];
+    EXPECT_TRUE(at::equal(shard.narrow(0, 4 * k, 4), want)) << "piece " << k;
+  }
+  EXPECT_EQ(to_host.bytes(), 3 * 4 * 2) << "three bf16 slots of 4 elements";
+}
+
+TEST(OffloadGradToHost, AccumulatesInGradAccumDtypeAndAbortDropsPending) {
+  GradToHost to_host(at::kCPU, 3, at::kFloat, at::kBFloat16);
+  at::Tensor shard = at::full({3}, 1.0f);
+  const at::Tensor x = at::full({3}, 1.0f / 512);  // lost when the sum is rounded to bf16
+  to_host.send(x, shard, /*add=*/true);
+  to_host.finish();
+  EXPECT_TRUE(at::equal(shard, (at::full({3}, 1.0f) + x).to(at::kBFloat16).to(at::kFloat)));
+  at::Tensor untouched = at::full({3}, 7.0f);
+  to_host.send(at::ones({3}), untouched, /*add=*/true);
+  to_host.abort();  // a failed backward: nothing of it reaches the shard
+  to_host.finish();
+  EXPECT_TRUE(at::equal(untouched, at::full({3}, 7.0f)));
+}
+
+// The fence a buffer carries (the wait for a copy still reading it) runs when the buffer is next
+// acquired, once, and not for another buffer; an aborted pass forgets it.
+TEST(OffloadGradToHost, BucketBufferFenceRunsAtItsNextAcquire) {
+  BucketPipeline pool(8, 4, at::TensorOptions().dtype(at::kFloat), 2);
+  int fenced = 0;
+  const int a = pool.acquire();
+  pool.before_reuse(a, [&] { ++fenced; });
+  pool.release(a);
+  const int b = pool.acquire();
+  const int c = pool.acquire();
+  EXPECT_EQ(fenced, 1);
+  EXPECT_TRUE((b == a) != (c == a));
+  pool.release(b);
+  pool.release(c);
+  pool.acquire();
+  pool.acquire();
+  EXPECT_EQ(fenced, 1) << "a fence runs once";
+  pool.before_reuse(a, [&] { ++fenced; });
+  pool.abort();
+  pool.acquire();
+  pool.acquire();
+  EXPECT_EQ(fenced, 1) << "abort forgets fences";
 }
 
 }  // namespace

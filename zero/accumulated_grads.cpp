@@ -16,6 +16,7 @@
 #include "optim/cpu_adamw.hpp"
 #include "zero/grad_buckets.hpp"
 #include "zero/grad_sync.hpp"
+#include "zero/grad_to_host.hpp"
 
 namespace zero {
 namespace {
@@ -42,6 +43,10 @@ class AccumulatedGrads final : public GradSync {
     shard_ = !sharded_         ? full_
              : opts.host_shard ? optim::host_zeros(layout.shard_numel(), opts.pin_memory)
                                : at::zeros({layout.shard_numel()}, f32);
+    if (opts.host_shard) {
+      to_host_ = std::make_unique<GradToHost>(opts.device, layout.chunk_numel(), opts.comm_dtype,
+                                              opts.accum_dtype);
+    }
   }
 
   void begin_backward(bool boundary, const std::vector<int>& expected) override {
@@ -66,10 +71,13 @@ class AccumulatedGrads final : public GradSync {
       ++counters_.launched_after_backward;
     }
     counters_.wait_seconds += pipeline_.drain();
+    // Offload: the host shard is read by the step from now on, so every copy lands here.
+    if (to_host_) to_host_->finish();
   }
 
   void abort() override {
     pipeline_.abort();
+    if (to_host_) to_host_->abort();
     tracker_.reset();
     zero_grad();
   }
@@ -83,6 +91,7 @@ class AccumulatedGrads final : public GradSync {
 
   int64_t grad_bytes() const override { return full_.nbytes() + (sharded_ ? shard_.nbytes() : 0); }
   int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
+  int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
   int bucket_buffers() const override { return pipeline_.buffers(); }
   int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
 
@@ -132,17 +141,27 @@ class AccumulatedGrads final : public GradSync {
         });
         continue;
       }
+      at::Tensor reduced;
+      comm::Work work;
       if (!opts_.reduce_scatter) {
-        auto work = group_.all_reduce_sum(in, what);
-        const int64_t n = c.numel;
-        pipeline_.push(std::move(work), buf,
-                       [in, mine, rank, n] { mine.copy_(in.narrow(0, rank * n, n)); });
-        continue;
+        work = group_.all_reduce_sum(in, what);
+        reduced = in.narrow(0, rank * c.numel, c.numel);
+      } else {
+        reduced = cast ? pipeline_.buffer(buf).out.narrow(0, 0, c.numel) : mine;
+        work = group_.reduce_scatter_sum(reduced, in, what);
       }
-      at::Tensor out = cast ? pipeline_.buffer(buf).out.narrow(0, 0, c.numel) : mine;
-      auto work = group_.reduce_scatter_sum(out, in, what);
-      pipeline_.push(std::move(work), buf, [out, mine, cast] {
-        if (cast) mine.copy_(out);
+      // The window's sum was accumulated before the reduction: the reduced shard is copied into
+      // the (zeroed) shard, not added, so no second rounding to grad_accum_dtype.
+      pipeline_.push(std::move(work), buf, [this, reduced, mine, buf] {
+        if (reduced.is_same(mine)) return;  // reduced in place
+        if (!to_host_) {
+          mine.copy_(reduced);
+          return;
+        }
+        // Offload: the shard leaves for the host now (the collective's wait() ordered the
+        // current stream after it), and the buffer is reused only after the copy read it.
+        GradToHost::Ticket t = to_host_->send(reduced, mine, /*add=*/false);
+        pipeline_.before_reuse(buf, [this, t] { to_host_->wait(t); });
       });
     }
   }
@@ -155,6 +174,7 @@ class AccumulatedGrads final : public GradSync {
   BucketPipeline pipeline_;
   at::Tensor full_;
   at::Tensor shard_;
+  std::unique_ptr<GradToHost> to_host_;  // optimizer offload only
   bool boundary_ = false;
 };
 

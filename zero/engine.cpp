@@ -420,10 +420,12 @@ MemoryReport Engine::memory_report() const {
   r.measured.optimizer = m.opt.optimizer->state_bytes() + m.opt.optimizer->scratch_bytes();
   r.measured.comm_buffers = m.sync->comm_buffer_bytes();
   if (m.offload) {
-    // The compute-dtype copy the CPU step writes is a transfer buffer of the offload.
-    r.measured.comm_buffers += m.offload->staging_bytes();
-    r.host_measured = r.measured.master + r.measured.optimizer + m.sync->grad_shard().nbytes() +
-                      m.offload->staging_bytes();
+    // The compute-dtype copy the CPU step writes and the ring the reduced gradient shards land
+    // in are the offload's transfer buffers, both in host memory.
+    const int64_t staging = m.offload->staging_bytes() + m.sync->host_staging_bytes();
+    r.measured.comm_buffers += staging;
+    r.host_measured =
+        r.measured.master + r.measured.optimizer + m.sync->grad_shard().nbytes() + staging;
   }
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;
@@ -443,9 +445,10 @@ MemoryReport Engine::memory_report() const {
   r.predicted = predict_model_states(in);
   if (m.offload) {
     // Per element of the (padded) shard: fp32 master, K fp32 states, the fp32 gradient shard
-    // and the compute-dtype copy.
+    // and the compute-dtype copy; plus the declared gradient landing ring.
     const int64_t shard = r.padded_params / r.world_size;
-    r.host_predicted = shard * (4 + 4 * in.optimizer_states + 4 + in.param_bytes);
+    r.host_predicted =
+        shard * (4 + 4 * in.optimizer_states + 4 + in.param_bytes) + m.sync->host_staging_bytes();
   }
   MemoryModelInput dp = in;
   dp.stage = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 namespace zero {
 
@@ -94,6 +95,7 @@ BucketPipeline::BucketPipeline(int64_t in_numel, int64_t out_numel, const at::Te
     buffers_.push_back({at::empty({in_numel}, opts), at::empty({out_numel}, opts)});
     free_.push_back(i);
   }
+  fences_.resize(buffers);
 }
 
 int BucketPipeline::acquire() {
@@ -101,12 +103,17 @@ int BucketPipeline::acquire() {
   if (free_.empty()) return -1;
   const int i = free_.back();
   free_.pop_back();
+  if (auto fence = std::exchange(fences_[i], nullptr)) fence();
   peak_in_use_ = std::max(peak_in_use_, buffers() - static_cast<int>(free_.size()));
   return i;
 }
 
 void BucketPipeline::release(int buffer) {
   if (buffer >= 0) free_.push_back(buffer);
+}
+
+void BucketPipeline::before_reuse(int buffer, std::function<void()> fence) {
+  fences_[buffer] = std::move(fence);
 }
 
 void BucketPipeline::push(comm::Work work, int buffer, std::function<void()> done) {
@@ -139,6 +146,8 @@ void BucketPipeline::abort() {
   }
   free_.clear();
   for (int i = buffers() - 1; i >= 0; --i) free_.push_back(i);
+  // Whoever set them waited for their copies in its own abort (GradToHost::abort).
+  for (auto& f : fences_) f = nullptr;
 }
 
 int64_t BucketPipeline::bytes() const {

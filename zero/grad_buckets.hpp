@@ -86,6 +86,10 @@ class BucketPipeline {
   Buffer& buffer(int i) { return buffers_[i]; }
   // Hands back a buffer that no reduction uses.
   void release(int buffer);
+  // Runs `fence` when `buffer` is next acquired, before anything writes it: e.g. makes the
+  // current stream wait for a copy still reading the buffer's reduced shard (grad_to_host.hpp),
+  // a wait that a copy finished by then costs nothing.
+  void before_reuse(int buffer, std::function<void()> fence);
   // Registers a launched reduction; `done` runs once it finished, then `buffer` (or -1) is freed.
   void push(comm::Work work, int buffer, std::function<void()> done);
   // Finishes every reduction in flight; returns the seconds spent waiting.
@@ -109,6 +113,7 @@ class BucketPipeline {
   };
   std::vector<Buffer> buffers_;
   std::vector<int> free_;
+  std::vector<std::function<void()>> fences_;  // per buffer, see before_reuse
   std::deque<Entry> inflight_;
   int peak_in_use_ = 0;
 };

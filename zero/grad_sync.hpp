@@ -58,6 +58,9 @@ class GradSync {
   virtual void zero_grad() = 0;
   virtual int64_t grad_bytes() const = 0;
   virtual int64_t comm_buffer_bytes() const = 0;
+  // Optimizer offload: the page-locked ring a reduced shard lands in on its way to the host
+  // shard (grad_to_host.hpp); host memory, a declared buffer beside comm_buffer_bytes.
+  virtual int64_t host_staging_bytes() const { return 0; }
   // The bucket pool: buffers it has, and the most held at once so far.
   virtual int bucket_buffers() const = 0;
   virtual int bucket_buffers_peak() const = 0;

@@ -18,19 +18,12 @@
 #include "optim/cpu_adamw.hpp"
 #include "zero/grad_buckets.hpp"
 #include "zero/grad_sync.hpp"
+#include "zero/grad_to_host.hpp"
 
 namespace zero {
 namespace {
 
 constexpr int kPoolBuffers = 2;
-
-// Adds a reduced bucket shard into the fp32 gradient shard. Under optimizer offload the shard is
-// in host memory: the bucket's piece is copied there first (once its reduction has completed,
-// which is when the pipeline runs this), and accumulation happens on the host.
-void add_into(at::Tensor& shard, const at::Tensor& reduced, at::ScalarType accum_dtype) {
-  accumulate(shard, reduced.device() == shard.device() ? reduced : reduced.to(shard.device()),
-             accum_dtype);
-}
 
 class PartitionedGrads final : public GradSync {
  public:
@@ -46,6 +39,10 @@ class PartitionedGrads final : public GradSync {
     shard_ = opts.host_shard ? optim::host_zeros(layout.shard_numel(), opts.pin_memory)
                              : at::zeros({layout.shard_numel()},
                                          at::TensorOptions().dtype(at::kFloat).device(opts.device));
+    if (opts.host_shard) {
+      to_host_ = std::make_unique<GradToHost>(opts.device, layout.chunk_numel(), opts.comm_dtype,
+                                              opts.accum_dtype);
+    }
   }
 
   void begin_backward(bool /*boundary: every pass is reduced*/,
@@ -79,10 +76,13 @@ class PartitionedGrads final : public GradSync {
       ++counters_.launched_after_backward;
     }
     counters_.wait_seconds += pipeline_.drain();
+    // Offload: the host shard is read by the step from now on, so every copy lands here.
+    if (to_host_) to_host_->finish();
   }
 
   void abort() override {
     pipeline_.abort();
+    if (to_host_) to_host_->abort();
     std::fill(bucket_buffer_.begin(), bucket_buffer_.end(), -1);
     for (auto& d : deferred_) d.reset();
     tracker_.reset();
@@ -93,6 +93,7 @@ class PartitionedGrads final : public GradSync {
   void zero_grad() override { shard_.zero_(); }
   int64_t grad_bytes() const override { return shard_.nbytes(); }
   int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
+  int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
   int bucket_buffers() const override { return pipeline_.buffers(); }
   int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
 
@@ -181,17 +182,24 @@ class PartitionedGrads final : public GradSync {
     const std::string what = "reduce_scatter of gradient bucket " + std::to_string(b) + part;
     // DeepSpeed's stage 2 sums the reduced micro-step gradients in grad_accum_dtype.
     const at::ScalarType acc = opts_.accum_dtype;
+    at::Tensor reduced = out;
+    comm::Work work;
     if (opts_.reduce_scatter) {
-      auto work = group_.reduce_scatter_sum(out, in, what);
-      pipeline_.push(std::move(work), buf,
-                     [out, mine, acc]() mutable { add_into(mine, out, acc); });
+      work = group_.reduce_scatter_sum(out, in, what);
     } else {
-      auto work = group_.all_reduce_sum(in, what);
-      const int rank = group_.rank();
-      pipeline_.push(std::move(work), buf, [in, mine, rank, S, acc]() mutable {
-        add_into(mine, in.narrow(0, rank * S, S), acc);
-      });
+      work = group_.all_reduce_sum(in, what);
+      reduced = in.narrow(0, group_.rank() * S, S);
     }
+    pipeline_.push(std::move(work), buf, [this, reduced, mine, acc, buf]() mutable {
+      if (!to_host_) {
+        accumulate(mine, reduced, acc);
+        return;
+      }
+      // Offload: the shard leaves for the host now (the collective's wait() ordered the current
+      // stream after it), and the buffer is reused only after the copy read it.
+      GradToHost::Ticket t = to_host_->send(reduced, mine, /*add=*/true);
+      pipeline_.before_reuse(buf, [this, t] { to_host_->wait(t); });
+    });
     if (!opts_.overlap) counters_.wait_seconds += pipeline_.drain();
   }
 
@@ -203,6 +211,7 @@ class PartitionedGrads final : public GradSync {
   std::vector<int> bucket_buffer_;    // pool buffer of each bucket in this pass, or -1
   std::vector<at::Tensor> deferred_;  // gradients waiting for their bucket's buffer
   at::Tensor shard_;
+  std::unique_ptr<GradToHost> to_host_;  // optimizer offload only
 };
 
 }  // namespace

@@ -1,0 +1,68 @@
+// Optimizer offload's gradient path (stages 1 and 2): each reduced bucket shard leaves the device
+// as soon as the pipeline hands it over, on the copy engine's stream (offload/copy_engine.hpp),
+// into a small ring of page-locked staging slots; the host adds a slot into the fp32 gradient
+// shard only when it needs the slot back or at the end of backward. So the copies overlap the
+// rest of backward, and the host blocks on a copy only when its data is needed.
+//
+// Who waits on whom:
+//  - the copy stream waits for the current stream (CopyEngine::copy_into_host), which the
+//    bucket's collective wait() ordered after the reduction: the copy reads a finished shard;
+//  - the bucket buffer the shard came from is written again (the next bucket's reduction) only
+//    after the copy read it: the caller makes the current stream wait on the ticket before
+//    reusing it (BucketPipeline::before_reuse), a device-side wait that costs the host nothing;
+//  - the host waits for a copy (CopyEngine::synchronize) only to add its slot into the shard:
+//    when the ring is full and the slot is needed for a new copy, or in finish().
+// On a CPU run the engine is the host copy: the copy is a plain copy_ and the tickets are null.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "offload/copy_engine.hpp"
+
+namespace zero {
+
+class GradToHost {
+ public:
+  using Ticket = offload_detail::Ticket;
+
+  // `slot_numel`: the largest reduced piece (a bucket buffer's shard, FlatLayout::chunk_numel),
+  // in `comm_dtype`, the dtype it is reduced in (bf16 moves half fp32's bytes over PCIe).
+  GradToHost(at::Device device, int64_t slot_numel, at::ScalarType comm_dtype,
+             at::ScalarType accum_dtype);
+
+  // Starts copying `reduced` (on the device, comm dtype) to the host; its values reach `dst` (a
+  // slice of the host fp32 shard) later: added in (accumulation, rounded to accum_dtype) when
+  // `add`, else copied. Returns the ticket to pass to wait() before `reduced` is written again.
+  Ticket send(const at::Tensor& reduced, const at::Tensor& dst, bool add);
+  // Orders the current stream after the copy (no host wait).
+  void wait(const Ticket& ticket) { engine_->wait(ticket); }
+  // Lands every copy in flight: the host fp32 shard is complete when this returns.
+  void finish();
+  // After a failed backward: waits for the copies in flight (their slots may be written until
+  // then) and drops them without touching the shard.
+  void abort();
+  // The page-locked staging ring.
+  int64_t bytes() const;
+
+ private:
+  void land_oldest();
+
+  struct Pending {
+    int slot;
+    int64_t numel;
+    at::Tensor dst;
+    bool add;
+    Ticket ticket;
+  };
+  std::unique_ptr<offload_detail::CopyEngine> engine_;
+  at::ScalarType accum_dtype_;
+  std::vector<at::Tensor> slots_;
+  std::vector<int> free_;
+  std::deque<Pending> pending_;  // oldest first, the order the copy stream finishes them in
+};
+
+}  // namespace zero
