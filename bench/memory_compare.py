@@ -6,7 +6,11 @@ Each row must agree within 5% (PASS/FAIL); the table goes to bench/results/memor
 With torch importable in Python, the per-block activation formula is also checked against the
 bytes autograd saves for a replica of the example block (saved_tensors_hooks).
 
-  python3 bench/memory_compare.py [--ranks 2 4] [--dtypes fp32 bf16] [--svg [FILE]]
+  python3 bench/memory_compare.py [--ranks 2 4] [--dtypes fp32 bf16] [--grad-accum model|fp32]
+                                  [--svg [FILE]]
+
+--grad-accum: data_types.grad_accum_dtype of the runs (the preset sets fp32); `model` (default)
+is DeepSpeed's default, the model dtype: under bf16 the gradient shard is kept in bf16.
 """
 import argparse
 import json
@@ -39,12 +43,17 @@ def bucket_size():
     return m.group(1) if m else "5e8"
 
 
-def measure(train, n, stage, dtype, model, port, tmp):
+def accum_dtype(dtype, grad_accum):
+    return dtype if grad_accum == "model" else "fp32"
+
+
+def measure(train, n, stage, dtype, model, port, tmp, grad_accum):
     summary = os.path.join(tmp, f"n{n}s{stage}{dtype}.json")
     cmd = ["torchrun", "--no-python", "--standalone", f"--nproc-per-node={n}",
            f"--master-port={port}", train, "--config", CONFIG,
            "--set", f"zero_optimization.stage={stage}", "--set", f"trainer.model={model}",
            "--set", "trainer.steps=2", "--set", "steps_per_print=1000",
+           "--set", f"data_types.grad_accum_dtype={accum_dtype(dtype, grad_accum)}",
            "--summary-json", summary]
     if dtype == "bf16":
         cmd[-2:-2] = ["--set", "bf16.enabled=true"]
@@ -52,9 +61,11 @@ def measure(train, n, stage, dtype, model, port, tmp):
     return json.load(open(summary))
 
 
-def plan(tool, n, dtype, model, seq_len):
+def plan(tool, n, dtype, model, seq_len, grad_accum):
+    g = 4 if accum_dtype(dtype, grad_accum) == "fp32" else 2
     out = run([tool, "--model", model, "--gpus", str(n), "--dtype", dtype,
-               "--bucket-size", bucket_size(), "--seq-len", str(seq_len), "--json"])
+               "--bucket-size", bucket_size(), "--seq-len", str(seq_len),
+               "--grad-accum-bytes", str(g), "--json"])
     return json.loads(out)
 
 
@@ -175,6 +186,8 @@ def main():
     ap.add_argument("--svg", nargs="?", const="", default=None,
                     help="write the measured chart (default: <out>/memory_compare.svg)")
     ap.add_argument("--no-activations", action="store_true")
+    ap.add_argument("--grad-accum", choices=["model", "fp32"], default="model",
+                    help="data_types.grad_accum_dtype: the model dtype (DeepSpeed's default) or fp32")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     train = os.path.join(args.build, "examples", "zero-train")
@@ -184,10 +197,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in args.dtypes:
             for n in args.ranks:
-                p = plan(tool, n, dtype, args.model, 64)
+                p = plan(tool, n, dtype, args.model, 64, args.grad_accum)
                 for stage in (0, 1, 2):
                     port += 1
-                    s = measure(train, n, stage, dtype, args.model, port, tmp)
+                    s = measure(train, n, stage, dtype, args.model, port, tmp, args.grad_accum)
                     predicted = p["stages"][stage]["model_states"]
                     # Every rank must match, not only rank 0: report the worst.
                     err = max(abs(r["measured"]["total"] - predicted["total"]) /
@@ -200,7 +213,8 @@ def main():
 
     mb = lambda b: f"{b / 1e6:.3f}"
     lines = [f"Model `{args.model}`, {os.path.relpath(CONFIG, ROOT)} (reduce_bucket_size "
-             f"{bucket_size()}), 2 steps on CPU. Per-rank model-state bytes in MB (10^6): what "
+             f"{bucket_size()}), data_types.grad_accum_dtype "
+             f"{'the model dtype' if args.grad_accum == 'model' else 'fp32'}, 2 steps on CPU. Per-rank model-state bytes in MB (10^6): what "
              "zero-train's engine holds (rank 0) vs what `zero-memory --json` predicts "
              "before any allocation; the error is the worst rank's, on the total.", "",
              "| dtype | N | stage | " + " | ".join(f"{n} meas / pred" for _, n in CATEGORIES) +

@@ -33,7 +33,7 @@ class AdamW final : public ShardOptimizer {
       std::vector<at::Tensor> p = slices(param, g, window);
       if (p.empty()) continue;
       std::vector<at::Tensor> steps(p.size(), step_);
-      at::_fused_adamw_(p, slices(grad, g, window), slices(exp_avg_, g, window),
+      at::_fused_adamw_(p, grad_slices(grad, g, window), slices(exp_avg_, g, window),
                         slices(exp_avg_sq_, g, window), {}, steps, lr * g.lr_scale, o_.beta1,
                         o_.beta2, g.weight_decay.value_or(o_.weight_decay), o_.eps,
                         /*amsgrad=*/false,

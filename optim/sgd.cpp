@@ -28,9 +28,10 @@ class Sgd final : public ShardOptimizer {
       if (p.empty()) continue;
       std::vector<at::Tensor> buf;
       if (momentum_buffer_.defined()) buf = slices(momentum_buffer_, g, window);
-      at::_fused_sgd_(p, slices(grad, g, window), buf, g.weight_decay.value_or(o_.weight_decay),
-                      o_.momentum, lr * g.lr_scale, o_.dampening, o_.nesterov, /*maximize=*/false,
-                      first, opt(s.grad_scale), opt(s.found_inf));
+      at::_fused_sgd_(p, grad_slices(grad, g, window), buf,
+                      g.weight_decay.value_or(o_.weight_decay), o_.momentum, lr * g.lr_scale,
+                      o_.dampening, o_.nesterov, /*maximize=*/false, first, opt(s.grad_scale),
+                      opt(s.found_inf));
     }
   }
 

@@ -111,8 +111,18 @@ class ShardOptimizer {
   }
   // The same step in pieces, so the engine can all-gather a bucket while the next one is
   // updated: begin_step() once, then update() over windows that together cover the shard once.
+  // update()'s grad is the whole shard, or only the window's elements (grad[0] is element
+  // window.begin): a gradient kept in a narrower dtype is then converted to fp32 one window at
+  // a time instead of as a whole-shard copy.
   void begin_step(const at::Tensor& param, const at::Tensor& grad, double lr) {
-    check_step_args(param, grad, lr);
+    check_operand("grad", grad);
+    begin_step(param, lr);
+  }
+  // The same without a whole-shard gradient to check (each update() checks its own).
+  void begin_step(const at::Tensor& param, double lr) {
+    TORCH_CHECK(std::isfinite(lr) && lr >= 0, "zero: ", name(),
+                ".step: lr must be finite and >= 0, got ", lr, "; check the lr schedule");
+    check_operand("param", param);
     ++steps_;
     on_begin_step();
   }
@@ -195,27 +205,26 @@ class ShardOptimizer {
                 " but the shard has ", numel, " elements; this is a bug");
   }
 
-  // Checks what step() relies on. Reads only metadata, so it costs nothing next to the update.
-  void check_step_args(const at::Tensor& param, const at::Tensor& grad, double lr) const {
-    TORCH_CHECK(std::isfinite(lr) && lr >= 0, "zero: ", name(),
-                ".step: lr must be finite and >= 0, got ", lr, "; check the lr schedule");
-    check_operand("param", param);
-    check_operand("grad", grad);
-  }
-
   virtual void on_begin_step() {}
 
   // The slices of `t` inside `window` that belong to group `g`: the tensor list of one fused
   // call. The whole of `t` when one group covers the shard and the window is the shard, so the
   // common case is one tensor.
   std::vector<at::Tensor> slices(const at::Tensor& t, const ParamGroup& g, Range window) const {
-    std::vector<at::Tensor> out;
-    for (const Range& r : g.ranges) {
-      const int64_t b = std::max(r.begin, window.begin), e = std::min(r.end, window.end);
-      if (b >= e) continue;
-      out.push_back(b == 0 && e == numel_ ? t : t.slice(0, b, e));
-    }
-    return out;
+    return slices_from(t, 0, g, window);
+  }
+  // The same for update()'s gradient: the whole shard, or the window's elements only.
+  std::vector<at::Tensor> grad_slices(const at::Tensor& grad, const ParamGroup& g,
+                                      Range window) const {
+    const int64_t w = window.end - window.begin;
+    TORCH_CHECK(
+        grad.defined() && grad.dim() == 1 && grad.is_contiguous() &&
+            grad.scalar_type() == at::kFloat && (grad.numel() == numel_ || grad.numel() == w),
+        "zero: ", name(),
+        ".update: grad must be a contiguous 1-D fp32 tensor of the "
+        "shard's ",
+        numel_, " elements or of the window's ", w, "; convert the gradient window to fp32 first");
+    return slices_from(grad, grad.numel() == numel_ ? 0 : window.begin, g, window);
   }
 
   // A zero-filled fp32 tensor of numel() on the optimizer's device.
@@ -238,6 +247,18 @@ class ShardOptimizer {
                     (!want.has_index() || t.device().index() == want.index()),
                 "zero: ", name(), ".step: ", what, " is on ", t.device(),
                 " but the optimizer state is on ", want);
+  }
+
+  // `t`'s element 0 is shard element `base`.
+  std::vector<at::Tensor> slices_from(const at::Tensor& t, int64_t base, const ParamGroup& g,
+                                      Range window) const {
+    std::vector<at::Tensor> out;
+    for (const Range& r : g.ranges) {
+      const int64_t b = std::max(r.begin, window.begin), e = std::min(r.end, window.end);
+      if (b >= e) continue;
+      out.push_back(b == base && e - base == t.numel() ? t : t.slice(0, b - base, e - base));
+    }
+    return out;
   }
 
   int64_t numel_;

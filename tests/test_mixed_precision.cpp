@@ -93,7 +93,8 @@ TEST(Bf16, ModelIsBf16AndMasterWeightsStayFp32) {
     const MemoryReport r = engine.memory_report();
     EXPECT_EQ(r.measured.params, 2 * r.padded_params);
     EXPECT_EQ(r.measured.master, 4 * r.padded_params / 2) << "fp32 master shard, 1/N";
-    EXPECT_EQ(r.measured.grads, 4 * r.padded_params / 2) << "fp32 gradient shard";
+    EXPECT_EQ(r.measured.grads, 2 * r.padded_params / 2)
+        << "bf16 gradient shard, 1/N (grad_accum_dtype defaults to the model dtype)";
     EXPECT_EQ(r.measured.optimizer, 8 * r.padded_params / 2);
   });
 }

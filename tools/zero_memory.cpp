@@ -113,7 +113,7 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   if (in.grad_accum_bytes == 4 && in.param_bytes == 2) {
     std::printf(
         "    (gradients accumulate in fp32 here, 4Ψ: the ZeRO paper's 16Ψ for stage 0 "
-        "counts 2Ψ of fp16 gradients; --grad-accum-bytes 2 gives it)\n");
+        "counts 2Ψ of fp16 gradients; --grad-accum-bytes 2, the default for bf16, gives it)\n");
   }
   if (m.known()) {
     const int p = in.param_bytes;
@@ -310,8 +310,9 @@ int run(int argc, char** argv) {
       "max-micro-batch", po::value(&lim.max_micro_batch)->default_value(64),
       "largest micro-batch the search tries")("bucket-size", po::value(&bucket),
                                               "reduce_bucket_size in elements (default 5e8)")(
-      "grad-accum-bytes", po::value(&in.grad_accum_bytes)->default_value(4),
-      "4: this engine's fp32 accumulation; 2: the ZeRO paper's 16-bit gradients")(
+      "grad-accum-bytes", po::value(&in.grad_accum_bytes)->default_value(0),
+      "gradient accumulator and shard bytes (data_types.grad_accum_dtype): 4 fp32; 2 16-bit, "
+      "the ZeRO paper's and DeepSpeed's default for bf16; 0 (default): the --dtype's")(
       "optimizer-states", po::value(&in.optimizer_states)->default_value(2),
       "fp32 states per parameter: AdamW 2, SGD with momentum 1")(
       "svg", po::value(&svg), "also write a stacked bar chart of the stages here")(
@@ -359,6 +360,7 @@ int run(int argc, char** argv) {
   }
   if (dtype != "bf16" && dtype != "fp32") throw std::invalid_argument("--dtype: bf16 or fp32");
   in.param_bytes = in.comm_bytes = dtype == "bf16" ? 2 : 4;
+  if (in.grad_accum_bytes == 0) in.grad_accum_bytes = in.param_bytes;
   in.bucket_elements = parse_count(bucket);
   lim.device_bytes = parse_byte_size(device);
   lim.reserve = reserve.back() == '%' ? std::stod(reserve) / 100.0 : std::stod(reserve);

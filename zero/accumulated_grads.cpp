@@ -1,10 +1,10 @@
 // Stage 0, and stage 1 under gradient accumulation or without overlap_comm: gradients accumulate in
-// a full fp32 flat buffer across micro-steps (autograd's per-parameter gradients are added in and
-// freed at once), and are reduced bucket by bucket during the backward pass that closes the
-// accumulation window.
+// a full flat buffer (grad_accum_dtype) across micro-steps (autograd's per-parameter gradients are
+// added in and freed at once), and are reduced bucket by bucket during the backward pass that
+// closes the accumulation window.
 //
 // What this costs stage 1 next to stage 2 (which reduce-scatters every micro-step and keeps
-// only its shard): 4Ψ bytes of full accumulator beside the 4Ψ/N shard, in exchange for one
+// only its shard): a full accumulator (4Ψ bytes in fp32, 2Ψ in bf16) beside the shard, for one
 // reduction per window instead of one per micro-step. Without accumulation (and with
 // overlap_comm) there is nothing to accumulate, and stage 1 takes stage 2's path
 // (partitioned_grads.cpp): the same bytes as stage 2. DeepSpeed 0.19.8's ZeRO-1 makes the same
@@ -33,16 +33,14 @@ class AccumulatedGrads final : public GradSync {
         // Stage 0 all-reduces in place in `in`: no `out` shard buffer.
         pipeline_(layout.buffer_numel(), sharded ? layout.chunk_numel() : 0,
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device),
-                  // fp32 gradients are reduced in place; other dtypes travel through a copy,
-                  // and so do gradients whose shard is in host memory (offload).
-                  opts.comm_dtype == at::kFloat && !opts.host_shard ? 0 : 2) {
-    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(opts.device);
-    full_ = at::zeros({layout.total_numel()}, f32);
+                  in_place(opts) ? 0 : 2) {
+    const auto acc = at::TensorOptions().dtype(opts.accum_dtype).device(opts.device);
+    full_ = at::zeros({layout.total_numel()}, acc);
     // Stage 0's shard is the whole buffer (the layout was built for one shard), so the reduced
     // gradient stays in place; stage 1 reduces into a separate 1/N shard.
     shard_ = !sharded_         ? full_
              : opts.host_shard ? optim::host_zeros(layout.shard_numel(), opts.pin_memory)
-                               : at::zeros({layout.shard_numel()}, f32);
+                               : at::zeros({layout.shard_numel()}, acc);
     if (opts.host_shard) {
       to_host_ = std::make_unique<GradToHost>(opts.device, layout.chunk_numel(), opts.comm_dtype,
                                               opts.accum_dtype);
@@ -96,6 +94,12 @@ class AccumulatedGrads final : public GradSync {
   int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
 
  private:
+  // fp32 gradients in an fp32 accumulator are reduced in place; other dtypes travel through a
+  // copy, and so do gradients whose shard is in host memory (offload).
+  static bool in_place(const GradSyncOptions& o) {
+    return o.comm_dtype == at::kFloat && o.accum_dtype == at::kFloat && !o.host_shard;
+  }
+
   void launch_ready() {
     if (!boundary_ || !opts_.overlap) return;
     for (int b = tracker_.next_ready(); b >= 0; b = tracker_.next_ready()) {
@@ -113,7 +117,7 @@ class AccumulatedGrads final : public GradSync {
     const int64_t S = bucket.shard.shard_numel();
     at::Tensor grads = full_.narrow(0, bucket.flat_offset, padded);
     // The reduced shard lands in a device buffer first when it is then copied to the host.
-    const bool cast = opts_.comm_dtype != at::kFloat || opts_.host_shard;
+    const bool cast = !in_place(opts_);
     const std::vector<BucketChunk> chunks =
         cast ? bucket_chunks(bucket, layout_.chunk_numel()) : std::vector<BucketChunk>{{0, S}};
     const int world = layout_.world();

@@ -67,6 +67,36 @@ void Engine::Impl::discard_window() {
   awaiting_step = false;
 }
 
+namespace {
+
+// The step's gradient over shard window `w`: the shard itself when it is fp32 (the optimizer
+// reads the window from it), else the window converted to fp32, a temporary of one bucket's
+// shard: a gradient kept in grad_accum_dtype never gets a whole-shard fp32 copy.
+at::Tensor fp32_grad(const at::Tensor& grad, optim::Range w) {
+  if (grad.scalar_type() == at::kFloat) return grad;
+  return grad.narrow(0, w.begin, w.end - w.begin).to(at::kFloat);
+}
+
+optim::Range window_of(const BucketSlot& b) {
+  return {b.shard_offset, b.shard_offset + b.shard.shard_numel()};
+}
+
+// The squared L2 norm of the gradient shard, in fp32, as a one-element tensor on its device.
+// An fp32 shard is reduced as it is; a narrower one bucket by bucket, each converted inside the
+// reduction (CUDA) or through one bucket's fp32 temporary (CPU), not a whole-shard copy.
+at::Tensor squared_norm(const at::Tensor& g, const FlatLayout& layout) {
+  if (g.scalar_type() == at::kFloat) return at::linalg_vector_norm(g, 2).square().reshape({1});
+  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kFloat));
+  for (const BucketSlot& b : layout.buckets()) {
+    const optim::Range w = window_of(b);
+    sq.add_(at::linalg_vector_norm(g.narrow(0, w.begin, w.end - w.begin), 2, {}, false, at::kFloat)
+                .square());
+  }
+  return sq;
+}
+
+}  // namespace
+
 void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
                                       const optim::ShardOptimizer::Scalars& scalars) {
   auto& o = *opt.optimizer;
@@ -79,9 +109,20 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
     return;
   }
   const auto& buckets = fp.layout.buckets();
-  o.begin_step(fp.master_window(buckets.front()), grad, lr);
+  const bool fp32 = grad.scalar_type() == at::kFloat;
+  if (fp32) {
+    o.begin_step(fp.master_window(buckets.front()), grad, lr);
+  } else {
+    o.begin_step(fp.master_window(buckets.front()), lr);  // update() checks each window
+  }
   if (stage == 0 || fp.master_aliases_flat) {
-    o.update(fp.master, grad, lr, scalars, {0, o.numel()});
+    if (fp32) {
+      o.update(fp.master, grad, lr, scalars, {0, o.numel()});
+    } else {
+      for (const BucketSlot& b : buckets) {
+        o.update(fp.master, fp32_grad(grad, window_of(b)), lr, scalars, window_of(b));
+      }
+    }
     publish_parameters();
     return;
   }
@@ -90,7 +131,7 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
   // is the flat buffer's own (FlatParams::master_in_flat): updated in place, then gathered.
   publish_parameters([&](const BucketSlot& b) {
     at::Tensor master = fp.master_window(b);
-    o.update(master, grad, lr, scalars, {b.shard_offset, b.shard_offset + b.shard.shard_numel()});
+    o.update(master, fp32_grad(grad, window_of(b)), lr, scalars, window_of(b));
   });
 }
 
@@ -354,8 +395,8 @@ bool Engine::step() {
   // Nothing below reads a value on the host: the norm, the inf check, the clip coefficient and
   // the loss scale stay on the device and reach the fused kernel as grad_scale / found_inf.
   at::Tensor& g = m.sync->grad_shard();
-  // fp32, straight from the shard (no fp64 copy); the reduction accumulates in a tree.
-  at::Tensor sq = at::linalg_vector_norm(g, 2).square().reshape({1});
+  // In fp32 (no fp64 copy); the reduction accumulates in a tree.
+  at::Tensor sq = squared_norm(g, m.fp.layout);
   // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
   if (m.offload) sq = sq.to(m.fp.flat.device());
   if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
@@ -436,7 +477,7 @@ MemoryReport Engine::memory_report() const {
   in.world_size = r.world_size;
   in.stage = m.stage;
   in.param_bytes = static_cast<int>(c10::elementSize(m.param_dtype));
-  in.grad_accum_bytes = 4;
+  in.grad_accum_bytes = static_cast<int>(c10::elementSize(m.sync_opts.accum_dtype));
   in.optimizer_states = static_cast<int>(m.opt.optimizer->state().size());
   in.comm_buffer_bytes = r.measured.comm_buffers;
   in.accumulation = m.accumulation;
@@ -445,7 +486,8 @@ MemoryReport Engine::memory_report() const {
   r.predicted = predict_model_states(in);
   if (m.offload) {
     // Per element of the (padded) shard: fp32 master, K fp32 states, the fp32 gradient shard
-    // and the compute-dtype copy; plus the declared gradient landing ring.
+    // (fp32 in host memory whatever grad_accum_dtype) and the compute-dtype copy; plus the
+    // declared gradient landing ring.
     const int64_t shard = r.padded_params / r.world_size;
     r.host_predicted =
         shard * (4 + 4 * in.optimizer_states + 4 + in.param_bytes) + m.sync->host_staging_bytes();

@@ -1,8 +1,9 @@
 // Where gradients go between autograd and the optimizer. One implementation per way of
-// keeping them: AccumulatedGrads (stage 0, and stage 1 under gradient accumulation: a full fp32
+// keeping them: AccumulatedGrads (stage 0, and stage 1 under gradient accumulation: a full
 // gradient buffer, reduced once per accumulation window) and PartitionedGrads (stage 2, and
-// stage 1 without accumulation: only this rank's fp32 shard survives a micro-step; buckets are
-// reduce-scattered as backward produces them).
+// stage 1 without accumulation: only this rank's shard survives a micro-step; buckets are
+// reduce-scattered as backward produces them). Both keep gradients in grad_accum_dtype (see
+// GradSyncOptions::accum_dtype).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,8 +18,10 @@ namespace zero {
 
 struct GradSyncOptions {
   at::ScalarType comm_dtype = at::kFloat;  // dtype gradients travel in
-  // Dtype the accumulated gradient is rounded to after every addition (data_types.
-  // grad_accum_dtype): the buffers stay fp32, the values are those of a sum kept in this dtype.
+  // data_types.grad_accum_dtype: the dtype the accumulator and the reduced shard are kept in,
+  // as DeepSpeed keeps them (bf16: 2 bytes per element, not 4). The optimizer step converts
+  // one bucket at a time to fp32. Only the host shard of optimizer offload stays fp32 (the CPU
+  // optimizer reads fp32); its values are rounded to this dtype after every addition instead.
   at::ScalarType accum_dtype = at::kFloat;
   at::Device device = at::kCPU;
   bool overlap = true;         // launch a bucket's reduction as soon as it is complete
@@ -51,8 +54,8 @@ class GradSync {
   // After a backward that failed: waits for the reductions in flight, returns their buffers and
   // forgets every gradient of the current accumulation window (the next pass starts afresh).
   virtual void abort() = 0;
-  // This rank's fp32 gradient shard: the sum over ranks (not yet averaged) once a boundary
-  // pass ended. Laid out like the master shard.
+  // This rank's gradient shard (accum_dtype, or fp32 in host memory under offload): the sum
+  // over ranks (not yet averaged) once a boundary pass ended. Laid out like the master shard.
   virtual at::Tensor& grad_shard() = 0;
   // Forget the accumulated gradients (after the optimizer step).
   virtual void zero_grad() = 0;
@@ -74,11 +77,18 @@ class GradSync {
 // accumulation (`sharded` true: reduce-scatter into this rank's shard).
 std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
                                                  bool sharded, const GradSyncOptions& opts);
-// `acc` += `add`, then rounded to `accum_dtype` when that is not fp32: what adding in that dtype
-// gives (one rounding per addition), in an fp32 buffer.
+// The dtype gradient storage of `opts` is allocated in: accum_dtype, but fp32 for a shard in
+// host memory.
+inline at::ScalarType grad_storage_dtype(const GradSyncOptions& opts, bool host) {
+  return host ? at::kFloat : opts.accum_dtype;
+}
+
+// `acc` += `add` as a sum kept in `accum_dtype`: the addition runs in fp32 and is rounded once
+// to the accumulator's dtype; an fp32 accumulator holding a narrower sum (the offload host
+// shard) is rounded to `accum_dtype` after it, which gives the same values.
 inline void accumulate(at::Tensor& acc, const at::Tensor& add, at::ScalarType accum_dtype) {
   acc.add_(add);
-  if (accum_dtype != at::kFloat) acc.copy_(acc.to(accum_dtype));
+  if (accum_dtype != acc.scalar_type()) acc.copy_(acc.to(accum_dtype));
 }
 
 // Stage 2, and stage 1 without accumulation.

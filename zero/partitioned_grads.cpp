@@ -1,7 +1,7 @@
 // Stage 2, and stage 1 without gradient accumulation: no full-size gradient outlives a
 // micro-step. Autograd's gradient of each parameter is copied into its bucket's communication
 // buffer and freed; a complete bucket is reduce-scattered at once, overlapping the rest of
-// backward, and the rank's part is added to its fp32 shard.
+// backward, and the rank's part is added to its shard (kept in grad_accum_dtype).
 //
 // The pool has two buffers of FlatLayout::buffer_numel() elements (at most reduce_bucket_size)
 // and never grows. A bucket may take one only while it is among the next two to be released:
@@ -36,9 +36,13 @@ class PartitionedGrads final : public GradSync {
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers),
         bucket_buffer_(layout.buckets().size(), -1),
         deferred_(layout.params().size()) {
-    shard_ = opts.host_shard ? optim::host_zeros(layout.shard_numel(), opts.pin_memory)
-                             : at::zeros({layout.shard_numel()},
-                                         at::TensorOptions().dtype(at::kFloat).device(opts.device));
+    // In grad_accum_dtype (bf16: half of an fp32 shard), the values accumulate()'s rounding gives.
+    shard_ =
+        opts.host_shard
+            ? optim::host_zeros(layout.shard_numel(), opts.pin_memory)
+            : at::zeros(
+                  {layout.shard_numel()},
+                  at::TensorOptions().dtype(grad_storage_dtype(opts, false)).device(opts.device));
     if (opts.host_shard) {
       to_host_ = std::make_unique<GradToHost>(opts.device, layout.chunk_numel(), opts.comm_dtype,
                                               opts.accum_dtype);

@@ -133,9 +133,9 @@ struct Config {
   // Dtype gradients travel in; defaults to the model's compute dtype.
   std::optional<Dtype> communication_data_type;
   // data_types.grad_accum_dtype: the dtype micro-steps' gradients are summed in; unset means the
-  // model dtype, as in DeepSpeed (see accum_dtype()). fp32 or the model dtype only. zero keeps
-  // the sum in an fp32 buffer and rounds it to this dtype after every addition: DeepSpeed's
-  // arithmetic, not its memory saving.
+  // model dtype, as in DeepSpeed (see accum_dtype()). fp32 or the model dtype only. The
+  // accumulator and the reduced gradient shard are kept in this dtype (DeepSpeed's arithmetic
+  // and its memory); only an offloaded host shard stays fp32.
   std::optional<Dtype> grad_accum_dtype;
 
   // Our own keys.

@@ -21,8 +21,10 @@ struct MemoryModelInput {
   int64_t num_params = 0;  // Ψ, trainable elements
   int world_size = 1;
   int stage = 0;
-  int param_bytes = 4;       // 2 under bf16/fp16
-  int grad_accum_bytes = 4;  // fp32 accumulation by default
+  int param_bytes = 4;  // 2 under bf16/fp16
+  // The accumulator and the reduced shard (data_types.grad_accum_dtype): 4 fp32, 2 bf16/fp16.
+  // Under optimizer offload the shard is fp32 in host memory whatever this is.
+  int grad_accum_bytes = 4;
   int optimizer_states = 2;  // fp32 tensors of Ψ/N elements per rank: AdamW 2, SGD momentum 1
   int64_t comm_buffer_bytes = 0;
   int64_t accumulation = 1;  // gradient_accumulation_steps
@@ -36,12 +38,14 @@ struct MemoryModelInput {
 bool keeps_full_gradient(int stage, int64_t accumulation, bool overlap_comm);
 
 // The ZeRO paper's per-rank formulas, adjusted to this engine's buffers (p: parameter bytes;
-// an fp32 model is its own master at every stage: its flat buffer's shard is what the optimizer
-// steps, so the master term is 0 when p = 4):
-//   stage 0: params Ψp + grads 4Ψ + master (4Ψ unless p = 4) + states 4KΨ
-//   stage 1: params Ψp + grads 4Ψ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N,
-//            plus a full 4Ψ accumulator under gradient accumulation (keeps_full_gradient)
-//   stage 2: params Ψp + grads 4Ψ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N
+// g: gradient bytes, grad_accum_bytes: 2 for a bf16 model by default, as in DeepSpeed; an fp32
+// model is its own master at every stage: its flat buffer's shard is what the optimizer steps,
+// so the master term is 0 when p = 4):
+//   stage 0: params Ψp + grads gΨ + master (4Ψ unless p = 4) + states 4KΨ
+//   stage 1: params Ψp + grads gΨ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N,
+//            plus a full gΨ accumulator under gradient accumulation (keeps_full_gradient)
+//   stage 2: params Ψp + grads gΨ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N
+// (optimizer offload: the gradient shard is 4Ψ/N, fp32 in host memory).
 MemoryBreakdown predict_model_states(const MemoryModelInput& in);
 
 struct MemoryReport {

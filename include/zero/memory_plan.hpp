@@ -69,7 +69,7 @@ struct PlanInput {
   int64_t micro_batch = 1;
   int64_t seq_len = 2048;
   int param_bytes = 2;       // compute dtype of parameters and activations: bf16 2, fp32 4
-  int grad_accum_bytes = 4;  // this engine accumulates gradients in fp32 whatever the dtype
+  int grad_accum_bytes = 4;  // accumulator and reduced shard (grad_accum_dtype): fp32 4, bf16 2
   int optimizer_states = 2;  // AdamW
   int comm_bytes = 2;        // gradients travel in the compute dtype (communication_data_type)
   int64_t bucket_elements = 500'000'000;  // zero_optimization.reduce_bucket_size

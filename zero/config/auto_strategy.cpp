@@ -29,8 +29,8 @@ PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size) 
   const auto bytes = [](Dtype d) { return d == Dtype::kFloat32 ? 4 : 2; };
   in.param_bytes = bytes(cfg.param_dtype());
   in.comm_bytes = bytes(cfg.communication_data_type.value_or(cfg.param_dtype()));
-  // The engine keeps accumulated gradients in fp32 whatever grad_accum_dtype rounds them to.
-  in.grad_accum_bytes = 4;
+  // The engine keeps the accumulator and the reduced shard in grad_accum_dtype.
+  in.grad_accum_bytes = bytes(cfg.accum_dtype());
   const std::string& opt = cfg.optimizer.type;
   in.optimizer_states = opt == "SGD" ? (cfg.optimizer.momentum > 0 ? 1 : 0) : 2;
   in.bucket_elements = cfg.zero_optimization.reduce_bucket_size;

@@ -19,9 +19,12 @@ MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
   if (in.stage == 0) {
     b.grads = static_cast<int64_t>(psi * in.grad_accum_bytes);  // reduced in place
   } else {
-    // The reduced fp32 shard, and the full accumulator where stage 1 keeps one.
+    // The reduced shard (in the accumulation dtype; fp32 in host memory under optimizer
+    // offload), and the full accumulator where stage 1 keeps one.
     const bool full = keeps_full_gradient(in.stage, in.accumulation, in.overlap_comm);
-    b.grads = static_cast<int64_t>((full ? psi * in.grad_accum_bytes : 0.0) + 4.0 * psi / n);
+    const double shard_bytes = in.offload ? 4.0 : in.grad_accum_bytes;
+    b.grads =
+        static_cast<int64_t>((full ? psi * in.grad_accum_bytes : 0.0) + shard_bytes * psi / n);
   }
   // fp32 parameters are the master weights: whole at stage 0, this rank's shard of each bucket
   // of the flat buffer at stages 1 and 2; optimizer offload keeps a separate (host) master.

@@ -128,12 +128,12 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   mi.accumulation = in.accumulation;
   mi.overlap_comm = in.overlap_comm;
   // Two buffers where gradients go through them (stage 2, and stage 1 when it reduces during
-  // backward as stage 2 does), otherwise only when gradients travel in another dtype than their
-  // fp32 accumulator. Each holds a bucket (at most reduce_bucket_size elements) and, where the
-  // reduction is a reduce-scatter (stages 1/2), its 1/N shard; stage 0 all-reduces in place in
-  // the bucket buffer and needs no second one.
+  // backward as stage 2 does), otherwise only when the gradients or their accumulator are not
+  // fp32 (fp32 in an fp32 accumulator reduces in place). Each holds a bucket (at most
+  // reduce_bucket_size elements) and, where the reduction is a reduce-scatter (stages 1/2), its 1/N
+  // shard; stage 0 all-reduces in place in the bucket buffer and needs no second one.
   const bool partitioned = !keeps_full_gradient(stage, in.accumulation, in.overlap_comm);
-  const int buffers = (partitioned || in.comm_bytes != 4) ? 2 : 0;
+  const int buffers = (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4) ? 2 : 0;
   const int64_t b = bucket_buffer_elements(in, stage);
   const int64_t out = stage == 0 ? 0 : b / in.world_size;
   mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + out);
@@ -172,8 +172,8 @@ std::string model_state_formula(const PlanInput& in, int stage) {
   if (keeps_full_gradient(stage, in.accumulation, in.overlap_comm)) {
     term(in.grad_accum_bytes, false);
   }
-  if (stage >= 1) term(4, true);            // the reduced fp32 gradient shard
-  if (in.param_bytes != 4) term(4, split);  // fp32 parameters are their own master
+  if (stage >= 1) term(in.grad_accum_bytes, true);  // the reduced gradient shard
+  if (in.param_bytes != 4) term(4, split);          // fp32 parameters are their own master
   term(4.0 * in.optimizer_states, split);
   char total[40];
   std::snprintf(total, sizeof total, " = %.4gΨ", sum);

@@ -170,7 +170,8 @@ double optimizer_bytes(const PlanInput& in, int stage) {
   // Zeroing the accumulators: the full one where the stage keeps one (stage 0; stage 1 under
   // accumulation), and the reduced shard at stages 1-2.
   const bool full = keeps_full_gradient(stage, in.accumulation, in.overlap_comm);
-  bytes += (full ? in.grad_accum_bytes * psi : 0.0) + (stage > 0 ? 4 * psi / n : 0.0);
+  bytes +=
+      (full ? in.grad_accum_bytes * psi : 0.0) + (stage > 0 ? in.grad_accum_bytes * psi / n : 0.0);
   return bytes;
 }
 
