@@ -177,7 +177,9 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
   for (size_t r = 0; r < reports.size(); ++r) {
     out << (r ? ",\n" : "\n") << "    {\"rank\": " << r
         << ", \"measured\": " << to_json(reports[r].measured)
-        << ", \"predicted\": " << to_json(reports[r].predicted) << "}";
+        << ", \"predicted\": " << to_json(reports[r].predicted)
+        << ", \"host_measured\": " << reports[r].host_measured
+        << ", \"host_predicted\": " << reports[r].host_predicted << "}";
   }
   out << "\n  ]\n}\n";
 }
