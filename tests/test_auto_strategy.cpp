@@ -71,6 +71,39 @@ TEST(AutoStrategy, WithoutAccumulationStage1IsChosenWhereStage2Fits) {
   EXPECT_EQ(c.recompute, Recompute::kNone);
 }
 
+// With zero_optimization.offload_optimizer on, the budget holds only what stays on the device
+// (2Ψ + buffers at stage 2, 6Ψ + buffers at stage 1 under accumulation: its fp32 accumulator
+// is on the device), and stage 0, which the engine refuses to offload, is never chosen.
+TEST(AutoStrategy, OptimizerOffloadCountsTheDevicePartAndSkipsStage0) {
+  PlanInput in = llama7b(8);  // accumulation 4
+  in.offload_optimizer = true;
+  const int64_t psi = in.num_params;
+  const int64_t e = bucket_buffer_elements(in, 2), buffers = 2 * 2 * (e + e / 8);
+  const int64_t act = predict_activations(in, Recompute::kNone).peak();
+  // Stage 2's device bytes (28.8 GB with the activations) fit 40 GB (36 GB budget), where all
+  // its model states with the activations (44 GB) would not.
+  PlanLimits lim;
+  lim.device_bytes = 40'000'000'000;
+  ASSERT_LE(2 * psi + buffers + act, lim.budget());
+  ASSERT_GT(plan_model_states(in, 2).total() + act, lim.budget());
+  const AutoChoice c = choose_strategy(in, lim, micro_one_no_ckpt());
+  EXPECT_EQ(c.stage, 2) << c.line;
+  EXPECT_EQ(c.bytes, 2 * psi + buffers + act);
+  EXPECT_NE(c.line.find("stage 1 does not fit"), std::string::npos) << c.line;
+  // Room for anything: without offload stage 0 wins; with it stage 1 (6Ψ + buffers).
+  PlanLimits huge;
+  huge.device_bytes = 1'000'000'000'000'000;
+  PlanInput plain = in;
+  plain.offload_optimizer = false;
+  EXPECT_EQ(choose_strategy(plain, huge, micro_one_no_ckpt()).stage, 0);
+  const AutoChoice h = choose_strategy(in, huge, micro_one_no_ckpt());
+  EXPECT_EQ(h.stage, 1) << h.line;
+  EXPECT_EQ(h.bytes, 6 * psi + buffers + act);
+  AutoRequest zero = micro_one_no_ckpt();
+  zero.stage = 0;
+  EXPECT_THROW(choose_strategy(in, huge, zero), ConfigError);
+}
+
 TEST(AutoStrategy, CheckpointingOnlyWhenNothingFitsWithout) {
   const PlanInput in = llama7b(8);
   AutoRequest req = micro_one_no_ckpt();

@@ -2,6 +2,7 @@
 // and the SVG chart's structure.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "zero/memory_plan.hpp"
@@ -190,22 +191,169 @@ TEST(MemoryPlan, Llama7bOnEight80GbGpus) {
   EXPECT_EQ(with_acc.options[1][0].best.micro_batch, 1);
 }
 
-TEST(MemoryPlan, Llama7bOnEight24GbGpusFitsNothing) {
-  // 21.6 GB budget: even stage 2's 4Ψ = 27 GB of model states exceed it, so no checkpointing
-  // can help; the planner says so and how many such GPUs stage 2 would need (16Ψ/N shrinks).
+// LLaMA-7B's activations at micro-batch b, counted here from the formula in memory_plan.hpp
+// (bf16, s = 2048): per block 24·sbh + 8·sbf + 4·a·sb + 8·sb; head 8·sbh + 12·sb; logits
+// 12·sb·V. Checkpointing keeps 2·sbh per block and rebuilds max(head + loss, block).
+int64_t llama7b_activations(int64_t b, bool checkpointing) {
+  const int64_t sb = 2048 * b, sbh = sb * 4096, sbf = sb * 11008;
+  const int64_t block = 24 * sbh + 8 * sbf + 4 * 32 * sb + 8 * sb;
+  const int64_t head = 8 * sbh + 12 * sb, loss = 12 * sb * 32000;
+  return checkpointing ? 32 * 2 * sbh + std::max(head + loss, block) : 32 * block + head + loss;
+}
+
+// The largest power-of-two micro-batch (<= 64) whose device bytes fit `budget`; 0 if none.
+int64_t largest_micro_batch(int64_t states, int64_t budget, bool checkpointing) {
+  int64_t best = 0;
+  for (int64_t b = 1; b <= 64 && states + llama7b_activations(b, checkpointing) <= budget; b *= 2) {
+    best = b;
+  }
+  return best;
+}
+
+TEST(MemoryPlan, OptimizerOffloadSplitsDeviceAndHostAsTheEngineDoes) {
+  // Per rank, as Engine::memory_report counts them: in host memory the fp32 master 4Ψ/N, the
+  // AdamW states 8Ψ/N, the fp32 gradient shard 4Ψ/N and the bf16 copy 2Ψ/N = 18Ψ/N, plus the
+  // page-locked ring the reduced shards land in (3 bucket shards in the gradients' dtype); on the
+  // device the bf16 parameters 2Ψ and two pairs of bucket buffers (stage 1 under accumulation:
+  // plus its full 4Ψ fp32 accumulator).
+  PlanInput in = llama7b(8);
+  in.offload_optimizer = true;
+  const int64_t psi = kLlama7b, shard = psi / 8;
+  const int64_t e = bucket_buffer_elements(in, 2);
+  const int64_t buffers = 2 * 2 * (e + e / 8);
+  const int64_t ring = 3 * 2 * (e / 8);
+  for (int s = 1; s < 3; ++s) {
+    const MemoryBreakdown st = plan_model_states(in, s);
+    const int64_t host = plan_host_states(in, s);
+    EXPECT_EQ(host, 18 * shard + ring) << "stage " << s;
+    EXPECT_EQ(st.total() - host, 2 * psi + buffers) << "stage " << s;
+    EXPECT_EQ(st.master, 4 * shard);
+    EXPECT_EQ(st.optimizer, 8 * shard);
+  }
+  EXPECT_EQ(plan_host_states(in, 0), 0) << "the engine offloads at stages 1 and 2 only";
+  PlanInput acc = in;
+  acc.accumulation = 4;
+  const MemoryBreakdown s1 = plan_model_states(acc, 1);
+  EXPECT_EQ(s1.total() - plan_host_states(acc, 1), 2 * psi + 4 * psi + buffers);
+  // fp32: the host keeps a separate master (20Ψ/N with the fp32 copy), and the gradients go
+  // through the buffers even where stage 1 would reduce fp32 in place without offload.
+  PlanInput f = acc;
+  f.param_bytes = f.comm_bytes = 4;
+  EXPECT_EQ(plan_host_states(f, 1), 20 * shard + 3 * 4 * (e / 8));
+  EXPECT_EQ(plan_model_states(f, 1).master, 4 * shard);
+  EXPECT_EQ(plan_model_states(f, 1).total() - plan_host_states(f, 1),
+            4 * psi + 4 * psi + 2 * 4 * (e + e / 8));
+  f.offload_optimizer = false;
+  EXPECT_EQ(plan_model_states(f, 1).comm_buffers, 0);
+  EXPECT_EQ(plan_host_states(f, 1), 0);
+}
+
+TEST(MemoryPlan, Llama7bOnOne80GbGpuNeedsOptimizerOffload) {
+  // N = 1: every stage holds 18Ψ = 121 GB of states, over the 72 GB budget. With optimizer
+  // offload the device keeps 2Ψ + two pairs of 5e8-element bf16 buffers (4 GB) = 17.5 GB and
+  // the host 18Ψ = 121 GB.
   PlanLimits lim;
-  lim.device_bytes = parse_byte_size("24GB");
-  const MemoryPlan plan = plan_memory(llama7b(8), lim);
-  EXPECT_FALSE(plan.found);
+  lim.device_bytes = parse_byte_size("80GB");
+  lim.host_bytes = parse_byte_size("1TB");
+  const PlanInput in = llama7b(1);
+  const MemoryPlan plan = plan_memory(in, lim);
+  for (int s = 0; s < 3; ++s) EXPECT_FALSE(plan.options[s][2].fits) << "stage " << s;
+  ASSERT_TRUE(plan.found);
+  EXPECT_TRUE(plan.best.offload);
+  EXPECT_EQ(plan.best.stage, 1) << "N = 1: stages 1 and 2 hold the same, the lower one wins";
+  EXPECT_EQ(plan.best.recompute, Recompute::kNone);
+  const int64_t psi = kLlama7b, device_states = 2 * psi + 2 * 2 * (int64_t{500'000'000} * 2);
+  const int64_t b = largest_micro_batch(device_states, lim.budget(), false);
+  EXPECT_EQ(b, 4);  // 17.5 GB + 4 x 13.1 GB = 69.8 GB
+  EXPECT_EQ(plan.best.micro_batch, b);
+  EXPECT_EQ(plan.best.total(), device_states + llama7b_activations(b, false));
+  EXPECT_EQ(plan.best.host(), 18 * psi);
+  EXPECT_EQ(plan.ranks_per_node, 1);
+  EXPECT_TRUE(plan.host_fits);
   std::string all;
   for (const auto& r : plan.reasons) all += r + "\n";
-  EXPECT_NE(all.find("nothing fits"), std::string::npos) << all;
+  EXPECT_NE(all.find("nothing fits without optimizer offload"), std::string::npos) << all;
+  EXPECT_NE(all.find("=> stage 1 with optimizer offload, no checkpointing, micro-batch 4"),
+            std::string::npos)
+      << all;
+  EXPECT_EQ(all.find("WARNING"), std::string::npos) << all;
+
+  // A node with 128 GB of host memory (115.2 GB after the reserve) cannot hold the 121 GB.
+  lim.host_bytes = parse_byte_size("128GB");
+  const MemoryPlan small_host = plan_memory(in, lim);
+  ASSERT_TRUE(small_host.found);
+  EXPECT_FALSE(small_host.host_fits);
+  EXPECT_EQ(small_host.host_per_node, 18 * psi);
+  all.clear();
+  for (const auto& r : small_host.reasons) all += r + "\n";
+  EXPECT_NE(all.find("WARNING: host memory per node: 1 ranks x 121.29 GB"), std::string::npos)
+      << all;
+}
+
+TEST(MemoryPlan, Llama7bOnEight24GbGpusNeedsOptimizerOffload) {
+  // 21.6 GB budget: even stage 2's 4Ψ = 27 GB of model states exceed it, so no checkpointing
+  // can help without optimizer offload; the planner says so and how many such GPUs stage 2
+  // would need (16Ψ/N shrinks). With offload the device keeps 2Ψ + buffers = 15.7 GB, which
+  // leaves room for activations only with checkpointing.
+  PlanLimits lim;
+  lim.device_bytes = parse_byte_size("24GB");
+  lim.host_bytes = parse_byte_size("1TB");
+  lim.ranks_per_node = 8;
+  const PlanInput in = llama7b(8);
+  const MemoryPlan plan = plan_memory(in, lim);
+  for (int s = 0; s < 3; ++s) {
+    for (int r = 0; r < 3; ++r) EXPECT_FALSE(plan.options[s][r].fits) << s << " " << r;
+  }
+  std::string all;
+  for (const auto& r : plan.reasons) all += r + "\n";
+  EXPECT_NE(all.find("nothing fits without optimizer offload"), std::string::npos) << all;
   EXPECT_NE(all.find("stage 2 would fit on 21 or more"), std::string::npos) << all;
-  // At 24 ranks the same device holds stage 2, and then only with checkpoints in some form.
+  ASSERT_TRUE(plan.found) << all;
+  EXPECT_TRUE(plan.best.offload);
+  EXPECT_EQ(plan.best.stage, 1);
+  EXPECT_EQ(plan.best.recompute, Recompute::kCheckpoint);
+  const int64_t psi = kLlama7b, e = 8 * (500'000'000 / 8 / 64 * 64);
+  const int64_t device_states = 2 * psi + 2 * 2 * (e + e / 8);
+  EXPECT_EQ(largest_micro_batch(device_states, lim.budget(), false), 0);
+  const int64_t b = largest_micro_batch(device_states, lim.budget(), true);
+  EXPECT_EQ(b, 4);
+  EXPECT_EQ(plan.best.micro_batch, b);
+  EXPECT_EQ(plan.best.total(), device_states + llama7b_activations(b, true));
+  // Host: 18Ψ/8 per rank, 8 ranks per node = 121 GB of a node's memory.
+  EXPECT_EQ(plan.best.host(), 18 * (psi / 8));
+  EXPECT_EQ(plan.host_per_node, 8 * 18 * (psi / 8));
+  EXPECT_TRUE(plan.host_fits);
+  lim.host_bytes = parse_byte_size("128GB");
+  EXPECT_FALSE(plan_memory(in, lim).host_fits) << "121 GB > 115.2 GB";
+  lim.ranks_per_node = 4;  // two nodes of 4 GPUs: 60.6 GB each
+  EXPECT_TRUE(plan_memory(in, lim).host_fits);
+
+  // At 24 ranks the same device holds stage 2 without optimizer offload, and then only with
+  // checkpoints in some form.
   const MemoryPlan wide = plan_memory(llama7b(24), lim);
   ASSERT_TRUE(wide.found);
+  EXPECT_FALSE(wide.best.offload);
   EXPECT_GE(wide.best.stage, 1) << "stage 1 without accumulation holds what stage 2 does";
   EXPECT_NE(wide.best.recompute, Recompute::kNone);
+}
+
+TEST(MemoryPlan, OffloadOnlyWhenNothingElseFitsOrWhenAsked) {
+  PlanLimits lim;
+  lim.device_bytes = parse_byte_size("80GB");
+  const MemoryPlan plan = plan_memory(llama7b(8), lim);
+  ASSERT_TRUE(plan.found);
+  EXPECT_FALSE(plan.best.offload) << "stage 1 fits without it";
+  EXPECT_TRUE(plan.offload[1][0].fits) << "offload fits too, but is not needed";
+  // Offload turned on by the user: only stages 1 and 2 are considered, with offload's split.
+  PlanInput on = llama7b(8);
+  on.offload_optimizer = true;
+  const MemoryPlan asked = plan_memory(on, lim);
+  ASSERT_TRUE(asked.found);
+  EXPECT_TRUE(asked.best.offload);
+  EXPECT_EQ(asked.best.stage, 1);
+  EXPECT_GT(asked.best.micro_batch, plan.best.micro_batch) << "more device memory left";
+  EXPECT_EQ(asked.best.host(), 18 * (kLlama7b / 8));
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(asked.offload[0][r].fits);
 }
 
 TEST(MemoryPlan, WithoutAShapeOnlyModelStagesCount) {

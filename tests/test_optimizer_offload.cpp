@@ -15,6 +15,8 @@
 #include "support/allocator_run.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
+#include "zero/auto_strategy.hpp"
+#include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
 #include "zero/grad_buckets.hpp"
@@ -238,6 +240,90 @@ void resume_across(bool save_offload, bool load_offload) {
 TEST(OffloadCheckpoint, SavedWithOffloadResumesWithout) { resume_across(true, false); }
 TEST(OffloadCheckpoint, SavedWithoutOffloadResumesWith) { resume_across(false, true); }
 
+// Another world size: a checkpoint saved by 2 ranks with offload is loaded by 1 and 4 ranks,
+// with offload and without. The loaded masters are the saved ones bit for bit and a re-save
+// from the new layout consolidates to the same master and AdamW states element for element;
+// 2 more steps land where the same load without offload does (only the optimizer kernel
+// differs: 1e-6 per parameter) and where single-process torch::optim does over all 4 steps.
+TEST(OffloadCheckpoint, ResumesOnAnotherWorldSizeWithAndWithoutOffload) {
+  constexpr int kSaveWorld = 2, kK = 2;
+  const std::string base = (std::filesystem::temp_directory_path() /
+                            ("zero_offload_reshard_" + std::to_string(::getpid())))
+                               .string();
+  std::filesystem::remove_all(base);
+  const auto config = [](int world, bool offload) {
+    Config c = test_config(2, kRows / world, 1, 0.3);
+    c.zero_optimization.offload_optimizer.enabled = offload;
+    c.zero_optimization.offload_optimizer.threads = 1;
+    return c;
+  };
+  const auto steps = [](Engine& e, TinyNetImpl& net, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      Batch b = rank_micro_batch(global_batch(s, kRows), e.rank(), e.world_size(), 0, 1);
+      e.backward(mse(net.forward(b.x), b.y));
+      e.step();
+    }
+  };
+  const auto masters = [](Engine& e) {
+    std::vector<at::Tensor> parts;
+    for (auto& [name, t] : e.state_dict()) parts.push_back(t.reshape(-1));
+    return at::cat(parts);
+  };
+  at::Tensor saved;
+  run_ranks(kSaveWorld, [&](std::shared_ptr<comm::Group> group) {
+    auto net = make_tiny_net(8);
+    auto engine = initialize(net, config(kSaveWorld, true), group);
+    steps(engine, *net, 0, kK);
+    engine.save_checkpoint(base + "/saved");
+    at::Tensor m = masters(engine);  // collective: every rank gathers
+    if (group->rank() == 0) saved = m;
+  });
+  const ReferenceResult ref = train_reference(config(1, false), 2 * kK, kRows, 8);
+  for (const int world : {1, 4}) {
+    at::Tensor resumed[2];  // [offload]
+    for (const bool offload : {true, false}) {
+      const std::string what =
+          std::to_string(world) + " ranks, offload " + (offload ? "on" : "off");
+      const std::string resaved =
+          base + "/resaved_" + std::to_string(world) + "_" + std::to_string(offload);
+      std::vector<at::Tensor> loaded(world), after(world);
+      run_ranks(world, [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        auto net = make_tiny_net(99);  // other weights: the checkpoint must replace them
+        auto engine = initialize(net, config(world, offload), group);
+        engine.load_checkpoint(base + "/saved");
+        loaded[r] = masters(engine);
+        EXPECT_EQ(engine.stats().optimizer_steps, kK);
+        engine.save_checkpoint(resaved);
+        steps(engine, *net, kK, 2 * kK);
+        after[r] = masters(engine);
+      });
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(at::equal(loaded[r], saved)) << what << ", rank " << r;
+        EXPECT_TRUE(at::equal(after[r], after[0])) << what << ": ranks agree";
+      }
+      EXPECT_EQ(read_checkpoint_info(resaved).world_size, world);
+      for (const std::string kind : {"master", "exp_avg", "exp_avg_sq"}) {
+        const auto a = read_consolidated(base + "/saved", "", kind);
+        const auto b = read_consolidated(resaved, "", kind);
+        ASSERT_EQ(a.size(), b.size()) << what << ", " << kind;
+        for (size_t i = 0; i < a.size(); ++i) {
+          EXPECT_EQ(a[i].first, b[i].first);
+          EXPECT_TRUE(at::equal(a[i].second, b[i].second))
+              << what << ", " << kind << " of " << a[i].first;
+        }
+      }
+      // The master in state_dict() order is named_parameters() order, as the reference's.
+      EXPECT_LT((after[0] - ref.params).abs().max().item<double>(), 2e-5) << what;
+      resumed[offload] = after[0];
+    }
+    expect_close_per_parameter(resumed[1], resumed[0], 1e-6,
+                               std::to_string(world) + " ranks: offload on vs off");
+  }
+  EXPECT_GT((ref.params - saved).abs().max().item<double>(), 1e-3) << "the resumed steps moved";
+  std::filesystem::remove_all(base);
+}
+
 // The layout the engine builds for the tiny net: trainable parameters in reverse registration
 // order (as test_memory.cpp rebuilds it).
 FlatLayout tiny_net_layout(int shards, int64_t bucket) {
@@ -274,6 +360,39 @@ TEST(OffloadMemory, HostHoldsMasterStatesAndGradientShard) {
               r.measured.params + r.measured.comm_buffers - shard * 2 - ring);
     EXPECT_NE(format_memory_report(r).find("in host mem"), std::string::npos);
   });
+}
+
+// The planner (zero-memory, torch-free) predicts what the engine holds with offload, on the
+// device and in host memory, byte for byte, given the engine's padded parameter count.
+TEST(OffloadMemory, PlannerPredictsTheEnginesDeviceAndHostBytes) {
+  constexpr int kWorld = 2;
+  for (const auto& [stage, accumulation, bf16] :
+       {std::tuple{1, 1, true}, std::tuple{2, 1, true}, std::tuple{1, 2, true},
+        std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
+    Config cfg = test_config(stage, kRows / (kWorld * accumulation), accumulation, 0);
+    cfg.bf16 = bf16;
+    cfg.zero_optimization.offload_optimizer.enabled = true;
+    std::vector<MemoryReport> reports(kWorld);
+    run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
+      auto net = make_tiny_net(2);
+      auto engine = initialize(net, cfg, group);
+      reports[group->rank()] = engine.memory_report();
+    });
+    const MemoryReport& r = reports[0];
+    PlanInput in = plan_input_for(cfg, r.padded_params, kWorld);
+    ASSERT_TRUE(in.offload_optimizer);
+    const std::string what = "stage " + std::to_string(stage) + ", accumulation " +
+                             std::to_string(accumulation) + (bf16 ? ", bf16" : ", fp32");
+    const MemoryBreakdown st = plan_model_states(in, stage);
+    const int64_t host = plan_host_states(in, stage);
+    EXPECT_EQ(host, r.host_measured) << what;
+    EXPECT_EQ(st.params, r.measured.params) << what;
+    EXPECT_EQ(st.grads, r.measured.grads) << what;
+    EXPECT_EQ(st.master, r.measured.master) << what;
+    EXPECT_EQ(st.optimizer, r.measured.optimizer) << what;
+    EXPECT_EQ(st.comm_buffers, r.measured.comm_buffers) << what;
+    EXPECT_EQ(st.total() - host, r.measured.total() - r.host_measured) << what << ": device";
+  }
 }
 
 // Measured by the allocator, not the report: what initialize adds (mallinfo2, process-wide: on a

@@ -5,6 +5,7 @@
 //   zero-memory --model llama-7b --gpus 64 --gpu h100 --link ib400 --time-svg time.svg
 //   zero-memory --params 7e9 --layers 32 --hidden 4096 --gpus 8 --device-memory 24GiB
 //   zero-memory --model gpt-1.3b --gpus 4 --svg stages.svg
+//   zero-memory --model llama-7b --gpus 1 --device-memory 80GB --host-memory 512GB
 #include <boost/program_options.hpp>
 
 #include <cmath>
@@ -95,6 +96,16 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   row("= model states", [&](int s) { return st[s].total(); });
   row("start-up peak (initialize, with the model)",
       [&](int s) { return plan_startup_peak(in, s); });
+  // Optimizer offload (stages 1 and 2): what stays on the device, and what goes to the host.
+  PlanInput off = in;
+  off.offload_optimizer = true;
+  auto offloaded = [&](int s, bool host) -> int64_t {
+    if (s == 0) return 0;  // the engine offloads at stages 1 and 2 only
+    const int64_t h = plan_host_states(off, s);
+    return host ? h : plan_model_states(off, s).total() - h;
+  };
+  row("optimizer offload: states on device", [&](int s) { return offloaded(s, false); });
+  row("optimizer offload: states in host mem", [&](int s) { return offloaded(s, true); });
   if (m.known()) {
     for (int r = 0; r < 3; ++r) {
       const std::string label = std::string("activations, ") + recompute_name(kModes[r]);
@@ -132,8 +143,16 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
         "offload moves %s to host memory, the device keeps 2 block inputs\n",
         p, mb(act[1].blocks / m.layers).c_str(), format_gb(act[2].host).c_str());
   }
-  std::printf("\nrecommendation for %d x %s (--device-memory %s):\n", in.world_size,
-              format_gb(plan.limits.device_bytes).c_str(), device_arg.c_str());
+  std::printf(
+      "  optimizer offload keeps the fp32 master, the %d states, the fp32 gradient shard and the "
+      "%d-byte copy of the shard in host memory, (%d + %d + 4 + %d)Ψ/N per rank\n",
+      in.optimizer_states, in.param_bytes, 4, 4 * in.optimizer_states, in.param_bytes);
+  std::printf(
+      "\nrecommendation for %d x %s (--device-memory %s), %s of host memory per %d-rank "
+      "node (--host-memory, --gpus-per-node):\n",
+      in.world_size, format_gb(plan.limits.device_bytes).c_str(), device_arg.c_str(),
+      format_gb(plan.limits.host_bytes).c_str(),
+      std::min(in.world_size, plan.limits.ranks_per_node));
   for (const std::string& line : plan.reasons) std::printf("  %s\n", line.c_str());
 }
 
@@ -206,6 +225,8 @@ void print_time(const PlanInput& in, const TimeSetup& ts, const MemoryPlan& plan
 }
 
 void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts) {
+  PlanInput off = in;
+  off.offload_optimizer = true;
   std::printf(
       "{\"num_params\": %lld, \"world_size\": %d, \"micro_batch\": %lld, \"seq_len\": %lld,"
       "\n \"block_activation_bytes\": %lld,\n \"stages\": [",
@@ -216,9 +237,11 @@ void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts
   for (int s = 0; s < 3; ++s) {
     std::printf(
         "%s\n  {\"stage\": %d, \"model_states\": %s, \"startup_peak\": %lld, "
-        "\"activations\": {",
+        "\"offload_optimizer\": {\"device\": %lld, \"host\": %lld}, \"activations\": {",
         s ? "," : "", s, to_json(plan_model_states(in, s)).c_str(),
-        (long long)plan_startup_peak(in, s));
+        (long long)plan_startup_peak(in, s),
+        (long long)(s == 0 ? 0 : plan_model_states(off, s).total() - plan_host_states(off, s)),
+        (long long)plan_host_states(off, s));
     for (int r = 0; r < 3; ++r) {
       std::printf("%s\"%s\": %lld", r ? ", " : "", kModeIds[r],
                   (long long)predict_activations(in, kModes[r]).peak());
@@ -237,9 +260,14 @@ void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts
     std::printf("null\n}\n");
     return;
   }
-  std::printf("{\"stage\": %d, \"recompute\": \"%s\", \"micro_batch\": %lld, \"total\": %lld}\n}\n",
-              plan.best.stage, kModeIds[static_cast<int>(plan.best.recompute)],
-              (long long)plan.best.micro_batch, (long long)plan.best.total());
+  std::printf(
+      "{\"stage\": %d, \"recompute\": \"%s\", \"micro_batch\": %lld, \"total\": %lld, "
+      "\"offload_optimizer\": %s, \"host_per_rank\": %lld, \"host_per_node\": %lld, "
+      "\"host_fits\": %s}\n}\n",
+      plan.best.stage, kModeIds[static_cast<int>(plan.best.recompute)],
+      (long long)plan.best.micro_batch, (long long)plan.best.total(),
+      plan.best.offload ? "true" : "false", (long long)plan.best.host(),
+      (long long)plan.host_per_node, plan.host_fits ? "true" : "false");
 }
 
 void write_svg(const std::string& path, const PlanInput& in, const std::string& name,
@@ -284,6 +312,7 @@ void write_time_svg(const std::string& path, const PlanInput& in, const std::str
 
 int run(int argc, char** argv) {
   std::string model, params, dtype = "bf16", device = "80GB", reserve = "10%", svg;
+  std::string host_memory = "1TB";
   std::string bucket = "5e8";
   std::string gpu = "h100", link = "ib400", recompute = "none", time_svg;
   int per_node = 8;
@@ -307,6 +336,9 @@ int run(int argc, char** argv) {
       "dtype", po::value(&dtype), "bf16 (default) or fp32 parameters and activations")(
       "device-memory", po::value(&device), "per-GPU memory: 80GB, 80GiB, 80e9 (default 80GB)")(
       "reserve", po::value(&reserve), "fraction kept free: 10% (default) or 0.1")(
+      "host-memory", po::value(&host_memory),
+      "host memory per node, for optimizer and activation offload (default 1TB; 0: not checked)")(
+      "offload-optimizer", "zero_optimization.offload_optimizer is on: plan with it only")(
       "max-micro-batch", po::value(&lim.max_micro_batch)->default_value(64),
       "largest micro-batch the search tries")("bucket-size", po::value(&bucket),
                                               "reduce_bucket_size in elements (default 5e8)")(
@@ -363,6 +395,8 @@ int run(int argc, char** argv) {
   if (in.grad_accum_bytes == 0) in.grad_accum_bytes = in.param_bytes;
   in.bucket_elements = parse_count(bucket);
   lim.device_bytes = parse_byte_size(device);
+  lim.host_bytes = parse_byte_size(host_memory);
+  in.offload_optimizer = vm.count("offload-optimizer") > 0;
   lim.reserve = reserve.back() == '%' ? std::stod(reserve) / 100.0 : std::stod(reserve);
   if (in.world_size < 1 || in.micro_batch < 1 || in.seq_len < 1 || in.num_params < 1 ||
       lim.reserve < 0 || lim.reserve >= 1) {
@@ -371,6 +405,8 @@ int run(int argc, char** argv) {
         "be positive, --reserve in [0, 1)");
   }
 
+  if (per_node < 1) throw std::invalid_argument("--gpus-per-node must be positive");
+  lim.ranks_per_node = per_node;
   ts.hw = hardware_preset(gpu, link, in.world_size, per_node);
   auto positive = [](double v, const char* flag) {
     if (v < 0) throw std::invalid_argument(std::string(flag) + " must be positive");

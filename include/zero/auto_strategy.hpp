@@ -8,7 +8,10 @@
 // all ranks, so all pick the same. On CPU there is no free memory to read: "auto" without a
 // budget is an error naming the key.
 //
-// Optimizer/parameter offload is not in this engine, so it is never chosen; activation
+// Optimizer offload is never chosen here (the user turns it on: zero-memory says when only it
+// fits); when it is on, the budget counts only what stays on the device and stage 0 is out (the
+// config refuses a stage "auto" with offload; an application may call this with one).
+// Parameter offload is not in this engine. Activation
 // offload (activation_checkpointing.cpu_checkpointing) is, when the user enabled it, the form
 // checkpointing takes.
 #pragma once

@@ -32,6 +32,16 @@
 // With CPU offload the kept inputs live in host memory; the device holds two (the one in use
 // and the next, prefetched): 2·p·sbh + max(head + loss, block).
 //
+// Optimizer offload (zero_optimization.offload_optimizer, stages 1 and 2; in.offload_optimizer):
+// per rank the fp32 master shard 4Ψ/N, the K optimizer states 4KΨ/N, the fp32 gradient shard
+// 4Ψ/N and the compute-dtype copy of the shard the CPU step writes pΨ/N live in host memory,
+// (8 + 4K + p)Ψ/N as the engine's memory report counts them (zero/engine.cpp); the device keeps
+// the compute-dtype parameters pΨ, stage 1's full fp32 accumulator where it keeps one, and two
+// pairs of bucket buffers (the gradients always go through them, to be copied to the host). The
+// planner recommends it only when nothing fits without: it adds a CPU step and two PCIe copies
+// of the shard per step. A node's host memory holds ranks_per_node times the host part (with
+// the offloaded activation checkpoints): the plan says when it does not.
+//
 // Not counted, left to the reserve: the CUDA context, allocator fragmentation, backward's
 // transient gradients (a block's activation gradients, autograd's per-parameter gradient before
 // it is copied into its bucket) and the optimizer step's temporaries.
@@ -75,6 +85,10 @@ struct PlanInput {
   int64_t bucket_elements = 500'000'000;  // zero_optimization.reduce_bucket_size
   int64_t accumulation = 1;               // gradient_accumulation_steps (stage 1's accumulator)
   bool overlap_comm = true;               // zero_optimization.overlap_comm (likewise)
+  // zero_optimization.offload_optimizer is on (stages 1 and 2 only): the optimizer's part of the
+  // model states is in host memory. plan_memory considers offload either way; set, it only
+  // considers offload.
+  bool offload_optimizer = false;
 };
 
 struct ActivationEstimate {
@@ -98,8 +112,12 @@ int64_t max_bucket_elements(const PlanInput& in);
 // most reduce_bucket_size, larger buckets being reduced in chunks); its 1/N shard buffer is
 // this divided by N at stages 1 and 2.
 int64_t bucket_buffer_elements(const PlanInput& in, int stage);
-// predict_model_states plus the bucket buffers the engine declares for this stage.
+// predict_model_states plus the bucket buffers the engine declares for this stage (with
+// offload: plus the host compute-dtype copy, which the engine's report counts as a buffer).
 MemoryBreakdown plan_model_states(const PlanInput& in, int stage);
+// The part of plan_model_states in host memory: (8 + 4K + p)Ψ/N with in.offload_optimizer at
+// stages 1 and 2, else 0. The device holds the rest.
+int64_t plan_host_states(const PlanInput& in, int stage);
 // The most bytes zero::initialize holds at once per rank, the user's fp32 model included: the
 // larger of the flattening phase (the user's parameters, freed bucket by bucket, beside the
 // flat buffer and master allocated up front and, for 16-bit parameters, one fp32 staging
@@ -114,15 +132,23 @@ struct PlanLimits {
   double reserve = 0.10;  // fraction kept free: context, fragmentation, transients
   int64_t max_micro_batch = 64;
   int64_t budget() const;
+  // Host memory of one node (0: not checked) and the ranks sharing it (0: all of world_size),
+  // with the same reserve fraction kept free (the OS, data loading, the page cache).
+  int64_t host_bytes = 0;
+  int ranks_per_node = 0;
+  int64_t host_budget() const;
 };
 
 struct PlanCandidate {
   int stage = 0;
   Recompute recompute = Recompute::kNone;
   int64_t micro_batch = 1;
-  MemoryBreakdown states;
+  MemoryBreakdown states;  // all model states, host part included
   ActivationEstimate act;
-  int64_t total() const { return states.total() + act.peak(); }
+  bool offload = false;                                                        // optimizer offload
+  int64_t host_states = 0;                                                     // plan_host_states
+  int64_t total() const { return states.total() - host_states + act.peak(); }  // device bytes
+  int64_t host() const { return host_states + act.host; }  // host bytes per rank
 };
 
 // For one (stage, recompute): the largest power-of-two micro-batch that fits, if any.
@@ -135,15 +161,20 @@ struct StageOption {
 
 struct MemoryPlan {
   PlanLimits limits;
-  StageOption options[3][3];  // [stage][recompute]
+  StageOption options[3][3];  // [stage][recompute], without optimizer offload
+  StageOption offload[3][3];  // with it; stage 0 never fits (the engine refuses it)
   bool found = false;
   PlanCandidate best;
+  int ranks_per_node = 1;
+  int64_t host_per_node = 0;         // ranks_per_node x best.host()
+  bool host_fits = true;             // host_per_node within limits.host_budget() (or not checked)
   std::vector<std::string> reasons;  // why, line by line, for people
 };
 
 // Search stage ∈ {0,1,2} × recompute × micro-batch ∈ {1,2,4,...,max}. Ranking: least
 // recompute first, then the largest micro-batch, then the lowest stage (the header of
-// memory_plan.cpp says why).
+// memory_plan.cpp says why). Optimizer offload only when nothing fits without it (or when
+// in.offload_optimizer says it is on), ranked the same way among its own options.
 MemoryPlan plan_memory(const PlanInput& in, const PlanLimits& limits);
 
 // "80GB" = 80e9, "80GiB" = 80·2^30, "80e9", "85899345920"; throws std::invalid_argument.

@@ -15,9 +15,11 @@ std::string fmt(const char* f, auto... args) {
   return buf;
 }
 
+// Device bytes: under optimizer offload the host part of the states is not on the device.
 int64_t peak_bytes(PlanInput in, int stage, Recompute r, int64_t micro) {
   in.micro_batch = micro;
-  return plan_model_states(in, stage).total() + predict_activations(in, r).peak();
+  return plan_model_states(in, stage).total() - plan_host_states(in, stage) +
+         predict_activations(in, r).peak();
 }
 
 }  // namespace
@@ -37,6 +39,7 @@ PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size) 
   in.micro_batch = std::max<int64_t>(1, cfg.train_micro_batch_size_per_gpu);
   in.accumulation = std::max<int64_t>(1, cfg.gradient_accumulation_steps);
   in.overlap_comm = cfg.zero_optimization.overlap_comm;
+  in.offload_optimizer = cfg.zero_optimization.offload_optimizer.enabled;
   return in;
 }
 
@@ -47,7 +50,13 @@ AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const Aut
   if (req.checkpointing.value_or(true)) modes.push_back(ckpt);
   std::vector<int> stages;
   for (int s = 0; s < 3; ++s) {
-    if (!req.stage || *req.stage == s) stages.push_back(s);
+    // The engine offloads the optimizer at stages 1 and 2 only.
+    if ((!req.stage || *req.stage == s) && !(s == 0 && in.offload_optimizer)) stages.push_back(s);
+  }
+  if (stages.empty()) {
+    throw ConfigError(
+        "zero: auto: zero_optimization.offload_optimizer needs ZeRO stage 1 or 2; set "
+        "zero_optimization.stage to 1, 2 or auto, or turn the offload off");
   }
   // Without a shape activations are unknown: the micro-batch cannot be planned.
   const bool plan_micro = !req.micro_batch && in.shape.known();

@@ -117,6 +117,24 @@ int64_t bucket_buffer_elements(const PlanInput& in, int stage) {
   return n * std::min(largest_shard, bounded);
 }
 
+namespace {
+
+// The compute-dtype copy of the shard that the CPU step writes (OptimizerOffload::reserve).
+int64_t staging_bytes(const PlanInput& in) {
+  return static_cast<int64_t>(static_cast<double>(in.param_bytes) *
+                              static_cast<double>(in.num_params) /
+                              static_cast<double>(in.world_size));
+}
+
+// The page-locked ring each reduced gradient shard lands in on its way to the host (GradToHost:
+// three slots of one bucket shard, in the communication dtype).
+int64_t landing_ring_bytes(const PlanInput& in, int stage) {
+  return 3 * static_cast<int64_t>(in.comm_bytes) *
+         (bucket_buffer_elements(in, stage) / in.world_size);
+}
+
+}  // namespace
+
 MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   MemoryModelInput mi;
   mi.num_params = in.num_params;
@@ -132,12 +150,25 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   // fp32 (fp32 in an fp32 accumulator reduces in place). Each holds a bucket (at most
   // reduce_bucket_size elements) and, where the reduction is a reduce-scatter (stages 1/2), its 1/N
   // shard; stage 0 all-reduces in place in the bucket buffer and needs no second one.
+  // Under optimizer offload the gradients always go through them, on their way to the host.
+  const bool offload = in.offload_optimizer && stage > 0;
   const bool partitioned = !keeps_full_gradient(stage, in.accumulation, in.overlap_comm);
-  const int buffers = (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4) ? 2 : 0;
+  const int buffers =
+      (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4 || offload) ? 2 : 0;
   const int64_t b = bucket_buffer_elements(in, stage);
   const int64_t out = stage == 0 ? 0 : b / in.world_size;
   mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + out);
+  mi.offload = offload;
+  if (offload) mi.comm_buffer_bytes += staging_bytes(in) + landing_ring_bytes(in, stage);
   return predict_model_states(mi);
+}
+
+int64_t plan_host_states(const PlanInput& in, int stage) {
+  if (!in.offload_optimizer || stage == 0) return 0;
+  const MemoryBreakdown st = plan_model_states(in, stage);
+  const int64_t grad_shard = static_cast<int64_t>(4.0 * static_cast<double>(in.num_params) /
+                                                  static_cast<double>(in.world_size));
+  return st.master + st.optimizer + grad_shard + staging_bytes(in) + landing_ring_bytes(in, stage);
 }
 
 int64_t plan_startup_peak(const PlanInput& in, int stage) {
@@ -184,17 +215,29 @@ int64_t PlanLimits::budget() const {
   return static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - reserve));
 }
 
+int64_t PlanLimits::host_budget() const {
+  return static_cast<int64_t>(static_cast<double>(host_bytes) * (1.0 - reserve));
+}
+
 namespace {
 
 constexpr Recompute kModes[] = {Recompute::kNone, Recompute::kCheckpoint,
                                 Recompute::kCheckpointOffload};
 
 PlanCandidate candidate(const PlanInput& in, int stage, Recompute r) {
-  return {stage, r, in.micro_batch, plan_model_states(in, stage), predict_activations(in, r)};
+  const bool offload = in.offload_optimizer && stage > 0;
+  return {stage,
+          r,
+          in.micro_batch,
+          plan_model_states(in, stage),
+          predict_activations(in, r),
+          offload,
+          plan_host_states(in, stage)};
 }
 
 StageOption search(const PlanInput& in, const PlanLimits& lim, int stage, Recompute r) {
   StageOption o;
+  if (in.offload_optimizer && stage == 0) return o;  // the engine offloads at stages 1-2 only
   PlanInput x = in;
   // Without a shape activations are unknown: only the micro-batch asked for is meaningful.
   const bool sweep = in.shape.known();
@@ -222,18 +265,35 @@ std::string fmt(const char* f, auto... args) {
   return buf;
 }
 
-std::string stage_line(const PlanInput& in, const MemoryPlan& plan, int s) {
+using Options = StageOption[3][3];
+
+std::string stage_line(const PlanInput& in, const PlanLimits& lim, const Options& opts, int s) {
   const MemoryBreakdown st = plan_model_states(in, s);
-  std::string line =
-      fmt("stage %d: model states %s = %s + %s bucket buffers = %s", s,
-          model_state_formula(in, s).c_str(), format_gb(st.total() - st.comm_buffers).c_str(),
-          format_gb(st.comm_buffers).c_str(), format_gb(st.total()).c_str());
-  if (st.total() > plan.limits.budget()) {
-    return line +
-           fmt(" > %s: does not fit at any micro-batch", format_gb(plan.limits.budget()).c_str());
+  const int64_t host = plan_host_states(in, s);
+  std::string line;
+  if (host > 0) {
+    // The device keeps the parameters, stage 1's accumulator if any, and the buffers.
+    const int64_t device = st.total() - host;
+    line =
+        fmt("stage %d with optimizer offload: device %s (%dΨ parameters + %s of gradient "
+            "accumulator and bucket buffers), host %s per rank (%dΨ/%d: fp32 master, %d states, "
+            "fp32 gradient shard, %d-byte copy)",
+            s, format_gb(device).c_str(), in.param_bytes, format_gb(device - st.params).c_str(),
+            format_gb(host).c_str(), 8 + 4 * in.optimizer_states + in.param_bytes, in.world_size,
+            in.optimizer_states, in.param_bytes);
+    if (device > lim.budget()) {
+      return line + fmt(" > %s: does not fit at any micro-batch", format_gb(lim.budget()).c_str());
+    }
+  } else {
+    line = fmt("stage %d: model states %s = %s + %s bucket buffers = %s", s,
+               model_state_formula(in, s).c_str(), format_gb(st.total() - st.comm_buffers).c_str(),
+               format_gb(st.comm_buffers).c_str(), format_gb(st.total()).c_str());
+    if (st.total() > lim.budget()) {
+      return line + fmt(" > %s: does not fit at any micro-batch", format_gb(lim.budget()).c_str());
+    }
   }
   for (int r = 0; r < (in.shape.known() ? 3 : 1); ++r) {
-    const StageOption& o = plan.options[s][r];
+    const StageOption& o = opts[s][r];
     line += fmt("\n    %s: ", recompute_name(kModes[r]));
     if (!o.fits) {
       line += fmt("micro-batch %lld needs %s", (long long)o.refused.micro_batch,
@@ -242,11 +302,11 @@ std::string stage_line(const PlanInput& in, const MemoryPlan& plan, int s) {
     }
     line += fmt("micro-batch %lld fits (%s", (long long)o.best.micro_batch,
                 format_gb(o.best.total()).c_str());
-    if (o.best.act.host > 0) line += fmt("; %s in host memory", format_gb(o.best.act.host).c_str());
+    if (o.best.host() > 0) line += fmt("; %s in host memory", format_gb(o.best.host()).c_str());
     line += ")";
     if (!in.shape.known()) continue;  // one micro-batch, activations not counted
     line += o.refused.micro_batch == 0
-                ? fmt(", the search stops at %lld", (long long)plan.limits.max_micro_batch)
+                ? fmt(", the search stops at %lld", (long long)lim.max_micro_batch)
                 : fmt(", %lld needs %s", (long long)o.refused.micro_batch,
                       format_gb(o.refused.total()).c_str());
   }
@@ -263,13 +323,85 @@ int min_world_for_stage2(PlanInput in, const PlanLimits& lim) {
   return 0;
 }
 
+// The best of `opts` by the ranking in the header; false when nothing fits.
+bool pick(const Options& opts, PlanCandidate& best) {
+  bool found = false;
+  for (int r = 0; r < 3 && !found; ++r) {
+    for (int s = 0; s < 3; ++s) {
+      const StageOption& o = opts[s][r];
+      if (o.fits && (!found || o.best.micro_batch > best.micro_batch)) {
+        found = true;
+        best = o.best;
+      }
+    }
+  }
+  return found;
+}
+
+// "no stage fits without checkpointing; stage 0 does not fit that way; ..."
+std::string because(const Options& opts, const PlanCandidate& b) {
+  std::string out = b.recompute == Recompute::kNone
+                        ? "nothing is recomputed"
+                        : fmt("no stage fits without %s", b.recompute == Recompute::kCheckpoint
+                                                              ? "checkpointing"
+                                                              : "offloading the checkpoints");
+  const int r = static_cast<int>(b.recompute);
+  for (int s = b.offload ? 1 : 0; s < 3; ++s) {
+    const StageOption& o = opts[s][r];
+    if (s == b.stage) continue;
+    if (!o.fits) {
+      out += fmt("; stage %d does not fit that way", s);
+    } else if (o.best.micro_batch < b.micro_batch) {
+      out += fmt("; stage %d fits only micro-batch %lld", s, (long long)o.best.micro_batch);
+    } else {
+      out += fmt("; stage %d fits it too but does more per step", s);
+    }
+  }
+  return out;
+}
+
+// Why nothing fits without optimizer offload, and what would.
+void explain_nothing_fits(const PlanInput& plain, const MemoryPlan& plan,
+                          std::vector<std::string>& why) {
+  const PlanLimits& limits = plan.limits;
+  const StageOption& least = plan.options[2][2];
+  why.push_back(
+      fmt("=> nothing fits without optimizer offload: the smallest configuration, stage 2 with %s "
+          "at micro-batch %lld, needs %s > %s",
+          recompute_name(Recompute::kCheckpointOffload), (long long)least.refused.micro_batch,
+          format_gb(least.refused.total()).c_str(), format_gb(limits.budget()).c_str()));
+  const int64_t buffers = least.refused.states.comm_buffers;
+  if (least.refused.total() - buffers <= limits.budget()) {
+    why.push_back(fmt("   %s of it are bucket buffers: a smaller reduce_bucket_size makes it fit",
+                      format_gb(buffers).c_str()));
+  }
+  if (const int n = min_world_for_stage2(plain, limits); n > 0) {
+    why.push_back(
+        fmt("   stage 2 would fit on %d or more such devices: its sharded states, "
+            "%gΨ/N, shrink with N",
+            n, 8.0 + 4.0 * plain.optimizer_states));
+  } else {
+    why.push_back(
+        fmt("   the %dΨ of parameters every rank holds leaves no room: it needs "
+            "parameter partitioning (ZeRO stage 3, not in this engine) or a larger "
+            "device",
+            plain.param_bytes));
+  }
+}
+
 }  // namespace
 
 MemoryPlan plan_memory(const PlanInput& in, const PlanLimits& limits) {
   MemoryPlan plan;
   plan.limits = limits;
+  PlanInput plain = in, off = in;
+  plain.offload_optimizer = false;
+  off.offload_optimizer = true;
   for (int s = 0; s < 3; ++s) {
-    for (int r = 0; r < 3; ++r) plan.options[s][r] = search(in, limits, s, kModes[r]);
+    for (int r = 0; r < 3; ++r) {
+      plan.options[s][r] = search(plain, limits, s, kModes[r]);
+      plan.offload[s][r] = search(off, limits, s, kModes[r]);
+    }
   }
   auto& why = plan.reasons;
   why.push_back(
@@ -280,73 +412,66 @@ MemoryPlan plan_memory(const PlanInput& in, const PlanLimits& limits) {
   if (!in.shape.known()) {
     why.push_back("activations not estimated (no model shape): model states only");
   }
-  for (int s = 0; s < 3; ++s) why.push_back(stage_line(in, plan, s));
-  why.push_back(
+  const std::string rule =
       "rule: least recompute first (none < checkpointing < checkpointing + offload), then the "
-      "largest micro-batch, then the lowest stage.");
-  why.push_back(
+      "largest micro-batch, then the lowest stage.";
+  const std::string stage_last =
       "  The stage comes last because with NCCL all three move the same gradient bytes "
       "(reduce-scatter + all-gather = all-reduce): it buys memory, which only matters through "
       "the first two. Among equals the lower stage does less: stages 1-2 all-gather parameters "
       "after the step, outside backward's overlap, and stage 2 reduce-scatters every micro-step "
-      "under gradient accumulation.");
+      "under gradient accumulation.";
 
-  for (int r = 0; r < 3 && !plan.found; ++r) {
-    for (int s = 0; s < 3; ++s) {
-      const StageOption& o = plan.options[s][r];
-      if (o.fits && (!plan.found || o.best.micro_batch > plan.best.micro_batch)) {
-        plan.found = true;
-        plan.best = o.best;
-      }
+  std::string reason;
+  if (!in.offload_optimizer) {
+    for (int s = 0; s < 3; ++s) why.push_back(stage_line(plain, limits, plan.options, s));
+    why.push_back(rule);
+    why.push_back(stage_last);
+    plan.found = pick(plan.options, plan.best);
+    if (plan.found) reason = because(plan.options, plan.best);
+  }
+  if (!plan.found) {
+    if (!in.offload_optimizer) explain_nothing_fits(plain, plan, why);
+    // Offload last: a CPU optimizer step and two PCIe copies of the shard per step.
+    for (int s = 1; s < 3; ++s) why.push_back(stage_line(off, limits, plan.offload, s));
+    if (in.offload_optimizer) why.push_back(rule);
+    plan.found = pick(plan.offload, plan.best);
+    if (plan.found) {
+      reason = std::string(in.offload_optimizer ? "optimizer offload is on"
+                                                : "only optimizer offload fits the device") +
+               "; " + because(plan.offload, plan.best);
     }
   }
+
   if (plan.found) {
     const PlanCandidate& b = plan.best;
-    std::string because =
-        b.recompute == Recompute::kNone
-            ? "nothing is recomputed"
-            : fmt("no stage fits without %s", b.recompute == Recompute::kCheckpoint
-                                                  ? "checkpointing"
-                                                  : "offloading the checkpoints");
-    const int r = static_cast<int>(b.recompute);
-    for (int s = 0; s < 3; ++s) {
-      const StageOption& o = plan.options[s][r];
-      if (s == b.stage) continue;
-      if (!o.fits) {
-        because += fmt("; stage %d does not fit that way", s);
-      } else if (o.best.micro_batch < b.micro_batch) {
-        because += fmt("; stage %d fits only micro-batch %lld", s, (long long)o.best.micro_batch);
-      } else {
-        because += fmt("; stage %d fits it too but does more per step", s);
-      }
+    why.push_back(fmt("=> stage %d%s, %s, micro-batch %lld: %s", b.stage,
+                      b.offload ? " with optimizer offload" : "", recompute_name(b.recompute),
+                      (long long)b.micro_batch, reason.c_str()));
+    plan.ranks_per_node =
+        limits.ranks_per_node > 0 ? std::min(limits.ranks_per_node, in.world_size) : in.world_size;
+    plan.host_per_node = plan.ranks_per_node * b.host();
+    if (b.host() > 0 && limits.host_bytes > 0) {
+      plan.host_fits = plan.host_per_node <= limits.host_budget();
+      why.push_back(fmt("%shost memory per node: %d ranks x %s = %s %s %s (%s - %.0f%% reserve)%s",
+                        plan.host_fits ? "   " : "   WARNING: ", plan.ranks_per_node,
+                        format_gb(b.host()).c_str(), format_gb(plan.host_per_node).c_str(),
+                        plan.host_fits ? "<=" : ">", format_gb(limits.host_budget()).c_str(),
+                        format_gb(limits.host_bytes).c_str(), 100.0 * limits.reserve,
+                        plan.host_fits
+                            ? ""
+                            : ": does not fit; use fewer ranks per node, more ranks (the host "
+                              "part shrinks with N), or more host memory"));
     }
-    why.push_back(fmt("=> stage %d, %s, micro-batch %lld: %s", b.stage, recompute_name(b.recompute),
-                      (long long)b.micro_batch, because.c_str()));
     return plan;
   }
-  const StageOption& least = plan.options[2][2];
+  const StageOption& least = plan.offload[2][2];
   why.push_back(
-      fmt("=> nothing fits: the smallest configuration, stage 2 with %s at micro-batch "
-          "%lld, needs %s > %s",
+      fmt("=> nothing fits, even with optimizer offload: stage 2 with it and %s at micro-batch "
+          "%lld needs %s > %s",
           recompute_name(Recompute::kCheckpointOffload), (long long)least.refused.micro_batch,
           format_gb(least.refused.total()).c_str(), format_gb(limits.budget()).c_str()));
-  const int64_t buffers = least.refused.states.comm_buffers;
-  if (least.refused.total() - buffers <= limits.budget()) {
-    why.push_back(fmt("   %s of it are bucket buffers: a smaller reduce_bucket_size makes it fit",
-                      format_gb(buffers).c_str()));
-  }
-  if (const int n = min_world_for_stage2(in, limits); n > 0) {
-    why.push_back(
-        fmt("   stage 2 would fit on %d or more such devices: its sharded states, "
-            "%gΨ/N, shrink with N",
-            n, 8.0 + 4.0 * in.optimizer_states));
-  } else {
-    why.push_back(
-        fmt("   the %dΨ of parameters every rank holds leaves no room: it needs "
-            "parameter partitioning (ZeRO stage 3, not in this engine) or a larger "
-            "device",
-            in.param_bytes));
-  }
+  if (in.offload_optimizer) explain_nothing_fits(plain, plan, why);
   return plan;
 }
 
