@@ -267,7 +267,9 @@ TEST(MemoryPlan, Llama7bOnOne80GbGpuNeedsOptimizerOffload) {
   EXPECT_EQ(b, 4);  // 17.5 GB + 4 x 13.1 GB = 69.8 GB
   EXPECT_EQ(plan.best.micro_batch, b);
   EXPECT_EQ(plan.best.total(), device_states + llama7b_activations(b, false));
-  EXPECT_EQ(plan.best.host(), 18 * psi);
+  // Host: 18Ψ plus the page-locked landing ring of 3 bucket shards in bf16 (3 GB at N = 1).
+  const int64_t ring = 3 * 2 * bucket_buffer_elements(in, 1);
+  EXPECT_EQ(plan.best.host(), 18 * psi + ring);
   EXPECT_EQ(plan.ranks_per_node, 1);
   EXPECT_TRUE(plan.host_fits);
   std::string all;
@@ -278,15 +280,15 @@ TEST(MemoryPlan, Llama7bOnOne80GbGpuNeedsOptimizerOffload) {
       << all;
   EXPECT_EQ(all.find("WARNING"), std::string::npos) << all;
 
-  // A node with 128 GB of host memory (115.2 GB after the reserve) cannot hold the 121 GB.
+  // A node with 128 GB of host memory (115.2 GB after the reserve) cannot hold the 124 GB.
   lim.host_bytes = parse_byte_size("128GB");
   const MemoryPlan small_host = plan_memory(in, lim);
   ASSERT_TRUE(small_host.found);
   EXPECT_FALSE(small_host.host_fits);
-  EXPECT_EQ(small_host.host_per_node, 18 * psi);
+  EXPECT_EQ(small_host.host_per_node, 18 * psi + ring);
   all.clear();
   for (const auto& r : small_host.reasons) all += r + "\n";
-  EXPECT_NE(all.find("WARNING: host memory per node: 1 ranks x 121.29 GB"), std::string::npos)
+  EXPECT_NE(all.find("WARNING: host memory per node: 1 ranks x 124.29 GB"), std::string::npos)
       << all;
 }
 
@@ -319,13 +321,15 @@ TEST(MemoryPlan, Llama7bOnEight24GbGpusNeedsOptimizerOffload) {
   EXPECT_EQ(b, 4);
   EXPECT_EQ(plan.best.micro_batch, b);
   EXPECT_EQ(plan.best.total(), device_states + llama7b_activations(b, true));
-  // Host: 18Ψ/8 per rank, 8 ranks per node = 121 GB of a node's memory.
-  EXPECT_EQ(plan.best.host(), 18 * (psi / 8));
-  EXPECT_EQ(plan.host_per_node, 8 * 18 * (psi / 8));
+  // Host: 18Ψ/8 per rank plus the landing ring (3 bucket shards in bf16), 8 ranks per node =
+  // 124 GB of a node's memory.
+  const int64_t ring = 3 * 2 * (e / 8);
+  EXPECT_EQ(plan.best.host(), 18 * (psi / 8) + ring);
+  EXPECT_EQ(plan.host_per_node, 8 * (18 * (psi / 8) + ring));
   EXPECT_TRUE(plan.host_fits);
   lim.host_bytes = parse_byte_size("128GB");
-  EXPECT_FALSE(plan_memory(in, lim).host_fits) << "121 GB > 115.2 GB";
-  lim.ranks_per_node = 4;  // two nodes of 4 GPUs: 60.6 GB each
+  EXPECT_FALSE(plan_memory(in, lim).host_fits) << "124 GB > 115.2 GB";
+  lim.ranks_per_node = 4;  // two nodes of 4 GPUs: 62.1 GB each
   EXPECT_TRUE(plan_memory(in, lim).host_fits);
 
   // At 24 ranks the same device holds stage 2 without optimizer offload, and then only with
@@ -352,7 +356,7 @@ TEST(MemoryPlan, OffloadOnlyWhenNothingElseFitsOrWhenAsked) {
   EXPECT_TRUE(asked.best.offload);
   EXPECT_EQ(asked.best.stage, 1);
   EXPECT_GT(asked.best.micro_batch, plan.best.micro_batch) << "more device memory left";
-  EXPECT_EQ(asked.best.host(), 18 * (kLlama7b / 8));
+  EXPECT_EQ(asked.best.host(), 18 * (kLlama7b / 8) + 3 * 2 * bucket_buffer_elements(on, 1) / 8);
   for (int r = 0; r < 3; ++r) EXPECT_FALSE(asked.offload[0][r].fits);
 }
 
