@@ -12,6 +12,7 @@
 #include "support/allocator_run.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
+#include "support/tiny_net_layout.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
 #include "zero/shard_info.hpp"
@@ -19,25 +20,13 @@
 namespace zero::testing {
 namespace {
 
-// The layout the engine builds: trainable parameters in reverse registration order.
-FlatLayout expected_layout(int shards, int64_t bucket) {
-  auto net = make_tiny_net(0);
-  std::vector<ParamSpec> specs;
-  auto named = net->named_parameters();
-  for (auto it = named.end(); it != named.begin();) {
-    --it;
-    specs.push_back({it->key(), it->value().numel()});
-  }
-  return FlatLayout::build(specs, bucket, shards, /*align=*/64);
-}
-
 class StageMemory : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 
 TEST_P(StageMemory, MeasuredBytesAreExactlyTheStagesPromise) {
   const auto [stage, world, accumulation] = GetParam();
   const int64_t bucket = 200;
   Config cfg = test_config(stage, 48 / world / accumulation, accumulation, 0, bucket);
-  const FlatLayout L = expected_layout(stage == 0 ? 1 : world, bucket);
+  const FlatLayout L = tiny_net_layout(stage == 0 ? 1 : world, bucket);
   const int64_t padded = L.total_numel();
   const int64_t shard = L.shard_numel();
   // Bucket buffers hold at most reduce_bucket_size elements (one 64-element row per rank when

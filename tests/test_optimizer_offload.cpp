@@ -15,6 +15,7 @@
 #include "support/allocator_run.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
+#include "support/tiny_net_layout.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
@@ -322,19 +323,6 @@ TEST(OffloadCheckpoint, ResumesOnAnotherWorldSizeWithAndWithoutOffload) {
   }
   EXPECT_GT((ref.params - saved).abs().max().item<double>(), 1e-3) << "the resumed steps moved";
   std::filesystem::remove_all(base);
-}
-
-// The layout the engine builds for the tiny net: trainable parameters in reverse registration
-// order (as test_memory.cpp rebuilds it).
-FlatLayout tiny_net_layout(int shards, int64_t bucket) {
-  auto net = make_tiny_net(0);
-  std::vector<ParamSpec> specs;
-  auto named = net->named_parameters();
-  for (auto it = named.end(); it != named.begin();) {
-    --it;
-    specs.push_back({it->key(), it->value().numel()});
-  }
-  return FlatLayout::build(specs, bucket, shards, /*align=*/64);
 }
 
 TEST(OffloadMemory, HostHoldsMasterStatesAndGradientShard) {
