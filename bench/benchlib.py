@@ -1,4 +1,4 @@
-"""What the bench scripts share: the repository root and a torchrun launch that stops the bench
+"""What the bench scripts share: the repository root, bytes in MiB, and a torchrun launch that stops the bench
 with both output streams when a run fails."""
 import os
 import subprocess
@@ -14,3 +14,7 @@ def torchrun(n, port, argv):
     if res.returncode != 0:
         sys.exit(f"bench: {' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res.stdout
+
+
+def mib(b):
+    return b / 2**20

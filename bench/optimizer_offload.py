@@ -19,11 +19,8 @@ import statistics
 import sys
 import tempfile
 
-from benchlib import ROOT, torchrun
+from benchlib import ROOT, mib, torchrun
 
-
-def mib(b):
-    return b / 2**20
 
 
 def run(args, tmp, port, model, offload):

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT  # noqa: E402
+from benchlib import ROOT, mib  # noqa: E402
 
 FRAMEWORKS = ["zero-s0", "zero-s1", "zero-s2", "ddp", "ddp-zero1", "fsdp2", "ds-z1", "ds-z2"]
 BASELINE_OF = {"zero-s0": "zero", "zero-s1": "zero", "zero-s2": "zero", "ddp": "torch",
@@ -216,9 +216,6 @@ def baseline(kind, n, a, port, tmp):
         argv = [py, os.path.abspath(__file__), "--worker", "none", "--baseline", kind]
     return run(n, port, argv, env, rss_file)
 
-
-def mib(b):
-    return b / 2**20
 
 
 def main():

@@ -14,13 +14,10 @@ import os
 import sys
 import tempfile
 
-from benchlib import ROOT, torchrun
+from benchlib import ROOT, mib, torchrun
 
 
 
-
-def mib(b):
-    return b / 2**20
 
 
 def main():
