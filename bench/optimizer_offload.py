@@ -22,7 +22,6 @@ import tempfile
 from benchlib import ROOT, mib, torchrun
 
 
-
 def run(args, tmp, port, model, offload):
     summary = os.path.join(tmp, f"{model}{offload}.json")
     train = os.path.join(args.build, "examples", "zero-train")

@@ -217,7 +217,6 @@ def baseline(kind, n, a, port, tmp):
     return run(n, port, argv, env, rss_file)
 
 
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt-25m", choices=sorted(PRESETS))

@@ -17,9 +17,6 @@ import tempfile
 from benchlib import ROOT, mib, torchrun
 
 
-
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt-100m")
