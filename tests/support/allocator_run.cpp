@@ -4,7 +4,9 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
@@ -12,6 +14,29 @@
 #include "zero/engine.hpp"
 
 namespace zero::testing {
+
+namespace {
+
+// Gloo's worker thread drops its reference to a finished collective (and so to the tensors it
+// carried, such as a bucket's fp32 start-up staging) only after the waiting thread has seen it
+// complete: c10d's run loop resets the work once it relocks its queue. A tensor the engine has
+// let go of may therefore still be freed after the barrier that precedes a reading; on a loaded
+// machine (CI) that was one bucket's 1 MiB staging, freed during the next step. So read until
+// the figure holds still: three equal readings 2 ms apart, within two seconds.
+int64_t settled_host_allocated_bytes() {
+  int64_t last = host_allocated_bytes();
+  int same = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (same < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const int64_t now = host_allocated_bytes();
+    same = now == last ? same + 1 : 0;
+    last = now;
+  }
+  return last;
+}
+
+}  // namespace
 
 AllocatorRun run_with_allocator_readings(const Config& cfg, int world) {
   AllocatorRun out;
@@ -24,7 +49,7 @@ AllocatorRun run_with_allocator_readings(const Config& cfg, int world) {
     if (cfg.bf16) x = x.to(at::kBFloat16);
     const auto read = [&](int64_t& into, const char* what) {
       group->barrier(what);
-      if (group->rank() == 0) into = host_allocated_bytes();
+      if (group->rank() == 0) into = settled_host_allocated_bytes();
       group->barrier("measured");
     };
     read(out.before, "baseline");

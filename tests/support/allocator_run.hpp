@@ -18,7 +18,7 @@ struct AllocatorRun {
 
 // Trains a ~1.05 M-parameter MLP (4 x Linear(512, 512); far above allocator noise) for ten
 // steps on `world` thread ranks. Readings are taken by rank 0 between barriers, so no rank is
-// allocating while they are made.
+// allocating while they are made, once gloo's threads have let go of finished collectives.
 AllocatorRun run_with_allocator_readings(const Config& cfg, int world);
 
 }  // namespace zero::testing
