@@ -29,6 +29,7 @@ class AdamW final : public ShardOptimizer {
   void update(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& s,
               Range window) override {
     at::NoGradGuard no_grad;
+    require_no_grad_mul(s);
     for (const ParamGroup& g : groups()) {
       std::vector<at::Tensor> p = slices(param, g, window);
       if (p.empty()) continue;
@@ -70,6 +71,7 @@ std::unique_ptr<ShardOptimizer> make_grouped_adamw(const AdamWOptions& options, 
   TORCH_CHECK(options.eps >= 0, "zero: AdamW eps must be >= 0, got ", options.eps);
   TORCH_CHECK(options.weight_decay >= 0, "zero: AdamW weight_decay must be >= 0, got ",
               options.weight_decay);
+  if (options.op_by_op) return detail::make_op_by_op_adamw(options, numel, std::move(groups), opts);
   return std::make_unique<AdamW>(options, numel, std::move(groups), opts);
 }
 

@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <cstring>
+#include <optional>
 
 // x86-64 with GCC or Clang: one clone of each kernel per instruction set, picked at load time,
 // so the default build (no -march) still runs the loops 8 or 16 floats wide where the CPU can.
@@ -151,14 +151,14 @@ class HostOptimizerBase : public HostShardOptimizer {
  public:
   HostOptimizerBase(int64_t numel, std::vector<ParamGroup> groups, const at::TensorOptions& opts,
                     const HostOptimizerOptions& host)
-      : HostShardOptimizer(numel, std::move(groups), opts, host.threads),
-        pin_(host.pin_memory) {
+      : HostShardOptimizer(numel, std::move(groups), opts, host.threads), pin_(host.pin_memory) {
     TORCH_CHECK(opts.device().is_cpu(),
                 "zero: the CPU optimizer's shard must be in host memory, got ", opts.device());
   }
 
   void update_to(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& s,
                  Range window, const at::Tensor& out) override {
+    require_no_grad_mul(s);
     TORCH_CHECK(window.begin >= 0 && window.begin <= window.end && window.end <= numel(),
                 "zero: update window [", window.begin, ", ", window.end, ") outside the shard");
     TORCH_CHECK(param.is_cpu() && grad.is_cpu(), "zero: ", name(),
@@ -199,8 +199,8 @@ class HostOptimizerBase : public HostShardOptimizer {
         const int64_t b = std::max(r.begin, window.begin), e = std::min(r.end, window.end);
         if (b >= e) continue;
         for_chunks({b, e}, [&](int64_t cb, int64_t ce) {
-          apply_chunk(kind, p + cb, g + cb, cb, ce - cb, group_lr, grad_scale,
-                      group.weight_decay, out_at(cb));
+          apply_chunk(kind, p + cb, g + cb, cb, ce - cb, group_lr, grad_scale, group.weight_decay,
+                      out_at(cb));
         });
       }
     }

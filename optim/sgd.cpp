@@ -22,6 +22,7 @@ class Sgd final : public ShardOptimizer {
   void update(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& s,
               Range window) override {
     at::NoGradGuard no_grad;
+    require_no_grad_mul(s);
     const bool first = steps_ == 1;  // begin_step() counted this one already
     for (const ParamGroup& g : groups()) {
       std::vector<at::Tensor> p = slices(param, g, window);

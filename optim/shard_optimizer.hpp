@@ -95,6 +95,9 @@ class ShardOptimizer {
   struct Scalars {
     at::Tensor grad_scale;  // the kernel uses grad / grad_scale
     at::Tensor found_inf;   // 1: leave params and state untouched (fp16 overflow, NaN norm)
+    // Then times this: DeepSpeed's clip, grad * (1 / coefficient), as its own rounding step.
+    // Only the op-by-op AdamW takes it; the fused kernels fold the clip into grad_scale.
+    at::Tensor grad_mul;
   };
 
   // One step; param and grad are 1-D contiguous fp32 tensors of numel() on the optimizer's
@@ -206,6 +209,13 @@ class ShardOptimizer {
   }
 
   virtual void on_begin_step() {}
+
+  // For the kernels that fold everything into grad_scale.
+  void require_no_grad_mul(const Scalars& s) const {
+    TORCH_CHECK(!s.grad_mul.defined(), "zero: ", name(),
+                ".update got a separate gradient multiplier, which only the op-by-op AdamW "
+                "(torch_adam) applies; this is a bug");
+  }
 
   // The slices of `t` inside `window` that belong to group `g`: the tensor list of one fused
   // call. The whole of `t` when one group covers the shard and the window is the shard, so the

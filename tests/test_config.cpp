@@ -295,6 +295,17 @@ TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
              "does not apply to scheduler type WarmupLR");
 }
 
+// Under optimizer offload zero's own CPU kernel steps: torch_adam's arithmetic is not what runs,
+// and the user is told so.
+TEST(Config, TorchAdamWithOffloadWarns) {
+  const Config c = load(
+      "optimizer: {type: AdamW, params: {torch_adam: true}}\n"
+      "zero_optimization: {stage: 2, offload_optimizer: {device: cpu}}\n");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_HAS(c.warnings[0], "'optimizer.params.torch_adam'");
+  EXPECT_HAS(c.warnings[0], "zero's one-pass CPU AdamW");
+}
+
 TEST(Config, TypesAreCanonicalised) {
   Config c = load(
       "optimizer: {type: adam, params: {torch_adam: true}}\n"
@@ -303,8 +314,11 @@ TEST(Config, TypesAreCanonicalised) {
       "bfloat16: {enabled: true}\nno_weight_decay: [bias, ln_]\nseed: 18446744073709551615\n"
       "activation_checkpointing: {cpu_checkpointing: true, number_checkpoints: 4}\n");
   EXPECT_EQ(c.optimizer.type, "AdamW");
-  // torch_adam builds torch.optim.AdamW in DeepSpeed, whose default weight_decay is 0.01.
+  // torch_adam builds torch.optim.AdamW in DeepSpeed, whose default weight_decay is 0.01, and
+  // zero then steps with torch's op-by-op arithmetic.
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_TRUE(c.optimizer.torch_adam);
+  EXPECT_FALSE(load("optimizer: {type: AdamW}\n").optimizer.torch_adam);
   EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
   EXPECT_EQ(c.communication_data_type, Dtype::kBFloat16);
   EXPECT_EQ(c.grad_accum_dtype, Dtype::kFloat32);

@@ -21,6 +21,8 @@ struct Case {
   // its bucket is reduced in chunks through buffers bounded by the bucket size.
   int64_t bucket = 200;
   bool bf16_comm = false;  // gradients travel in bf16 (the chunked path of stages 0/1 too)
+  // DeepSpeed's torch_adam: the op-by-op AdamW and DeepSpeed's norm and clip arithmetic.
+  bool torch_adam = false;
 };
 
 std::string name_of(const ::testing::TestParamInfo<Case>& info) {
@@ -28,7 +30,7 @@ std::string name_of(const ::testing::TestParamInfo<Case>& info) {
   return "stage" + std::to_string(c.stage) + "_world" + std::to_string(c.world) + "_ga" +
          std::to_string(c.accumulation) + (c.clip > 0 ? "_clip" : "") +
          (c.bucket != 200 ? "_bucket" + std::to_string(c.bucket) : "") +
-         (c.bf16_comm ? "_bf16comm" : "");
+         (c.bf16_comm ? "_bf16comm" : "") + (c.torch_adam ? "_torchadam" : "");
 }
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
@@ -40,6 +42,7 @@ TEST_P(Equivalence, MatchesSingleProcessTraining) {
   const Case c = GetParam();
   const int64_t micro = kGlobalRows / (c.world * c.accumulation);
   Config cfg = test_config(c.stage, micro, c.accumulation, c.clip, c.bucket);
+  cfg.optimizer.torch_adam = c.torch_adam;
   if (c.bf16_comm) {
     // AdamW turns a gradient that is ~0 into a full +-lr step whose sign bf16 rounding can flip;
     // SGD's update is proportional to the gradient, so the rounding stays a rounding.
@@ -90,20 +93,22 @@ TEST_P(Equivalence, MatchesSingleProcessTraining) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllStages, Equivalence,
-                         ::testing::Values(Case{0, 1, 1, 0}, Case{1, 1, 1, 0}, Case{2, 1, 1, 0},  //
-                                           Case{0, 2, 1, 0}, Case{1, 2, 1, 0}, Case{2, 2, 1, 0},  //
-                                           Case{0, 4, 1, 0}, Case{1, 4, 1, 0}, Case{2, 4, 1, 0},  //
-                                           Case{0, 2, 3, 0}, Case{1, 2, 3, 0}, Case{2, 2, 3, 0},  //
-                                           Case{0, 4, 2, 0.3}, Case{1, 4, 2, 0.3},
-                                           Case{2, 4, 2, 0.3}, Case{2, 3, 2, 0.3},
-                                           // Parameters larger than a bucket, and stage 1
-                                           // with accumulation (its full accumulator).
-                                           Case{1, 2, 1, 0, 64}, Case{2, 4, 1, 0.3, 64},
-                                           Case{1, 4, 2, 0.3, 64}, Case{1, 3, 2, 0, 64},
-                                           Case{0, 2, 1, 0, 64, true}, Case{1, 2, 2, 0, 64, true},
-                                           Case{1, 4, 1, 0, 64, true}, Case{2, 2, 2, 0, 64, true}),
-                         name_of);
+INSTANTIATE_TEST_SUITE_P(
+    AllStages, Equivalence,
+    ::testing::Values(Case{0, 1, 1, 0}, Case{1, 1, 1, 0}, Case{2, 1, 1, 0},  //
+                      Case{0, 2, 1, 0}, Case{1, 2, 1, 0}, Case{2, 2, 1, 0},  //
+                      Case{0, 4, 1, 0}, Case{1, 4, 1, 0}, Case{2, 4, 1, 0},  //
+                      Case{0, 2, 3, 0}, Case{1, 2, 3, 0}, Case{2, 2, 3, 0},  //
+                      Case{0, 4, 2, 0.3}, Case{1, 4, 2, 0.3}, Case{2, 4, 2, 0.3},
+                      Case{2, 3, 2, 0.3},
+                      // Parameters larger than a bucket, and stage 1
+                      // with accumulation (its full accumulator).
+                      Case{1, 2, 1, 0, 64}, Case{2, 4, 1, 0.3, 64}, Case{1, 4, 2, 0.3, 64},
+                      Case{1, 3, 2, 0, 64}, Case{0, 2, 1, 0, 64, true}, Case{1, 2, 2, 0, 64, true},
+                      Case{1, 4, 1, 0, 64, true}, Case{2, 2, 2, 0, 64, true},
+                      Case{0, 2, 1, 0.3, 200, false, true}, Case{1, 4, 2, 0.3, 64, false, true},
+                      Case{2, 4, 1, 0.3, 64, false, true}, Case{2, 2, 3, 0, 200, false, true}),
+    name_of);
 
 // SGD with momentum goes through the same engine path.
 TEST(EquivalenceSgd, Stage2MatchesTorchSgd) {

@@ -187,6 +187,37 @@ TEST(AdamW, WeightDecayOnlyInsideDecayRanges) {
   run_against_torch(m, ref, *ours);
 }
 
+// DeepSpeed's torch_adam: torch.optim.AdamW's ops one at a time. Within torch::optim::AdamW's
+// rounding like the fused kernel (the C++ optimizer updates the first moment with mul_/add_,
+// Python's with lerp_, so neither is bit for bit the other; bench/ds_parity.py shows the
+// op-by-op form bit for bit DeepSpeed's torch.optim.AdamW over 30 bf16 steps).
+TEST(AdamW, OpByOpMatchesTorch) {
+  Model m;
+  AdamWOptions o;
+  o.weight_decay = 0.3;
+  o.op_by_op = true;
+  torch::optim::AdamW ref(groups(m, torch_adamw(o)), without_decay(torch_adamw(o)));
+  auto ours = make_adamw(o, m.numel(), m.decay_ranges(), fp32());
+  EXPECT_EQ(ours->name(), "adamw") << "one state format: checkpoints move between the two forms";
+  run_against_torch(m, ref, *ours);
+}
+
+// grad_mul (DeepSpeed's clip multiplier) applies after grad_scale, as a rounding step of its own.
+TEST(AdamW, OpByOpMultipliesTheScaledGradient) {
+  const int64_t n = 300;
+  AdamWOptions o;
+  o.weight_decay = 0.1;
+  o.op_by_op = true;
+  auto a = make_adamw(o, n, {{0, 200}}, fp32()), b = make_adamw(o, n, {{0, 200}}, fp32());
+  at::Tensor pa = at::randn({n}), pb = pa.clone();
+  for (int s = 0; s < 3; ++s) {
+    const at::Tensor g = at::randn({n}), mul = at::full({1}, 0.3 + 0.1 * s);
+    a->step(pa, (g / 3.0).mul_(mul), 0.1);
+    b->step(pb, g.clone(), 0.1, {at::full({1}, 3.0), at::zeros({1}), mul});
+  }
+  EXPECT_TRUE(at::equal(pa, pb));
+}
+
 TEST(AdamW, StateIsTwoShardSizedFp32Tensors) {
   const int64_t n = 1000;
   auto opt = make_adamw({}, n, {{0, n}}, fp32());
@@ -289,14 +320,28 @@ TEST(Sgd, StateOnlyWithMomentum) {
 
 // The engine's device scalars: grad_scale divides the gradient inside the kernel, found_inf = 1
 // leaves parameters and state alone, and a step cut into windows (the engine's bucket-by-bucket
-// update) equals the whole step.
+// update) equals the whole step. For the fused AdamW and SGD and the op-by-op AdamW alike.
 std::vector<std::unique_ptr<ShardOptimizer>> both(int64_t n, const std::vector<Range>& decay) {
   AdamWOptions a;
   a.weight_decay = 0.1;
   std::vector<std::unique_ptr<ShardOptimizer>> out;
   out.push_back(make_adamw(a, n, decay, fp32()));
   out.push_back(make_sgd(sgd(0.9, 0.1, 0.1, false), n, decay, fp32()));
+  a.op_by_op = true;
+  out.push_back(make_adamw(a, n, decay, fp32()));
   return out;
+}
+
+// The fused kernels fold the clip into grad_scale; a separate multiplier reaching one of them
+// would be dropped, so it is refused.
+TEST(DeviceScalars, FusedKernelsRefuseASeparateMultiplier) {
+  const int64_t n = 64;
+  auto all = both(n, {{0, n}});
+  for (size_t k = 0; k < 2; ++k) {
+    at::Tensor p = at::randn({n});
+    EXPECT_THROW(all[k]->step(p, at::randn({n}), 0.1, {{}, {}, at::ones({1})}), c10::Error)
+        << all[k]->name();
+  }
 }
 
 TEST(DeviceScalars, GradScaleDividesTheGradient) {

@@ -95,6 +95,20 @@ at::Tensor squared_norm(const at::Tensor& g, const FlatLayout& layout) {
   return sq;
 }
 
+// DeepSpeed's (stage_1_and_2.get_grad_norm_direct) for the torch_adam path: the rank's square
+// sum taken in fp64 (one bucket window converted at a time), rounded to fp32 before the ranks
+// add theirs. The sum is then all but exact, so a different split of the elements into ranks
+// and buckets than DeepSpeed's rarely changes the fp32 result.
+at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatLayout& layout) {
+  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kDouble));
+  for (const BucketSlot& b : layout.buckets()) {
+    const optim::Range w = window_of(b);
+    sq.add_(
+        at::linalg_vector_norm(g.narrow(0, w.begin, w.end - w.begin).to(at::kDouble), 2).square());
+  }
+  return sq.to(at::kFloat);
+}
+
 }  // namespace
 
 void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
@@ -396,7 +410,8 @@ bool Engine::step() {
   // the loss scale stay on the device and reach the fused kernel as grad_scale / found_inf.
   at::Tensor& g = m.sync->grad_shard();
   // In fp32 (no fp64 copy); the reduction accumulates in a tree.
-  at::Tensor sq = squared_norm(g, m.fp.layout);
+  at::Tensor sq =
+      m.opt.deepspeed_clip ? deepspeed_squared_norm(g, m.fp.layout) : squared_norm(g, m.fp.layout);
   // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
   if (m.offload) sq = sq.to(m.fp.flat.device());
   if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
@@ -409,8 +424,12 @@ bool Engine::step() {
   // square sum), so every rank skips the same steps.
   const at::Tensor found_inf = sq.isfinite().logical_not().to(at::kFloat);
   const at::Tensor norm = sq.sqrt() / divisor;
-  at::Tensor grad_scale = divisor;
-  if (m.cfg.gradient_clipping > 0) {
+  at::Tensor grad_scale = divisor, grad_mul;
+  if (m.cfg.gradient_clipping > 0 && m.opt.deepspeed_clip) {
+    // DeepSpeed's unscale_and_clip_grads: the coefficient's reciprocal multiplies the averaged
+    // gradient, a rounding step of its own (torch_adam's op-by-op AdamW applies it).
+    grad_mul = at::clamp_min((norm + 1e-6) / m.cfg.gradient_clipping, 1.0).reciprocal();
+  } else if (m.cfg.gradient_clipping > 0) {
     const at::Tensor coef = at::clamp_max(m.cfg.gradient_clipping / (norm + 1e-6), 1.0);
     grad_scale = divisor / coef;
   }
@@ -418,7 +437,7 @@ bool Engine::step() {
 
   const double lr = m.opt.schedule->lr_at(m.stats.optimizer_steps);
   // After a skipped step the master is unchanged, so this republishes the same values.
-  m.update_and_publish(g, lr, {grad_scale, found_inf});
+  m.update_and_publish(g, lr, {grad_scale, found_inf, grad_mul});
   m.scaler.update(found_inf);
   m.sync->zero_grad();
   ++m.stats.optimizer_steps;

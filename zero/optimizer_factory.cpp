@@ -146,6 +146,8 @@ OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int 
     a.beta2 = o.beta2;
     a.eps = o.eps;
     a.weight_decay = o.weight_decay;
+    a.op_by_op = o.torch_adam && !offload;
+    b.deepspeed_clip = a.op_by_op;
     b.optimizer = offload ? optim::make_grouped_cpu_adamw(a, n, std::move(groups), opts, host)
                           : optim::make_grouped_adamw(a, n, std::move(groups), opts);
   } else if (type == "sgd") {

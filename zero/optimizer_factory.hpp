@@ -15,6 +15,9 @@ namespace zero {
 struct OptimizerBundle {
   std::unique_ptr<optim::ShardOptimizer> optimizer;
   std::unique_ptr<optim::LrSchedule> schedule;
+  // The step unscales and clips as DeepSpeed's unscale_and_clip_grads does (its norm, its
+  // coefficient, a separate multiply), for the op-by-op AdamW that torch_adam selects.
+  bool deepspeed_clip = false;
 };
 
 // `owner`: whose shard of `layout` the optimizer updates. Weight decay skips parameters whose

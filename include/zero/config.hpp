@@ -39,6 +39,12 @@ struct OptimizerConfig {
   double momentum = 0.0;  // SGD
   double dampening = 0.0;
   bool nesterov = false;
+  // DeepSpeed's `optimizer.params.torch_adam` (AdamW): DeepSpeed then steps with
+  // torch.optim.AdamW and unscales and clips the gradient as separate ops. zero then does the
+  // same, op for op (bit for bit torch's AdamW, ~9 passes over the shard, one host read of the
+  // overflow verdict per step) instead of its one-pass fused kernel with the clip folded in.
+  // Not under optimizer offload, whose CPU kernel is zero's own (a warning says so).
+  bool torch_adam = false;
 
   // optimizer.param_groups: options for the parameters whose name matches a pattern, as
   // torch.optim's param groups give them. Each parameter is in at most one group; the others

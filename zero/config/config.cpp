@@ -162,6 +162,13 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
                "): gradients accumulate in fp32 or in the model dtype; set fp32, enable " +
                (*c.grad_accum_dtype == Dtype::kBFloat16 ? "bf16" : "fp16") + " or remove it");
   }
+  const Entry* torch_adam = l.seen("optimizer.params.torch_adam");
+  if (torch_adam && c.optimizer.torch_adam && c.zero_optimization.offload_optimizer.enabled) {
+    l.warn(*torch_adam,
+           "'optimizer.params.torch_adam' asks for torch.optim.AdamW's op-by-op arithmetic, but "
+           "an offloaded optimizer steps with zero's one-pass CPU AdamW: the same update, "
+           "rounded differently in the last bits");
+  }
 }
 
 }  // namespace zero::config_detail

@@ -95,8 +95,9 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
       {"dampening", [&](const Entry& e) { o.dampening = non_negative(l, e); }},
       {"nesterov", [&](const Entry& e) { o.nesterov = l.boolean(e); }},
       {"adam_w_mode", [&](const Entry& e) { adam_w_mode = l.boolean(e); }},
-      // DeepSpeed then builds torch.optim.AdamW/Adam instead of FusedAdam: the same update, but
-      // torch.optim.AdamW's default weight_decay is 0.01 where FusedAdam's is 0.
+      // DeepSpeed then builds torch.optim.AdamW/Adam instead of FusedAdam: the same update, op by
+      // op (OptimizerConfig::torch_adam), and torch.optim.AdamW's default weight_decay is 0.01
+      // where FusedAdam's is 0.
       {"torch_adam", [&](const Entry& e) { torch_adam = l.boolean(e); }},
       l.no_effect("foreach", "it only selects torch.optim's multi-tensor kernel"),
       l.no_effect("fp32_optimizer_states", "it only applies to DeepSpeed's CPU Adam"),
@@ -150,6 +151,7 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
     }
   }
   const bool adamw = o.type == "AdamW";
+  o.torch_adam = adamw && torch_adam;
   if (adamw && torch_adam && !l.seen("optimizer.params.weight_decay")) o.weight_decay = 0.01;
   for (const Entry* e : autos) {
     const std::string key = e->path.substr(e->path.rfind('.') + 1);
