@@ -408,6 +408,7 @@ bool Engine::step() {
 
   // Nothing below reads a value on the host: the norm, the inf check, the clip coefficient and
   // the loss scale stay on the device and reach the fused kernel as grad_scale / found_inf.
+  // (torch_adam's op-by-op AdamW cannot mask itself on the device: it reads found_inf once.)
   at::Tensor& g = m.sync->grad_shard();
   // In fp32 (no fp64 copy); the reduction accumulates in a tree.
   at::Tensor sq =
