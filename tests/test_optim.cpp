@@ -321,7 +321,9 @@ TEST(Sgd, StateOnlyWithMomentum) {
 // The engine's device scalars: grad_scale divides the gradient inside the kernel, found_inf = 1
 // leaves parameters and state alone, and a step cut into windows (the engine's bucket-by-bucket
 // update) equals the whole step. For the fused AdamW and SGD and the op-by-op AdamW alike.
-std::vector<std::unique_ptr<ShardOptimizer>> both(int64_t n, const std::vector<Range>& decay) {
+// The fused ones first (kFusedKernels of them), then the op-by-op AdamW.
+constexpr size_t kFusedKernels = 2;
+std::vector<std::unique_ptr<ShardOptimizer>> kernels(int64_t n, const std::vector<Range>& decay) {
   AdamWOptions a;
   a.weight_decay = 0.1;
   std::vector<std::unique_ptr<ShardOptimizer>> out;
@@ -336,8 +338,8 @@ std::vector<std::unique_ptr<ShardOptimizer>> both(int64_t n, const std::vector<R
 // would be dropped, so it is refused.
 TEST(DeviceScalars, FusedKernelsRefuseASeparateMultiplier) {
   const int64_t n = 64;
-  auto all = both(n, {{0, n}});
-  for (size_t k = 0; k < 2; ++k) {
+  auto all = kernels(n, {{0, n}});
+  for (size_t k = 0; k < kFusedKernels; ++k) {
     at::Tensor p = at::randn({n});
     EXPECT_THROW(all[k]->step(p, at::randn({n}), 0.1, {{}, {}, at::ones({1})}), c10::Error)
         << all[k]->name();
@@ -347,7 +349,7 @@ TEST(DeviceScalars, FusedKernelsRefuseASeparateMultiplier) {
 TEST(DeviceScalars, GradScaleDividesTheGradient) {
   const int64_t n = 300;
   const std::vector<Range> decay = {{0, 100}, {150, 300}};
-  auto a = both(n, decay), b = both(n, decay);
+  auto a = kernels(n, decay), b = kernels(n, decay);
   for (size_t k = 0; k < a.size(); ++k) {
     at::Tensor pa = at::randn({n}), pb = pa.clone();
     for (int s = 0; s < 3; ++s) {
@@ -361,7 +363,7 @@ TEST(DeviceScalars, GradScaleDividesTheGradient) {
 
 TEST(DeviceScalars, FoundInfLeavesEverythingUntouched) {
   const int64_t n = 200;
-  for (auto& opt : both(n, {{0, 120}})) {
+  for (auto& opt : kernels(n, {{0, 120}})) {
     at::Tensor p = at::randn({n});
     opt->step(p, at::randn({n}), 0.1);
     const at::Tensor p0 = p.clone();
@@ -381,7 +383,7 @@ TEST(DeviceScalars, FoundInfLeavesEverythingUntouched) {
 TEST(DeviceScalars, StepInWindowsEqualsOneStep) {
   const int64_t n = 500;
   const std::vector<Range> decay = {{0, 100}, {220, 400}};
-  auto a = both(n, decay), b = both(n, decay);
+  auto a = kernels(n, decay), b = kernels(n, decay);
   for (size_t k = 0; k < a.size(); ++k) {
     at::Tensor pa = at::randn({n}), pb = pa.clone();
     for (int s = 0; s < 3; ++s) {
