@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "zero/auto_strategy.hpp"
+#include "zero/deepspeed_norm.hpp"
 #include "zero/device.hpp"
 #include "zero/engine_impl.hpp"
 
@@ -93,20 +94,6 @@ at::Tensor squared_norm(const at::Tensor& g, const FlatLayout& layout) {
                 .square());
   }
   return sq;
-}
-
-// DeepSpeed's (stage_1_and_2.get_grad_norm_direct) for the torch_adam path: the rank's square
-// sum taken in fp64 (one bucket window converted at a time), rounded to fp32 before the ranks
-// add theirs. The sum is then all but exact, so a different split of the elements into ranks
-// and buckets than DeepSpeed's rarely changes the fp32 result.
-at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatLayout& layout) {
-  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kDouble));
-  for (const BucketSlot& b : layout.buckets()) {
-    const optim::Range w = window_of(b);
-    sq.add_(
-        at::linalg_vector_norm(g.narrow(0, w.begin, w.end - w.begin).to(at::kDouble), 2).square());
-  }
-  return sq.to(at::kFloat);
 }
 
 }  // namespace
@@ -411,11 +398,15 @@ bool Engine::step() {
   // (torch_adam's op-by-op AdamW cannot mask itself on the device: it reads found_inf once.)
   at::Tensor& g = m.sync->grad_shard();
   // In fp32 (no fp64 copy); the reduction accumulates in a tree.
-  at::Tensor sq =
-      m.opt.deepspeed_clip ? deepspeed_squared_norm(g, m.fp.layout) : squared_norm(g, m.fp.layout);
-  // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
-  if (m.offload) sq = sq.to(m.fp.flat.device());
-  if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
+  at::Tensor sq;
+  if (m.opt.deepspeed_clip) {
+    sq = deepspeed_squared_norm(g, m.fp, m.stage, *m.group);  // all ranks' already
+  } else {
+    sq = squared_norm(g, m.fp.layout);
+    // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
+    if (m.offload) sq = sq.to(m.fp.flat.device());
+    if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
+  }
   // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
   // predivide / (world x loss_scale), i.e. divided by `divisor`.
   const double host_divisor = m.group->size() / m.predivide;
