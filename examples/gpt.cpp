@@ -37,15 +37,17 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 BlockImpl::BlockImpl(const GptConfig& c) : heads(c.heads), kv_heads(c.kv_heads_count()) {
   const int64_t kv_dim = kv_heads * c.head_dim();
-  attn_norm = register_module("attn_norm", RMSNorm(c.dim, c.norm_eps));
+  // Registered in LlamaDecoderLayer's order (attention, MLP, then the two norms), so the
+  // parameters flatten as transformers' do: DeepSpeed partitions the flat buffer in that order.
   wq = register_module("wq", linear(c.dim, c.dim));
   wk = register_module("wk", linear(c.dim, kv_dim));
   wv = register_module("wv", linear(c.dim, kv_dim));
   wo = register_module("wo", linear(c.dim, c.dim));
-  mlp_norm = register_module("mlp_norm", RMSNorm(c.dim, c.norm_eps));
   w_gate = register_module("w_gate", linear(c.dim, c.ffn_dim()));
   w_up = register_module("w_up", linear(c.dim, c.ffn_dim()));
   w_down = register_module("w_down", linear(c.ffn_dim(), c.dim));
+  attn_norm = register_module("attn_norm", RMSNorm(c.dim, c.norm_eps));
+  mlp_norm = register_module("mlp_norm", RMSNorm(c.dim, c.norm_eps));
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
