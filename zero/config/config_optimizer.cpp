@@ -136,7 +136,8 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
                 l.no_effect("legacy_fusion",
                             "it only picks DeepSpeed's fused or unfused fp16 optimizer "
                             "implementation, which compute the same update"),
-            });
+            },
+         Loader::Unknown::kIgnore);  // DeepSpeed reads type and params only
   if (deepspeed_adam && !adam_w_mode) {
     l.fail(*l.seen("optimizer.params.adam_w_mode"),
            "Adam with L2-coupled weight decay (adam_w_mode: false) is not supported; use "
@@ -228,7 +229,8 @@ void load_scheduler(Loader& l, const Entry& s, SchedulerConfig& sc) {
                                  "; supported: " + kSchedulerList);
                  }},
                 {"params", [&](const Entry& e) { l.walk(e, params); }},
-            });
+            },
+         Loader::Unknown::kIgnore);  // DeepSpeed reads type and params only
   const Entry* type = l.seen("scheduler.type");
   if (!type) l.fail_at_key(s, std::string("'scheduler.type' is required: ") + kSchedulerList);
   // DeepSpeed passes params to the scheduler's constructor, which rejects foreign ones.

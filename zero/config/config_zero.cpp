@@ -155,7 +155,6 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
                                  "' has no effect here and is ignored: only ZeRO stage 3 reads "
                                  "it");
                  }});
-    f.back().listed = false;
   }
   f.push_back(only_bool(l, "load_from_fp32_weights", true,
                         "restores from 16-bit weights; zero checkpoints always hold fp32 master "
@@ -210,7 +209,8 @@ void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {
                                  "ignored; the model decides which blocks are checkpointed");
                  }
                }});
-  l.walk(s, f);
+  // DeepSpeed reads this section key by key (not a pydantic model): others are ignored.
+  l.walk(s, f, Loader::Unknown::kIgnore);
 }
 
 }  // namespace zero::config_detail
