@@ -180,6 +180,8 @@ std::string run_fingerprint(const std::vector<CheckpointParam>& params, const st
 std::string resolve_tag(const std::string& dir, const std::string& tag);
 // Throws unless `tag` can name a checkpoint directory.
 void check_tag(const std::string& tag);
+// `s` for a message: printable ASCII as it is, other bytes as \xNN, at most `max_bytes` of it.
+std::string escaped(const std::string& s, size_t max_bytes);
 
 // Where each parameter's pieces are: per name, (file, entry) sorted by param_offset, checked to
 // tile [0, numel) exactly once and to match the manifest's parameters.
