@@ -357,6 +357,7 @@ void Engine::Impl::settle() {
   const at::Tensor v = verdict.get();
   const double* x = v.data_ptr<double>();
   const double norm = x[0];
+  stats.last_step_skipped = x[1] != 0;
   if (x[1] == 0) {
     stats.last_grad_norm = norm;
     return;
@@ -365,10 +366,25 @@ void Engine::Impl::settle() {
   opt.optimizer->undo_step();
   --stats.optimizer_steps;
   if (scaler.active()) {
+    // The step as DeepSpeed counts it (skipped ones included): optimizer_steps counts only
+    // the applied ones, so it stays put while every step overflows.
+    const int64_t step = stats.optimizer_steps + stats.skipped_steps;
     ++stats.skipped_steps;
     if (group->rank() == 0) {
-      std::cerr << "zero: fp16 gradient overflow at optimizer step " << stats.optimizer_steps
-                << ": step skipped on every rank, loss scale " << x[2] << " -> " << x[3] << "\n";
+      std::ostringstream os;
+      os << "zero: fp16 gradient overflow at optimizer step " << step << " (" << stats.skipped_steps
+         << " skipped, " << stats.optimizer_steps
+         << " applied so far): step skipped on every rank, ";
+      if (x[3] != x[2]) {
+        os << "loss scale " << x[2] << " -> " << x[3];
+      } else if (x[5] < x[4]) {
+        // fp16.hysteresis: only that many overflows in a row lower the scale.
+        os << "loss scale " << x[2] << " kept: fp16.hysteresis absorbed this overflow (" << x[5]
+           << " more in a row lower it)";
+      } else {
+        os << "loss scale " << x[2] << " kept (static, or at fp16.min_loss_scale)";
+      }
+      std::cerr << os.str() << "\n";
     }
     return;
   }
@@ -426,6 +442,8 @@ bool Engine::step() {
     grad_scale = divisor / coef;
   }
   const at::Tensor scale_before = m.scaler.active() ? m.scaler.scale_tensor() : divisor;
+  // fp16.hysteresis: how many more overflows in a row the scale tolerates, before and after.
+  const at::Tensor left_before = m.scaler.active() ? m.scaler.hysteresis_left() : divisor;
 
   const double lr = m.opt.schedule->lr_at(m.stats.optimizer_steps);
   // After a skipped step the master is unchanged, so this republishes the same values.
@@ -435,7 +453,11 @@ bool Engine::step() {
   ++m.stats.optimizer_steps;
 
   const at::Tensor scale_after = m.scaler.active() ? m.scaler.scale_tensor() : divisor;
-  m.verdict.start(at::cat({norm, found_inf, scale_before, scale_after}).to(at::kDouble));
+  // How many more overflows in a row the scale tolerates before it drops (fp16.hysteresis).
+  const at::Tensor left_after = m.scaler.active() ? m.scaler.hysteresis_left() : left_before;
+  const auto as_double = [](const at::Tensor& t) { return t.reshape({1}).to(at::kDouble); };
+  m.verdict.start(at::cat({as_double(norm), as_double(found_inf), as_double(scale_before),
+                           as_double(scale_after), as_double(left_before), as_double(left_after)}));
   if (!m.verdict.ready()) return true;  // CUDA: the outcome reaches the host at the next step
   const int64_t skipped = m.stats.skipped_steps;
   m.settle();
