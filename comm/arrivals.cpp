@@ -51,8 +51,8 @@ std::string world_size_mismatch(int rank, int world_size, const Arrivals& a) {
     others += (others.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) +
               " was launched with WORLD_SIZE=" + std::to_string(w);
   }
-  return others + ", this rank (rank " + std::to_string(rank) + ") with WORLD_SIZE=" +
-         std::to_string(world_size) +
+  return others + ", this rank (rank " + std::to_string(rank) +
+         ") with WORLD_SIZE=" + std::to_string(world_size) +
          ": the ranks disagree on the world size; launch every rank with the same WORLD_SIZE "
          "(torchrun: the same --nnodes and --nproc-per-node on every node)";
 }

@@ -143,7 +143,8 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
     parts->store->append("arrivals", std::vector<uint8_t>(mine.begin(), mine.end()));
     for (;;) {
       const Arrivals a = parse_arrivals(parts->store->get("arrivals"), size);
-      if (!a.other_sizes.empty()) throw LaunchError(who + ": " + world_size_mismatch(rank, size, a));
+      if (!a.other_sizes.empty())
+        throw LaunchError(who + ": " + world_size_mismatch(rank, size, a));
       const std::vector<int>& missing = a.missing;
       if (missing.empty()) break;
       stage->set(waiting, "rank" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) +

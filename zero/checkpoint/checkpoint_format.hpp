@@ -149,7 +149,7 @@ struct Manifest {
   std::string param_dtype = "fp32";
   std::string optimizer;
   std::vector<std::string> state_names;
-  std::string param_groups;  // param_groups_text(optimizer.param_groups); "" for none
+  std::string param_groups;              // param_groups_text(optimizer.param_groups); "" for none
   int64_t optimizer_internal_steps = 0;  // ShardOptimizer::steps(): bias correction
   int64_t optimizer_steps = 0;           // EngineStats
   int64_t micro_steps = 0;

@@ -117,26 +117,27 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
       l.unsupported("cuda_aware"),
       l.unsupported("comm_backend_name"),
   };
-  l.walk(s, {
-                {"type",
-                 [&](const Entry& e) {
-                   const std::string t = lower(l.string(e));
-                   if (t == "adamw" || t == "adam") {
-                     o.type = "AdamW";
-                     deepspeed_adam = t == "adam";
-                   } else if (t == "sgd") {
-                     o.type = "SGD";
-                   } else {
-                     l.fail(e, "'" + e.path + "' " + describe(e.value) +
-                                   " is not supported by zero; use AdamW, Adam or SGD");
-                   }
-                 }},
-                {"params", [&](const Entry& e) { l.walk(e, params); }},
-                {"param_groups", [&](const Entry& e) { o.param_groups = load_param_groups(l, e); }},
-                l.no_effect("legacy_fusion",
-                            "it only picks DeepSpeed's fused or unfused fp16 optimizer "
-                            "implementation, which compute the same update"),
-            },
+  l.walk(s,
+         {
+             {"type",
+              [&](const Entry& e) {
+                const std::string t = lower(l.string(e));
+                if (t == "adamw" || t == "adam") {
+                  o.type = "AdamW";
+                  deepspeed_adam = t == "adam";
+                } else if (t == "sgd") {
+                  o.type = "SGD";
+                } else {
+                  l.fail(e, "'" + e.path + "' " + describe(e.value) +
+                                " is not supported by zero; use AdamW, Adam or SGD");
+                }
+              }},
+             {"params", [&](const Entry& e) { l.walk(e, params); }},
+             {"param_groups", [&](const Entry& e) { o.param_groups = load_param_groups(l, e); }},
+             l.no_effect("legacy_fusion",
+                         "it only picks DeepSpeed's fused or unfused fp16 optimizer "
+                         "implementation, which compute the same update"),
+         },
          Loader::Unknown::kIgnore);  // DeepSpeed reads type and params only
   if (deepspeed_adam && !adam_w_mode) {
     l.fail(*l.seen("optimizer.params.adam_w_mode"),
@@ -212,24 +213,25 @@ void load_scheduler(Loader& l, const Entry& s, SchedulerConfig& sc) {
        [&](const Entry& e) { or_auto(e, [&] { sc.cos_min_ratio = ratio(l, e); }); }},
       l.unsupported("last_batch_iteration"),
   };
-  l.walk(s, {
-                {"type",
-                 [&](const Entry& e) {
-                   const std::string t = lower(l.string(e));
-                   for (const char* known : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}) {
-                     if (t == lower(known)) sc.type = known;
-                   }
-                   if (!sc.type.empty()) return;
-                   const bool deepspeed = t == "onecycle" || t == "lrrangetest";
-                   const std::string near =
-                       config_detail::nearest(t, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
-                   l.fail(e, "'" + e.path + "' " + describe(e.value) +
-                                 (deepspeed ? " is not supported by zero" : " is unknown") +
-                                 (near.empty() ? "" : "; did you mean '" + near + "'?") +
-                                 "; supported: " + kSchedulerList);
-                 }},
-                {"params", [&](const Entry& e) { l.walk(e, params); }},
-            },
+  l.walk(s,
+         {
+             {"type",
+              [&](const Entry& e) {
+                const std::string t = lower(l.string(e));
+                for (const char* known : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}) {
+                  if (t == lower(known)) sc.type = known;
+                }
+                if (!sc.type.empty()) return;
+                const bool deepspeed = t == "onecycle" || t == "lrrangetest";
+                const std::string near =
+                    config_detail::nearest(t, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
+                l.fail(e, "'" + e.path + "' " + describe(e.value) +
+                              (deepspeed ? " is not supported by zero" : " is unknown") +
+                              (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                              "; supported: " + kSchedulerList);
+              }},
+             {"params", [&](const Entry& e) { l.walk(e, params); }},
+         },
          Loader::Unknown::kIgnore);  // DeepSpeed reads type and params only
   const Entry* type = l.seen("scheduler.type");
   if (!type) l.fail_at_key(s, std::string("'scheduler.type' is required: ") + kSchedulerList);

@@ -260,11 +260,10 @@ void Loader::finish() {
   if (!ignored_.empty()) {
     std::string names;
     for (const auto& e : ignored_) {
-      names += (names.empty() ? "'" : ", '") + e.path + "' (" + where(e.path, anchor(e), false) +
-               ")";
+      names +=
+          (names.empty() ? "'" : ", '") + e.path + "' (" + where(e.path, anchor(e), false) + ")";
     }
-    warnings_->push_back("zero: " + source_ + ": ignoring " + names +
-                         ": DeepSpeed does not read " +
+    warnings_->push_back("zero: " + source_ + ": ignoring " + names + ": DeepSpeed does not read " +
                          (ignored_.size() > 1 ? "these keys" : "this key") + " either");
   }
   if (errors_.empty()) return;
