@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <csignal>
+#include <cstdlib>
 #include <thread>
 
 #include "comm/arrivals.hpp"
@@ -56,7 +57,12 @@ struct Parts {
 
 std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
   const LaunchInfo info = read_launch_env();
-  if (info.world_size == 1) return single(opts);
+  if (info.world_size == 1) {
+    // A lone rank under torchrun (its agent sets TORCHELASTIC_RUN_ID) is supervised by it too:
+    // if the launcher dies, the rank must notice rather than train on to the end.
+    if (std::getenv("TORCHELASTIC_RUN_ID") != nullptr) remember_launcher();
+    return single(opts);
+  }
   ignore_sigpipe();
   remember_launcher();
 

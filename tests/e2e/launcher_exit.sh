@@ -61,4 +61,31 @@ timeout 300 torchrun --no-python --standalone --nproc-per-node 2 --master-port $
   > "$out/resume.out" 2>&1
 check "a resumed run continues from step$step" grep -q "loaded $out/ckpt/step$step" "$out/resume.out"
 
+# A lone rank under torchrun (a world of one needs no process group) is supervised too.
+torchrun --no-python --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((port + 2)) \
+  --redirects 3 --log-dir "$out/logs1" "$train" "${common[@]}" --set trainer.steps=100000 \
+  --set trainer.save_dir="$out/ckpt1" > "$out/run1.out" 2> "$out/run1.err" &
+launcher=$!
+pids+=($launcher)
+waited=0
+until grep -q '^step ' "$out"/logs1/*/attempt_0/0/stdout.log 2> /dev/null || [ $waited -ge 1200 ]; do
+  sleep 0.1
+  waited=$((waited + 1))
+done
+sleep 2
+mapfile -t ranks < <(pgrep -P $launcher -f zero-train)
+check "torchrun started 1 rank" test ${#ranks[@]} -eq 1
+pids+=("${ranks[@]}")
+{
+  kill -9 $launcher
+  wait $launcher
+} 2> /dev/null
+killed_at=$SECONDS
+while kill -0 "${ranks[0]}" 2> /dev/null && [ $SECONDS -lt $((killed_at + 20)) ]; do sleep 0.1; done
+check "the lone rank stops within 20 s of the launcher's death" bash -c "! kill -0 ${ranks[0]} 2> /dev/null"
+echo "  the lone rank stopped $((SECONDS - killed_at)) s after torchrun was killed"
+check "the lone rank says the launcher exited" grep -Eq \
+  "zero-train rank 0: error: the launcher \(pid $launcher\) exited during training; stopping at step [0-9]+ after saving" \
+  "$out"/logs1/*/attempt_0/0/stderr.log
+
 summary
