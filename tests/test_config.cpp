@@ -167,7 +167,8 @@ TEST(Config, KeysDeepSpeedIgnoresLoadWithOneWarning) {
             "'optimizer.comment' (t.yaml:6): DeepSpeed does not read these keys either");
   c = load("banana: 1\n");
   ASSERT_EQ(c.warnings.size(), 1u);
-  EXPECT_HAS(c.warnings[0], "ignoring 'banana' (t.yaml:1): DeepSpeed does not read this key either");
+  EXPECT_HAS(c.warnings[0],
+             "ignoring 'banana' (t.yaml:1): DeepSpeed does not read this key either");
 
   // Sections DeepSpeed validates strictly (pydantic, extra="forbid"; optimizer and scheduler
   // params are constructor arguments) keep unknown keys errors.
@@ -185,11 +186,38 @@ TEST(Config, KeysDeepSpeedIgnoresLoadWithOneWarning) {
              "did you mean 'activation_checkpointing.cpu_checkpointing'?");
 }
 
+// LLaMA-Factory's ZeRO-0/2/2-offload configs (examples/deepspeed/), taken unchanged: they load,
+// and the two top-level keys DeepSpeed never reads are named in one warning.
+TEST(Config, LlamaFactoryConfigsLoadUnchanged) {
+  for (const std::string name : {"ds_z0_config", "ds_z2_config", "ds_z2_offload_config"}) {
+    SCOPED_TRACE(name);
+    const std::string path = kSrc + "/tests/data/ds_corpus/llamafactory_" + name + ".json";
+    Config c = Config::from_file(path);
+    EXPECT_EQ(c.zero_optimization.stage, name == "ds_z0_config" ? 0 : 2);
+    EXPECT_EQ(c.zero_optimization.offload_optimizer.enabled, name == "ds_z2_offload_config");
+    EXPECT_FALSE(c.bf16);
+    EXPECT_FALSE(c.fp16.enabled);
+    int ignoring = 0;
+    for (const auto& w : c.warnings) {
+      if (w.find("ignoring") == std::string::npos) continue;
+      ++ignoring;
+      const bool offload = name == "ds_z2_offload_config";  // 4 lines more above them
+      EXPECT_EQ(w, "zero: " + path + ": ignoring 'comms_config' (" + path +
+                       (offload ? ":32" : ":28") + "), 'monitor_config' (" + path +
+                       (offload ? ":35" : ":31") + "): DeepSpeed does not read these keys either");
+    }
+    EXPECT_EQ(ignoring, 1);
+    c.resolve_batch(2);
+    EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
+    EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  }
+}
+
 // Keys accepted with a warning are allowed keys: "Allowed here" offers them too.
 TEST(Config, AllowedHereListsKeysAcceptedWithAWarning) {
   std::string m = load_error("zero_optimization: {banana: 1}\n");
-  for (const char* k : {"stage, ", "use_multi_rank_bucket_allreduce", "sub_group_size",
-                        "stage3_*", "round_robin_gradients", "offload_optimizer"}) {
+  for (const char* k : {"stage, ", "use_multi_rank_bucket_allreduce", "sub_group_size", "stage3_*",
+                        "round_robin_gradients", "offload_optimizer"}) {
     EXPECT_HAS(m, k);
   }
   m = load_error("zero_optimization: {stage: 2, offload_optimizer: {device: cpu, banana: 1}}\n");
@@ -218,6 +246,15 @@ TEST(Config, EveryProblemInOneError) {
   EXPECT_HAS(m, "\n  t.yaml:4:17: 'fp16.enabled' must be true or false, got 'maybe'");
   EXPECT_HAS(m, "'optimizer.params.lr' must be a number >= 0, got '-1'");
   EXPECT_EQ(m.find("zero: t.yaml"), std::string::npos) << "one prefix per problem: " << m;
+  // A check across keys does not add a second error about a value that already failed.
+  std::string one = load_error("scheduler: {type: WarmupCosinLR, params: {warmup_num_steps: 5}}\n");
+  EXPECT_EQ(one.find("problems"), std::string::npos) << one;
+  one = load_error("zero_optimization: {stage: three, offload_optimizer: {device: cpu}}\n");
+  EXPECT_EQ(one.find("problems"), std::string::npos) << one;
+  one = load_error("optimizer: {type: Lamb, params: {momentum: 0.9}}\n");
+  EXPECT_EQ(one.find("problems"), std::string::npos) << one;
+  one = load_error("bf16: {enabled: maybe}\ndata_types: {grad_accum_dtype: bf16}\n");
+  EXPECT_EQ(one.find("problems"), std::string::npos) << one;
   // A single problem reads as before.
   EXPECT_EQ(load_error("seed: x\n"),
             "zero: t.yaml:1:7: 'seed' must be a non-negative integer, got 'x'");
@@ -230,17 +267,16 @@ TEST(Config, FromStringNeedsNoSourceName) {
   EXPECT_HAS(error_of([] { Config::from_string("seed: x\n"); }), "zero: <string>:1:7: 'seed'");
 }
 
-// yaml-cpp stops at 2000 levels with the text "bad file"; the message says what it is.
+// yaml-cpp stops deep nesting with the text "bad file"; the message says what it is.
 TEST(Config, DeeplyNestedDocumentSaysSo) {
-  for (const std::string& doc :
-       {std::string(5000, '[') + std::string(5000, ']'), [] {
-          std::string d;
-          for (int i = 0; i < 5000; ++i) d += "{a: ";
-          return d + "1" + std::string(5000, '}');
-        }()}) {
+  for (const std::string& doc : {std::string(5000, '[') + std::string(5000, ']'), [] {
+                                   std::string d;
+                                   for (int i = 0; i < 5000; ++i) d += "{a: ";
+                                   return d + "1" + std::string(5000, '}');
+                                 }()}) {
     const std::string m = error_of([&] { Config::from_string(doc, "deep.yaml"); });
     EXPECT_HAS(m, "zero: deep.yaml:1:");
-    EXPECT_HAS(m, "levels deep, past yaml-cpp's limit");
+    EXPECT_HAS(m, ": the document nests deeper than yaml-cpp's limit of ");
     EXPECT_HAS(m, "yaml-cpp: bad file");
   }
 }

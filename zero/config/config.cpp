@@ -149,7 +149,9 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
   }
   // DeepSpeed reads the top level key by key and ignores the rest (LLaMA-Factory's configs carry
   // comms_config and monitor_config, which it never reads).
+  const size_t errors_before = l.error_count();
   l.walk(Entry{"", YAML::Node(), root}, f, Loader::Unknown::kIgnore);
+  if (l.error_count() != errors_before) return;  // finish() reports them
 
   if (l.seen("bf16") && l.seen("bfloat16")) {
     l.fail_at_key(*l.seen("bfloat16"), "'bfloat16' is DeepSpeed's old name for 'bf16'; give one");

@@ -55,10 +55,11 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   catch (const YAML::DeepRecursion& e) {
     // yaml-cpp's own text for this is "bad file", which says nothing of what is wrong.
     throw ConfigError("zero: " + source_name + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": the document is nested " +
+                      std::to_string(e.mark.column + 1) +
+                      ": the document nests deeper than yaml-cpp's limit of " +
                       std::to_string(e.depth()) +
-                      " levels deep, past yaml-cpp's limit (a config is a few levels deep: is "
-                      "this the file you meant?) (yaml-cpp: " +
+                      " levels (a config is a few levels deep: is this the file you meant?) "
+                      "(yaml-cpp: " +
                       e.msg + ")");
   }
 #endif

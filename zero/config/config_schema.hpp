@@ -68,6 +68,9 @@ class Loader {
 
   // Collects an error for the single ConfigError finish() throws.
   void add_error(const std::string& msg) { errors_.push_back(msg); }
+  // Errors collected so far: a section skips its cross-key checks when its own keys failed (a
+  // check on a value that failed to load would only add a misleading second error).
+  size_t error_count() const { return errors_.size(); }
   // Ends the load: adds the one warning that names every ignored key, then throws every
   // collected error as one ConfigError (one line per problem).
   void finish();

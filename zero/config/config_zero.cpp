@@ -170,8 +170,9 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   for (const std::string& k : words("legacy_stage1 zenflow")) {
     f.push_back(l.unsupported(k));
   }
+  const size_t errors_before = l.error_count();
   l.walk(s, f);
-  check_offload_stage(l, s, z);
+  if (l.error_count() == errors_before) check_offload_stage(l, s, z);
 }
 
 void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {
