@@ -106,36 +106,53 @@ TEST(PipelineSchedule, SendsAndReceivesPairUpBetweenNeighbours) {
       }
 }
 
-// Causality on the simulator's clock: micro-batch k's forward on stage s starts after it ended
-// on stage s-1, its backward after it ended on stage s+1; no stage runs two things at once.
+// Causality on the simulator's clock, by virtual stage (chunk c of stage s is c·P + s; without
+// interleaving, the stage): micro-batch k's forward starts after it ended on the virtual stage
+// before (plus the link's latency when that is another stage), its backward after it ended on
+// the one after; no stage runs two things at once.
+void expect_causal(const Schedule& sched) {
+  int p = sched.stages;
+  int m = sched.micro_batches;
+  int v = sched.virtual_stages;
+  OpTimes t;
+  t.forward = 1.0;
+  t.backward = 2.5;
+  t.send_latency = 0.125;
+  SimulationResult r = simulate(sched, t);
+  std::map<std::pair<int, int>, TimedInstruction> fwd, bwd;  // (virtual stage, micro-batch)
+  for (int s = 0; s < p; ++s) {
+    double prev_end = 0;
+    for (const auto& ti : r.stages[s].timeline) {
+      EXPECT_GE(ti.start, prev_end);
+      prev_end = ti.end;
+      std::pair key(ti.ins.chunk * p + s, ti.ins.micro_batch);
+      if (ti.ins.op == Op::Forward) fwd[key] = ti;
+      if (ti.ins.op == Op::Backward) bwd[key] = ti;
+    }
+  }
+  auto f = [&](int vs, int k) { return fwd.at(std::pair(vs, k)); };
+  auto b = [&](int vs, int k) { return bwd.at(std::pair(vs, k)); };
+  double link = p > 1 ? t.send_latency : 0;
+  for (int vs = 0; vs < p * v; ++vs)
+    for (int k = 0; k < m; ++k) {
+      if (vs > 0) EXPECT_GE(f(vs, k).start, f(vs - 1, k).end + link);
+      if (vs + 1 < p * v) EXPECT_GE(b(vs, k).start, b(vs + 1, k).end + link);
+      EXPECT_GE(b(vs, k).start, f(vs, k).end);
+    }
+}
+
 TEST(PipelineSchedule, SimulatedTimesRespectDependencies) {
   for (auto kind : kFlat)
     for (int p : {1, 2, 3, 5, 8})
       for (int m : {1, 2, 7, 16}) {
         SCOPED_TRACE(label(kind, p, m));
-        OpTimes t;
-        t.forward = 1.0;
-        t.backward = 2.5;
-        t.send_latency = 0.125;
-        SimulationResult r = simulate(make_schedule(kind, p, m), t);
-        std::map<std::pair<int, int>, TimedInstruction> fwd, bwd;  // (stage, micro-batch)
-        for (int s = 0; s < p; ++s) {
-          double prev_end = 0;
-          for (const auto& ti : r.stages[s].timeline) {
-            EXPECT_GE(ti.start, prev_end);
-            prev_end = ti.end;
-            if (ti.ins.op == Op::Forward) fwd[{s, ti.ins.micro_batch}] = ti;
-            if (ti.ins.op == Op::Backward) bwd[{s, ti.ins.micro_batch}] = ti;
-          }
-        }
-        auto f = [&](int s, int k) { return fwd.at(std::pair(s, k)); };
-        auto b = [&](int s, int k) { return bwd.at(std::pair(s, k)); };
-        for (int s = 0; s < p; ++s)
-          for (int k = 0; k < m; ++k) {
-            if (s > 0) EXPECT_GE(f(s, k).start, f(s - 1, k).end + t.send_latency);
-            if (s + 1 < p) EXPECT_GE(b(s, k).start, b(s + 1, k).end + t.send_latency);
-            EXPECT_GE(b(s, k).start, f(s, k).end);
-          }
+        expect_causal(make_schedule(kind, p, m));
+      }
+  for (int p : {1, 2, 4})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p, 4 * p}) {
+        SCOPED_TRACE(label(ScheduleKind::Interleaved, p, m, v));
+        expect_causal(make_schedule(ScheduleKind::Interleaved, p, m, v));
       }
 }
 
@@ -377,6 +394,17 @@ TEST(PipelineSchedule, SimulatorRefusesBrokenSchedules) {
   EXPECT_NE(early.find("stage 2 Backward(micro-batch 0) comes before Forward(micro-batch 0)"),
             std::string::npos)
       << early;
+  // Interleaved (P = 2, v = 2): chunk 1 of stage 0 receives micro-batch 1 before 0 from stage 1;
+  // the error names the chunks.
+  Schedule inter = make_schedule(ScheduleKind::Interleaved, 2, 2, 2);
+  auto& l0 = inter.per_stage[0];
+  std::iter_swap(std::find(l0.begin(), l0.end(), Instruction{Op::RecvActivation, 0, 1}),
+                 std::find(l0.begin(), l0.end(), Instruction{Op::RecvActivation, 1, 1}));
+  std::string chunked = error_of<ScheduleError>([&] { simulate(inter); });
+  EXPECT_NE(chunked.find("stage 0 RecvActivation(micro-batch 1, chunk 1) meets stage 1's "
+                         "SendActivation(micro-batch 0, chunk 0) first"),
+            std::string::npos)
+      << chunked;
   // An extra send nobody receives.
   std::string extra = broken([](auto& ps) {
     ps[0].insert(ps[0].end() - 2, Instruction{Op::SendActivation, 3});

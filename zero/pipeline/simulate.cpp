@@ -4,18 +4,17 @@
 #include <deque>
 #include <map>
 #include <string>
-#include <tuple>
+#include <utility>
 
 namespace zero::pipeline {
 namespace {
 
 struct Message {
+  bool grad;  // SendGrad, else SendActivation
   int micro_batch;
   int chunk;  // the sender's chunk
   double arrival;
 };
-
-enum class Carries { Activations, Grads };
 
 // Per (micro-batch, chunk) flags of one stage.
 class Flags {
@@ -90,9 +89,7 @@ class Simulator {
   int stage_of(int virtual_stage) const { return virtual_stage % p_; }
   int chunk_of(int virtual_stage) const { return virtual_stage / p_; }
 
-  std::deque<Message>& link(int from, int to, Carries what) {
-    return links_[{from, to, what == Carries::Grads}];
-  }
+  std::deque<Message>& link(int from, int to) { return links_[{from, to}]; }
 
   // Runs stage s's next instruction; false when it is a receive whose message has not been sent.
   bool step(int s) {
@@ -143,8 +140,7 @@ class Simulator {
         int to = stage_of(to_virtual);
         if (to == s)
           throw ScheduleError(at(s, ins) + ": the next chunk is on this stage; nothing to send");
-        link(s, to, act ? Carries::Activations : Carries::Grads)
-            .push_back({mb, c, st.clock + times_.send_latency});
+        link(s, to).push_back({!act, mb, c, st.clock + times_.send_latency});
         break;
       }
       case Op::RecvActivation:
@@ -160,15 +156,16 @@ class Simulator {
                               ": the previous chunk is on this stage; nothing to receive");
         Flags& got = act ? st.act_in : st.grad_in;
         if (got.get(mb, c)) throw ScheduleError(at(s, ins) + " runs twice");
-        auto& q = link(from, s, act ? Carries::Activations : Carries::Grads);
+        auto& q = link(from, s);
         if (q.empty()) return false;
         const Message& head = q.front();
-        if (head.micro_batch != mb || head.chunk != chunk_of(from_virtual))
-          throw ScheduleError(
-              at(s, ins) + " meets stage " + std::to_string(from) + "'s " +
-              (act ? "SendActivation(" : "SendGrad(") + mb_name(head.micro_batch, head.chunk) +
-              ") first: the link delivers in order, and stage " + std::to_string(from) +
-              " sends in another order than stage " + std::to_string(s) + " receives");
+        if (head.grad == act || head.micro_batch != mb || head.chunk != chunk_of(from_virtual))
+          throw ScheduleError(at(s, ins) + " meets stage " + std::to_string(from) + "'s " +
+                              (head.grad ? "SendGrad(" : "SendActivation(") +
+                              mb_name(head.micro_batch, head.chunk) +
+                              ") first: the link delivers in order, and stage " +
+                              std::to_string(from) + " sends in another order than stage " +
+                              std::to_string(s) + " receives");
         st.clock = std::max(st.clock, head.arrival);
         q.pop_front();
         got.set(mb, c);
@@ -238,9 +235,9 @@ class Simulator {
   void check_complete() const {
     for (const auto& [key, q] : links_) {
       if (q.empty()) continue;
-      auto [from, to, grads] = key;
+      auto [from, to] = key;
       throw ScheduleError("stage " + std::to_string(from) + "'s " +
-                          (grads ? "SendGrad(" : "SendActivation(") +
+                          (q.front().grad ? "SendGrad(" : "SendActivation(") +
                           mb_name(q.front().micro_batch, q.front().chunk) + ") to stage " +
                           std::to_string(to) + " is never received");
     }
@@ -265,7 +262,7 @@ class Simulator {
   OpTimes times_;
   int p_, m_, v_, last_virtual_;
   std::vector<StageState> state_;
-  std::map<std::tuple<int, int, bool>, std::deque<Message>> links_;
+  std::map<std::pair<int, int>, std::deque<Message>> links_;  // (from, to)
 };
 
 }  // namespace

@@ -5,9 +5,11 @@
 //
 // The model: a stage runs its list in order, one instruction at a time. Forward and Backward
 // take their durations; a send posts the message and goes on (an isend: it costs the sender
-// nothing and arrives send_latency later); a receive waits for its message. Each link
-// (sender, receiver, activations or gradients) delivers in the order of sending, as NCCL and
-// gloo point-to-point do, so a receive must take the oldest message on its link.
+// nothing and arrives send_latency later); a receive waits for its message. Each ordered pair
+// of stages is one link that delivers in the order of sending, activations and gradients alike,
+// as NCCL's point-to-point matches messages (gloo could tell them apart by tag; NCCL cannot), so
+// a receive must take the oldest message on its link, whatever it carries. Every schedule here
+// passes that test, interleaved ones included (P = 2 sends both kinds both ways).
 #pragma once
 
 #include <stdexcept>
