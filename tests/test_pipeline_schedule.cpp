@@ -229,6 +229,30 @@ TEST(PipelineSchedule, GPipeLatencyCrossesEachLinkTwice) {
     }
 }
 
+// Unequal stages, GPipe: each phase is a flow shop of m identical jobs through P machines,
+// whose makespan is the sum of the P stage times plus (m-1) times the slowest (the bottleneck
+// paces every job after the first). The backward phase starts when the last stage's last
+// forward ends, and no stage is still forwarding then, so the step is
+//   Σ f_s + (m-1)·max f_s + Σ b_s + (m-1)·max b_s.
+TEST(PipelineSchedule, GPipeWithUnequalStagesIsPacedByTheSlowest) {
+  std::vector<double> scale = {1.0, 2.5, 0.5, 1.5};
+  double sum = 0, slowest = 0;
+  for (double x : scale) sum += x, slowest = std::max(slowest, x);
+  for (int m : {1, 2, 5, 16}) {
+    OpTimes t;
+    t.forward = 1.0;
+    t.backward = 2.0;
+    t.stage_scale = scale;
+    SimulationResult r = simulate(make_schedule(ScheduleKind::GPipe, 4, m), t);
+    EXPECT_DOUBLE_EQ(r.makespan, 3.0 * (sum + (m - 1) * slowest)) << "m=" << m;
+    // Stage 1 is the bottleneck: it idles least.
+    for (int s : {0, 2, 3}) EXPECT_GT(r.stages[s].idle_fraction, r.stages[1].idle_fraction);
+  }
+  OpTimes wrong;
+  wrong.stage_scale = {1.0, 2.0};
+  EXPECT_THROW(simulate(make_schedule(ScheduleKind::GPipe, 4, 4), wrong), std::invalid_argument);
+}
+
 // GPipe holds every micro-batch's activations before the first backward; 1F1B at most P-s.
 TEST(PipelineSchedule, PeakInFlightActivations) {
   for (int p = 1; p <= 8; ++p)

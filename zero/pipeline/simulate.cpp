@@ -112,7 +112,7 @@ class Simulator {
                               missing_input(s, vs - 1, "RecvActivation", "Forward", mb));
         st.forwarded.set(mb, c);
         st.result.peak_in_flight = std::max(st.result.peak_in_flight, ++st.in_flight);
-        busy(st, times_.forward);
+        busy(st, times_.forward * scale(s));
         break;
       }
       case Op::Backward: {
@@ -124,7 +124,7 @@ class Simulator {
                               missing_input(s, vs + 1, "RecvGrad", "Backward", mb));
         st.backwarded.set(mb, c);
         --st.in_flight;
-        busy(st, times_.backward);
+        busy(st, times_.backward * scale(s));
         break;
       }
       case Op::SendActivation:
@@ -193,6 +193,8 @@ class Simulator {
     ++st.pc;
     return true;
   }
+
+  double scale(int s) const { return times_.stage_scale.empty() ? 1.0 : times_.stage_scale[s]; }
 
   void busy(StageState& st, double seconds) {
     st.clock += seconds;
@@ -279,7 +281,12 @@ SimulationResult simulate(const Schedule& schedule, const OpTimes& times) {
         " instruction lists for " + std::to_string(schedule.stages) + " stages");
   for (double t : {times.forward, times.backward, times.send_latency, times.reduce_grads,
                    times.optimizer_step})
-    if (t < 0) throw std::invalid_argument("pipeline simulation: durations must be >= 0");
+    if (!(t >= 0)) throw std::invalid_argument("pipeline simulation: durations must be >= 0");
+  if (!times.stage_scale.empty() && static_cast<int>(times.stage_scale.size()) != schedule.stages)
+    throw std::invalid_argument("pipeline simulation: " + std::to_string(times.stage_scale.size()) +
+                                " stage scales for " + std::to_string(schedule.stages) + " stages");
+  for (double x : times.stage_scale)
+    if (!(x >= 0)) throw std::invalid_argument("pipeline simulation: stage scales must be >= 0");
   return Simulator(schedule, times).run();
 }
 

@@ -27,6 +27,9 @@ struct OpTimes {
   double send_latency = 0.0;
   double reduce_grads = 0.0;
   double optimizer_step = 0.0;
+  // Stage s's Forward and Backward take stage_scale[s] times the above: unequal stages (a
+  // partition by parameter count that cannot split a layer). Empty: all 1.
+  std::vector<double> stage_scale;
 };
 
 // A schedule that cannot run: a receive that meets another message, a wait that never ends, an
