@@ -11,7 +11,8 @@ std::string arrival_entry(int rank, int world_size) {
 Arrivals parse_arrivals(const std::vector<uint8_t>& bytes, int world_size) {
   std::vector<bool> seen(static_cast<size_t>(std::max(world_size, 0)), false);
   Arrivals out;
-  // Two numbers per entry: field 0 is the rank, field 1 the world size it was launched with.
+  // Field 0 is the rank, field 1 the world size it was launched with. An entry without the
+  // size ("2,", the older form) counts as an arrival that does not disagree.
   int64_t num[2] = {0, 0};
   bool digits[2] = {false, false};
   int field = 0;
@@ -23,8 +24,10 @@ Arrivals parse_arrivals(const std::vector<uint8_t>& bytes, int world_size) {
     } else if (c == ':' && field == 0) {
       field = 1;
     } else if (c == ',') {
-      if (!bad && digits[0] && digits[1]) {
-        const int r = static_cast<int>(num[0]), w = static_cast<int>(num[1]);
+      const bool sized = field == 1 && digits[1];
+      if (!bad && digits[0] && (field == 0 || sized)) {
+        const int r = static_cast<int>(num[0]);
+        const int w = sized ? static_cast<int>(num[1]) : world_size;
         if (w != world_size) {
           out.other_sizes.emplace_back(r, w);
         } else if (r < world_size) {

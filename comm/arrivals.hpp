@@ -19,7 +19,8 @@ struct Arrivals {
   std::vector<std::pair<int, int>> other_sizes;
 };
 
-// Reads the key's bytes for a rank launched with `world_size`; malformed entries are skipped.
+// Reads the key's bytes for a rank launched with `world_size`; malformed entries are skipped,
+// and an entry without the size ("RANK,") counts as agreeing.
 Arrivals parse_arrivals(const std::vector<uint8_t>& bytes, int world_size);
 
 // "rank 1 was launched with WORLD_SIZE=3, this rank (rank 0 of 2) with WORLD_SIZE=2: ...".

@@ -122,6 +122,10 @@ TEST(Arrivals, MissingRanksAndOtherWorldSizes) {
   a = zero::comm::parse_arrivals(bytes("x,0:2,:,1:,9:2,1:2"), 2);
   EXPECT_EQ(a.missing, (std::vector<int>{1}));
   EXPECT_TRUE(a.other_sizes.empty());
+  // The older form without the size ("RANK,") still counts as an arrival.
+  a = zero::comm::parse_arrivals(bytes("0:3,2,"), 3);
+  EXPECT_EQ(a.missing, (std::vector<int>{1}));
+  EXPECT_TRUE(a.other_sizes.empty());
 }
 
 TEST(Group, SizeOneCollectivesAreLocal) {
