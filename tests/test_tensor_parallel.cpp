@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <stdexcept>
 #include <string>
 
 #include "comm/group.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
+#include "support/tp_net.hpp"
 #include "zero/tensor_parallel/cross_entropy.hpp"
 #include "zero/tensor_parallel/embedding.hpp"
 #include "zero/tensor_parallel/init.hpp"
@@ -329,87 +331,58 @@ TEST(TensorParallelCrossEntropy, BadTargetsNameTheProblem) {
 
 // ---- sequence parallelism ---------------------------------------------------------------
 
-// embedding -> LayerNorm -> column -> gelu -> row (+ residual) -> LayerNorm -> head, with the
-// activations outside the column/row pair split along the sequence when `sp`.
-struct SpBlockImpl : torch::nn::Module {
-  SpBlockImpl(std::shared_ptr<comm::Group> g, bool sp, int64_t V, int64_t H, int64_t F)
-      : group(g), sp(sp) {
-    emb = register_module(
-        "emb", VocabParallelEmbedding(
-                   g, VocabParallelEmbeddingOptions(V, H).sequence_parallel(sp).seed(31)));
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-    fc1 = register_module(
-        "fc1",
-        ColumnParallelLinear(
-            g,
-            ColumnParallelLinearOptions(H, F).gather_output(false).sequence_parallel(sp).seed(32)));
-    fc2 = register_module(
-        "fc2",
-        RowParallelLinear(
-            g,
-            RowParallelLinearOptions(F, H).input_is_parallel(true).sequence_parallel(sp).seed(33)));
-    head = register_module("head", ColumnParallelLinear(g, ColumnParallelLinearOptions(H, V)
-                                                               .bias(false)
-                                                               .gather_output(false)
-                                                               .sequence_parallel(sp)
-                                                               .seed(34)));
-    // Something to learn in the norm: not the default ones and zeros.
-    torch::NoGradGuard no_grad;
-    norm->weight.copy_(1 + 0.1 * randn({H}, 35));
-    norm->bias.copy_(0.1 * randn({H}, 36));
-  }
-  // The per-token losses, [B, S] on every rank.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& target) {
-    at::Tensor x = emb->forward(ids);  // sp: [B, S / T, H]
-    x = x + fc2->forward(at::gelu(fc1->forward(norm->forward(x))));
-    at::Tensor logits = head->forward(x);  // [B, S, V / T]: the head gathers the sequence
-    return vocab_parallel_cross_entropy(logits, target, group);
-  }
-  std::shared_ptr<comm::Group> group;
-  bool sp;
-  VocabParallelEmbedding emb{nullptr};
-  torch::nn::LayerNorm norm{nullptr};
-  ColumnParallelLinear fc1{nullptr};
-  RowParallelLinear fc2{nullptr};
-  ColumnParallelLinear head{nullptr};
-};
-TORCH_MODULE(SpBlock);
+// TpNet (tests/support/tp_net.hpp): vocabulary-parallel embedding, LayerNorm, column -> row MLP,
+// LayerNorm, vocabulary-parallel head and cross-entropy. With sequence parallelism the
+// activations outside the column/row pairs are split along the sequence; the loss and, after
+// the all-reduce of the partial gradients, every gradient equal the plain tensor-parallel ones,
+// which equal the single-process model's.
+TEST(TensorParallelSequence, SequenceParallelEqualsTensorParallelEqualsFull) {
+  const testing::TpNetShape shape;
+  constexpr int64_t B = 2, S = 8;
+  const at::Tensor ids = randint(shape.vocab, {B, S}, 41);
+  const at::Tensor target = randint(shape.vocab, {B, S}, 42);
+  testing::FullNet full(shape);
+  at::Tensor loss_full = full->forward(ids, target);
+  loss_full.backward();
+  std::map<std::string, at::Tensor> full_grads;
+  for (const auto& p : full->named_parameters()) full_grads[p.key()] = p.value().grad();
 
-TEST(TensorParallelSequence, SequenceParallelEqualsTensorParallel) {
-  constexpr int64_t V = 16, H = 8, F = 16, B = 2, S = 8;
-  const at::Tensor ids = randint(V, {B, S}, 41);
-  const at::Tensor target = randint(V, {B, S}, 42);
   for (int world : {2, 4}) {
     SCOPED_TRACE("T=" + std::to_string(world));
     run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
       const bool print = g->rank() == 0;
-      SpBlock plain(g, false, V, H, F);
-      SpBlock seq(g, true, V, H, F);
+      testing::TpNet plain(g, false, shape);
+      testing::TpNet seq(g, true, shape);
       at::Tensor loss_plain = plain->forward(ids, target).mean();
       at::Tensor loss_seq = seq->forward(ids, target).mean();
       loss_plain.backward();
       loss_seq.backward();
-      expect_rel_close(loss_seq, loss_plain, kTol, "SP loss", print);
+      expect_rel_close(loss_plain, loss_full, kTol, "TP loss vs full", print);
+      expect_rel_close(loss_seq, loss_plain, kTol, "SP loss vs TP", print);
 
       const auto plain_params = placements(*plain, false);
       const auto seq_params = placements(*seq, true);
       ASSERT_EQ(plain_params.size(), seq_params.size());
-      // Before the all-reduce the norm's gradient covers this rank's part of the sequence only.
-      EXPECT_GT(testing::max_rel_err(seq->norm->weight.grad(), plain->norm->weight.grad()), 1e-3);
+      ASSERT_EQ(plain_params.size(), full_grads.size());
+      // Before the all-reduce a norm's gradient covers this rank's part of the sequence only.
+      EXPECT_GT(testing::max_rel_err(seq->norm1->weight.grad(), plain->norm1->weight.grad()), 1e-3);
       all_reduce_partial_grads(seq_params, *g);
       for (size_t i = 0; i < seq_params.size(); ++i) {
         const auto& p = seq_params[i];
-        ASSERT_EQ(p.name, plain_params[i].name);
-        EXPECT_FALSE(plain_params[i].placement.grad_needs_all_reduce) << p.name;
-        // Under SP exactly the replicated parameters acting on a sequence part need it.
-        const bool partial =
-            p.name == "norm.weight" || p.name == "norm.bias" || p.name == "fc2.bias";
-        EXPECT_EQ(p.placement.grad_needs_all_reduce, partial) << p.name;
-        EXPECT_EQ(p.placement.sharded,
-                  p.name != "norm.weight" && p.name != "norm.bias" && p.name != "fc2.bias")
-            << p.name;
-        expect_rel_close(p.param.grad(), plain_params[i].param.grad(), kTol,
-                         "SP gradient of " + p.name, print);
+        const auto& q = plain_params[i];
+        ASSERT_EQ(p.name, q.name);
+        // Replicated: the norms and the row layer's bias; under SP all three need the
+        // all-reduce, without SP none does.
+        const bool replicated = p.name.rfind("norm", 0) == 0 || p.name == "fc2.bias";
+        EXPECT_EQ(p.placement.sharded, !replicated) << p.name;
+        EXPECT_EQ(p.placement.grad_needs_all_reduce, replicated) << p.name;
+        EXPECT_FALSE(q.placement.grad_needs_all_reduce) << p.name;
+        const at::Tensor& whole = full_grads.at(p.name);
+        const at::Tensor want =
+            p.placement.sharded ? part(whole, p.placement.partition_dim, *g) : whole;
+        expect_rel_close(q.param.grad(), want, kTol, "TP gradient of " + p.name + " vs full",
+                         print);
+        expect_rel_close(p.param.grad(), q.param.grad(), kTol, "SP gradient of " + p.name, print);
       }
     });
   }
