@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -345,7 +346,11 @@ TEST(TensorParallelSequence, SequenceParallelEqualsTensorParallelEqualsFull) {
   at::Tensor loss_full = full->forward(ids, target);
   loss_full.backward();
   std::map<std::string, at::Tensor> full_grads;
-  for (const auto& p : full->named_parameters()) full_grads[p.key()] = p.value().grad();
+  double full_norm_sq = 0;
+  for (const auto& p : full->named_parameters()) {
+    full_grads[p.key()] = p.value().grad();
+    full_norm_sq += p.value().grad().to(at::kDouble).square().sum().item<double>();
+  }
 
   for (int world : {2, 4}) {
     SCOPED_TRACE("T=" + std::to_string(world));
@@ -367,6 +372,10 @@ TEST(TensorParallelSequence, SequenceParallelEqualsTensorParallelEqualsFull) {
       // Before the all-reduce a norm's gradient covers this rank's part of the sequence only.
       EXPECT_GT(testing::max_rel_err(seq->norm1->weight.grad(), plain->norm1->weight.grad()), 1e-3);
       all_reduce_partial_grads(seq_params, *g);
+      // The global gradient norm counts each shard once and each replicated parameter once.
+      const double full_norm = std::sqrt(full_norm_sq);
+      EXPECT_NEAR(std::sqrt(grad_norm_sq(plain_params, *g)), full_norm, kTol * full_norm);
+      EXPECT_NEAR(std::sqrt(grad_norm_sq(seq_params, *g)), full_norm, kTol * full_norm);
       for (size_t i = 0; i < seq_params.size(); ++i) {
         const auto& p = seq_params[i];
         const auto& q = plain_params[i];

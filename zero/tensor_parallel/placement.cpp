@@ -61,4 +61,28 @@ void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, comm::G
   }
 }
 
+double grad_norm_sq(const std::vector<NamedPlacement>& params, comm::Group& group) {
+  double replicated = 0.0;
+  at::Tensor sharded;  // fp64 on the parameters' device: what the group moves
+  for (const auto& p : params) {
+    const at::Tensor g = p.param.grad();
+    if (!g.defined()) continue;
+    const at::Tensor sq = g.to(at::kDouble).square().sum();
+    if (p.placement.sharded) {
+      sharded = sharded.defined() ? sharded + sq : sq;
+    } else {
+      replicated += sq.item<double>();
+    }
+  }
+  if (!sharded.defined()) {
+    // Every rank must join the collective, also one whose parameters have no gradient.
+    const auto device =
+        params.empty() ? at::Device(group.options().device) : params.front().param.device();
+    sharded = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  }
+  sharded = sharded.reshape({1}).contiguous();
+  group.all_reduce_sum(sharded, "tensor-parallel all-reduce of the gradient norm").wait();
+  return sharded.item<double>() + replicated;
+}
+
 }  // namespace zero::tensor_parallel

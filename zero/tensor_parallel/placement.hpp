@@ -50,4 +50,10 @@ std::vector<NamedPlacement> placements(const torch::nn::Module& model, bool sequ
 // as zero. Every rank of the group calls it after backward and before the optimizer step.
 void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, comm::Group& group);
 
+// The squared L2 norm of the whole (unsplit) model's gradient, the same on every rank: the
+// sharded parameters' squares summed over the tensor-parallel group, each replicated parameter
+// counted once (not once per rank). Call after all_reduce_partial_grads. A collective. With data
+// parallelism too, this is the tensor-parallel half: sum the data-parallel shards first.
+double grad_norm_sq(const std::vector<NamedPlacement>& params, comm::Group& group);
+
 }  // namespace zero::tensor_parallel
