@@ -92,6 +92,9 @@ TEST_P(PhasePeaks, EveryPhaseStaysWithinSteadyStatesPlusTwoBuckets) {
   Config cfg;
   cfg.zero_optimization.stage = 2;
   cfg.zero_optimization.reduce_bucket_size = kBucket;
+  // The parameters' all-gather keeps this many elements in flight (DeepSpeed's meaning); its
+  // default, 5e8, would let every bucket's gather staging be in flight at once.
+  cfg.zero_optimization.allgather_bucket_size = kBucket;
   cfg.zero_optimization.offload_optimizer.enabled = c.offload;
   cfg.zero_optimization.offload_optimizer.threads = 1;
   cfg.train_micro_batch_size_per_gpu = 2;
