@@ -180,6 +180,16 @@ TEST(Compress, ZeroBlocksGetScaleZeroAndEmptyInputWorks) {
   }
 }
 
+TEST(Compress, StridedInputIsQuantizedLikeItsCopy) {
+  const at::Tensor base = randn(2 * 1000, 9);
+  const at::Tensor strided = base.slice(0, 0, 2000, 2);
+  ASSERT_FALSE(strided.is_contiguous());
+  const Quantized a = blockwise_quantize(strided, 8, 64);
+  const Quantized b = blockwise_quantize(strided.contiguous(), 8, 64);
+  EXPECT_TRUE(at::equal(a.codes, b.codes));
+  EXPECT_TRUE(at::equal(a.scales, b.scales));
+}
+
 TEST(Compress, NonFiniteValueKeepsItsBlockNonFinite) {
   // An overflowed gradient must still look overflowed after the compressed reduction.
   at::Tensor x = randn(96, 6);

@@ -70,7 +70,7 @@ Quantized blockwise_quantize(const at::Tensor& x, int bits, int64_t block) {
   }
   const int64_t numel = x.numel();
   const int64_t blocks = num_blocks(numel, block);
-  at::Tensor padded = x;
+  at::Tensor padded = x.contiguous();  // a strided view (every other element) is fine too
   if (blocks * block != numel) {
     padded = at::zeros({blocks * block}, x.options());
     padded.narrow(0, 0, numel).copy_(x);
