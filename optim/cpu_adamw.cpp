@@ -142,9 +142,16 @@ void with_out(Out kind, F&& f) {
   }
 }
 
-float host_scalar(const at::Tensor& t, float fallback) {
+// A step scalar from host memory. Reading a device tensor here would be a host sync per update
+// window (per bucket); the engine reads the step's scalars once (OptimizerOffload::host_scalars).
+float host_scalar(const at::Tensor& t, float fallback, const char* what) {
   if (!t.defined()) return fallback;
-  return t.device().is_cpu() ? t.data_ptr<float>()[0] : t.item<float>();
+  TORCH_CHECK(t.is_cpu() && t.scalar_type() == at::kFloat && t.numel() == 1,
+              "zero: the CPU optimizer reads ", what,
+              " as a one-element fp32 host tensor (read device scalars back once per step, "
+              "OptimizerOffload::host_scalars), got ",
+              t.scalar_type(), " on ", t.device());
+  return t.data_ptr<float>()[0];
 }
 
 class HostOptimizerBase : public HostShardOptimizer {
@@ -175,8 +182,8 @@ class HostOptimizerBase : public HostShardOptimizer {
     const auto out_at = [&](int64_t i) -> void* {
       return out_base ? out_base + (i - window.begin) * out_elem : nullptr;
     };
-    const bool skip = host_scalar(s.found_inf, 0.0f) != 0.0f;
-    const float grad_scale = host_scalar(s.grad_scale, 1.0f);
+    const bool skip = host_scalar(s.found_inf, 0.0f, "found_inf") != 0.0f;
+    const float grad_scale = host_scalar(s.grad_scale, 1.0f, "grad_scale");
     if (skip) {
       // The master stays; the copy still gets it, so what the engine publishes is unchanged.
       if (kind == Out::kNone) return;

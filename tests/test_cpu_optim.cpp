@@ -163,6 +163,19 @@ TEST(CpuAdamW, GradScaleAndFoundInf) {
   EXPECT_TRUE(at::equal(out, before.to(at::kHalf)));
 }
 
+// Reading a device scalar per update window was two host syncs per bucket under offload: the
+// CPU optimizer takes host scalars only, and the engine reads them back once a step
+// (OptimizerOffload::host_scalars).
+TEST(CpuAdamW, TakesItsStepScalarsFromHostMemoryOnly) {
+  auto a = make_cpu_adamw({}, 10, {{0, 10}}, at::kFloat);
+  at::Tensor p = at::zeros({10}), g = at::ones({10});
+  a->begin_step(p, g, 0.01);
+  const at::Tensor meta = at::empty({1}, at::TensorOptions().device(at::kMeta));
+  EXPECT_THROW(a->update_to(p, g, 0.01, {meta, {}}, {0, 10}, {}), c10::Error);
+  EXPECT_THROW(a->update_to(p, g, 0.01, {{}, meta}, {0, 10}, {}), c10::Error);
+  EXPECT_TRUE(at::equal(p, at::zeros({10}))) << "nothing applied";
+}
+
 TEST(CpuAdamW, CopyInEveryComputeDtypeIsTheMasterRounded) {
   const int64_t n = 40'001;
   at::Tensor g = at::randn({n});

@@ -102,10 +102,12 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
                                       const optim::ShardOptimizer::Scalars& scalars) {
   auto& o = *opt.optimizer;
   if (offload) {
-    // The CPU step of each bucket writes the compute-dtype copy that its gather sends.
+    // The CPU step of each bucket writes the compute-dtype copy that its gather sends. The
+    // scalars reach the host once here, not once per bucket.
+    const optim::ShardOptimizer::Scalars host = OptimizerOffload::host_scalars(scalars);
     o.begin_step(fp.master, grad, lr);
     publish_from([&](const BucketSlot& b) {
-      return offload->update_bucket(&o, fp.master, grad, lr, scalars, b);
+      return offload->update_bucket(&o, fp.master, grad, lr, host, b, own_part(b));
     });
     return;
   }
@@ -136,10 +138,15 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
   });
 }
 
+at::Tensor Engine::Impl::own_part(const BucketSlot& b) const {
+  const int64_t S = b.shard.shard_numel();
+  return fp.flat.narrow(0, b.flat_offset + group->rank() * S, S);
+}
+
 void Engine::Impl::publish_parameters(const std::function<void(const BucketSlot&)>& before) {
   publish_from([&](const BucketSlot& b) {
     if (before) before(b);
-    if (offload) return offload->update_bucket(nullptr, fp.master, {}, 0, {}, b);
+    if (offload) return offload->update_bucket(nullptr, fp.master, {}, 0, {}, b, own_part(b));
     at::Tensor in = fp.bucket_master(b);
     return param_dtype != at::kFloat ? in.to(param_dtype) : in;
   });
@@ -161,6 +168,7 @@ void Engine::Impl::publish_from(const std::function<at::Tensor(const BucketSlot&
   };
   std::deque<InFlight> inflight;
   int64_t inflight_numel = 0;
+  if (offload) offload->begin_publish();
   const auto wait_oldest = [&] {
     inflight.front().work.wait();
     inflight_numel -= inflight.front().numel;
