@@ -54,13 +54,37 @@ struct AdamStep {
   float step_size;  // lr / (1 - beta1^t)
   float bc2_sqrt;   // sqrt(1 - beta2^t)
   float grad_scale;
+  float inv_grad_scale;  // 1 / grad_scale, used only where that is exact (see unscale)
 };
+
+// grad / scale, the way ATen's fused kernels unscale. When the scale is a power of two its
+// reciprocal is exact and x * (1 / scale) is the same exact value as x / scale, so it rounds to
+// the same float: the multiply then gives identical bits for a quarter of a division's cost on
+// the vector units (the step is compute-bound once the host has bandwidth to spare). The engine's
+// scale is a power of two whenever clipping does not bite: the world size over the predivide
+// factor, times an fp16 loss scale.
+template <bool kDivide>
+inline float unscale(float g, float scale, float inverse) {
+  if constexpr (kDivide) {
+    return g / scale;
+  } else {
+    return g * inverse;
+  }
+}
+
+bool has_exact_inverse(float x) {
+  int e = 0;
+  const float m = std::frexp(x, &e);
+  const float inv = 1.0f / x;
+  return std::isfinite(x) && x != 0.0f && std::abs(m) == 0.5f && std::isfinite(inv) &&
+         inv * x == 1.0f;
+}
 
 // One element's update is torch's AdamW in fp32, rounded where ATen's fused CPU kernel (the
 // engine's optimizer without offload) rounds: the first moment as exp_avg.lerp_(grad, 1 - beta1)
 // with one fused multiply-add, the rest op by op. An offloaded run then tracks one without
 // offload to the ulp, rather than drifting by a few ulps per step.
-template <Out kOut>
+template <Out kOut, bool kDivide>
 ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict g,
                                    float* __restrict m, float* __restrict v, void* __restrict out,
                                    int64_t n, AdamStep s) {
@@ -70,7 +94,7 @@ ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict 
   const float coeff = small ? w : w - 1.0f;
   const float c2 = s.one_minus_beta2, minus_step = -s.step_size;
   for (int64_t i = 0; i < n; ++i) {
-    const float grad = g[i] / s.grad_scale;
+    const float grad = unscale<kDivide>(g[i], s.grad_scale, s.inv_grad_scale);
     const float param = p[i] * s.decay;
     const float mi = std::fma(coeff, grad - m[i], small ? m[i] : grad);
     const float vi = v[i] * s.beta2 + c2 * grad * grad;
@@ -84,18 +108,18 @@ ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict 
 }
 
 struct SgdStep {
-  float lr, weight_decay, momentum, dampening, grad_scale;
+  float lr, weight_decay, momentum, dampening, grad_scale, inv_grad_scale;
   bool first, nesterov;
 };
 
 // torch::optim::SGD: coupled decay, momentum started as a copy of the first gradient.
-template <Out kOut, bool kMomentum>
+template <Out kOut, bool kMomentum, bool kDivide>
 ZERO_SIMD_CLONES void sgd_kernel(float* __restrict p, const float* __restrict g,
                                  float* __restrict buf, void* __restrict out, int64_t n,
                                  SgdStep s) {
   const float keep = 1.0f - s.dampening;
   for (int64_t i = 0; i < n; ++i) {
-    float d = g[i] / s.grad_scale + s.weight_decay * p[i];
+    float d = unscale<kDivide>(g[i], s.grad_scale, s.inv_grad_scale) + s.weight_decay * p[i];
     if constexpr (kMomentum) {
       const float b = s.first ? d : buf[i] * s.momentum + d * keep;
       buf[i] = b;
@@ -269,9 +293,16 @@ class CpuAdamW final : public HostOptimizerBase {
     s.step_size = static_cast<float>(lr / (1.0 - std::pow(o_.beta1, t)));
     s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o_.beta2, t)));
     s.grad_scale = grad_scale;
+    s.inv_grad_scale = 1.0f / grad_scale;
     float* m = exp_avg_.data_ptr<float>() + offset;
     float* v = exp_avg_sq_.data_ptr<float>() + offset;
-    with_out(kind, [&](auto k) { adamw_kernel<decltype(k)::value>(p, g, m, v, out, n, s); });
+    with_out(kind, [&](auto k) {
+      if (has_exact_inverse(grad_scale)) {
+        adamw_kernel<decltype(k)::value, false>(p, g, m, v, out, n, s);
+      } else {
+        adamw_kernel<decltype(k)::value, true>(p, g, m, v, out, n, s);
+      }
+    });
   }
 
   AdamWOptions o_;
@@ -302,14 +333,19 @@ class CpuSgd final : public HostOptimizerBase {
     s.momentum = static_cast<float>(o_.momentum);
     s.dampening = static_cast<float>(o_.dampening);
     s.grad_scale = grad_scale;
+    s.inv_grad_scale = 1.0f / grad_scale;
     s.first = steps_ == 1;  // begin_step() counted this step already
     s.nesterov = o_.nesterov;
+    const bool divide = !has_exact_inverse(grad_scale);
+    float* buf = momentum_buffer_.defined() ? momentum_buffer_.data_ptr<float>() + offset : nullptr;
     with_out(kind, [&](auto k) {
-      if (momentum_buffer_.defined()) {
-        sgd_kernel<decltype(k)::value, true>(p, g, momentum_buffer_.data_ptr<float>() + offset, out,
-                                             n, s);
+      constexpr Out kOut = decltype(k)::value;
+      if (buf != nullptr) {
+        divide ? sgd_kernel<kOut, true, true>(p, g, buf, out, n, s)
+               : sgd_kernel<kOut, true, false>(p, g, buf, out, n, s);
       } else {
-        sgd_kernel<decltype(k)::value, false>(p, g, nullptr, out, n, s);
+        divide ? sgd_kernel<kOut, false, true>(p, g, nullptr, out, n, s)
+               : sgd_kernel<kOut, false, false>(p, g, nullptr, out, n, s);
       }
     });
   }

@@ -206,6 +206,34 @@ TEST(CpuAdamW, AgreesWithTheFusedShardOptimizer) {
   expect_close_per_parameter(a, b, {n / 2, n - n / 2}, kSteps);
 }
 
+// The kernels unscale the gradient by multiplying with 1 / grad_scale when that reciprocal is
+// exact (a power of two: the engine's usual scale), else by dividing; either way each element
+// must be grad / grad_scale rounded once, as ATen's fused kernel computes it: the same bits as
+// an unscaled step on at::div(grad, grad_scale). Some gradients make subnormal quotients.
+TEST(CpuOptim, UnscalingIsOneCorrectlyRoundedDivision) {
+  const int64_t n = 4099;  // a vector tail too
+  for (const float scale : {1.0f, 4.0f, 0.25f, 1024.0f, 3.0f, 6.5f, 1e-3f}) {
+    at::manual_seed(11);
+    at::Tensor p0 = at::randn({n});
+    auto scaled = make_cpu_adamw({}, n, {{0, n / 2}}, at::kFloat);
+    auto plain = make_cpu_adamw({}, n, {{0, n / 2}}, at::kFloat);
+    auto sgd_scaled = make_cpu_sgd({0.9, 0, 0.01, false}, n, {{0, n}}, at::kFloat);
+    auto sgd_plain = make_cpu_sgd({0.9, 0, 0.01, false}, n, {{0, n}}, at::kFloat);
+    at::Tensor a = p0.clone(), b = p0.clone(), c = p0.clone(), d = p0.clone();
+    const at::Tensor s = at::full({1}, scale);
+    for (int step = 0; step < 4; ++step) {
+      at::Tensor g = at::randn({n}) * scale;
+      g.narrow(0, 0, 8).mul_(1e-37);
+      scaled->step(a, g, lr_for(step), {s, at::zeros({1})});
+      plain->step(b, at::div(g, scale), lr_for(step));
+      sgd_scaled->step(c, g, lr_for(step), {s, at::zeros({1})});
+      sgd_plain->step(d, at::div(g, scale), lr_for(step));
+    }
+    EXPECT_TRUE(at::equal(a, b)) << "AdamW, grad_scale " << scale;
+    EXPECT_TRUE(at::equal(c, d)) << "SGD, grad_scale " << scale;
+  }
+}
+
 TEST(CpuOptim, RejectsDeviceShardsAndBadCopies) {
   EXPECT_THROW(make_cpu_adamw({}, 10, {}, at::TensorOptions().dtype(at::kFloat).device(at::kMeta)),
                c10::Error);
