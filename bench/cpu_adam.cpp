@@ -1,7 +1,9 @@
 // cpu-adam: the offload optimizer's AdamW step on one rank's host shard, against torch's CPU
 // AdamW variants and the memory bandwidth, side by side in one run.
 //
-//   build/bench/cpu-adam [numel] [--threads T]      (default: 100M elements, torch's threads)
+//   build/bench/cpu-adam [numel] [--threads T] [--host-threads H]
+//   (default: 100M elements, torch's threads; H: the offload optimizer's own thread count,
+//   zero_optimization.offload_optimizer.threads, 0 = torch's)
 //
 // Variants, each the median of several steps on the same fp32 shard (weight decay on):
 //   ours+bf16   optim::make_cpu_adamw, update and the bf16 copy of the new weights in one pass
@@ -51,9 +53,12 @@ constexpr double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01;
 
 int main(int argc, char** argv) {
   int64_t n = 100'000'000;
+  int host_threads = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       at::set_num_threads(std::stoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--host-threads") && i + 1 < argc) {
+      host_threads = std::stoi(argv[++i]);
     } else {
       n = std::stoll(argv[i]);
     }
@@ -61,8 +66,9 @@ int main(int argc, char** argv) {
   at::NoGradGuard no_grad;
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const int iters = 5;
-  std::printf("%lld fp32 elements, %d threads, median of %d steps\n\n", static_cast<long long>(n),
-              at::get_num_threads(), iters);
+  std::printf("%lld fp32 elements, %d threads (ours: %d), median of %d steps\n\n",
+              static_cast<long long>(n), at::get_num_threads(),
+              host_threads > 0 ? host_threads : at::get_num_threads(), iters);
 
   // The bound: the fastest of three ways to move bytes (read + write counted), on buffers of
   // 15 bytes per element each way (the bf16 variant's 30), large enough that no cache helps:
@@ -97,7 +103,7 @@ int main(int argc, char** argv) {
 
   {
     zero::optim::AdamWOptions o{b1, b2, eps, wd};
-    auto opt = zero::optim::make_cpu_adamw(o, n, {{0, n}}, f32);
+    auto opt = zero::optim::make_cpu_adamw(o, n, {{0, n}}, f32, {host_threads, false});
     at::Tensor p = p0.clone(), out = at::empty({n}, f32.dtype(at::kBFloat16));
     rows.push_back({"ours+bf16",
                     median_seconds(iters,

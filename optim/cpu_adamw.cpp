@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/thread_pool.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -248,19 +249,39 @@ class HostOptimizerBase : public HostShardOptimizer {
   at::Tensor state_zeros() const { return host_zeros(numel(), pin_); }
 
  private:
-  // Splits [b, e) into at most threads_ pieces of at least kGrain elements, in parallel.
+  // Splits [b, e) into pieces of at least kGrain elements, run in parallel: with threads_ > 0
+  // on exactly that many threads (this thread and a pool of its own), whatever torch's intra-op
+  // setting is (torchrun sets OMP_NUM_THREADS=1, which would leave the step one core per rank);
+  // with 0 on torch's intra-op threads. Each element's result does not depend on the split.
   template <typename F>
-  void for_chunks(Range r, F&& f) const {
+  void for_chunks(Range r, F&& f) {
     constexpr int64_t kGrain =
         1 << 15;  // 128 KiB of fp32: below it threads cost more than they save
     const int64_t n = r.end - r.begin;
     if (n <= 0) return;
-    int64_t grain = kGrain;
-    if (threads_ > 0) grain = std::max<int64_t>(grain, (n + threads_ - 1) / threads_);
-    at::parallel_for(r.begin, r.end, grain, [&](int64_t b, int64_t e) { f(b, e); });
+    if (threads_ <= 0) {
+      at::parallel_for(r.begin, r.end, kGrain, [&](int64_t b, int64_t e) { f(b, e); });
+      return;
+    }
+    const int64_t pieces = std::min<int64_t>(threads_, std::max<int64_t>(1, n / kGrain));
+    if (pieces == 1) {
+      f(r.begin, r.end);
+      return;
+    }
+    // Pieces start on 64-byte lines of fp32 (16 elements): no two threads write one line.
+    const int64_t per = ((n + pieces - 1) / pieces + 15) / 16 * 16;
+    if (!pool_) pool_ = std::make_unique<c10::ThreadPool>(threads_ - 1);
+    for (int64_t b = r.begin + per; b < r.end; b += per) {
+      const int64_t e = std::min(r.end, b + per);
+      pool_->run([&f, b, e] { f(b, e); });
+    }
+    f(r.begin, std::min(r.end, r.begin + per));
+    // `f` and the buffers it writes are the caller's: nothing returns before every piece ran.
+    pool_->waitWorkComplete();
   }
 
   bool pin_;
+  std::unique_ptr<c10::ThreadPool> pool_;  // threads_ - 1 workers, made at the first big step
 };
 
 class CpuAdamW final : public HostOptimizerBase {

@@ -49,8 +49,8 @@ class HostShardOptimizer : public ShardOptimizer {
 };
 
 struct HostOptimizerOptions {
-  // At most this many threads run one update (capped by torch's intra-op thread count, i.e.
-  // OMP_NUM_THREADS); 0: all of torch's.
+  // This many threads run one update (the calling thread and a pool the optimizer owns), whatever
+  // torch's intra-op thread count (OMP_NUM_THREADS) is; 0: torch's intra-op threads.
   int threads = 0;
   // Page-locked state buffers, for asynchronous copies to and from a GPU; ignored without CUDA.
   bool pin_memory = false;

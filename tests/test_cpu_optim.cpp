@@ -1,11 +1,14 @@
 // The offload optimizers (optim/cpu_adamw.hpp) against torch::optim per parameter, the compute
 // dtype copy they write in the same pass, and the step scalars.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <iterator>
 
 #include "optim/cpu_adamw.hpp"
 
@@ -232,6 +235,38 @@ TEST(CpuOptim, UnscalingIsOneCorrectlyRoundedDivision) {
     EXPECT_TRUE(at::equal(a, b)) << "AdamW, grad_scale " << scale;
     EXPECT_TRUE(at::equal(c, d)) << "SGD, grad_scale " << scale;
   }
+}
+
+// torchrun sets OMP_NUM_THREADS=1: a configured thread count must still be used (the optimizer's
+// own pool: the process gains threads - 1 threads at the first update large enough to split),
+// and the split must not change a bit of the result.
+TEST(CpuOptim, UsesItsThreadsWhateverTorchsIntraOpCountAndSplitsExactly) {
+  const int torch_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto threads_now = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                         std::filesystem::directory_iterator());
+  };
+  const int64_t n = 300'001;
+  at::manual_seed(13);
+  const at::Tensor p0 = at::randn({n});
+  auto one = make_cpu_adamw({}, n, {{0, n / 3}}, at::kFloat, {1, false});
+  auto three = make_cpu_adamw({}, n, {{0, n / 3}}, at::kFloat, {3, false});
+  at::Tensor a = p0.clone(), b = p0.clone();
+  at::Tensor out_a = at::empty({n}, at::kBFloat16), out_b = at::empty({n}, at::kBFloat16);
+  const auto before = threads_now();
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor g = at::randn({n});
+    one->begin_step(a, g, lr_for(step));
+    one->update_to(a, g, lr_for(step), {}, {0, n}, out_a);
+    three->begin_step(b, g, lr_for(step));
+    three->update_to(b, g, lr_for(step), {}, {0, n}, out_b);
+  }
+  EXPECT_EQ(threads_now() - before, 2) << "a pool of 2 besides the calling thread";
+  EXPECT_TRUE(at::equal(a, b));
+  EXPECT_TRUE(at::equal(out_a, out_b));
+  EXPECT_TRUE(at::equal(one->state()[1].second, three->state()[1].second));
+  at::set_num_threads(torch_threads);
 }
 
 TEST(CpuOptim, RejectsDeviceShardsAndBadCopies) {

@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 
@@ -22,6 +25,7 @@
 #include "zero/engine.hpp"
 #include "zero/grad_buckets.hpp"
 #include "zero/grad_to_host.hpp"
+#include "zero/optimizer_offload.hpp"
 #include "zero/shard_info.hpp"
 
 namespace zero::testing {
@@ -142,6 +146,31 @@ TEST(OffloadBf16, MastersMatchTheEngineWithoutOffload) {
     // The module's bf16 weights are the masters rounded, on both.
     expect_close_per_parameter(on.params[r], off.params[r], 1.0 / 128, "bf16 weights");
     EXPECT_TRUE(at::equal(on.params[r], on.masters[r].to(at::kBFloat16).to(at::kFloat)));
+  }
+}
+
+// The host step's threads: the configured count, or this rank's share of the cores it may run
+// on among the node's ranks (torchrun's OMP_NUM_THREADS=1 is not it).
+TEST(OffloadThreads, ConfiguredCountOrThisRanksShareOfTheCores) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const int cores = CPU_COUNT(&set);
+  const char* saved = std::getenv("LOCAL_WORLD_SIZE");
+  const std::string keep = saved ? saved : "";
+  EXPECT_EQ(host_step_threads(3), 3);
+  setenv("LOCAL_WORLD_SIZE", "1", 1);
+  EXPECT_EQ(host_step_threads(0), cores);
+  setenv("LOCAL_WORLD_SIZE", std::to_string(cores * 4).c_str(), 1);
+  EXPECT_EQ(host_step_threads(0), 1) << "never 0";
+  if (cores >= 2) {
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    EXPECT_EQ(host_step_threads(0), cores / 2);
+  }
+  if (saved) {
+    setenv("LOCAL_WORLD_SIZE", keep.c_str(), 1);
+  } else {
+    unsetenv("LOCAL_WORLD_SIZE");
   }
 }
 

@@ -2,7 +2,34 @@
 
 #include <ATen/ATen.h>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
 namespace zero {
+
+int host_step_threads(int configured) {
+  if (configured > 0) return configured;
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
+#endif
+  int local = 1;
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && std::atoi(v) > 0) {
+      local = std::atoi(v);
+      break;
+    }
+  }
+  return std::max(1, cores / local);
+}
 
 OptimizerOffload::OptimizerOffload(const ZeroOptimizationConfig::OffloadOptimizerConfig& cfg,
                                    at::ScalarType param_dtype, at::Device device)

@@ -31,6 +31,13 @@
 
 namespace zero {
 
+// The host step's threads for zero_optimization.offload_optimizer.threads = `configured`: that
+// count when > 0; for 0, this rank's share of the cores this process may run on
+// (sched_getaffinity) among the ranks of its node (LOCAL_WORLD_SIZE from torchrun,
+// OMPI_COMM_WORLD_LOCAL_SIZE from Open MPI, else 1), at least 1. Not OMP_NUM_THREADS: torchrun
+// sets it to 1, which would run every rank's step on one core.
+int host_step_threads(int configured);
+
 class OptimizerOffload {
  public:
   OptimizerOffload(const ZeroOptimizationConfig::OffloadOptimizerConfig& cfg,
