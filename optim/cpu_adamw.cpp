@@ -4,9 +4,11 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/core/thread_pool.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <c10/util/llvmMathExtras.h>
 
 #include <algorithm>
 #include <cmath>
@@ -382,6 +384,17 @@ at::Tensor host_zeros(int64_t numel, bool pin, at::ScalarType dtype) {
   at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(can_pin));
   t.zero_();
   return t;
+}
+
+int64_t host_bytes(const at::Tensor& t) {
+  if (!t.defined()) return 0;
+  const auto n = static_cast<size_t>(t.storage().nbytes());
+  if (!at::globalContext().hasCUDA() || !t.is_pinned()) return static_cast<int64_t>(n);
+  // CachingHostAllocator::allocate's rounding rule (ATen/core/CachingHostAllocator.h).
+  using Config = c10::CachingAllocator::AcceleratorAllocatorConfig;
+  const bool rounded =
+      n <= Config::pinned_max_round_threshold() && n <= Config::pinned_max_cached_size();
+  return static_cast<int64_t>(rounded ? c10::llvm::PowerOf2Ceil(n) : n);
 }
 
 std::unique_ptr<HostShardOptimizer> make_grouped_cpu_adamw(const AdamWOptions& options,

@@ -80,5 +80,8 @@ std::unique_ptr<HostShardOptimizer> make_grouped_cpu_sgd(const SgdOptions& optio
 
 // A zero-filled fp32 host tensor, page-locked when `pin` and this process can reach CUDA.
 at::Tensor host_zeros(int64_t numel, bool pin, at::ScalarType dtype = at::kFloat);
+// The host bytes `t` really holds: its size, or for a page-locked tensor the block the caching
+// host allocator gave it (rounded up to a power of two below pinned_max_round_threshold_mb).
+int64_t host_bytes(const at::Tensor& t);
 
 }  // namespace zero::optim

@@ -412,7 +412,13 @@ bool Engine::step() {
   } else {
     sq = squared_norm(g, m.fp.layout);
     // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
-    if (m.offload) sq = sq.to(m.fp.flat.device());
+    // From page-locked memory the upload is queued, not waited for (a pageable one would
+    // synchronise the stream).
+    if (m.offload && m.fp.flat.is_cuda()) {
+      sq = sq.pin_memory().to(m.fp.flat.device(), /*non_blocking=*/true);
+    } else if (m.offload) {
+      sq = sq.to(m.fp.flat.device());
+    }
     if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
   }
   // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
@@ -486,6 +492,12 @@ MemoryReport Engine::memory_report() const {
     r.measured.comm_buffers += staging;
     r.host_measured =
         r.measured.master + r.measured.optimizer + m.sync->grad_shard().nbytes() + staging;
+    // As the page-locked allocator holds them (pin_memory on a CUDA build: each block rounded
+    // up to a power of two), which is what the host really gives up.
+    r.host_pinned = optim::host_bytes(m.fp.master) + optim::host_bytes(m.sync->grad_shard()) +
+                    optim::host_bytes(m.offload->staging()) + m.sync->host_staging_pinned_bytes();
+    for (const auto& s : m.opt.optimizer->state()) r.host_pinned += optim::host_bytes(s.second);
+    r.host_pinned += m.opt.optimizer->scratch_bytes();
   }
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;

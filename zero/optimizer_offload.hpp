@@ -73,6 +73,7 @@ class OptimizerOffload {
   at::Tensor to_host(const at::Tensor& t) const;
   // Host bytes this object adds (the compute-dtype copy).
   int64_t staging_bytes() const { return staging_.defined() ? staging_.nbytes() : 0; }
+  const at::Tensor& staging() const { return staging_; }
   bool pin_memory() const { return pin_; }
 
  private:
@@ -80,7 +81,7 @@ class OptimizerOffload {
   at::ScalarType param_dtype_;
   at::Device device_;
   std::unique_ptr<offload_detail::CopyEngine> engine_;
-  at::Tensor staging_;  // compute dtype, the shard's size, host
+  at::Tensor staging_;                           // compute dtype, the shard's size, host
   std::vector<offload_detail::Ticket> uploads_;  // this round's uploads from staging_
 };
 
