@@ -33,6 +33,12 @@ class CopyEngine {
   virtual Ticket copy_into_host(const at::Tensor& dst, const at::Tensor& src) = 0;
   // Copies a buffer from to_host_async back to this engine's device.
   virtual Copy to_device_async(const at::Tensor& host) = 0;
+  // Copies the host buffer `src` (page-locked, or the copy cannot overlap anything) into the
+  // existing buffer `dst` on this engine's device (same numel and dtype), after the work queued so
+  // far on the current stream (which may still read `dst`). Until the copy finished, `src` must
+  // not be written (synchronize/ready) and `dst` must not be read: the caller orders the reader
+  // after it with wait(ticket).
+  virtual Ticket copy_to_device(const at::Tensor& dst, const at::Tensor& src) = 0;
   // Orders the current stream after the copy: work enqueued from now on may use its dst.
   virtual void wait(const Ticket& ticket) = 0;
   // Host-side poll: has the copy finished (so its source may be released)?

@@ -79,6 +79,25 @@ class CudaCopyEngine final : public CopyEngine {
     return {dst, done};
   }
 
+  Ticket copy_to_device(const at::Tensor& dst, const at::Tensor& src) override {
+    c10::cuda::CUDAGuard guard(device_);
+    // `dst` may still be read by kernels queued on the current stream (the parameters that the
+    // last backward used): the copy stream writes it only after them.
+    copy_stream_waits_for_compute();
+    auto done = std::make_shared<Event>();
+    {
+      c10::cuda::CUDAStreamGuard on_copy_stream(copy_stream_);
+      // Asynchronous only from page-locked memory; from pageable memory CUDA stages it and the
+      // host waits, which is correct but does not overlap.
+      dst.copy_(src, /*non_blocking=*/true);
+      // The reader of `dst` waits on this (wait); the host before rewriting `src` (synchronize).
+      // `dst` needs no record_stream: it is long-lived, and its reader's stream waits on `done`,
+      // so memory freed later on that stream is reused only after this copy.
+      done->record(copy_stream_);
+    }
+    return done;
+  }
+
   void wait(const Ticket& ticket) override {
     if (ticket) as_event(ticket)->block(c10::cuda::getCurrentCUDAStream(device_.index()));
   }

@@ -103,10 +103,12 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
                                       const optim::ShardOptimizer::Scalars& scalars) {
   auto& o = *opt.optimizer;
   if (offload) {
-    // The CPU step of each bucket writes the compute-dtype copy that its gather sends.
+    // The CPU step of each bucket writes the compute-dtype copy that its gather sends. The
+    // scalars reach the host once here, not once per bucket.
+    const optim::ShardOptimizer::Scalars host = OptimizerOffload::host_scalars(scalars);
     o.begin_step(fp.master, grad, lr);
     publish_from([&](const BucketSlot& b) {
-      return offload->update_bucket(&o, fp.master, grad, lr, scalars, b);
+      return offload->update_bucket(&o, fp.master, grad, lr, host, b, own_part(b));
     });
     return;
   }
@@ -137,10 +139,15 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
   });
 }
 
+at::Tensor Engine::Impl::own_part(const BucketSlot& b) const {
+  const int64_t S = b.shard.shard_numel();
+  return fp.flat.narrow(0, b.flat_offset + group->rank() * S, S);
+}
+
 void Engine::Impl::publish_parameters(const std::function<void(const BucketSlot&)>& before) {
   publish_from([&](const BucketSlot& b) {
     if (before) before(b);
-    if (offload) return offload->update_bucket(nullptr, fp.master, {}, 0, {}, b);
+    if (offload) return offload->update_bucket(nullptr, fp.master, {}, 0, {}, b, own_part(b));
     at::Tensor in = fp.bucket_master(b);
     return param_dtype != at::kFloat ? in.to(param_dtype) : in;
   });
@@ -162,6 +169,7 @@ void Engine::Impl::publish_from(const std::function<at::Tensor(const BucketSlot&
   };
   std::deque<InFlight> inflight;
   int64_t inflight_numel = 0;
+  if (offload) offload->begin_publish();
   const auto wait_oldest = [&] {
     inflight.front().work.wait();
     inflight_numel -= inflight.front().numel;
@@ -421,7 +429,13 @@ bool Engine::step() {
   } else {
     sq = squared_norm(g, m.fp.layout);
     // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
-    if (m.offload) sq = sq.to(m.fp.flat.device());
+    // From page-locked memory the upload is queued, not waited for (a pageable one would
+    // synchronise the stream).
+    if (m.offload && m.fp.flat.is_cuda()) {
+      sq = sq.pin_memory().to(m.fp.flat.device(), /*non_blocking=*/true);
+    } else if (m.offload) {
+      sq = sq.to(m.fp.flat.device());
+    }
     if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
   }
   // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
@@ -501,6 +515,12 @@ MemoryReport Engine::memory_report() const {
     r.measured.comm_buffers += staging;
     r.host_measured =
         r.measured.master + r.measured.optimizer + m.sync->grad_shard().nbytes() + staging;
+    // As the page-locked allocator holds them (pin_memory on a CUDA build: each block rounded
+    // up to a power of two), which is what the host really gives up.
+    r.host_pinned = optim::host_bytes(m.fp.master) + optim::host_bytes(m.sync->grad_shard()) +
+                    optim::host_bytes(m.offload->staging()) + m.sync->host_staging_pinned_bytes();
+    for (const auto& s : m.opt.optimizer->state()) r.host_pinned += optim::host_bytes(s.second);
+    r.host_pinned += m.opt.optimizer->scratch_bytes();
   }
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;

@@ -35,8 +35,9 @@ void load_offload_keys(Loader& l, std::vector<Field>& f,
                                {"threads",
                                 [&](const Entry& d) {
                                   const int64_t t = l.integer(d);
-                                  l.require(d, t >= 0 && t <= 4096,
-                                            "a thread count >= 0 (0: OMP_NUM_THREADS)");
+                                  l.require(
+                                      d, t >= 0 && t <= 4096,
+                                      "a thread count >= 0 (0: the cores per rank on this node)");
                                   o.threads = static_cast<int>(t);
                                 }},
                                l.no_effect("nvme_path", nvme),
