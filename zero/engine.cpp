@@ -231,7 +231,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
     for (const auto& p : model->parameters()) {
       t.num_params += p.numel();
       t.device = p.device();
-      if (p.is_cuda()) t.held_bytes += static_cast<int64_t>(p.nbytes());
+      if (!p.is_cpu()) t.held_bytes += static_cast<int64_t>(p.nbytes());
     }
     resolve_auto(cfg, t, *group);
   }
@@ -481,7 +481,10 @@ MemoryReport Engine::memory_report() const {
   }
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;
-  r.allocator = m.fp.flat.is_cuda() ? "CUDA caching allocator" : "mallinfo2, process-wide";
+  const c10::Device dev = m.fp.flat.device();
+  r.allocator = dev.is_cpu()    ? "mallinfo2, process-wide"
+                : dev.is_cuda() ? "CUDA caching allocator"
+                                : c10::DeviceTypeName(dev.type(), /*lower_case=*/true) + " allocator";
 
   MemoryModelInput in;
   in.num_params = r.num_params;
