@@ -328,6 +328,18 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
+// Module::to(fake) moves parameters with set_data, which asks whether the new tensor's impl may
+// be shallow-copied into the old one; TensorImpl's answer lists the in-tree dense backends only
+// (CPU, CUDA, ...), so the backend answers for itself (out-of-tree backends such as Ascend's do
+// the same): a dense CPU or fake tensor may take a dense CPU or fake tensor's place.
+bool compatible_shallow_copy(const at::Tensor& self, const at::Tensor& from) {
+  const auto dense = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && (t.is_cpu() || t.device().type() == kType);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense(self) && dense(from));
+}
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::native::cpu_fallback(op, stack);
 }
@@ -342,6 +354,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view", &at::native::view);
   m.impl("as_strided", &at::native::as_strided_tensorimpl);
   m.impl("_reshape_alias", &at::native::_reshape_alias);
+  m.impl("_has_compatible_shallow_copy_type", &compatible_shallow_copy);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
