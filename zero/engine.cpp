@@ -288,7 +288,12 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
 
   if (c.fp16.enabled) impl->scaler = DeviceLossScaler(c.fp16, impl->fp.flat.device());
   const int owner = impl->stage == 0 ? 0 : impl->group->rank();
-  impl->opt = make_optimizer(c, impl->fp.layout, owner, impl->fp.flat.options().dtype(at::kFloat));
+  // Under offload the optimizer state lives with the master shard in host memory, wherever the
+  // parameters are; otherwise beside the flat buffer on the device.
+  const at::TensorOptions state_opts = impl->offload
+                                           ? at::TensorOptions().dtype(at::kFloat)
+                                           : impl->fp.flat.options().dtype(at::kFloat);
+  impl->opt = make_optimizer(c, impl->fp.layout, owner, state_opts);
 
   impl->hooks.install(impl.get(), impl->fp.params);
   impl->allocator_delta = allocated_bytes(device) - allocated_before;
