@@ -169,21 +169,41 @@ INSTANTIATE_TEST_SUITE_P(StagesAndOptimizers, FakeDeviceEquivalence,
                                   (c.offload ? "_offload" : "");
                          });
 
+// The forward pass through zero::checkpoint, the block's input offloaded to the host.
+Forward checkpointed(ActivationOffloader& offloader) {
+  return [&offloader](TinyNetImpl& net, const at::Tensor& x) {
+    CheckpointOptions o;
+    o.offload = &offloader;
+    return checkpoint([&net](const at::Tensor& in) { return net.forward(in); }, x, o);
+  };
+}
+
 // Activation checkpointing on the device, its saved inputs offloaded to the host through the
 // copy engine's stream and events (offload/device_copy.cpp, the CUDA path's code).
 TEST(FakeDeviceCheckpointing, RecomputedTrainingMatchesSingleProcessTraining) {
   const Config cfg = config(2, "AdamW");
   ActivationOffloader offloader;
-  const Forward checkpointed = [&](TinyNetImpl& net, const at::Tensor& x) {
-    CheckpointOptions o;
-    o.offload = &offloader;
-    return checkpoint([&net](const at::Tensor& in) { return net.forward(in); }, x, o);
-  };
-  expect_matches_reference(cfg, 4, train_on_fake(cfg, 4, checkpointed));
+  expect_matches_reference(cfg, 4, train_on_fake(cfg, 4, checkpointed(offloader)));
   const OffloadStats st = offloader.stats();
   EXPECT_EQ(st.offloaded, kSteps * kWorld);
   EXPECT_EQ(st.fetched, kSteps * kWorld);
   EXPECT_EQ(st.device_bytes_kept, 0);
+}
+
+// Events that complete 2 ms after they were recorded: every "has the copy finished?" poll
+// (the offloader releasing a copied input, the step's read-back one step late) first sees "no",
+// and every host wait (a gradient slot landing, the verdict) really waits.
+TEST(FakeDeviceSlowEvents, OffloadAndCheckpointingMatchTrainingWhenCopiesFinishLate) {
+  fake::set_event_delay(std::chrono::milliseconds(2));
+  struct Restore {
+    ~Restore() { fake::set_event_delay(std::chrono::microseconds(0)); }
+  } restore;
+  const Config cfg = config(2, "AdamW", /*offload=*/true);
+  ActivationOffloader offloader;
+  expect_matches_reference(cfg, 4, train_on_fake(cfg, 4, checkpointed(offloader)));
+  offloader.synchronize();
+  EXPECT_EQ(offloader.stats().device_bytes_kept, 0);
+  EXPECT_EQ(offloader.stats().fetched, kSteps * kWorld);
 }
 
 // TinyNet's modules registered head first: the engine lays parameters out in reverse
