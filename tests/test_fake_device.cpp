@@ -49,6 +49,41 @@ TEST(FakeDevice, CountsEveryByteAndCopiesBetweenDistinctMemories) {
   EXPECT_EQ(fake::pinned_bytes() - pinned, 1024);
 }
 
+// Gloo cannot read fake tensors: a group on the fake device type runs each collective on host
+// copies and copies the result back at wait(). Each rank's values differ, so a result left on
+// the host copy, or a rank's chunk misplaced, shows.
+TEST(FakeDeviceGroup, CollectivesStagedThroughTheHostReachTheDevice) {
+  run_ranks(
+      2,
+      [](std::shared_ptr<comm::Group> g) {
+        const c10::Device d = fake::device(g->rank());
+        const double r = g->rank();
+        at::Tensor t = at::full({4}, r + 1, at::TensorOptions().device(d));
+        g->all_reduce_sum(t, "all_reduce").wait();
+        EXPECT_EQ(t.device(), d);
+        EXPECT_TRUE(at::equal(t.cpu(), at::full({4}, 3.0)));
+
+        at::Tensor in = at::arange(6, at::kFloat).add(10 * r).to(d);  // rank r: 10r + [0..5]
+        at::Tensor out = at::empty({3}, in.options());
+        g->reduce_scatter_sum(out, in, "reduce_scatter").wait();
+        // Chunk k summed over ranks: (0+10) + 2 x [3k..3k+2].
+        EXPECT_TRUE(at::equal(out.cpu(), at::arange(3, at::kFloat).add(3 * r).mul(2).add(10)));
+
+        at::Tensor mine = at::full({2}, r, in.options());
+        at::Tensor all = at::empty({4}, in.options());
+        g->all_gather(all, mine, "all_gather").wait();
+        EXPECT_TRUE(at::equal(all.cpu(), at::tensor({0.0f, 0.0f, 1.0f, 1.0f})));
+
+        at::Tensor b = at::full({3}, r + 5, in.options());
+        g->broadcast(b, 1, "broadcast").wait();
+        EXPECT_TRUE(at::equal(b.cpu(), at::full({3}, 6.0)));
+        // A host tensor handed to a fake-device group is a mix-up, refused by name.
+        at::Tensor host = at::ones({2});
+        EXPECT_THROW(g->all_reduce_sum(host, "all_reduce of a host tensor"), c10::Error);
+      },
+      std::chrono::seconds(60), fake::device().type());
+}
+
 constexpr int kSteps = 4;
 constexpr int64_t kRows = 48;
 constexpr int kWorld = 2;
