@@ -242,9 +242,9 @@ TEST(FakeDeviceSlowEvents, OffloadAndCheckpointingMatchTrainingWhenCopiesFinishL
 }
 
 // TinyNet's modules registered head first: the engine lays parameters out in reverse
-// registration order, so head's gradients (the first to arrive) land in the last bucket and the
-// engine rebuilds its buckets after the first step (zero/relayout.cpp), under offload with a hop
-// of the host states through the device and back.
+// registration order, so head's gradients (the first to arrive) land in the last bucket and,
+// from the second step on, the engine releases its buckets in the observed arrival order
+// (zero/release_order.cpp), on the device and under offload.
 struct HeadFirstImpl : torch::nn::Module {
   explicit HeadFirstImpl(std::shared_ptr<TinyNetImpl> t) : net(std::move(t)) {
     register_module("head", net->head);
@@ -255,9 +255,9 @@ struct HeadFirstImpl : torch::nn::Module {
   std::shared_ptr<TinyNetImpl> net;  // computes; its modules are registered above, reordered
 };
 
-class FakeDeviceRelayout : public ::testing::TestWithParam<bool> {};
+class FakeDeviceArrivalOrder : public ::testing::TestWithParam<bool> {};
 
-TEST_P(FakeDeviceRelayout, RebuiltBucketsMatchSingleProcessTraining) {
+TEST_P(FakeDeviceArrivalOrder, BucketsOutOfLayoutOrderMatchSingleProcessTraining) {
   const Config cfg = config(2, "AdamW", /*offload=*/GetParam());
   std::vector<at::Tensor> finals(kWorld);
   run_ranks(
@@ -282,7 +282,7 @@ TEST_P(FakeDeviceRelayout, RebuiltBucketsMatchSingleProcessTraining) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WithAndWithoutOffload, FakeDeviceRelayout, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(WithAndWithoutOffload, FakeDeviceArrivalOrder, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return std::string(info.param ? "offload" : "on_device");
                          });
