@@ -1,7 +1,8 @@
 // The device-specific half of host <-> device copies, behind one small interface so that the
 // bookkeeping (activation_offloader.cpp, and the gradient shard's trip to the host under optimizer
-// offload, zero/grad_to_host.cpp) is the same code on CPU-only and CUDA builds. Exactly one of
-// cuda_copy.cpp / no_cuda_copy.cpp defines make_copy_engine (see offload/CMakeLists.txt).
+// offload, zero/grad_to_host.cpp) is the same code on CPU-only and CUDA builds. host_copy.cpp
+// serves CPU tensors; device_copy.cpp every other device type through c10's generic streams and
+// events (CUDA on a GPU, the tests' fake accelerator in CI).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,6 +1,7 @@
 #include "optim/cpu_adamw.hpp"
 
 #include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -380,7 +381,11 @@ class CpuSgd final : public HostOptimizerBase {
 }  // namespace
 
 at::Tensor host_zeros(int64_t numel, bool pin, at::ScalarType dtype) {
-  const bool can_pin = pin && at::globalContext().hasCUDA();
+  // Page-locked memory comes from the accelerator's hooks (CUDA's, or a registered backend's);
+  // without a usable accelerator there is nothing to pin for.
+  const auto accelerator = at::getAccelerator(/*checked=*/false);
+  const bool can_pin = pin && accelerator &&
+                       at::globalContext().getAcceleratorHooksInterface(accelerator).isAvailable();
   at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(can_pin));
   t.zero_();
   return t;

@@ -240,7 +240,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
     for (const auto& p : model->parameters()) {
       t.num_params += p.numel();
       t.device = p.device();
-      if (p.is_cuda()) t.held_bytes += static_cast<int64_t>(p.nbytes());
+      if (!p.is_cpu()) t.held_bytes += static_cast<int64_t>(p.nbytes());
     }
     resolve_auto(cfg, t, *group);
   }
@@ -297,7 +297,12 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
 
   if (c.fp16.enabled) impl->scaler = DeviceLossScaler(c.fp16, impl->fp.flat.device());
   const int owner = impl->stage == 0 ? 0 : impl->group->rank();
-  impl->opt = make_optimizer(c, impl->fp.layout, owner, impl->fp.flat.options().dtype(at::kFloat));
+  // Under offload the optimizer state lives with the master shard in host memory, wherever the
+  // parameters are; otherwise beside the flat buffer on the device.
+  const at::TensorOptions state_opts = impl->offload
+                                           ? at::TensorOptions().dtype(at::kFloat)
+                                           : impl->fp.flat.options().dtype(at::kFloat);
+  impl->opt = make_optimizer(c, impl->fp.layout, owner, state_opts);
 
   impl->hooks.install(impl.get(), impl->fp.params);
   impl->allocator_delta = allocated_bytes(device) - allocated_before;
@@ -524,7 +529,10 @@ MemoryReport Engine::memory_report() const {
   }
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;
-  r.allocator = m.fp.flat.is_cuda() ? "CUDA caching allocator" : "mallinfo2, process-wide";
+  const c10::Device dev = m.fp.flat.device();
+  r.allocator = dev.is_cpu()    ? "mallinfo2, process-wide"
+                : dev.is_cuda() ? "CUDA caching allocator"
+                                : c10::DeviceTypeName(dev.type(), /*lower_case=*/true) + " allocator";
 
   MemoryModelInput in;
   in.num_params = r.num_params;

@@ -1,28 +1,32 @@
-// Built when LibTorch has CUDA: copies between device memory and pinned host memory on one
-// dedicated stream per device, so that they overlap the kernels of the compute stream.
+// Copies between device memory and pinned host memory on one dedicated stream per device, so
+// that they overlap the kernels of the compute stream. Written against c10's device-generic
+// interface (c10::Stream, c10::Event and the device type's guard implementation, which CUDA and
+// every registered backend provide), so the same code serves CUDA on a GPU and the tests' fake
+// accelerator in CI: the stream and event logic of the GPU path runs without a GPU.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "offload/copy_engine.hpp"
 
 namespace zero::offload_detail {
 namespace {
 
-using Event = c10::cuda::CUDAEvent;
+using Event = c10::Event;
 
 Event* as_event(const Ticket& ticket) { return static_cast<Event*>(ticket.get()); }
 
-class CudaCopyEngine final : public CopyEngine {
+class StreamCopyEngine final : public CopyEngine {
  public:
-  explicit CudaCopyEngine(c10::Device device)
+  explicit StreamCopyEngine(c10::Device device)
       : device_(device),
-        copy_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {}
+        impl_(device.type()),
+        copy_stream_(impl_.getStreamFromGlobalPool(device, /*isHighPriority=*/false)) {}
 
   Copy to_host_async(const at::Tensor& src) override {
-    c10::cuda::CUDAGuard guard(device_);
+    const c10::DeviceGuard guard(device_);
     // `src` may still be being written by kernels queued on the compute stream.
     copy_stream_waits_for_compute();
     // Pinned, or the copy below would be synchronous. Freeing this buffer early is safe: for
@@ -31,9 +35,9 @@ class CudaCopyEngine final : public CopyEngine {
     at::Tensor host = at::empty(
         src.sizes(),
         at::TensorOptions().dtype(src.scalar_type()).device(at::kCPU).pinned_memory(true));
-    auto done = std::make_shared<Event>();
+    auto done = std::make_shared<Event>(device_.type());
     {
-      c10::cuda::CUDAStreamGuard on_copy_stream(copy_stream_);
+      const c10::StreamGuard on_copy_stream(copy_stream_);
       host.copy_(src, /*non_blocking=*/true);
       done->record(copy_stream_);
     }
@@ -44,13 +48,13 @@ class CudaCopyEngine final : public CopyEngine {
   }
 
   Ticket copy_into_host(const at::Tensor& dst, const at::Tensor& src) override {
-    c10::cuda::CUDAGuard guard(device_);
+    const c10::DeviceGuard guard(device_);
     // `src` is written by work on the current stream (or by a collective the current stream
     // was made to wait for): the copy stream starts reading only after that.
     copy_stream_waits_for_compute();
-    auto done = std::make_shared<Event>();
+    auto done = std::make_shared<Event>(device_.type());
     {
-      c10::cuda::CUDAStreamGuard on_copy_stream(copy_stream_);
+      const c10::StreamGuard on_copy_stream(copy_stream_);
       // Asynchronous only into page-locked memory; into pageable memory CUDA stages it and the
       // host waits, which is correct but does not overlap.
       dst.copy_(src, /*non_blocking=*/true);
@@ -62,20 +66,20 @@ class CudaCopyEngine final : public CopyEngine {
   }
 
   Copy to_device_async(const at::Tensor& host) override {
-    c10::cuda::CUDAGuard guard(device_);
+    const c10::DeviceGuard guard(device_);
     // Allocated on the compute stream, which consumes it. That pool may return memory whose
     // last kernels on the compute stream have not run yet, so the copy waits for them.
     at::Tensor dst = at::empty(host.sizes(), host.options().device(device_));
     copy_stream_waits_for_compute();
-    auto done = std::make_shared<Event>();
+    auto done = std::make_shared<Event>(device_.type());
     {
-      c10::cuda::CUDAStreamGuard on_copy_stream(copy_stream_);
+      const c10::StreamGuard on_copy_stream(copy_stream_);
       dst.copy_(host, /*non_blocking=*/true);
       done->record(copy_stream_);
     }
     // If `dst` is dropped unconsumed (reset() with a prefetch in flight), its memory must not go
-    // back to the compute stream while this stream may still be writing it.
-    dst.record_stream(copy_stream_);
+    // back to the compute stream while this stream may still be writing it (record_stream).
+    impl_.recordDataPtrOnStream(dst.storage().data_ptr(), copy_stream_);
     return {dst, done};
   }
 
@@ -99,7 +103,7 @@ class CudaCopyEngine final : public CopyEngine {
   }
 
   void wait(const Ticket& ticket) override {
-    if (ticket) as_event(ticket)->block(c10::cuda::getCurrentCUDAStream(device_.index()));
+    if (ticket) as_event(ticket)->block(impl_.getStream(device_));
   }
   bool ready(const Ticket& ticket) override { return !ticket || as_event(ticket)->query(); }
   void synchronize(const Ticket& ticket) override {
@@ -109,23 +113,30 @@ class CudaCopyEngine final : public CopyEngine {
  private:
   void copy_stream_waits_for_compute() {
     // Destroying a recorded event right away is fine: the wait it queued stays in effect.
-    Event produced;
-    produced.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    Event produced(device_.type());
+    produced.record(impl_.getStream(device_));
     produced.block(copy_stream_);
   }
 
   c10::Device device_;
-  c10::cuda::CUDAStream copy_stream_;
+  c10::impl::VirtualGuardImpl impl_;
+  c10::Stream copy_stream_;
 };
 
 }  // namespace
 
 std::unique_ptr<CopyEngine> make_copy_engine(c10::Device device) {
   if (device.is_cpu()) return make_host_copy_engine();
-  TORCH_CHECK(device.is_cuda(), "ActivationOffloader: cannot offload tensors on ", device,
-              "; only CUDA and CPU tensors are supported.");
-  if (!device.has_index()) device = c10::Device(c10::kCUDA, c10::cuda::current_device());
-  return std::make_unique<CudaCopyEngine>(device);
+  TORCH_CHECK(c10::impl::hasDeviceGuardImpl(device.type()),
+              "ActivationOffloader: cannot offload tensors on ", device,
+              ": this LibTorch has no such device (a CUDA tensor needs a CUDA build of torch). "
+              "Rebuild against a wheel with that device, or checkpoint without "
+              "CheckpointOptions::offload.");
+  if (!device.has_index()) {
+    device =
+        c10::Device(device.type(), c10::impl::VirtualGuardImpl(device.type()).getDevice().index());
+  }
+  return std::make_unique<StreamCopyEngine>(device);
 }
 
 }  // namespace zero::offload_detail
