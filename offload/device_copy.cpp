@@ -84,13 +84,13 @@ class StreamCopyEngine final : public CopyEngine {
   }
 
   Ticket copy_to_device(const at::Tensor& dst, const at::Tensor& src) override {
-    c10::cuda::CUDAGuard guard(device_);
+    const c10::DeviceGuard guard(device_);
     // `dst` may still be read by kernels queued on the current stream (the parameters that the
     // last backward used): the copy stream writes it only after them.
     copy_stream_waits_for_compute();
-    auto done = std::make_shared<Event>();
+    auto done = std::make_shared<Event>(device_.type());
     {
-      c10::cuda::CUDAStreamGuard on_copy_stream(copy_stream_);
+      const c10::StreamGuard on_copy_stream(copy_stream_);
       // Asynchronous only from page-locked memory; from pageable memory CUDA stages it and the
       // host waits, which is correct but does not overlap.
       dst.copy_(src, /*non_blocking=*/true);
