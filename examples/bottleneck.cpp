@@ -123,9 +123,14 @@ Verdict diagnose(const StepTimes& t, const RunShape& r) {
       // the host launches them too slowly, which more work per kernel fixes.
       v.reason += ", yet the device is busy only " + pct(v.utilisation) + " of the time (< " +
                   pct(kMinUtilisation) + ")";
-      v.knob =
-          fmt("a larger micro-batch (now %lld) so each kernel does more work per launch%s",
-              (long long)r.micro_batch, r.checkpointing ? "" : ", or bf16 and fused attention");
+      v.knob = r.cpu ? std::string(
+                           "the compute threads wait for cores: other processes share "
+                           "them, or ranks x intra-op threads exceed the cores (set "
+                           "OMP_NUM_THREADS to cores / ranks)")
+                     : fmt("a larger micro-batch (now %lld) so each kernel does more work per "
+                           "launch%s",
+                           (long long)r.micro_batch,
+                           r.checkpointing ? "" : ", or bf16 and fused attention");
       return v;
     }
     v.knob = v.memory_headroom >= 0.5

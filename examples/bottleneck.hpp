@@ -27,6 +27,7 @@ struct RunShape {
   int64_t micro_batch = 1;
   int64_t buckets = 1;  // gradient buckets per reduction
   bool checkpointing = false;
+  bool cpu = false;             // utilisation is of CPU threads, not of an accelerator
   int64_t memory_used = 0;      // peak bytes (device allocator or RSS)
   int64_t memory_baseline = 0;  // RSS before the model existed (CPU): libraries, not the run
   int64_t memory_budget = 0;    // device memory or the --device-memory budget; 0: unknown

@@ -434,6 +434,7 @@ int run(int argc, char** argv) {
   run.grad_accum = ga;
   run.micro_batch = micro;
   run.checkpointing = policy.enabled;
+  run.cpu = device.is_cpu();
   run.memory_baseline = device.is_cuda() ? 0 : rss_before_model;
   {
     PlanInput pi;  // the planner's bucket order is the engine's

@@ -110,6 +110,9 @@ TEST(Bottleneck, AComputeBoundRunWithAnIdleDeviceSaysSo) {
   EXPECT_NE(v.reason.find("busy only 60% of the time (< 85%)"), std::string::npos) << v.reason;
   EXPECT_NE(v.knob.find("larger micro-batch (now 8)"), std::string::npos) << v.knob;
   EXPECT_NE(v.line().find("utilisation 60%"), std::string::npos) << v.line();
+  RunShape on_cpu = shape(2);
+  on_cpu.cpu = true;
+  EXPECT_NE(diagnose(t, on_cpu).knob.find("OMP_NUM_THREADS"), std::string::npos);
   // A busy device keeps the plain compute advice; unknown utilisation is not printed.
   t.utilisation = 0.95;
   EXPECT_EQ(diagnose(t, shape(2)).reason.find("busy only"), std::string::npos);
