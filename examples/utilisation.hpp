@@ -15,6 +15,8 @@
 #include <memory>
 #include <string>
 
+#include "nvml.hpp"
+
 namespace zero::examples {
 
 class UtilisationMeter {
@@ -30,8 +32,7 @@ class UtilisationMeter {
   const std::string& source() const { return source_; }
 
  private:
-  struct Nvml;
-  std::unique_ptr<Nvml> nvml_;
+  std::unique_ptr<NvmlUtilisation> nvml_;
   bool cpu_ = false;
   int threads_ = 1;
   double last_cpu_s_ = 0, last_wall_s_ = 0;
