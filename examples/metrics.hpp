@@ -33,6 +33,7 @@ struct StepRecord {
   double allgather_wait_s = 0;  // the parameter all-gather the optimizer update did not hide
   double eta_s = 0;
   int64_t memory_bytes = 0;  // rank 0's model states, or the device's allocated bytes
+  double utilisation = -1;   // rank 0's device (or CPU cores') busy fraction; < 0: unknown
 };
 
 std::string format_progress(const StepRecord& r);

@@ -23,7 +23,9 @@
 #include "hf_llama.hpp"
 #include "launcher_check.hpp"
 #include "metrics.hpp"
+#include "monitor.hpp"
 #include "train_summary.hpp"
+#include "utilisation.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/time_plan.hpp"
@@ -52,7 +54,8 @@ Config::Extension trainer_keys() {
       {"steps", T::kInt, "100", "optimizer steps to train"},
       {"seq_len", T::kInt, "64", "tokens per sample"},
       {"data", T::kString, "synthetic",
-       "synthetic, text:PATH (bytes) or bin:PATH (uint16, or an llm.c token file)"},
+       "synthetic, text:PATH (bytes), bin:PATH (uint16, or an llm.c token file) or "
+       "megatron:PREFIX (a Megatron-LM / GPT-NeoX indexed dataset, PREFIX.idx + PREFIX.bin)"},
       {"activation_checkpointing", T::kString, "false",
        "true, false or auto (the planner decides, see zero_optimization.auto_device_memory): "
        "recompute each block in backward; activation_checkpointing.cpu_checkpointing also "
@@ -281,6 +284,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   };
   // Outputs are checked before training time is spent; every rank learns whether any failed.
+  std::unique_ptr<MonitorWriter> monitors;  // tensorboard, csv_monitor: rank 0 writes
   {
     std::string problem;
     try {
@@ -289,6 +293,9 @@ int run(int argc, char** argv) {
         const std::string metrics_path = cfg.extra_string("trainer.metrics_file");
         if (!metrics_path.empty()) require_writable_file(metrics_path, "trainer.metrics_file");
         if (!summary_path.empty()) require_writable_file(summary_path, "--summary-json");
+        monitors = std::make_unique<MonitorWriter>(monitor_config(c, "tensorboard"),
+                                                   monitor_config(c, "csv_monitor"), true);
+        if (monitors->enabled()) std::printf("monitors: %s\n", monitors->describe().c_str());
       }
       if (resume == "auto" && latest_checkpoint_tag(save_dir).empty()) {
         refuse_orphaned_checkpoints(save_dir, config_path);
@@ -320,6 +327,7 @@ int run(int argc, char** argv) {
   TrainSummary sum;
   sum.record_startup(engine, startup_peak, after_initialize);
   const auto t0 = Clock::now();
+  UtilisationMeter utilisation(device);  // rank 0's device, per print interval
   // Losses stay on the device until a print step: then the window's losses are averaged over
   // ranks in one collective and read once, so the host never waits for the device mid-window.
   std::vector<StepRecord> window;
@@ -413,15 +421,18 @@ int run(int argc, char** argv) {
     const bool skipped = engine.settled_stats().last_step_skipped;
     const double loss_scale = engine.loss_scale();
     const DeviceMemory dm = device_memory(device);
+    const double busy = utilisation.sample();
     for (size_t i = 0; i < window.size(); ++i) {
       StepRecord& r = window[i];
       r.loss = losses[static_cast<int64_t>(i)].item<double>();
       r.grad_norm = grad_norm;  // known at print steps; earlier records repeat it
       r.skipped = skipped && i + 1 == window.size();
       r.loss_scale = loss_scale;
+      r.utilisation = busy;
       r.memory_bytes = dm.available ? dm.peak_allocated : reports[0].measured.total();
       sum.add(r);
       metrics.write(r);
+      if (monitors) monitors->write(r, r.step * c.train_batch_size);  // DeepSpeed's x: samples
     }
     rec = window.back();
     window.clear();
@@ -447,6 +458,7 @@ int run(int argc, char** argv) {
   run.grad_accum = ga;
   run.micro_batch = micro;
   run.checkpointing = policy.enabled;
+  run.cpu = device.is_cpu();
   run.memory_baseline = device.is_cuda() ? 0 : rss_before_model;
   {
     PlanInput pi;  // the planner's bucket order is the engine's
@@ -462,6 +474,13 @@ int run(int argc, char** argv) {
     std::printf("done: loss %.4f -> %.4f, parameter L2 norm %.6f, median step %.3f s\n",
                 sum.first_loss, sum.final_loss, sum.param_norm, sum.median_step_s());
     std::printf("%s\n", sum.verdict.line().c_str());
+    if (monitors && monitors->enabled()) {
+      std::printf(
+          "monitors: %lld steps handed to the writer thread, %.1f us per step on the "
+          "training thread\n",
+          (long long)monitors->records(),
+          1e6 * monitors->enqueue_seconds() / std::max<int64_t>(1, monitors->records()));
+    }
     if (!summary_path.empty()) sum.write_json(summary_path, engine, preset, mc, seq, reports);
   }
   return 0;

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(cmake ninja-build ccache g++ libyaml-cpp-dev libboost-program-options-dev libgtest-dev
-      libgmock-dev libgloo-dev)
+      libgmock-dev libgloo-dev libprotobuf-dev protobuf-compiler)
 missing=()
 for p in "${debs[@]}"; do dpkg -s "$p" > /dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -31,6 +31,18 @@ fi
 if (($# == 0)) && ! python3 -c 'import transformers' 2> /dev/null; then
   echo "setup: pip install transformers"
   python3 -m pip install -q transformers || echo "setup: transformers not installed; the HF test will skip"
+fi
+# tensorboard (its event reader, for tests/e2e/monitors.sh) and megatron-core (its
+# IndexedDatasetBuilder, for tests/e2e/megatron_data.sh; --no-deps: only the dataset module is
+# used, and its declared dependencies would pull another torch). Each test skips without it.
+if ! python3 -c 'import tensorboard' 2> /dev/null; then
+  echo "setup: pip install tensorboard"
+  python3 -m pip install -q tensorboard || echo "setup: tensorboard not installed; the monitor test will skip"
+fi
+if ! python3 -c 'import megatron.core' 2> /dev/null; then
+  echo "setup: pip install megatron-core"
+  python3 -m pip install -q --no-deps megatron-core ||
+    echo "setup: megatron-core not installed; the Megatron data test will skip"
 fi
 
 build=${ZERO_BUILD_DIR:-build}
