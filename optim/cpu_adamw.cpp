@@ -10,6 +10,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <c10/util/llvmMathExtras.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -395,10 +396,15 @@ int64_t host_bytes(const at::Tensor& t) {
   if (!t.defined()) return 0;
   const auto n = static_cast<size_t>(t.storage().nbytes());
   if (!at::globalContext().hasCUDA() || !t.is_pinned()) return static_cast<int64_t>(n);
-  // CachingHostAllocator::allocate's rounding rule (ATen/core/CachingHostAllocator.h).
+  // CachingHostAllocator::allocate's rounding rule (ATen/core/CachingHostAllocator.h). Before
+  // torch 2.13 it has no thresholds: every pinned block is rounded up to a power of two.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
   using Config = c10::CachingAllocator::AcceleratorAllocatorConfig;
   const bool rounded =
       n <= Config::pinned_max_round_threshold() && n <= Config::pinned_max_cached_size();
+#else
+  const bool rounded = true;
+#endif
   return static_cast<int64_t>(rounded ? c10::llvm::PowerOf2Ceil(n) : n);
 }
 

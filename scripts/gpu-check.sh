@@ -44,7 +44,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
 quick=${GPU_CHECK_QUICK:-0}
 targets=()
 ((quick)) && targets=(zero-train zero-memory test_cuda test_offload)
-ninja -C build-gpu -j "$(nproc)" "${targets[@]}" 2>&1 | tee "$out/build.log" | tail -3
+ninja -C build-gpu -k 0 -j "$(nproc)" "${targets[@]}" 2>&1 | tee "$out/build.log" | tail -3
 stamp "built"
 
 # 3. CUDA-gated tests (names contain Cuda), then the rest of the unit tests on this CUDA build.
