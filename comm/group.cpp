@@ -1,5 +1,6 @@
 #include "comm/group.hpp"
 
+#include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "comm/backend.hpp"
@@ -20,9 +21,15 @@ Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int 
       device_(device),
       liveness_(std::move(liveness)) {}
 
+Work& Work::then(std::function<void()> f) {
+  then_ = std::move(f);
+  return *this;
+}
+
 void Work::wait() {
   if (!work_) return;
   auto work = std::move(work_);
+  auto then = std::move(then_);
   try {
     if (device_ == c10::DeviceType::CUDA) {
       nccl_wait(*work);
@@ -38,6 +45,7 @@ void Work::wait() {
                     what_ + " failed (" + c10d_message(e) + "): " + gone +
                     "; collectives give up after comm_timeout_s = " + format_seconds(timeout_));
   }
+  if (then) then();
 }
 
 Group::Group(c10::intrusive_ptr<c10d::Backend> backend, int rank, int size, GroupOptions opts)
@@ -64,6 +72,17 @@ void Group::check_device(const at::Tensor& t, const std::string& what) const {
   TORCH_CHECK(t.is_contiguous(), "zero: ", what, " needs contiguous tensors");
 }
 
+bool Group::staged() const {
+  return opts_.device != c10::DeviceType::CPU && opts_.device != c10::DeviceType::CUDA;
+}
+
+namespace {
+
+// The host copy a staged collective runs on; `t` itself when it is on the host already.
+at::Tensor on_host(const at::Tensor& t) { return t.is_cpu() ? t : t.cpu(); }
+
+}  // namespace
+
 Work Group::wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const {
   return Work(std::move(w), what, rank_, size_, opts_.timeout, opts_.device, liveness_);
 }
@@ -75,6 +94,12 @@ Work Group::all_reduce_sum(at::Tensor& t, const std::string& what) {
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
   o.timeout = opts_.timeout;
+  if (staged()) {
+    std::vector<at::Tensor> host{on_host(t)};
+    return wrap(backend_->allreduce(host, o), what).then([t, h = host[0]]() mutable {
+      t.copy_(h);
+    });
+  }
   return wrap(backend_->allreduce(ts, o), what);
 }
 
@@ -90,6 +115,12 @@ Work Group::reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::strin
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
   o.timeout = opts_.timeout;
+  if (staged()) {
+    at::Tensor host_in = on_host(in),
+               host_out = at::empty_like(out, out.options().device(at::kCPU));
+    return wrap(backend_->_reduce_scatter_base(host_out, host_in, o), what)
+        .then([out, host_out, host_in]() mutable { out.copy_(host_out); });
+  }
   return wrap(backend_->_reduce_scatter_base(out, in, o), what);
 }
 
@@ -104,6 +135,12 @@ Work Group::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what)
   check_device(out, what);
   c10d::AllgatherOptions o;
   o.timeout = opts_.timeout;
+  if (staged()) {
+    at::Tensor host_in = on_host(in),
+               host_out = at::empty_like(out, out.options().device(at::kCPU));
+    return wrap(backend_->_allgather_base(host_out, host_in, o), what)
+        .then([out, host_out, host_in]() mutable { out.copy_(host_out); });
+  }
   return wrap(backend_->_allgather_base(out, in, o), what);
 }
 
@@ -114,6 +151,12 @@ Work Group::broadcast(at::Tensor& t, int root, const std::string& what) {
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = opts_.timeout;
+  if (staged()) {
+    std::vector<at::Tensor> host{on_host(t)};
+    return wrap(backend_->broadcast(host, o), what).then([t, h = host[0]]() mutable {
+      t.copy_(h);
+    });
+  }
   return wrap(backend_->broadcast(ts, o), what);
 }
 

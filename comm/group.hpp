@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,7 +26,9 @@ class Liveness;
 
 struct GroupOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  // Device of the tensors this group moves: CPU -> gloo, CUDA -> NCCL.
+  // Device of the tensors this group moves: CPU -> gloo, CUDA -> NCCL. Any other device type
+  // (one with no collective backend here, e.g. the tests' fake accelerator) -> gloo through host
+  // copies: each collective copies its input to the host, and wait() copies the result back.
   c10::DeviceType device = c10::DeviceType::CPU;
 };
 
@@ -35,6 +38,8 @@ class Work {
   Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
        std::chrono::milliseconds timeout, c10::DeviceType device,
        std::shared_ptr<Liveness> liveness = nullptr);
+  // Runs `then` once the collective finished (the copy of a host-staged result to its device).
+  Work& then(std::function<void()> f);
   // CPU (gloo): blocks until the collective finished, at most comm_timeout. CUDA (NCCL): makes
   // the current stream wait for it and returns without blocking the host; the group's watchdog
   // enforces comm_timeout (comm/backend.hpp says why).
@@ -49,6 +54,7 @@ class Work {
   std::chrono::milliseconds timeout_{0};
   c10::DeviceType device_ = c10::DeviceType::CPU;
   std::shared_ptr<Liveness> liveness_;  // names the gone rank after a failure; may be null
+  std::function<void()> then_;
 };
 
 class Group {
@@ -80,6 +86,8 @@ class Group {
  private:
   Work wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const;
   void check_device(const at::Tensor& t, const std::string& what) const;
+  // Gloo on tensors of a device it cannot read: the collective runs on host copies.
+  bool staged() const;
 
   c10::intrusive_ptr<c10d::Backend> backend_;  // null when size_ == 1
   int rank_;

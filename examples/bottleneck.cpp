@@ -50,8 +50,9 @@ std::string Verdict::line() const {
       "the step",
       bottleneck_name(kind), pct(data).c_str(), pct(comm).c_str(), pct(optimizer).c_str(),
       pct(compute).c_str(), pct(other).c_str());
-  s += memory_headroom >= 0 ? fmt("; %s of memory free)", pct(memory_headroom).c_str())
-                            : std::string("; memory headroom unknown)");
+  s += memory_headroom >= 0 ? fmt("; %s of memory free", pct(memory_headroom).c_str())
+                            : std::string("; memory headroom unknown");
+  s += utilisation >= 0 ? fmt("; utilisation %s)", pct(utilisation).c_str()) : std::string(")");
   return s + ": " + reason + " -> " + knob;
 }
 
@@ -63,6 +64,7 @@ Verdict diagnose(const StepTimes& t, const RunShape& r) {
   v.optimizer = std::max(0.0, t.optimizer_s) / step;
   v.compute = std::max(0.0, t.forward_s + t.backward_s) / step;
   v.other = std::max(0.0, 1 - v.data - v.comm - v.optimizer - v.compute);
+  v.utilisation = t.utilisation;
   if (r.memory_budget > 0) {
     const double used =
         static_cast<double>(std::max<int64_t>(0, r.memory_used - r.memory_baseline));
@@ -115,6 +117,22 @@ Verdict diagnose(const StepTimes& t, const RunShape& r) {
   } else {
     v.kind = Bottleneck::kCompute;
     v.reason = "forward and backward are " + pct(v.compute) + " of the step";
+    const bool idle = v.utilisation >= 0 && v.utilisation < kMinUtilisation;
+    if (idle) {
+      // Compute dominates the step, yet the device is often idle: the kernels are too small or
+      // the host launches them too slowly, which more work per kernel fixes.
+      v.reason += ", yet the device is busy only " + pct(v.utilisation) + " of the time (< " +
+                  pct(kMinUtilisation) + ")";
+      v.knob = r.cpu ? std::string(
+                           "the compute threads wait for cores: other processes share "
+                           "them, or ranks x intra-op threads exceed the cores (set "
+                           "OMP_NUM_THREADS to cores / ranks)")
+                     : fmt("a larger micro-batch (now %lld) so each kernel does more work per "
+                           "launch%s",
+                           (long long)r.micro_batch,
+                           r.checkpointing ? "" : ", or bf16 and fused attention");
+      return v;
+    }
     v.knob = v.memory_headroom >= 0.5
                  ? fmt("a larger micro-batch (now %lld; %s of memory is free) for fuller "
                        "kernels%s",

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "file_checks.hpp"
+#include "megatron_data.hpp"
 #include "synthetic_data.hpp"
 
 namespace zero::examples {
@@ -136,6 +137,14 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, int64_t len, int6
   const auto colon = spec.find(':');
   const std::string kind = colon == std::string::npos ? "" : spec.substr(0, colon);
   const std::string path = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  if (kind == "megatron") {
+    if (path.empty()) {
+      throw std::runtime_error("trainer.data '" + spec +
+                               "': give the dataset's prefix, megatron:PATH/NAME for "
+                               "PATH/NAME.idx and PATH/NAME.bin");
+    }
+    return std::make_unique<MegatronDataset>(path, len, model_vocab, spec);
+  }
   at::Tensor tokens;
   int64_t vocab = 0;
   if (kind == "text") {
@@ -148,8 +157,9 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, int64_t len, int6
     tokens = read_bin(path, spec);
     vocab = tokens.numel() ? tokens.max().item<int64_t>() + 1 : 0;
   } else {
-    throw std::runtime_error("trainer.data '" + spec +
-                             "' is not a data source; use synthetic, text:PATH or bin:PATH");
+    throw std::runtime_error(
+        "trainer.data '" + spec +
+        "' is not a data source; use synthetic, text:PATH, bin:PATH or megatron:PREFIX");
   }
   if (tokens.numel() < len + 1) {
     throw std::runtime_error(

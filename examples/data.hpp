@@ -29,7 +29,8 @@ class Dataset {
 
 // `spec`: "synthetic" (the built-in Markov corpus), "text:PATH" (bytes of a text file, vocab
 // 256), "bin:PATH" (uint16 tokens as nanoGPT writes them, or llm.c's file with its 1024-byte
-// header). Text and bin files are cut into non-overlapping windows of len + 1 tokens.
+// header), "megatron:PREFIX" (a Megatron-LM / GPT-NeoX indexed dataset, PREFIX.idx + PREFIX.bin;
+// megatron_data.hpp). Files are cut into non-overlapping windows of len + 1 tokens.
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, int64_t len, int64_t model_vocab,
                                       uint64_t seed);
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "rope.hpp"
+
 namespace zero::examples {
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps(eps) {
@@ -20,8 +22,8 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
 
 namespace {
 
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias = false) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
 // Rotates channel pairs (i, i + d/2) by position-dependent angles (the "rotate half" form).
@@ -39,10 +41,10 @@ BlockImpl::BlockImpl(const GptConfig& c) : heads(c.heads), kv_heads(c.kv_heads_c
   const int64_t kv_dim = kv_heads * c.head_dim();
   // Registered in LlamaDecoderLayer's order (attention, MLP, then the two norms), so the
   // parameters flatten as transformers' do: DeepSpeed partitions the flat buffer in that order.
-  wq = register_module("wq", linear(c.dim, c.dim));
-  wk = register_module("wk", linear(c.dim, kv_dim));
-  wv = register_module("wv", linear(c.dim, kv_dim));
-  wo = register_module("wo", linear(c.dim, c.dim));
+  wq = register_module("wq", linear(c.dim, c.dim, c.qkv_bias));
+  wk = register_module("wk", linear(c.dim, kv_dim, c.qkv_bias));
+  wv = register_module("wv", linear(c.dim, kv_dim, c.qkv_bias));
+  wo = register_module("wo", linear(c.dim, c.dim, c.o_bias));
   w_gate = register_module("w_gate", linear(c.dim, c.ffn_dim()));
   w_up = register_module("w_up", linear(c.dim, c.ffn_dim()));
   w_down = register_module("w_down", linear(c.ffn_dim(), c.dim));
@@ -83,22 +85,23 @@ GptImpl::GptImpl(const GptConfig& c) : cfg(c) {
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
   if (!c.tied) head = register_module("head", linear(c.dim, c.vocab));
 
-  // HF Llama's RoPE formula, op for op and in fp32 (not the exact angle in double): the
+  // HF Llama's RoPE formulas, op for op and in fp32 (not the exact angle in double): the
   // tables are then bit-identical to transformers' and so are the logits and gradients of a
   // model loaded from its weights (a last-bit difference here moved fp32 training off it).
-  const int64_t hd = c.dim / c.heads;
-  auto inv = at::reciprocal(at::pow(c.rope_theta, at::arange(0, hd, 2, at::kFloat) / hd));
-  auto angles = at::outer(at::arange(c.max_seq, at::kFloat), inv);  // [T, hd/2]
-  angles = at::cat({angles, angles}, -1);
-  rope_cos = register_buffer("rope_cos", at::cos(angles));
-  rope_sin = register_buffer("rope_sin", at::sin(angles));
+  auto [cos, sin] = rope_tables(c);
+  rope_cos = register_buffer("rope_cos", cos);
+  rope_sin = register_buffer("rope_sin", sin);
 
   // GPT-2 style init: small normal weights, residual projections scaled by depth.
   at::NoGradGuard g;
   const double std = 0.02, resid = 0.02 / std::sqrt(2.0 * c.layers);
   for (auto& item : named_parameters()) {
     auto& p = item.value();
-    if (p.dim() < 2) continue;
+    if (p.dim() < 2) {
+      // Norm weights stay 1; attention biases (Qwen2-shaped models) start at 0.
+      if (item.key().find(".bias") != std::string::npos) p.zero_();
+      continue;
+    }
     const bool residual = item.key().find("wo.") != std::string::npos ||
                           item.key().find("w_down.") != std::string::npos;
     p.normal_(0.0, residual ? resid : std);

@@ -12,7 +12,9 @@ int64_t GptConfig::ffn_dim() const {
 
 int64_t GptConfig::num_params() const {
   const int64_t kv_dim = kv_heads_count() * head_dim();
-  const int64_t per_layer = 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * ffn_dim() + 2 * dim;
+  const int64_t biases = (qkv_bias ? dim + 2 * kv_dim : 0) + (o_bias ? dim : 0);
+  const int64_t per_layer =
+      2 * dim * dim + 2 * dim * kv_dim + 3 * dim * ffn_dim() + 2 * dim + biases;
   return vocab * dim * (tied ? 1 : 2) + layers * per_layer + dim;
 }
 

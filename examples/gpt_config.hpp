@@ -8,6 +8,20 @@
 
 namespace zero::examples {
 
+// Hugging Face's RoPE variants for LLaMA (transformers' rope_parameters / rope_scaling), each
+// computed op for op as transformers' modeling_rope_utils.py does (examples/rope.cpp).
+struct RopeScaling {
+  std::string type = "default";               // default, linear, dynamic, llama3 or yarn
+  double factor = 1.0;                        // linear, dynamic, llama3, yarn
+  double low_freq_factor = 1.0;               // llama3
+  double high_freq_factor = 4.0;              // llama3
+  int64_t original_max_seq = 0;               // llama3, yarn: original_max_position_embeddings
+  double attention_factor = 0.0;              // yarn: 0 derives it from factor (and mscale)
+  double beta_fast = 32.0, beta_slow = 1.0;   // yarn
+  double mscale = 0.0, mscale_all_dim = 0.0;  // yarn
+  bool truncate = true;                       // yarn
+};
+
 struct GptConfig {
   int64_t vocab = 256;
   int64_t dim = 256;
@@ -19,6 +33,9 @@ struct GptConfig {
   bool tied = true;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;  // RMSNorm's epsilon (Hugging Face: rms_norm_eps)
+  RopeScaling rope;
+  bool qkv_bias = false;  // biases on the q/k/v projections (Qwen2; LLaMA's attention_bias)
+  bool o_bias = false;    // a bias on the output projection (LLaMA's attention_bias)
 
   int64_t ffn_dim() const;
   int64_t kv_heads_count() const { return kv_heads > 0 ? kv_heads : heads; }

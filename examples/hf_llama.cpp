@@ -11,6 +11,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "rope.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/config.hpp"
 #include "zero/safetensors.hpp"
@@ -81,6 +82,10 @@ std::string layer_name(const std::string& rest, int64_t layer, const std::string
       {"wk.weight", "self_attn.k_proj.weight"},
       {"wv.weight", "self_attn.v_proj.weight"},
       {"wo.weight", "self_attn.o_proj.weight"},
+      {"wq.bias", "self_attn.q_proj.bias"},
+      {"wk.bias", "self_attn.k_proj.bias"},
+      {"wv.bias", "self_attn.v_proj.bias"},
+      {"wo.bias", "self_attn.o_proj.bias"},
       {"mlp_norm.weight", "post_attention_layernorm.weight"},
       {"w_gate.weight", "mlp.gate_proj.weight"},
       {"w_up.weight", "mlp.up_proj.weight"},
@@ -102,9 +107,13 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> gpt_shapes(const GptCo
     const std::string b = "blocks." + std::to_string(i) + ".";
     out.push_back({b + "attn_norm.weight", {c.dim}});
     out.push_back({b + "wq.weight", {c.dim, c.dim}});
+    if (c.qkv_bias) out.push_back({b + "wq.bias", {c.dim}});
     out.push_back({b + "wk.weight", {kv, c.dim}});
+    if (c.qkv_bias) out.push_back({b + "wk.bias", {kv}});
     out.push_back({b + "wv.weight", {kv, c.dim}});
+    if (c.qkv_bias) out.push_back({b + "wv.bias", {kv}});
     out.push_back({b + "wo.weight", {c.dim, c.dim}});
+    if (c.o_bias) out.push_back({b + "wo.bias", {c.dim}});
     out.push_back({b + "mlp_norm.weight", {c.dim}});
     out.push_back({b + "w_gate.weight", {f, c.dim}});
     out.push_back({b + "w_up.weight", {f, c.dim}});
@@ -148,8 +157,34 @@ std::optional<std::string> token_ids(const YAML::Node& base, const char* key) {
   }
 }
 
+// rope_scaling in the form transformers 4.x writes and 5.x still reads (it moves the dict and the
+// top-level rope_theta into rope_parameters).
+std::string rope_json(const RopeScaling& r) {
+  if (r.type == "default") return "null";
+  std::string j = "{\"rope_type\": \"" + r.type + "\", \"factor\": " + number(r.factor);
+  if (r.type == "llama3") {
+    j += ", \"low_freq_factor\": " + number(r.low_freq_factor) +
+         ", \"high_freq_factor\": " + number(r.high_freq_factor);
+  }
+  if (r.type == "llama3" || r.type == "yarn") {
+    j += ", \"original_max_position_embeddings\": " + std::to_string(r.original_max_seq);
+  }
+  if (r.type == "yarn") {
+    if (r.attention_factor > 0) j += ", \"attention_factor\": " + number(r.attention_factor);
+    j += ", \"beta_fast\": " + number(r.beta_fast) + ", \"beta_slow\": " + number(r.beta_slow);
+    if (r.mscale != 0) j += ", \"mscale\": " + number(r.mscale);
+    if (r.mscale_all_dim != 0) j += ", \"mscale_all_dim\": " + number(r.mscale_all_dim);
+    j += std::string(", \"truncate\": ") + (r.truncate ? "true" : "false");
+  }
+  return j + "}";
+}
+
 std::string config_json(const GptConfig& c, const HfExportOptions& opts) {
-  std::string j = "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n";
+  // Biases on q/k/v only are Qwen2's attention; LLaMA's attention_bias puts one on o_proj too.
+  const bool qwen2 = c.qkv_bias && !c.o_bias;
+  std::string j =
+      qwen2 ? "{\n  \"architectures\": [\"Qwen2ForCausalLM\"],\n  \"model_type\": \"qwen2\",\n"
+            : "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n";
   auto add = [&](const char* key, const std::string& value) {
     j += std::string("  \"") + key + "\": " + value + ",\n";
   };
@@ -159,15 +194,21 @@ std::string config_json(const GptConfig& c, const HfExportOptions& opts) {
   add("num_hidden_layers", std::to_string(c.layers));
   add("num_attention_heads", std::to_string(c.heads));
   add("num_key_value_heads", std::to_string(c.kv_heads_count()));
-  add("head_dim", std::to_string(c.head_dim()));
+  if (!qwen2) add("head_dim", std::to_string(c.head_dim()));
   add("hidden_act", "\"silu\"");
   add("max_position_embeddings", std::to_string(c.max_seq));
   add("rms_norm_eps", number(c.norm_eps));
   add("rope_theta", number(c.rope_theta));
-  add("rope_scaling", "null");
-  add("attention_bias", "false");
+  add("rope_scaling", rope_json(c.rope));
+  if (qwen2) {
+    add("use_sliding_window", "false");
+    add("sliding_window", "null");
+    add("max_window_layers", std::to_string(c.layers));
+  } else {
+    add("attention_bias", c.qkv_bias ? "true" : "false");
+    add("mlp_bias", "false");
+  }
   add("attention_dropout", "0.0");
-  add("mlp_bias", "false");
   add("tie_word_embeddings", c.tied ? "true" : "false");
   if (!opts.base_dir.empty()) {
     const YAML::Node base = load_json(opts.base_dir + "/config.json", "the base model's config");
@@ -187,6 +228,60 @@ void write_text(const std::string& path, const std::string& text) {
   if (!f) ckpt_fail(path + ": cannot write");
 }
 
+// The RoPE variant of rope_parameters (or rope_scaling), with transformers' defaults.
+void read_rope(const ConfigReader& r, const std::string& key, GptConfig& c) {
+  const YAML::Node rp = r.get(key);
+  if (!rp.IsMap()) r.fail(key, "is not an object");
+  auto present = [&](const char* k) { return ConfigReader::present(rp[k]); };
+  auto num = [&](const char* k) { return r.as<double>(rp[k], key + "." + k); };
+  auto need = [&](const char* k) {
+    if (!present(k)) r.fail(key + "." + k, "is missing (rope_type '" + c.rope.type + "' needs it)");
+    return num(k);
+  };
+  if (present("rope_theta")) c.rope_theta = num("rope_theta");
+  const char* type_key = present("rope_type") ? "rope_type" : "type";  // "type": transformers 4.3x
+  if (present(type_key)) c.rope.type = r.as<std::string>(rp[type_key], key + "." + type_key);
+  if (!rope_type_known(c.rope.type)) {
+    r.fail(key + "." + type_key, "is '" + c.rope.type +
+                                     "'; the GPT implements the RoPE types default, linear, "
+                                     "dynamic, llama3 and yarn");
+  }
+  if (present("partial_rotary_factor") && num("partial_rotary_factor") != 1.0) {
+    r.fail(key + ".partial_rotary_factor", "is not 1; the GPT rotates every channel of a head");
+  }
+  const std::string& t = c.rope.type;
+  if (t == "default") return;
+  const int64_t orig = present("original_max_position_embeddings")
+                           ? r.as<int64_t>(rp["original_max_position_embeddings"],
+                                           key + ".original_max_position_embeddings")
+                           : c.max_seq;  // transformers' default for llama3 and yarn
+  if (orig < 1) r.fail(key + ".original_max_position_embeddings", "is not positive");
+  c.rope.original_max_seq = orig;
+  if (t == "yarn" && !present("factor")) {
+    c.rope.factor = static_cast<double>(c.max_seq) / static_cast<double>(orig);
+  } else {
+    c.rope.factor = need("factor");
+  }
+  if (!(c.rope.factor > 0)) r.fail(key + ".factor", "must be positive");
+  if (t == "llama3") {
+    c.rope.low_freq_factor = need("low_freq_factor");
+    c.rope.high_freq_factor = need("high_freq_factor");
+    if (!(c.rope.high_freq_factor > c.rope.low_freq_factor)) {
+      r.fail(key + ".high_freq_factor", "must exceed low_freq_factor");
+    }
+  }
+  if (t == "yarn") {
+    // transformers: `get(k) or default`, so 0 and null both mean the default.
+    if (present("attention_factor")) c.rope.attention_factor = num("attention_factor");
+    if (present("beta_fast") && num("beta_fast") != 0) c.rope.beta_fast = num("beta_fast");
+    if (present("beta_slow") && num("beta_slow") != 0) c.rope.beta_slow = num("beta_slow");
+    if (present("mscale")) c.rope.mscale = num("mscale");
+    if (present("mscale_all_dim")) c.rope.mscale_all_dim = num("mscale_all_dim");
+    if (present("truncate")) c.rope.truncate = r.as<bool>(rp["truncate"], key + ".truncate");
+  }
+  if (t == "dynamic" && c.head_dim() <= 2) r.fail(key + ".rope_type", "dynamic needs head_dim > 2");
+}
+
 }  // namespace
 
 GptConfig hf_llama_config(const std::string& dir) {
@@ -195,18 +290,24 @@ GptConfig hf_llama_config(const std::string& dir) {
                            "a Hugging Face model directory holds config.json and its "
                            "*.safetensors; save one with save_pretrained()"),
                  path);
+  // Qwen2 is LLaMA with biases on q/k/v (and optional sliding-window layers, refused below).
   const std::string type = r.optional<std::string>("model_type", "llama");
-  if (type != "llama")
-    r.fail("model_type", "is '" + type + "'; zero's GPT loads LLaMA ('llama') only");
+  if (type != "llama" && type != "qwen2") {
+    r.fail("model_type", "is '" + type + "'; zero's GPT loads LLaMA ('llama') and Qwen2 ('qwen2')");
+  }
+  const bool qwen2 = type == "qwen2";
+  const std::string arch = qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
   if (r.has("architectures")) {
     bool ok = false;
     std::string all;
     for (const auto& n : r.get("architectures")) {
       const std::string s = r.as<std::string>(n, "architectures");
-      ok |= s == "LlamaForCausalLM";
+      ok |= s == arch;
       all += (all.empty() ? "" : ", ") + s;
     }
-    if (!ok) r.fail("architectures", "is [" + all + "]; zero's GPT loads LlamaForCausalLM only");
+    if (!ok)
+      r.fail("architectures",
+             "is [" + all + "]; for model_type '" + type + "' zero's GPT loads " + arch + " only");
   }
   GptConfig c;
   c.vocab = r.required<int64_t>("vocab_size");
@@ -236,35 +337,36 @@ GptConfig hf_llama_config(const std::string& dir) {
   if (const auto act = r.optional<std::string>("hidden_act", "silu"); act != "silu") {
     r.fail("hidden_act", "is '" + act + "'; the GPT's MLP is SwiGLU (silu)");
   }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (r.optional<bool>(key, false)) r.fail(key, "is true; the GPT's linear layers have no bias");
+  if (r.optional<bool>("mlp_bias", false)) {
+    r.fail("mlp_bias", "is true; the GPT's MLP has no biases");
+  }
+  if (qwen2) {
+    c.qkv_bias = true;  // Qwen2Attention: q/k/v biases always, none on o_proj
+    if (r.optional<bool>("use_sliding_window", false)) {
+      r.fail("use_sliding_window", "is true; the GPT attends over the full causal window");
+    }
+    if (r.has("layer_types")) {
+      for (const auto& n : r.get("layer_types")) {
+        const auto t = r.as<std::string>(n, "layer_types");
+        if (t != "full_attention") {
+          r.fail("layer_types", "holds '" + t + "'; the GPT has full_attention layers only");
+        }
+      }
+    }
+  } else {
+    c.qkv_bias = c.o_bias = r.optional<bool>("attention_bias", false);
   }
   if (r.optional<double>("attention_dropout", 0.0) != 0.0) {
     r.fail("attention_dropout", "is not 0; the GPT has no dropout");
   }
+  if (r.optional<double>("partial_rotary_factor", 1.0) != 1.0) {
+    r.fail("partial_rotary_factor", "is not 1; the GPT rotates every channel of a head");
+  }
   // transformers >= 5 keeps rope_theta and the rope type in rope_parameters; older versions
   // write rope_theta and rope_scaling at the top level.
   c.rope_theta = r.optional<double>("rope_theta", 10000.0);
-  if (r.has("rope_parameters")) {
-    const YAML::Node rp = r.get("rope_parameters");
-    if (ConfigReader::present(rp["rope_theta"])) {
-      c.rope_theta = r.as<double>(rp["rope_theta"], "rope_parameters.rope_theta");
-    }
-    if (ConfigReader::present(rp["rope_type"])) {
-      const auto t = r.as<std::string>(rp["rope_type"], "rope_parameters.rope_type");
-      if (t != "default") {
-        r.fail("rope_parameters.rope_type",
-               "is '" + t + "'; the GPT implements the default RoPE only");
-      }
-    }
-  }
-  if (r.has("rope_scaling")) {
-    const YAML::Node rs = r.get("rope_scaling");
-    const YAML::Node t = ConfigReader::present(rs["rope_type"]) ? rs["rope_type"] : rs["type"];
-    if (!ConfigReader::present(t) || r.as<std::string>(t, "rope_scaling") != "default") {
-      r.fail("rope_scaling", "is set; the GPT implements the default RoPE only");
-    }
-  }
+  const char* rope_key = r.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (r.has(rope_key)) read_rope(r, rope_key, c);
   return c;
 }
 

@@ -1,11 +1,18 @@
-// Hugging Face LLaMA interop for the example GPT: a LlamaForCausalLM directory (config.json and
-// model.safetensors, or model-0000i-of-0000n.safetensors shards with model.safetensors.index.json)
-// in and out.
+// Hugging Face LLaMA interop for the example GPT: a LlamaForCausalLM (or Qwen2ForCausalLM)
+// directory (config.json and model.safetensors, or model-0000i-of-0000n.safetensors shards with
+// model.safetensors.index.json) in and out.
+//
+// Shapes: LLaMA with grouped-query attention, tied or untied head, attention_bias (q/k/v/o
+// biases), and the RoPE types transformers ships for it (rope_parameters or rope_scaling:
+// default, linear, dynamic, llama3 as in Llama 3.1/3.2, yarn; rope.hpp); Qwen2/2.5 (q/k/v
+// biases, no sliding window). Exports write Qwen2ForCausalLM for q/k/v-only biases, else
+// LlamaForCausalLM.
 //
 // The GPT is LLaMA's architecture, so the mapping is names only:
 //   model.embed_tokens.weight                      embed.weight
 //   model.layers.{i}.input_layernorm.weight        blocks.{i}.attn_norm.weight
 //   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight blocks.{i}.w{q,k,v,o}.weight
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.bias   blocks.{i}.w{q,k,v,o}.bias (when present)
 //   model.layers.{i}.post_attention_layernorm.weight blocks.{i}.mlp_norm.weight
 //   model.layers.{i}.mlp.{gate,up,down}_proj.weight  blocks.{i}.w_{gate,up,down}.weight
 //   model.norm.weight                              norm.weight
@@ -29,7 +36,7 @@
 namespace zero::examples {
 
 // The GPT shape DIR/config.json describes. Throws zero::ConfigError naming the key for a model
-// the GPT cannot express (another architecture, biases, a non-default rope_scaling, ...).
+// the GPT cannot express (another architecture, MLP biases, longrope, a sliding window, ...).
 GptConfig hf_llama_config(const std::string& dir);
 
 // The HF name of a GPT parameter, e.g. "blocks.3.wq.weight" -> "model.layers.3.self_attn.q_proj

@@ -21,6 +21,7 @@ struct StepRecord {
   double loss = 0;
   double lr = 0;
   double grad_norm = 0;
+  bool skipped = false;  // fp16 overflow: the step was skipped and has no norm of its own
   double loss_scale = 1;
   double tokens_per_s = 0;  // global: all ranks
   double mfu = -1;          // < 0: peak FLOP/s unknown
@@ -32,6 +33,7 @@ struct StepRecord {
   double allgather_wait_s = 0;  // the parameter all-gather the optimizer update did not hide
   double eta_s = 0;
   int64_t memory_bytes = 0;  // rank 0's model states, or the device's allocated bytes
+  double utilisation = -1;   // rank 0's device (or CPU cores') busy fraction; < 0: unknown
 };
 
 std::string format_progress(const StepRecord& r);

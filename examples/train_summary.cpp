@@ -99,6 +99,12 @@ StepTimes TrainSummary::mean_times() const {
     t.optimizer_s += r.optimizer_s;
   }
   const double n = static_cast<double>(std::max<size_t>(1, records.size() - first));
+  double util = 0;
+  int64_t util_n = 0;
+  for (size_t i = first; i < records.size(); ++i) {
+    if (records[i].utilisation >= 0) util += records[i].utilisation, ++util_n;
+  }
+  if (util_n > 0) t.utilisation = util / static_cast<double>(util_n);
   for (double* f :
        {&t.step_s, &t.data_s, &t.forward_s, &t.backward_s, &t.comm_exposed_s, &t.optimizer_s}) {
     *f /= n;
@@ -167,7 +173,13 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
   out << ",\n  \"bottleneck\": {\"verdict\": " << quoted(bottleneck_name(v.kind))
       << ", \"data\": " << Num{v.data} << ", \"exposed_comm\": " << Num{v.comm}
       << ", \"optimizer\": " << Num{v.optimizer} << ", \"compute\": " << Num{v.compute}
-      << ", \"other\": " << Num{v.other} << ", \"memory_headroom\": ";
+      << ", \"other\": " << Num{v.other} << ", \"utilisation\": ";
+  if (v.utilisation >= 0) {
+    out << Num{v.utilisation};
+  } else {
+    out << "null";
+  }
+  out << ", \"memory_headroom\": ";
   if (v.memory_headroom >= 0) {
     out << Num{v.memory_headroom};
   } else {
@@ -182,6 +194,7 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
         // Optimizer offload: what lives in host memory (master, states, gradient shard, the
         // transfer buffers); 0 without it. Also counted in measured/predicted above.
         << ", \"host_measured\": " << reports[r].host_measured
+        << ", \"host_pinned\": " << reports[r].host_pinned
         << ", \"host_predicted\": " << reports[r].host_predicted << "}";
   }
   out << "\n  ]\n}\n";

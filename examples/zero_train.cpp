@@ -21,8 +21,11 @@
 #include "file_checks.hpp"
 #include "gpt.hpp"
 #include "hf_llama.hpp"
+#include "launcher_check.hpp"
 #include "metrics.hpp"
+#include "monitor.hpp"
 #include "train_summary.hpp"
+#include "utilisation.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/time_plan.hpp"
@@ -51,7 +54,8 @@ Config::Extension trainer_keys() {
       {"steps", T::kInt, "100", "optimizer steps to train"},
       {"seq_len", T::kInt, "64", "tokens per sample"},
       {"data", T::kString, "synthetic",
-       "synthetic, text:PATH (bytes) or bin:PATH (uint16, or an llm.c token file)"},
+       "synthetic, text:PATH (bytes), bin:PATH (uint16, or an llm.c token file) or "
+       "megatron:PREFIX (a Megatron-LM / GPT-NeoX indexed dataset, PREFIX.idx + PREFIX.bin)"},
       {"activation_checkpointing", T::kString, "false",
        "true, false or auto (the planner decides, see zero_optimization.auto_device_memory): "
        "recompute each block in backward; activation_checkpointing.cpu_checkpointing also "
@@ -244,9 +248,10 @@ int run(int argc, char** argv) {
   if (peak <= 0) peak = known_peak_flops(dev_name);
   if (rank == 0) {
     std::printf(
-        "zero-train: %s (%lld parameters), %d ranks on %s, ZeRO stage %d, %s%s, micro-batch "
+        "zero-train: %s (%lld parameters), %d ranks on %s, ZeRO stage %d%s, %s%s, micro-batch "
         "%lld x accumulation %lld x %d ranks = %lld sequences of %lld tokens, data: %s\n",
         preset.c_str(), (long long)mc.num_params(), world, dev_name.c_str(), engine.stage(),
+        c.zero_optimization.offload_optimizer.enabled ? " (optimizer offloaded to CPU)" : "",
         c.bf16 ? "bf16" : (c.fp16.enabled ? "fp16" : "fp32"),
         policy.enabled ? (policy.cpu_offload ? ", checkpointing + CPU offload" : ", checkpointing")
                        : "",
@@ -279,6 +284,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   };
   // Outputs are checked before training time is spent; every rank learns whether any failed.
+  std::unique_ptr<MonitorWriter> monitors;  // tensorboard, csv_monitor: rank 0 writes
   {
     std::string problem;
     try {
@@ -287,6 +293,9 @@ int run(int argc, char** argv) {
         const std::string metrics_path = cfg.extra_string("trainer.metrics_file");
         if (!metrics_path.empty()) require_writable_file(metrics_path, "trainer.metrics_file");
         if (!summary_path.empty()) require_writable_file(summary_path, "--summary-json");
+        monitors = std::make_unique<MonitorWriter>(monitor_config(c, "tensorboard"),
+                                                   monitor_config(c, "csv_monitor"), true);
+        if (monitors->enabled()) std::printf("monitors: %s\n", monitors->describe().c_str());
       }
       if (resume == "auto" && latest_checkpoint_tag(save_dir).empty()) {
         refuse_orphaned_checkpoints(save_dir, config_path);
@@ -318,11 +327,19 @@ int run(int argc, char** argv) {
   TrainSummary sum;
   sum.record_startup(engine, startup_peak, after_initialize);
   const auto t0 = Clock::now();
+  UtilisationMeter utilisation(device);  // rank 0's device, per print interval
   // Losses stay on the device until a print step: then the window's losses are averaged over
   // ranks in one collective and read once, so the host never waits for the device mid-window.
   std::vector<StepRecord> window;
   std::vector<at::Tensor> window_losses;
   const bool cuda = device.is_cuda();
+  // A launcher's death goes unnoticed at most this long (a quarter of comm_timeout_s leaves the
+  // rest for the last checkpoint; an all-reduce of two numbers and a host sync every 2 s are a
+  // negligible share of the training time).
+  const double comm_timeout_s = std::chrono::duration<double>(c.comm_timeout).count();
+  LauncherCheck launcher_check(std::min(2.0, comm_timeout_s / 4), c.steps_per_print);
+  auto last_check = Clock::now();
+  int64_t checked_step = start_step;
   for (int64_t step = start_step; step < steps; ++step) {
     const auto step_start = Clock::now();
     StepRecord rec;
@@ -368,20 +385,54 @@ int run(int argc, char** argv) {
       engine.save_checkpoint(save_dir, "", keep_last);
       report_io("saved", "step" + std::to_string(engine.stats().optimizer_steps), since(t));
     }
+    // Ranks whose launcher died would train on unsupervised (nobody would stop or restart
+    // them): they agree to stop at the same step, after a last checkpoint when saving is on.
+    // Agreeing costs an all-reduce and a host sync: at print steps, and often enough between
+    // them to stop within a few seconds (LauncherCheck), not at every step.
+    if (launcher_check.due(rec.step, log)) {
+      const at::Tensor agreed =
+          engine
+              .all_reduce_mean(
+                  at::tensor({launcher_exited() ? 1.0 : 0.0,
+                              since(last_check) / static_cast<double>(rec.step - checked_step)},
+                             at::kDouble))
+              .cpu();
+      launcher_check.checked(rec.step, agreed[1].item<double>());
+      last_check = Clock::now();
+      checked_step = rec.step;
+      if (agreed[0].item<double>() > 0) {
+        std::string what = "stopping at step " + std::to_string(rec.step);
+        if (save_interval > 0) {
+          if (!saved) engine.save_checkpoint(save_dir, "", keep_last);
+          what += " after saving " + save_dir + "/step" +
+                  std::to_string(engine.stats().optimizer_steps) +
+                  " (continue with trainer.resume: auto)";
+        }
+        throw LaunchError(
+            "the launcher" +
+            (launcher_pid() > 0 ? " (pid " + std::to_string(launcher_pid()) + ")" : std::string()) +
+            " exited during training; " + what);
+      }
+    }
     if (!log) continue;
     // Print step: the one read-back of the window (losses, the norm and scale of this step).
     const at::Tensor losses = engine.all_reduce_mean(at::cat(window_losses)).cpu();
     const double grad_norm = engine.settled_stats().last_grad_norm;
+    const bool skipped = engine.settled_stats().last_step_skipped;
     const double loss_scale = engine.loss_scale();
     const DeviceMemory dm = device_memory(device);
+    const double busy = utilisation.sample();
     for (size_t i = 0; i < window.size(); ++i) {
       StepRecord& r = window[i];
       r.loss = losses[static_cast<int64_t>(i)].item<double>();
       r.grad_norm = grad_norm;  // known at print steps; earlier records repeat it
+      r.skipped = skipped && i + 1 == window.size();
       r.loss_scale = loss_scale;
+      r.utilisation = busy;
       r.memory_bytes = dm.available ? dm.peak_allocated : reports[0].measured.total();
       sum.add(r);
       metrics.write(r);
+      if (monitors) monitors->write(r, r.step * c.train_batch_size);  // DeepSpeed's x: samples
     }
     rec = window.back();
     window.clear();
@@ -399,22 +450,6 @@ int run(int argc, char** argv) {
       }
       std::fflush(stdout);
     }
-    // Ranks whose launcher died would train on unsupervised (nobody would stop or restart
-    // them): they agree to stop at the same step, after a last checkpoint when saving is on.
-    // Checked at print steps only: agreeing costs an all-reduce and a host sync.
-    if (engine.all_reduce_mean(launcher_exited() ? 1.0 : 0.0) > 0) {
-      std::string what = "stopping at step " + std::to_string(rec.step);
-      if (save_interval > 0) {
-        if (!saved) engine.save_checkpoint(save_dir, "", keep_last);
-        what += " after saving " + save_dir + "/step" +
-                std::to_string(engine.stats().optimizer_steps) +
-                " (continue with trainer.resume: auto)";
-      }
-      throw LaunchError(
-          "the launcher" +
-          (launcher_pid() > 0 ? " (pid " + std::to_string(launcher_pid()) + ")" : std::string()) +
-          " exited during training; " + what);
-    }
   }
 
   RunShape run;
@@ -423,6 +458,7 @@ int run(int argc, char** argv) {
   run.grad_accum = ga;
   run.micro_batch = micro;
   run.checkpointing = policy.enabled;
+  run.cpu = device.is_cpu();
   run.memory_baseline = device.is_cuda() ? 0 : rss_before_model;
   {
     PlanInput pi;  // the planner's bucket order is the engine's
@@ -438,6 +474,13 @@ int run(int argc, char** argv) {
     std::printf("done: loss %.4f -> %.4f, parameter L2 norm %.6f, median step %.3f s\n",
                 sum.first_loss, sum.final_loss, sum.param_norm, sum.median_step_s());
     std::printf("%s\n", sum.verdict.line().c_str());
+    if (monitors && monitors->enabled()) {
+      std::printf(
+          "monitors: %lld steps handed to the writer thread, %.1f us per step on the "
+          "training thread\n",
+          (long long)monitors->records(),
+          1e6 * monitors->enqueue_seconds() / std::max<int64_t>(1, monitors->records()));
+    }
     if (!summary_path.empty()) sum.write_json(summary_path, engine, preset, mc, seq, reports);
   }
   return 0;

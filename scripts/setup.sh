@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what zero needs on a fresh Debian machine and builds it into build/.
 # Idempotent: a second run only rebuilds what changed (ccache keeps even a clean build quick).
+# Arguments are ninja targets to build instead of everything (scripts/demo.sh builds only what
+# it runs); without them every target is built, tests included (scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(cmake ninja-build ccache g++ libyaml-cpp-dev libboost-program-options-dev libgtest-dev
-      libgmock-dev libgloo-dev)
+      libgmock-dev libgloo-dev libprotobuf-dev protobuf-compiler)
 missing=()
 for p in "${debs[@]}"; do dpkg -s "$p" > /dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -25,12 +27,25 @@ fi
 
 # transformers (pure Python; it uses the torch above) for the Hugging Face round-trip test,
 # tests/e2e/hf_llama_roundtrip.sh, which skips itself without it.
-if ! python3 -c 'import transformers' 2> /dev/null; then
+# A partial build (the demo's) does not run that test.
+if (($# == 0)) && ! python3 -c 'import transformers' 2> /dev/null; then
   echo "setup: pip install transformers"
   python3 -m pip install -q transformers || echo "setup: transformers not installed; the HF test will skip"
+fi
+# tensorboard (its event reader, for tests/e2e/monitors.sh) and megatron-core (its
+# IndexedDatasetBuilder, for tests/e2e/megatron_data.sh; --no-deps: only the dataset module is
+# used, and its declared dependencies would pull another torch). Each test skips without it.
+if ! python3 -c 'import tensorboard' 2> /dev/null; then
+  echo "setup: pip install tensorboard"
+  python3 -m pip install -q tensorboard || echo "setup: tensorboard not installed; the monitor test will skip"
+fi
+if ! python3 -c 'import megatron.core' 2> /dev/null; then
+  echo "setup: pip install megatron-core"
+  python3 -m pip install -q --no-deps megatron-core ||
+    echo "setup: megatron-core not installed; the Megatron data test will skip"
 fi
 
 build=${ZERO_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${ZERO_BUILD_TYPE:-RelWithDebInfo} > /dev/null
 # Two jobs at most: each torch translation unit needs ~1.5 GB of RAM to compile.
-ninja -C "$build" -j "${ZERO_JOBS:-2}"
+ninja -C "$build" -j "${ZERO_JOBS:-2}" "$@"

@@ -1,10 +1,16 @@
 // The trainer's bottleneck verdict from synthetic timings: one case per verdict, the fractions
 // it reports, and the knob it names.
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <time.h>
+
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "bottleneck.hpp"
+#include "utilisation.hpp"
 
 namespace zero::examples {
 namespace {
@@ -94,6 +100,54 @@ TEST(Bottleneck, OtherwiseComputeBound) {
   EXPECT_TRUE(has(v.line(), "80% of memory free")) << v.line();
   // The largest share above its threshold decides: communication 30% beats data 12%.
   EXPECT_EQ(diagnose(times(0.12, 0.2, 0.3, 0.3, 0.08), shape(2)).kind, Bottleneck::kCommunication);
+}
+
+TEST(Bottleneck, AComputeBoundRunWithAnIdleDeviceSaysSo) {
+  StepTimes t = times(0.0, 0.3, 0.6, 0.02, 0.02);
+  t.utilisation = 0.6;
+  const Verdict v = diagnose(t, shape(2));
+  EXPECT_EQ(v.kind, Bottleneck::kCompute);
+  EXPECT_NE(v.reason.find("busy only 60% of the time (< 85%)"), std::string::npos) << v.reason;
+  EXPECT_NE(v.knob.find("larger micro-batch (now 8)"), std::string::npos) << v.knob;
+  EXPECT_NE(v.line().find("utilisation 60%"), std::string::npos) << v.line();
+  RunShape on_cpu = shape(2);
+  on_cpu.cpu = true;
+  EXPECT_NE(diagnose(t, on_cpu).knob.find("OMP_NUM_THREADS"), std::string::npos);
+  // A busy device keeps the plain compute advice; unknown utilisation is not printed.
+  t.utilisation = 0.95;
+  EXPECT_EQ(diagnose(t, shape(2)).reason.find("busy only"), std::string::npos);
+  t.utilisation = -1;
+  EXPECT_EQ(diagnose(t, shape(2)).line().find("utilisation"), std::string::npos);
+}
+
+// The CPU meter against an independent clock (CLOCK_PROCESS_CPUTIME_ID over the same interval):
+// a thread spinning reads as what the clock says it got (on a loaded machine less than a core),
+// the same thread asleep as idle (one intra-op thread, so the fraction is of one core).
+TEST(Utilisation, CpuMeterFollowsTheProcessClock) {
+  at::set_num_threads(1);
+  auto cpu_clock = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  auto wall = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  UtilisationMeter m(c10::Device(c10::kCPU));
+  EXPECT_EQ(m.source(), "cpu (1 threads)");
+  m.sample();
+  const double c0 = cpu_clock(), w0 = wall();
+  volatile double x = 0;
+  while (wall() < w0 + 0.5) x = x + 1;
+  const double busy = m.sample();
+  const double want = (cpu_clock() - c0) / (wall() - w0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const double idle = m.sample();
+  std::printf("spinning: %.3f (process clock %.3f), sleeping: %.3f\n", busy, want, idle);
+  EXPECT_NEAR(busy, want, 0.05);  // getrusage ticks are coarser than the clock
+  EXPECT_LT(idle, 0.05);
+  EXPECT_GT(busy, idle);
 }
 
 }  // namespace

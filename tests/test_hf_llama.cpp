@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "gpt.hpp"
 #include "hf_llama.hpp"
+#include "rope.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/config.hpp"
 #include "zero/safetensors.hpp"
@@ -122,7 +124,7 @@ TEST(HfLlama, WhatTheGptCannotTakeFailsNamingIt) {
   };
   expect_config_error("\"model_type\": \"llama\"", "\"model_type\": \"gemma\"", "model_type");
   expect_config_error("\"mlp_bias\": false", "\"mlp_bias\": true", "mlp_bias");
-  expect_config_error("\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\"}",
+  expect_config_error("\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"longrope\"}",
                       "rope_scaling");
   expect_config_error("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",
                       "num_key_value_heads");
@@ -144,6 +146,164 @@ TEST(HfLlama, WhatTheGptCannotTakeFailsNamingIt) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Meta's reference for Llama 3.1's frequencies (llama/model.py, apply_scaling), in double: an
+// independent statement of the formula rope.cpp mirrors from transformers in float32.
+std::vector<double> meta_llama3(const GptConfig& c) {
+  const RopeScaling& r = c.rope;
+  const double old = static_cast<double>(r.original_max_seq);
+  std::vector<double> out;
+  for (int64_t i = 0; i < c.head_dim(); i += 2) {
+    const double freq = 1.0 / std::pow(c.rope_theta, static_cast<double>(i) / c.head_dim());
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < old / r.high_freq_factor) {
+      out.push_back(freq);
+    } else if (wavelen > old / r.low_freq_factor) {
+      out.push_back(freq / r.factor);
+    } else {
+      const double smooth =
+          (old / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      out.push_back((1 - smooth) * freq / r.factor + smooth * freq);
+    }
+  }
+  return out;
+}
+
+TEST(HfLlama, Llama3FrequenciesFollowMetasReference) {
+  GptConfig c = gqa_config();
+  c.dim = 64, c.heads = 4;  // head_dim 16: 8 frequencies
+  c.rope_theta = 500000.0;
+  c.rope.type = "llama3";
+  c.rope.factor = 8.0, c.rope.low_freq_factor = 1.0, c.rope.high_freq_factor = 4.0;
+  c.rope.original_max_seq = 64;
+  const at::Tensor got = rope_frequencies(c).inv_freq;
+  const auto want = meta_llama3(c);
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
+  int kept = 0, divided = 0, smoothed = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i].item<double>(), want[i], 1e-6 * want[i]) << i;
+    const double plain = 1.0 / std::pow(c.rope_theta, 2.0 * i / c.head_dim());
+    if (std::abs(want[i] - plain) < 1e-12 * plain)
+      ++kept;
+    else if (std::abs(want[i] - plain / 8) < 1e-12 * plain)
+      ++divided;
+    else
+      ++smoothed;
+  }
+  // The shape chosen exercises all three bands.
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(smoothed, 0);
+}
+
+TEST(HfLlama, YarnFrequenciesAndScaleFollowThePaper) {
+  GptConfig c = gqa_config();
+  c.dim = 64, c.heads = 4, c.max_seq = 128, c.rope_theta = 10000.0;
+  c.rope.type = "yarn", c.rope.factor = 4.0, c.rope.original_max_seq = 32;
+  const RopeFrequencies f = rope_frequencies(c);
+  // YaRN (Peng et al. 2023), eq. 17-21: ramp over the dims whose wavelength r = L / lambda lies
+  // between beta_slow and beta_fast rotations, mscale 0.1 ln(s) + 1.
+  const double d = 16, L = 32, s = 4;
+  auto dim_of = [&](double rot) {
+    return d * std::log(L / (rot * 2 * M_PI)) / (2 * std::log(1e4));
+  };
+  const double lo = std::max(std::floor(dim_of(32)), 0.0),
+               hi = std::min(std::ceil(dim_of(1)), d - 1);
+  for (int64_t i = 0; i < 8; ++i) {
+    const double theta = std::pow(1e4, -2.0 * i / d);
+    const double ramp = std::clamp((i - lo) / (hi - lo), 0.0, 1.0);
+    const double want = theta / s * ramp + theta * (1 - ramp);
+    EXPECT_NEAR(f.inv_freq[i].item<double>(), want, 1e-6 * want) << i;
+  }
+  EXPECT_NEAR(f.attention_scaling, 0.1 * std::log(4.0) + 1.0, 1e-12);
+  // The tables carry the scale: cos at position 0 is the scale itself.
+  const auto [cos, sin] = rope_tables(c);
+  EXPECT_NEAR(cos[0][0].item<double>(), f.attention_scaling, 1e-6);
+}
+
+TEST(HfLlama, LinearDividesAndDynamicKeepsTheFrequenciesWithinTheContext) {
+  GptConfig c = gqa_config();
+  const at::Tensor plain = rope_frequencies(c).inv_freq;
+  c.rope.type = "linear", c.rope.factor = 2.0;
+  EXPECT_TRUE(at::allclose(rope_frequencies(c).inv_freq, plain / 2.0, 0, 0));
+  // transformers recomputes dynamic NTK frequencies only past max_position_embeddings, which the
+  // GPT never reaches: within it they are the default ones.
+  c.rope.type = "dynamic";
+  EXPECT_TRUE(at::equal(rope_frequencies(c).inv_freq, plain));
+}
+
+TEST(HfLlama, BiasesAndRopeVariantsSurviveExportAndLoad) {
+  for (const bool qwen2 : {true, false}) {
+    TempDir dir;
+    GptConfig c = gqa_config();
+    c.qkv_bias = true, c.o_bias = !qwen2;  // Qwen2: q/k/v; LLaMA's attention_bias: all four
+    c.rope.type = qwen2 ? "yarn" : "llama3";
+    c.rope.factor = 4.0, c.rope.original_max_seq = 8, c.rope.attention_factor = 1.25;
+    at::manual_seed(4);
+    Gpt src(c);
+    int64_t n = 0;
+    for (const auto& p : src->parameters()) n += p.numel();
+    EXPECT_EQ(n, c.num_params());
+    {
+      at::NoGradGuard g;
+      for (auto& p : src->parameters()) {
+        if (p.dim() == 1) p.uniform_(-1, 1);  // biases start at 0
+      }
+    }
+    save_hf_llama(c, named(*src), dir.str(), {});
+    std::ifstream in(dir.str("config.json"));
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find(qwen2 ? "Qwen2ForCausalLM" : "\"attention_bias\": true"), std::string::npos)
+        << text;
+    const GptConfig back = hf_llama_config(dir.str());
+    EXPECT_EQ(back.qkv_bias, true);
+    EXPECT_EQ(back.o_bias, !qwen2);
+    EXPECT_EQ(back.rope.type, c.rope.type);
+    EXPECT_EQ(back.rope.factor, 4.0);
+    EXPECT_EQ(back.rope.original_max_seq, 8);
+    Gpt dst(back);
+    load_hf_llama(*dst, dir.str());
+    EXPECT_TRUE(at::equal(dst->rope_cos, src->rope_cos));
+    const at::Tensor tokens = at::randint(0, c.vocab, {1, 12}, at::kLong);
+    EXPECT_TRUE(at::equal(dst->forward(tokens), src->forward(tokens)));
+    const zero::SafetensorsFile f(dir.str("model.safetensors"));
+    EXPECT_TRUE(f.contains("model.layers.1.self_attn.k_proj.bias"));
+    EXPECT_EQ(f.contains("model.layers.1.self_attn.o_proj.bias"), !qwen2);
+  }
+}
+
+TEST(HfLlama, ShapesTheGptCannotExpressFailNamingTheKey) {
+  TempDir dir;
+  GptConfig c = gqa_config();
+  c.qkv_bias = true;  // exported as Qwen2
+  Gpt src(c);
+  save_hf_llama(c, named(*src), dir.str(), {});
+  std::ifstream in(dir.str("config.json"));
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto expect = [&](const std::string& from, const std::string& to, const std::string& key) {
+    std::string text = good;
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    std::ofstream(dir.str("config.json")) << text;
+    try {
+      hf_llama_config(dir.str());
+      ADD_FAILURE() << "accepted " << to;
+    } catch (const zero::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  };
+  expect("\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"longrope\"}",
+         "rope_scaling.rope_type is 'longrope'");
+  expect("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"linear\"}",
+         "rope_scaling.factor is missing");
+  expect("\"rope_scaling\": null",
+         "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1}",
+         "rope_scaling.high_freq_factor is missing");
+  expect("\"use_sliding_window\": false", "\"use_sliding_window\": true", "use_sliding_window");
+  expect("\"rope_theta\"", "\"partial_rotary_factor\": 0.5, \"rope_theta\"",
+         "partial_rotary_factor");
 }
 
 }  // namespace

@@ -1,12 +1,16 @@
 """transformers' side of the Hugging Face round-trip test (tests/e2e/hf_llama_roundtrip.sh).
 
-  hf_llama.py make DIR TOKENS [tied]
+  hf_llama.py make DIR TOKENS [VARIANT]
                                    a tiny random LlamaForCausalLM saved with save_pretrained
-                                   (sharded), and token sequences for it; "tied": with
-                                   tie_word_embeddings (lm_head is the embedding, not saved)
+                                   (sharded), and token sequences for it; VARIANT "tied": with
+                                   tie_word_embeddings (lm_head is the embedding, not saved);
+                                   another name of VARIANTS below: that model shape
   hf_llama.py compare DIR TOKENS ZERO_LOGITS [TOL]
                                    transformers' logits of DIR vs zero's; fails above TOL
                                    (default 1e-4; 0: bit for bit)
+  hf_llama.py make-variants OUT     every VARIANTS model as OUT/NAME, token sequences OUT/tokens.txt
+  hf_llama.py compare-all TOKENS TOL DIR ZERO_LOGITS [DIR ZERO_LOGITS ...]
+                                   compare for several models in one process (imports once)
   hf_llama.py differ A B MIN       fails unless two logits files differ by more than MIN
   hf_llama.py set-key KEY JSON DIR sets a config.json key
   hf_llama.py drop-tensor NAME DIR removes a tensor from the index
@@ -19,11 +23,53 @@ TOL = 1e-4
 
 # torch and transformers are imported where needed: on a loaded machine importing them takes
 # tens of seconds, and the config edits need neither.
+# The model shapes of the variants test (hf_variants.sh): each RoPE type transformers ships for
+# LLaMA, LLaMA's attention_bias, and Qwen2 (q/k/v biases), tied and untied. Lengths are chosen
+# so that each rope type changes the frequencies: llama3's smoothing band (wavelengths 16..64)
+# holds one of the 8 frequencies of head_dim 16, yarn's ramp spans dims 0..2.
+VARIANTS = {
+    "llama32": dict(rope_theta=500000.0, tie_word_embeddings=True,
+                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 64}),
+    "linear": dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "dynamic": dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+    "yarn": dict(rope_theta=10000.0,
+                 rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                               "original_max_position_embeddings": 32}),
+    "llama-bias": dict(attention_bias=True),
+    "qwen2": dict(qwen2=True),
+    "qwen2-tied": dict(qwen2=True, tie_word_embeddings=True),
+}
+
+
 def make(out, tokens_path, tied=""):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
+    if tied in VARIANTS:
+        kw = dict(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  rms_norm_eps=1e-6, rope_theta=50000.0, tie_word_embeddings=False,
+                  initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+        kw.update(VARIANTS[tied])
+        qwen2 = kw.pop("qwen2", False)
+        cfg = (Qwen2Config if qwen2 else LlamaConfig)(**kw)
+        model = (Qwen2ForCausalLM if qwen2 else LlamaForCausalLM)(cfg).float()
+        with torch.no_grad():  # biases start at 0 and norms at 1: make both matter
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.uniform_(0.5, 1.5)
+                elif name.endswith(".bias"):
+                    p.uniform_(-0.5, 0.5)
+        model.save_pretrained(out, max_shard_size="100KB")
+        tokens = torch.randint(0, cfg.vocab_size, (2, 48))
+        with open(tokens_path, "w") as f:
+            for row in tokens.tolist():
+                f.write(" ".join(map(str, row)) + "\n")
+        return 0
+
     # Grouped-query attention, a non-default rope_theta, eps and MLP width, so that every key
     # the loader maps is exercised; initializer_range 0.1 (not 0.02) gives logits of order 1, so
     # the tolerance is a real bound.
@@ -46,12 +92,17 @@ def make(out, tokens_path, tied=""):
             f.write(" ".join(map(str, row)) + "\n")
 
 
+def make_variants(out):
+    for name in VARIANTS:
+        make(f"{out}/{name}", f"{out}/tokens.txt", name)  # one vocabulary: one token file
+
+
 def logits_of(model_dir, tokens_path):
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     rows = [[int(t) for t in line.split()] for line in open(tokens_path) if line.strip()]
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.tensor(rows)).logits
 
@@ -69,6 +120,17 @@ def compare(model_dir, tokens_path, zero_path, tol=TOL):
     print(f"max |zero - transformers| logit difference: {diff:.3e} (tolerance {tol:g}, "
           f"logits up to {theirs.abs().max().item():.3f})")
     return 0 if diff <= tol else 1
+
+
+def compare_all(tokens_path, tol, *pairs):
+    failed = []
+    for model_dir, zero_path in zip(pairs[::2], pairs[1::2]):
+        print(f"{model_dir}: ", end="")
+        if compare(model_dir, tokens_path, zero_path, tol):
+            failed.append(model_dir)
+    if failed:
+        print("FAILED: " + ", ".join(failed))
+    return 1 if failed else 0
 
 
 def differ(a, b, least):
@@ -95,5 +157,7 @@ def drop_tensor(name, model_dir):
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    sys.exit({"make": make, "compare": compare, "differ": differ, "set-key": set_key,
+    sys.exit({"make": make, "compare": compare, "compare-all": compare_all,
+              "make-variants": make_variants, "differ": differ,
+              "set-key": set_key,
               "drop-tensor": drop_tensor}[cmd](*args) or 0)

@@ -46,8 +46,12 @@ bad() {  # bad NAME HELPER-ARGS...: a copy of the base model, edited by the help
 }
 bad arch set-key model_type '"mistral"'
 check "another architecture names model_type" fails_naming "model_type" "$out/arch"
-bad bias set-key attention_bias true
-check "attention biases name attention_bias" fails_naming "attention_bias" "$out/bias"
+bad bias set-key mlp_bias true
+check "MLP biases name mlp_bias" fails_naming "mlp_bias" "$out/bias"
+# attention_bias is expressible now (hf_variants.sh): the files then lack the bias tensors.
+bad attn_bias set-key attention_bias true
+check "attention_bias without bias tensors names the missing tensor" \
+  fails_naming "missing tensor 'model.layers.0.self_attn.q_proj.bias'" "$out/attn_bias"
 bad ffn set-key intermediate_size 128
 check "a shape mismatch names the tensor" \
   fails_naming "tensor 'model.layers.0.mlp.gate_proj.weight' has shape" "$out/ffn"

@@ -44,6 +44,20 @@ void load_extension(Loader& l, const Entry& s, const Config::Extension& ext, Con
   l.walk(s, f);
 }
 
+// DeepSpeed's monitors (TensorBoardConfig / CSVConfig: its model forbids other keys, and so
+// does zero). The engine writes nothing: the values go to Config::extra as "tensorboard.enabled"
+// etc. for the application's training loop (the example trainer: examples/monitor.hpp).
+void load_monitor(Loader& l, const Entry& s, Config& c) {
+  const std::string p = s.path + ".";
+  l.walk(s, {{"enabled",
+              [&](const Entry& e) { c.extra[p + "enabled"] = l.boolean(e) ? "true" : "false"; }},
+             {"output_path",
+              [&](const Entry& e) {
+                c.extra[p + "output_path"] = Loader::is_null(e) ? "" : l.string(e);
+              }},
+             {"job_name", [&](const Entry& e) { c.extra[p + "job_name"] = l.string(e); }}});
+}
+
 }  // namespace
 
 void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Config& c) {
@@ -80,10 +94,13 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
       {"communication_data_type", dtype(c.communication_data_type)},
       {"data_types",
        [&](const Entry& s) {
-         l.walk(s, {{"grad_accum_dtype", [&](const Entry& e) {
-                       if (Loader::is_null(e)) return;
-                       c.grad_accum_dtype = l.dtype(e);
-                     }}});
+         l.walk(s,
+                {{"grad_accum_dtype",
+                  [&](const Entry& e) {
+                    if (Loader::is_null(e)) return;
+                    c.grad_accum_dtype = l.dtype(e);
+                  }}},
+                Loader::Unknown::kIgnore);
        }},
       {"activation_checkpointing", [&](const Entry& e) { load_activation_checkpointing(l, e, c); }},
       {"seed", [&](const Entry& e) { c.seed = l.unsigned_integer(e); }},
@@ -109,6 +126,14 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
       {"zero_force_ds_cpu_optimizer", [&](const Entry& e) { l.boolean(e); }},
       l.no_effect("dataloader_drop_last",
                   "zero does not build the data loader; the application feeds the batches"),
+      {"tensorboard", [&](const Entry& e) { load_monitor(l, e, c); }},
+      {"csv_monitor", [&](const Entry& e) { load_monitor(l, e, c); }},
+      l.no_effect("wandb",
+                  "wandb is not available in C++; use tensorboard (zero writes "
+                  "DeepSpeed's TensorBoard events) or csv_monitor"),
+      l.no_effect("comet",
+                  "comet is not available in C++; use tensorboard (zero writes "
+                  "DeepSpeed's TensorBoard events) or csv_monitor"),
       {"gradient_predivide_factor",
        [&](const Entry& e) {
          const double f = l.number(e);
@@ -117,8 +142,8 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
        }},
   };
   for (const std::string& k :
-       words("wall_clock_breakdown dump_state flops_profiler tensorboard wandb "
-             "csv_monitor comms_logger memory_breakdown timers")) {
+       words("wall_clock_breakdown dump_state flops_profiler comms_logger memory_breakdown "
+             "timers")) {
     f.push_back(l.diagnostic(k));
   }
   for (const std::string& k :
@@ -128,6 +153,11 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
              "quantize_training nebula hybrid_engine weight_quantization compile "
              "disable_allgather fp32_allreduce torch_autocast")) {
     f.push_back(l.unsupported(k));
+  }
+  for (const char* m : {"tensorboard", "csv_monitor"}) {  // DeepSpeed's defaults
+    c.extra[std::string(m) + ".enabled"] = "false";
+    c.extra[std::string(m) + ".output_path"] = "";
+    c.extra[std::string(m) + ".job_name"] = "DeepSpeedJobName";
   }
   for (const char* k :
        {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
@@ -144,7 +174,11 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
     for (const auto& k : ext->keys) c.extra[ext->section + "." + k.name] = k.default_value;
     f.push_back({ext->section, [&](const Entry& e) { load_extension(l, e, *ext, c); }});
   }
-  l.walk(Entry{"", YAML::Node(), root}, f);
+  // DeepSpeed reads the top level key by key and ignores the rest (LLaMA-Factory's configs carry
+  // comms_config and monitor_config, which it never reads).
+  const size_t errors_before = l.error_count();
+  l.walk(Entry{"", YAML::Node(), root}, f, Loader::Unknown::kIgnore);
+  if (l.error_count() != errors_before) return;  // finish() reports them
 
   if (l.seen("bf16") && l.seen("bfloat16")) {
     l.fail_at_key(*l.seen("bfloat16"), "'bfloat16' is DeepSpeed's old name for 'bf16'; give one");

@@ -1,9 +1,10 @@
 # Sourced by the Hugging Face e2e scripts with their arguments (TRAIN_BINARY SOURCE_DIR): sets
 # train, src, logits, consolidate, helper and a temporary $out (removed on exit), sources
 # check.sh, and skips the test (exit 77) when the transformers package is absent.
-# `hf_train_export STEPS` (needs $port too) fine-tunes $out/base on 2 ranks with ZeRO-2 for STEPS
-# steps, exports the checkpoint with --format hf into $out/export and writes zero's logits of the
-# trained checkpoint to $out/zero_trained.safetensors.
+# `hf_train_export STEPS [NAME]` (needs $port too) fine-tunes $out/NAME (default base) on 2 ranks
+# with ZeRO-2 for STEPS steps, exports the checkpoint with --format hf into $out/export (NAME
+# given: $out/NAME.export) and writes zero's logits of the trained checkpoint to
+# $out/zero_trained.safetensors (NAME given: $out/NAME.trained.safetensors).
 train=$1
 src=$2
 bin=$(dirname "$train")
@@ -19,16 +20,21 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 hf_train_export() {
-  local steps=$1
+  local steps=$1 name=${2:-base} export_dir=$out/export trained_logits=$out/zero_trained.safetensors
+  if [ $# -gt 1 ]; then
+    export_dir=$out/$name.export
+    trained_logits=$out/$name.trained.safetensors
+  fi
+  rm -rf "$out/ckpt"
   torchrun --no-python --standalone --nproc-per-node 2 --master-port "$port" "$train" \
-    --config "$src/configs/zero2.yaml" --set "trainer.init_from=hf:$out/base" \
+    --config "$src/configs/zero2.yaml" --set "trainer.init_from=hf:$out/$name" \
     --set trainer.steps="$steps" --set trainer.seq_len=48 \
     --set scheduler.params.total_num_steps="$steps" --set scheduler.params.warmup_num_steps=1 \
     --set "trainer.save_dir=$out/ckpt" --set trainer.save_interval="$steps" \
     > "$out/train.log" 2>&1 || { cat "$out/train.log"; return 1; }
   tail -n 2 "$out/train.log"
-  "$consolidate" --checkpoint "$out/ckpt" --format hf --model "hf:$out/base" --out "$out/export" \
+  "$consolidate" --checkpoint "$out/ckpt" --format hf --model "hf:$out/$name" --out "$export_dir" \
     --max-shard-size 100KB
-  "$logits" --model "hf:$out/base" --checkpoint "$out/ckpt" --tokens "$out/tokens.txt" \
-    --out "$out/zero_trained.safetensors"
+  "$logits" --model "hf:$out/$name" --checkpoint "$out/ckpt" --tokens "$out/tokens.txt" \
+    --out "$trained_logits"
 }
