@@ -142,9 +142,8 @@ struct RankEnd {
 // gradient in the middle of the pass arrives (as a CUDA OOM in a kernel would), after it has
 // launched some of the pass's bucket collectives and before the others. With `keep_engine` the
 // application catches the error and keeps the engine (and its process group) alive, as a
-// trainer that tries to go on would; otherwise the error ends the rank, as it ends a process.
-std::vector<RankEnd> fail_one_backward(bool keep_engine, std::chrono::milliseconds timeout,
-                                       std::string& refusal) {
+// trainer that catches errors would; otherwise the error ends the rank, as it ends a process.
+std::vector<RankEnd> fail_one_backward(bool keep_engine, std::chrono::milliseconds timeout) {
   constexpr int kWorld = 3;
   std::mutex mu;
   std::vector<RankEnd> ends(kWorld);
@@ -178,17 +177,10 @@ std::vector<RankEnd> fail_one_backward(bool keep_engine, std::chrono::millisecon
             const Batch b = rank_micro_batch(global_batch(s, 12), r, kWorld, 0, 1);
             try {
               engine.backward(mse(net->forward(b.x), b.y));
-            } catch (const std::exception& e) {
+            } catch (const std::exception&) {
               if (r != 1 || !keep_engine) throw;
-              // The application goes on: the engine must refuse to issue collectives.
-              try {
-                const Batch next = rank_micro_batch(global_batch(s + 1, 12), r, kWorld, 0, 1);
-                engine.backward(mse(net->forward(next.x), next.y));
-              } catch (const std::exception& again) {
-                std::lock_guard<std::mutex> lock(mu);
-                refusal = again.what();
-              }
-              // Holds the engine and its group until the peers ended (bounded).
+              // The application catches it and holds the engine (and its group) without
+              // training on, until the peers ended (bounded).
               const auto t = Clock::now();
               while (peers_done < kWorld - 1 && since(t) < 60) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -210,8 +202,7 @@ std::vector<RankEnd> fail_one_backward(bool keep_engine, std::chrono::millisecon
 }
 
 void expect_every_rank_ends(bool keep_engine, double bound_s) {
-  std::string refusal;
-  const auto ends = fail_one_backward(keep_engine, std::chrono::milliseconds(3000), refusal);
+  const auto ends = fail_one_backward(keep_engine, std::chrono::milliseconds(3000));
   EXPECT_NE(ends[1].error.find("CUDA out of memory (simulated"), std::string::npos)
       << ends[1].error;
   for (int r : {0, 2}) {
@@ -221,9 +212,9 @@ void expect_every_rank_ends(bool keep_engine, double bound_s) {
     EXPECT_LT(ends[r].at_s, bound_s) << "rank " << r << ": " << ends[r].error;
   }
   if (keep_engine) {
-    EXPECT_NE(refusal.find("after an earlier backward failed on this rank"), std::string::npos)
-        << refusal;
-    EXPECT_NE(refusal.find("CUDA out of memory (simulated"), std::string::npos) << refusal;
+    for (int r : {0, 2}) {
+      EXPECT_NE(ends[r].error.find("comm_timeout_s = 3 s"), std::string::npos) << ends[r].error;
+    }
   }
 }
 
@@ -235,9 +226,11 @@ TEST(RankFailure, AnExceptionInOneRanksBackwardEndsTheOthersAtOnce) {
   expect_every_rank_ends(/*keep_engine=*/false, /*bound_s=*/2.5);
 }
 
-// The application catches the error and keeps the engine: the engine issues no further
-// collective from that rank (one would pair with a peer's different one), and the others end
-// once comm_timeout_s (3 s here) has passed, naming the timeout.
+// The application catches the error and keeps the engine (and so its connections): the others
+// end once comm_timeout_s (3 s here) has passed, naming the timeout. (Training on from there is
+// safe only when every rank's backward failed in the same pass, a data error every rank sees:
+// RealModelFailures.FailedBackwardIsDiscarded; otherwise this rank's next collectives would
+// pair with the others' pending ones.)
 TEST(RankFailure, AnExceptionCaughtByTheApplicationEndsTheOthersWithinTheTimeout) {
   expect_every_rank_ends(/*keep_engine=*/true, /*bound_s=*/3.0 + 5.0);
 }

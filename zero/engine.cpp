@@ -304,7 +304,6 @@ void Engine::backward(const at::Tensor& loss) {
   TORCH_CHECK(!m.taken_over,
               "zero: this engine's model was taken over by another engine (a later "
               "zero::initialize on the same model); train with that one");
-  m.refuse_after_failed_backward("backward");
   TORCH_CHECK(loss.numel() == 1, "zero: engine.backward expects a scalar loss, got shape ",
               loss.sizes());
   TORCH_CHECK(!m.awaiting_step,
@@ -339,18 +338,6 @@ void Engine::backward(const at::Tensor& loss) {
     m.in_backward = false;
     m.order->end_pass(false);
     m.discard_window();
-    // The other ranks went on launching this pass's buckets: from here this rank's collectives
-    // are out of step with theirs. It issues no more (they end within comm_timeout_s, or at
-    // once when this process exits and its connections close); a single rank can go on.
-    if (m.group->size() > 1) {
-      try {
-        throw;
-      } catch (const std::exception& e) {
-        m.failed_backward = e.what();
-      } catch (...) {
-        m.failed_backward = "an exception that is not a std::exception";
-      }
-    }
     throw;
   }
   m.order->end_pass(true);
@@ -367,17 +354,6 @@ void Engine::backward(const at::Tensor& loss) {
 
 bool Engine::is_gradient_accumulation_boundary() const {
   return (impl_->stats.micro_steps + 1) % impl_->accumulation == 0;
-}
-
-void Engine::Impl::refuse_after_failed_backward(const char* call) const {
-  if (failed_backward.empty()) return;
-  std::string first = failed_backward;
-  if (const auto nl = first.find('\n'); nl != std::string::npos) first.resize(nl);
-  TORCH_CHECK(false, "zero: engine.", call, "() on rank ", group->rank(), " of ", group->size(),
-              " after an earlier backward failed on this rank (", first,
-              "): the other ranks went on with that pass's gradient collectives, so this "
-              "rank's would no longer match theirs. End the run on every rank and restart it "
-              "(from the last checkpoint)");
 }
 
 void Engine::Impl::settle() {
@@ -409,7 +385,6 @@ void Engine::Impl::settle() {
 
 bool Engine::step() {
   auto& m = *impl_;
-  m.refuse_after_failed_backward("step");
   TORCH_CHECK(m.awaiting_step,
               "zero: engine.step() called without an engine.backward() since the last step(); "
               "call backward(loss) once before every step()");

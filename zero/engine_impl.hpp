@@ -45,12 +45,8 @@ struct Engine::Impl {
   bool in_backward = false;
   // The last step's {grad norm, found_inf, loss scale before, after}, on its way to the host.
   HostReadback verdict;
-  bool awaiting_step = false;  // a backward ran and its step() has not
-  bool taken_over = false;     // a later zero::initialize on the same model owns the hooks now
-  // Set when a backward threw on this rank of a multi-rank group (a CUDA OOM, an error in the
-  // model): it may have launched some of the pass's bucket collectives and not the rest, so
-  // any later collective would pair with a peer's different one. What it threw, for the error.
-  std::string failed_backward;
+  bool awaiting_step = false;   // a backward ran and its step() has not
+  bool taken_over = false;      // a later zero::initialize on the same model owns the hooks now
   std::string deferred_error;   // a non-finite norm seen by settle(), thrown by the next step()
   int64_t allocator_delta = 0;  // allocated_bytes() over initialize
   int64_t replaced_param_bytes = 0;  // the model's trainable parameters before initialize
@@ -61,8 +57,6 @@ struct Engine::Impl {
   // bookkeeping (the device already left the weights alone). On CUDA this waits only for the
   // work queued up to that step's end, which is normally long done.
   void settle();
-  // Throws, naming `call`, once a backward failed on this rank of a multi-rank group.
-  void refuse_after_failed_backward(const char* call) const;
 
   // Called by the post-accumulate-grad hook of parameter `index` (layout index).
   void on_grad(int index, const at::Tensor& param);
