@@ -20,6 +20,14 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
                                             int size, const GroupOptions& opts);
 // Whether this build can make NCCL groups (a CUDA build of torch).
 bool nccl_available();
+// Makes this thread's current CUDA device the one the NCCL group is bound to (LOCAL_RANK's):
+// from_env builds the group on a helper thread, and the current device is per thread.
+void nccl_use_bound_device(const c10d::Backend& backend);
+// Ends an NCCL group explicitly: shutdown() after a clean run, abort() after a failure (a
+// collective that never finishes would keep shutdown's flush waiting). Never throws.
+void nccl_close(c10d::Backend& backend, bool failed);
+// The timeout of the store a gloo backend keeps (for tests); 0 for any other backend.
+std::chrono::milliseconds gloo_store_timeout(const c10d::Backend& backend);
 
 // Waiting on a collective differs per backend, and that difference is the point of overlap:
 // - gloo runs collectives on its own host threads, so the only way to use the result is to

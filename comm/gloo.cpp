@@ -29,4 +29,13 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
 // has seen it finish, so the wait blocks, bounded by comm_timeout_s.
 void gloo_wait(c10d::Work& work, std::chrono::milliseconds timeout) { work.wait(timeout); }
 
+std::chrono::milliseconds gloo_store_timeout(const c10d::Backend& backend) {
+  const auto* pg = dynamic_cast<const c10d::ProcessGroupGloo*>(&backend);
+  if (pg == nullptr) return std::chrono::milliseconds(0);
+  // ProcessGroupGloo wraps the store it was given in a GlooStore, always (and gloo's base
+  // class exports no type information for a dynamic_cast).
+  const auto* store = static_cast<const c10d::ProcessGroupGloo::GlooStore*>(pg->_getStore().get());
+  return store->_getStore()->getTimeout();
+}
+
 }  // namespace zero::comm

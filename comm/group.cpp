@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <exception>
+
 #include "comm/backend.hpp"
 #include "comm/launcher_env.hpp"
 #include "comm/liveness.hpp"
@@ -12,14 +14,15 @@
 namespace zero::comm {
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
            std::chrono::milliseconds timeout, c10::DeviceType device,
-           std::shared_ptr<Liveness> liveness)
+           std::shared_ptr<Liveness> liveness, std::shared_ptr<std::atomic<bool>> failed)
     : work_(std::move(work)),
       what_(std::move(what)),
       rank_(rank),
       size_(size),
       timeout_(timeout),
       device_(device),
-      liveness_(std::move(liveness)) {}
+      liveness_(std::move(liveness)),
+      failed_(std::move(failed)) {}
 
 Work& Work::then(std::function<void()> f) {
   then_ = std::move(f);
@@ -37,6 +40,7 @@ void Work::wait() {
       gloo_wait(*work, timeout_);
     }
   } catch (const std::exception& e) {
+    if (failed_) *failed_ = true;
     // Which peer is gone shows in the heartbeats a few seconds after it stopped.
     const std::string gone =
         liveness_ ? liveness_->diagnose(std::chrono::milliseconds(4000))
@@ -51,7 +55,19 @@ void Work::wait() {
 Group::Group(c10::intrusive_ptr<c10d::Backend> backend, int rank, int size, GroupOptions opts)
     : backend_(std::move(backend)), rank_(rank), size_(size), opts_(opts) {}
 
-Group::~Group() = default;
+Group::~Group() {
+  // An NCCL group is shut down (or, after a failure or while an exception unwinds, aborted)
+  // here, not left to c10d's destructor. Gloo needs nothing: dropping it closes its sockets,
+  // which is how its peers learn at once that this rank is gone.
+  if (backend_ && opts_.device == c10::DeviceType::CUDA) {
+    nccl_close(*backend_, *failed_ || std::uncaught_exceptions() > 0);
+  }
+}
+
+Group::Timeouts Group::timeouts() const {
+  if (!backend_) return {};
+  return {backend_->getBackendOptions()->timeout, gloo_store_timeout(*backend_)};
+}
 
 std::shared_ptr<Group> Group::single(const GroupOptions& opts) {
   return std::make_shared<Group>(nullptr, 0, 1, opts);
@@ -84,7 +100,7 @@ at::Tensor on_host(const at::Tensor& t) { return t.is_cpu() ? t : t.cpu(); }
 }  // namespace
 
 Work Group::wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const {
-  return Work(std::move(w), what, rank_, size_, opts_.timeout, opts_.device, liveness_);
+  return Work(std::move(w), what, rank_, size_, opts_.timeout, opts_.device, liveness_, failed_);
 }
 
 Work Group::all_reduce_sum(at::Tensor& t, const std::string& what) {

@@ -10,6 +10,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -25,7 +26,7 @@ namespace zero::comm {
 class Liveness;
 
 struct GroupOptions {
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds timeout{std::chrono::seconds(1800)};  // comm_timeout_s's default
   // Device of the tensors this group moves: CPU -> gloo, CUDA -> NCCL. Any other device type
   // (one with no collective backend here, e.g. the tests' fake accelerator) -> gloo through host
   // copies: each collective copies its input to the host, and wait() copies the result back.
@@ -37,7 +38,8 @@ class Work {
   Work() = default;  // already complete
   Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
        std::chrono::milliseconds timeout, c10::DeviceType device,
-       std::shared_ptr<Liveness> liveness = nullptr);
+       std::shared_ptr<Liveness> liveness = nullptr,
+       std::shared_ptr<std::atomic<bool>> failed = nullptr);
   // Runs `then` once the collective finished (the copy of a host-staged result to its device).
   Work& then(std::function<void()> f);
   // CPU (gloo): blocks until the collective finished, at most comm_timeout. CUDA (NCCL): makes
@@ -53,7 +55,8 @@ class Work {
   int size_ = 1;
   std::chrono::milliseconds timeout_{0};
   c10::DeviceType device_ = c10::DeviceType::CPU;
-  std::shared_ptr<Liveness> liveness_;  // names the gone rank after a failure; may be null
+  std::shared_ptr<Liveness> liveness_;         // names the gone rank after a failure; may be null
+  std::shared_ptr<std::atomic<bool>> failed_;  // the group's: set when this wait fails
   std::function<void()> then_;
 };
 
@@ -70,6 +73,12 @@ class Group {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const GroupOptions& options() const { return opts_; }
+  // What the backend and the store it keeps were built with, for tests: both must be
+  // comm_timeout_s, not what was left of start-up. 0 where unknown (size 1; NCCL's store).
+  struct Timeouts {
+    std::chrono::milliseconds backend{0}, store{0};
+  };
+  Timeouts timeouts() const;
 
   // `what` names the call in errors ("reduce_scatter of bucket 3").
   Work all_reduce_sum(at::Tensor& t, const std::string& what);
@@ -94,6 +103,8 @@ class Group {
   int size_;
   GroupOptions opts_;
   std::shared_ptr<Liveness> liveness_;  // set by from_env: heartbeats through the TCP store
+  // A collective of this group failed: closing it then aborts instead of flushing.
+  std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace zero::comm

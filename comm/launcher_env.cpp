@@ -93,4 +93,22 @@ LaunchInfo read_launch_env() {
   return read_launch_env([](const char* name) { return std::getenv(name); });
 }
 
+std::string drop_nccl_blocking_wait() {
+  std::string dropped;
+  for (const char* name : {"TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr) continue;
+    const std::string value = v;
+    // c10d reads these as booleans: anything but empty, 0 or false turns blocking wait on.
+    const bool on = !value.empty() && value != "0" && value != "false" && value != "FALSE";
+    if (on) dropped += (dropped.empty() ? "" : ", ") + std::string(name) + "=" + value;
+    ::unsetenv(name);
+  }
+  if (dropped.empty()) return "";
+  return "zero: ignoring " + dropped +
+         " (unset): a blocking wait spins the host on every gradient bucket's collective, "
+         "which stalls backward and removes the overlap of communication with compute; "
+         "collectives are bounded by comm_timeout_s through the NCCL watchdog instead";
+}
+
 }  // namespace zero::comm

@@ -25,4 +25,11 @@ using GetEnv = std::function<const char*(const char*)>;
 LaunchInfo read_launch_env(const GetEnv& getenv);
 LaunchInfo read_launch_env();
 
+// TORCH_NCCL_BLOCKING_WAIT (or the older NCCL_BLOCKING_WAIT) set to a true value makes every
+// WorkNCCL::wait() spin the host until the GPU finished the collective: each bucket's wait in
+// backward would stall kernel queuing, and the overlap of communication with backward is gone.
+// zero bounds collectives with the watchdog (comm_timeout_s) instead, so this unsets both and
+// returns the warning to print ("" when neither was set). Call before making an NCCL group.
+std::string drop_nccl_blocking_wait();
+
 }  // namespace zero::comm

@@ -18,4 +18,8 @@ void nccl_wait(c10d::Work&) {
 
 bool nccl_available() { return false; }
 
+void nccl_use_bound_device(const c10d::Backend&) {}
+
+void nccl_close(c10d::Backend&, bool) {}
+
 }  // namespace zero::comm

@@ -1,6 +1,9 @@
 // Group::from_env: the TCP store, the liveness heartbeat, every rank's arrival, the backend and a
-// first barrier, all under one deadline of comm_timeout_s. Each step says what it waits for, so
-// the rank that runs out of time can tell the user what to check.
+// first barrier, all under one start-up deadline (of comm_timeout_s, counted from the call). Each
+// step says what it waits for, so the rank that runs out of time can tell the user what to check.
+// The deadline bounds start-up only: the process group and the store it keeps are given the
+// whole comm_timeout_s for what comes after (collectives, their watchdog, store waits), never
+// what was left of start-up, which for a rank that arrived first can be seconds.
 #include <signal.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -172,13 +175,15 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
       const std::string d = live->diagnose(milliseconds(0));
       return d.rfind("every other rank", 0) == 0 ? "" : d;
     });
-    GroupOptions o = opts;
-    o.timeout = remaining();
-    parts->store->setTimeout(o.timeout);
+    // The backend keeps these options for its whole life (NCCL's watchdog times every
+    // collective with Options::timeout), and the store keeps its timeout for every later wait:
+    // both get comm_timeout_s in full. Creating them still ends at the start-up deadline,
+    // which run_before_deadline enforces whatever c10d does meanwhile.
+    parts->store->setTimeout(opts.timeout);
     try {
       parts->backend = opts.device == c10::DeviceType::CUDA
-                           ? make_nccl(parts->store, rank, size, o)
-                           : make_gloo(parts->store, rank, size, o,
+                           ? make_nccl(parts->store, rank, size, opts)
+                           : make_gloo(parts->store, rank, size, opts,
                                        is_loopback(info.master_addr) ? "127.0.0.1" : "");
     } catch (const zero::LaunchError&) {
       throw;
@@ -221,6 +226,8 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
   };
   const QuietC10dLog quiet;
   run_before_deadline(body, deadline, opts.timeout, who, stage);
+  // The group was built on the helper thread; the caller's current GPU becomes its GPU too.
+  if (opts.device == c10::DeviceType::CUDA) nccl_use_bound_device(*parts->backend);
   auto group = std::make_shared<Group>(parts->backend, rank, size, opts);
   group->liveness_ = parts->live;
   return group;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "zero/device.hpp"
 
@@ -47,6 +48,34 @@ int64_t status_bytes(const char* key) {
 
 }  // namespace
 
+ParamStats parameter_stats(const std::vector<at::Tensor>& params, int64_t chunk_numel) {
+  std::unordered_set<const void*> seen;
+  std::vector<at::Tensor> sums, squares;
+  for (const at::Tensor& p : params) {
+    if (!p.requires_grad() || p.numel() == 0 || !seen.insert(p.unsafeGetTensorImpl()).second) {
+      continue;
+    }
+    // fp64 sums: an fp32 norm of a million elements is already off by ~3e-5 on the CPU. A
+    // chunk at a time, so that the fp64 copy a reduction may make stays small.
+    for (const at::Tensor& c : p.detach().reshape({-1}).split(chunk_numel)) {
+      sums.push_back(at::sum(c, at::kDouble));
+      squares.push_back(at::linalg_vector_norm(c, 2, std::nullopt, false, at::kDouble).square());
+    }
+  }
+  if (sums.empty()) return {};
+  // One read of the host for all parameters; added up in order (the same on every run).
+  const at::Tensor s = at::stack(sums).cpu();
+  const at::Tensor q = at::stack(squares).cpu();
+  ParamStats out;
+  double sq = 0;
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    out.checksum += s.data_ptr<double>()[i];
+    sq += q.data_ptr<double>()[i];
+  }
+  out.norm = std::sqrt(sq);
+  return out;
+}
+
 int64_t peak_rss_bytes() { return status_bytes("VmHWM:"); }
 int64_t rss_bytes() { return status_bytes("VmRSS:"); }
 
@@ -65,9 +94,6 @@ void TrainSummary::add(const StepRecord& r) {
 
 void TrainSummary::finish(const Engine& engine, GptImpl& model, const CheckpointPolicy& policy,
                           const std::string& data_description, double loader_wait_s, RunShape run) {
-  at::Tensor flat = engine.flat_parameters();
-  param_checksum = flat.sum().item<double>();
-  param_norm = flat.norm().item<double>();
   // Every rank's peak, not rank 0's alone: ranks differ (rank 0 serves the store, shards and
   // buckets are uneven), and what must fit is the largest.
   peak_rss_per_rank = engine.all_gather_values(examples::peak_rss_bytes());
@@ -80,6 +106,11 @@ void TrainSummary::finish(const Engine& engine, GptImpl& model, const Checkpoint
     device_peak_allocated_bytes =
         *std::max_element(device_peak_per_rank.begin(), device_peak_per_rank.end());
   }
+  // Only now, so that the peaks above are training's: the checksum allocates (one parameter's
+  // worth at most).
+  const ParamStats stats = parameter_stats(params);
+  param_checksum = stats.checksum;
+  param_norm = stats.norm;
   checkpointing = policy.enabled;
   cpu_offload = policy.cpu_offload;
   data = data_description;

@@ -33,7 +33,8 @@ struct TrainSummary {
   void record_startup(const Engine& engine, int64_t peak, int64_t after);
 
   void add(const StepRecord& r);
-  // Collective: reads the full parameters (every rank holds them after a step). `run` says what
+  // Collective: reads the memory peaks first (so no end-of-run temporary shows in them), then
+  // the full parameters (every rank holds them after a step), one at a time. `run` says what
   // the verdict's advice depends on; its memory_used is filled in here.
   void finish(const Engine& engine, GptImpl& model, const CheckpointPolicy& policy,
               const std::string& data_description, double loader_wait_s, RunShape run);
@@ -45,6 +46,15 @@ struct TrainSummary {
                   const GptConfig& mc, int64_t seq_len,
                   const std::vector<MemoryReport>& reports) const;
 };
+
+// Sum and L2 norm of the trained parameters (requires_grad; a tied tensor once), for the
+// summary's checksum, in fp64, `chunk_numel` elements at a time: the transient memory is one
+// chunk's fp64 copy at most, never a copy of the model (Engine::flat_parameters() is one: an
+// fp32 cat of every parameter, ~28 GB at 7B).
+struct ParamStats {
+  double checksum = 0, norm = 0;
+};
+ParamStats parameter_stats(const std::vector<at::Tensor>& params, int64_t chunk_numel = 1 << 24);
 
 // Peak resident memory of this process (Linux VmHWM): on CPU it is where activations show up.
 int64_t peak_rss_bytes();

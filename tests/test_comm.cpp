@@ -3,12 +3,21 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "comm/arrivals.hpp"
+#include "comm/group.hpp"
 #include "comm/launcher_env.hpp"
 #include "support/thread_group.hpp"
 #include "zero/errors.hpp"
@@ -128,6 +137,20 @@ TEST(Arrivals, MissingRanksAndOtherWorldSizes) {
   EXPECT_TRUE(a.other_sizes.empty());
 }
 
+// A blocking wait would spin the host on every bucket's collective: it is dropped with the
+// reason before an NCCL group is made; a value that leaves it off is dropped silently.
+TEST(LauncherEnv, NcclBlockingWaitIsUnsetWithTheReason) {
+  ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 1);
+  ::setenv("NCCL_BLOCKING_WAIT", "0", 1);
+  const std::string w = drop_nccl_blocking_wait();
+  EXPECT_NE(w.find("TORCH_NCCL_BLOCKING_WAIT=1"), std::string::npos) << w;
+  EXPECT_EQ(w.find("NCCL_BLOCKING_WAIT=0"), std::string::npos) << w;
+  EXPECT_NE(w.find("comm_timeout_s"), std::string::npos) << w;
+  EXPECT_EQ(std::getenv("TORCH_NCCL_BLOCKING_WAIT"), nullptr);
+  EXPECT_EQ(std::getenv("NCCL_BLOCKING_WAIT"), nullptr);
+  EXPECT_EQ(drop_nccl_blocking_wait(), "");
+}
+
 TEST(Group, SizeOneCollectivesAreLocal) {
   auto g = Group::single();
   at::Tensor t = at::arange(6, at::kFloat);
@@ -184,6 +207,70 @@ TEST(Group, AbsentPeerTimesOutWithRankAndCollective) {
   EXPECT_NE(message.find("all_reduce of gradient bucket 7"), std::string::npos) << message;
   EXPECT_NE(message.find("comm_timeout_s"), std::string::npos) << message;
   EXPECT_LT(secs, 30.0);
+}
+
+// A TCP port nothing listens on right now (the kernel's pick).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), len), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Start-up runs under its own deadline; the process group and the store it keeps get the whole
+// comm_timeout_s for what comes after (NCCL's watchdog times every collective with the
+// backend's timeout). Rank 1 comes 2 s late, so rank 0 has waited 2 s of its start-up budget
+// when it builds the backend: it used to be left with that remainder. from_env reads the
+// launcher's variables, so the ranks are processes, forked here.
+TEST(Group, FromEnvGivesTheGroupAndItsStoreTheWholeCommTimeout) {
+  const std::string port = std::to_string(free_port());
+  const auto budget = std::chrono::milliseconds(8000);
+  std::array<std::array<int, 2>, 2> pipes{};
+  std::array<pid_t, 2> pids{};
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(::pipe(pipes[r].data()), 0);
+    pids[r] = ::fork();
+    ASSERT_GE(pids[r], 0);
+    if (pids[r] != 0) continue;
+    // The child: rank r of 2 under torchrun's variables; it reports what its group holds.
+    for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID",
+                          "SLURM_NTASKS", "TORCHELASTIC_USE_AGENT_STORE"}) {
+      ::unsetenv(v);
+    }
+    ::setenv("RANK", std::to_string(r).c_str(), 1);
+    ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+    ::setenv("WORLD_SIZE", "2", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", port.c_str(), 1);
+    if (r == 1) std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::array<int64_t, 2> seen{-1, -1};
+    try {
+      GroupOptions o;
+      o.timeout = budget;
+      const auto g = Group::from_env(o);
+      seen = {g->timeouts().backend.count(), g->timeouts().store.count()};
+      g->barrier("the test's last barrier");  // neither rank leaves while the other reads
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+    }
+    const ssize_t n = ::write(pipes[r][1], seen.data(), sizeof seen);
+    ::_exit(n == sizeof seen ? 0 : 1);
+  }
+  for (int r = 0; r < 2; ++r) {
+    ::close(pipes[r][1]);
+    std::array<int64_t, 2> seen{-1, -1};
+    EXPECT_EQ(::read(pipes[r][0], seen.data(), sizeof seen), static_cast<ssize_t>(sizeof seen));
+    ::close(pipes[r][0]);
+    int status = 0;
+    ::waitpid(pids[r], &status, 0);
+    EXPECT_EQ(seen[0], budget.count()) << "rank " << r << ": the process group's timeout";
+    EXPECT_EQ(seen[1], budget.count()) << "rank " << r << ": the store's timeout";
+  }
 }
 
 TEST(Group, ShapeMismatchIsCaughtBeforeTheBackend) {

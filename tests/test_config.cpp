@@ -107,7 +107,7 @@ TEST(Config, PresetsLoadWithTrainerExtension) {
     EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
     EXPECT_EQ(c.scheduler.total_num_steps, 200);
     EXPECT_EQ(c.scheduler.warmup_num_steps, 20);
-    EXPECT_EQ(c.comm_timeout, std::chrono::seconds(120));
+    EXPECT_EQ(c.comm_timeout, std::chrono::seconds(1800));
     EXPECT_EQ(c.seed, 1234u);
     // DeepSpeed decays everything; the presets opt out for biases and norms explicitly.
     EXPECT_EQ(c.no_weight_decay, (std::vector<std::string>{"bias", "norm"}));

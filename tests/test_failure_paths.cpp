@@ -1,5 +1,6 @@
-// Failure paths below the trainer: a manifest edited by hand is refused naming the file, and the
-// store heartbeat names the rank that stopped (not one that reported a failure of its own).
+// Failure paths below the trainer: a manifest edited by hand is refused naming the file, the
+// store heartbeat names the rank that stopped (not one that reported a failure of its own), and
+// an exception in one rank's backward ends every rank with an error, never a hang.
 // The end-to-end cases (processes, ports, launchers) are in tests/e2e/.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -7,14 +8,18 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "comm/group.hpp"
 #include "comm/liveness.hpp"
+#include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
@@ -118,4 +123,114 @@ TEST(Liveness, NamesTheRankWhoseHeartbeatStoppedNotOneThatReportedAFailure) {
   EXPECT_NE(d.find("rank 2 is gone"), std::string::npos) << d;
   EXPECT_EQ(d.find("rank 1 is gone"), std::string::npos) << d;
   EXPECT_LT(waited, 6.0) << "the diagnosis ends once the heartbeat is stale";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct RankEnd {
+  std::string error;
+  double at_s = -1;  // seconds after rank 1's backward threw
+};
+
+// Three ranks at stage 2 with several buckets; rank 1's backward throws at step 2 when a
+// gradient in the middle of the pass arrives (as a CUDA OOM in a kernel would), after it has
+// launched some of the pass's bucket collectives and before the others. With `keep_engine` the
+// application catches the error and keeps the engine (and its process group) alive, as a
+// trainer that catches errors would; otherwise the error ends the rank, as it ends a process.
+std::vector<RankEnd> fail_one_backward(bool keep_engine, std::chrono::milliseconds timeout) {
+  constexpr int kWorld = 3;
+  std::mutex mu;
+  std::vector<RankEnd> ends(kWorld);
+  std::atomic<bool> thrown{false};
+  std::atomic<int> peers_done{0};
+  Clock::time_point thrown_at{};
+  run_ranks(
+      kWorld,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        RankEnd end;
+        try {
+          auto net = make_tiny_net(3);
+          auto engine = initialize(net, test_config(2, 4, 1, 0, /*bucket=*/64), group);
+          std::atomic<int> step{0};
+          if (r == 1) {
+            net->fc2->weight.register_hook([&](const at::Tensor& g) {
+              if (step == 2) {
+                {
+                  std::lock_guard<std::mutex> lock(mu);
+                  thrown_at = Clock::now();
+                }
+                thrown = true;
+                throw std::runtime_error("CUDA out of memory (simulated in rank 1's backward)");
+              }
+              return g;
+            });
+          }
+          for (int s = 0; s < 5; ++s) {
+            step = s;
+            const Batch b = rank_micro_batch(global_batch(s, 12), r, kWorld, 0, 1);
+            try {
+              engine.backward(mse(net->forward(b.x), b.y));
+            } catch (const std::exception&) {
+              if (r != 1 || !keep_engine) throw;
+              // The application catches it and holds the engine (and its group) without
+              // training on, until the peers ended (bounded).
+              const auto t = Clock::now();
+              while (peers_done < kWorld - 1 && since(t) < 60) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+              }
+              throw;
+            }
+            engine.step();
+          }
+        } catch (const std::exception& e) {
+          end.error = e.what();
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (thrown) end.at_s = since(thrown_at);
+        ends[r] = end;
+        if (r != 1) ++peers_done;
+      },
+      timeout);
+  return ends;
+}
+
+void expect_every_rank_ends(bool keep_engine, double bound_s) {
+  const auto ends = fail_one_backward(keep_engine, std::chrono::milliseconds(3000));
+  EXPECT_NE(ends[1].error.find("CUDA out of memory (simulated"), std::string::npos)
+      << ends[1].error;
+  for (int r : {0, 2}) {
+    EXPECT_NE(ends[r].error.find("rank " + std::to_string(r) + " of 3"), std::string::npos)
+        << "rank " << r << ": " << ends[r].error;
+    EXPECT_GE(ends[r].at_s, 0) << "rank " << r << " ended before rank 1 failed";
+    EXPECT_LT(ends[r].at_s, bound_s) << "rank " << r << ": " << ends[r].error;
+  }
+  if (keep_engine) {
+    for (int r : {0, 2}) {
+      EXPECT_NE(ends[r].error.find("comm_timeout_s = 3 s"), std::string::npos) << ends[r].error;
+    }
+  }
+}
+
+}  // namespace
+
+// The failing rank's error ends it (as it ends a process): its connections close and the
+// others' collectives fail at once, each naming its rank and the collective.
+TEST(RankFailure, AnExceptionInOneRanksBackwardEndsTheOthersAtOnce) {
+  expect_every_rank_ends(/*keep_engine=*/false, /*bound_s=*/2.5);
+}
+
+// The application catches the error and keeps the engine (and so its connections): the others
+// end once comm_timeout_s (3 s here) has passed, naming the timeout. (Training on from there is
+// safe only when every rank's backward failed in the same pass, a data error every rank sees:
+// RealModelFailures.FailedBackwardIsDiscarded; otherwise this rank's next collectives would
+// pair with the others' pending ones.)
+TEST(RankFailure, AnExceptionCaughtByTheApplicationEndsTheOthersWithinTheTimeout) {
+  expect_every_rank_ends(/*keep_engine=*/true, /*bound_s=*/3.0 + 5.0);
 }

@@ -84,16 +84,17 @@ TEST(MemoryPlan, EngineStagesAtEightRanks) {
 TEST(MemoryPlan, BucketBuffersFollowTheEngine) {
   const PlanInput in = llama7b(8);
   const int64_t b = max_bucket_elements(in);
-  // A bucket closes at the first parameter that reaches 5e8 elements: it overshoots by less
-  // than the parameter that closed it (at most the 131 M-element head; in practice an MLP
-  // matrix of 45 M).
-  EXPECT_GE(b, 500'000'000);
-  EXPECT_LT(b, 500'000'000 + 32000LL * 4096);
-  // A buffer holds at most reduce_bucket_size elements (64-aligned rows per rank): a larger
-  // bucket is reduced in chunks.
+  // A bucket closes before the parameter that would take it past 5e8 elements (DeepSpeed's
+  // rule): no 7B bucket is larger than that (its largest parameter, the 131 M-element head, is
+  // smaller), and each is short of it by less than the parameter that did not fit.
+  EXPECT_LE(b, 500'000'000);
+  EXPECT_GT(b, 500'000'000 - 32000LL * 4096);
+  // A buffer holds the largest bucket (64-aligned rows per rank), at most reduce_bucket_size
+  // elements: with buckets that never exceed it, no 7B bucket takes the chunked path.
   const int64_t e0 = bucket_buffer_elements(in, 0), e = bucket_buffer_elements(in, 1);
-  EXPECT_EQ(e0, 500'000'000 / 64 * 64);
-  EXPECT_EQ(e, 8 * (500'000'000 / 8 / 64 * 64));
+  EXPECT_EQ(e0, (b + 63) / 64 * 64);
+  EXPECT_EQ(e, (b + 8 * 64 - 1) / (8 * 64) * (8 * 64));
+  EXPECT_LE(e, 500'000'000);
   EXPECT_EQ(bucket_buffer_elements(in, 2), e);
   // bf16 gradients travel through two in/out pairs; stage 0 all-reduces in place in "in".
   EXPECT_EQ(plan_model_states(in, 0).comm_buffers, 2 * 2 * e0);
@@ -250,8 +251,8 @@ TEST(MemoryPlan, OptimizerOffloadSplitsDeviceAndHostAsTheEngineDoes) {
 
 TEST(MemoryPlan, Llama7bOnOne80GbGpuNeedsOptimizerOffload) {
   // N = 1: every stage holds 18Ψ = 121 GB of states, over the 72 GB budget. With optimizer
-  // offload the device keeps 2Ψ + two pairs of 5e8-element bf16 buffers (4 GB) = 17.5 GB and
-  // the host 18Ψ = 121 GB.
+  // offload the device keeps 2Ψ + two pairs of bf16 bucket buffers (the largest bucket, 495 M
+  // elements: 4 GB) = 17.4 GB and the host 18Ψ = 121 GB.
   PlanLimits lim;
   lim.device_bytes = parse_byte_size("80GB");
   lim.host_bytes = parse_byte_size("1TB");
@@ -262,13 +263,15 @@ TEST(MemoryPlan, Llama7bOnOne80GbGpuNeedsOptimizerOffload) {
   EXPECT_TRUE(plan.best.offload);
   EXPECT_EQ(plan.best.stage, 1) << "N = 1: stages 1 and 2 hold the same, the lower one wins";
   EXPECT_EQ(plan.best.recompute, Recompute::kNone);
-  const int64_t psi = kLlama7b, device_states = 2 * psi + 2 * 2 * (int64_t{500'000'000} * 2);
+  const int64_t e = bucket_buffer_elements(in, 1);
+  EXPECT_EQ(e, 494'948'352);  // the largest 7B bucket under DeepSpeed's closing rule
+  const int64_t psi = kLlama7b, device_states = 2 * psi + 2 * 2 * (e * 2);
   const int64_t b = largest_micro_batch(device_states, lim.budget(), false);
   EXPECT_EQ(b, 4);  // 17.5 GB + 4 x 13.1 GB = 69.8 GB
   EXPECT_EQ(plan.best.micro_batch, b);
   EXPECT_EQ(plan.best.total(), device_states + llama7b_activations(b, false));
   // Host: 18Ψ plus the page-locked landing ring of 3 bucket shards in bf16 (3 GB at N = 1).
-  const int64_t ring = 3 * 2 * bucket_buffer_elements(in, 1);
+  const int64_t ring = 3 * 2 * e;
   EXPECT_EQ(plan.best.host(), 18 * psi + ring);
   EXPECT_EQ(plan.ranks_per_node, 1);
   EXPECT_TRUE(plan.host_fits);
@@ -288,7 +291,7 @@ TEST(MemoryPlan, Llama7bOnOne80GbGpuNeedsOptimizerOffload) {
   EXPECT_EQ(small_host.host_per_node, 18 * psi + ring);
   all.clear();
   for (const auto& r : small_host.reasons) all += r + "\n";
-  EXPECT_NE(all.find("WARNING: host memory per node: 1 ranks x 124.29 GB"), std::string::npos)
+  EXPECT_NE(all.find("WARNING: host memory per node: 1 ranks x 124.26 GB"), std::string::npos)
       << all;
 }
 
@@ -314,7 +317,7 @@ TEST(MemoryPlan, Llama7bOnEight24GbGpusNeedsOptimizerOffload) {
   EXPECT_TRUE(plan.best.offload);
   EXPECT_EQ(plan.best.stage, 1);
   EXPECT_EQ(plan.best.recompute, Recompute::kCheckpoint);
-  const int64_t psi = kLlama7b, e = 8 * (500'000'000 / 8 / 64 * 64);
+  const int64_t psi = kLlama7b, e = bucket_buffer_elements(in, 1);
   const int64_t device_states = 2 * psi + 2 * 2 * (e + e / 8);
   EXPECT_EQ(largest_micro_batch(device_states, lim.budget(), false), 0);
   const int64_t b = largest_micro_batch(device_states, lim.budget(), true);

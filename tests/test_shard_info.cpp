@@ -30,20 +30,33 @@ TEST(ShardInfo, OwnedClipsToShard) {
   EXPECT_TRUE(s.owned(2, {20, 30}).empty());
 }
 
-TEST(FlatLayout, BucketsCloseAtCapacityAndKeepOrder) {
-  // 7 + 5 >= 10 closes bucket 0; 20 alone exceeds it; 3 is the tail.
+TEST(FlatLayout, BucketsCloseBeforeOverflowingAndKeepOrder) {
+  // DeepSpeed's rule: 7 + 5 > 10 closes bucket 0 before b joins; 5 + 20 > 10 closes [b]; 20
+  // alone exceeds the size and closes at once; 3 is the tail. No bucket holds more than 10
+  // elements except the one made of the single parameter larger than that.
   auto L = FlatLayout::build({{"a", 7}, {"b", 5}, {"c", 20}, {"d", 3}}, 10, 2, 1);
-  ASSERT_EQ(L.buckets().size(), 3u);
-  EXPECT_EQ(L.buckets()[0].params, (std::vector<int>{0, 1}));
-  EXPECT_EQ(L.buckets()[1].params, (std::vector<int>{2}));
-  EXPECT_EQ(L.buckets()[2].params, (std::vector<int>{3}));
+  ASSERT_EQ(L.buckets().size(), 4u);
+  EXPECT_EQ(L.buckets()[0].params, (std::vector<int>{0}));
+  EXPECT_EQ(L.buckets()[1].params, (std::vector<int>{1}));
+  EXPECT_EQ(L.buckets()[2].params, (std::vector<int>{2}));
+  EXPECT_EQ(L.buckets()[3].params, (std::vector<int>{3}));
   EXPECT_EQ(L.num_elements(), 35);
-  // Paddings: 12 -> 12, 20 -> 20, 3 -> 4.
-  EXPECT_EQ(L.total_numel(), 36);
-  EXPECT_EQ(L.shard_numel(), 18);
-  EXPECT_EQ(L.params()[2].flat_offset, 12);
-  EXPECT_EQ(L.params()[3].flat_offset, 32);
-  EXPECT_EQ(L.buckets()[2].shard_offset, 6 + 10);
+  // Paddings: 7 -> 8, 5 -> 6, 20 -> 20, 3 -> 4.
+  EXPECT_EQ(L.total_numel(), 38);
+  EXPECT_EQ(L.shard_numel(), 19);
+  EXPECT_EQ(L.params()[1].flat_offset, 8);
+  EXPECT_EQ(L.params()[2].flat_offset, 14);
+  EXPECT_EQ(L.params()[3].flat_offset, 34);
+  EXPECT_EQ(L.buckets()[3].shard_offset, 4 + 3 + 10);
+}
+
+// A bucket that a parameter fills exactly stays whole, and parameters that fit keep joining.
+TEST(FlatLayout, BucketsFillUpToTheSizeExactly) {
+  auto L = FlatLayout::build({{"a", 4}, {"b", 6}, {"c", 3}, {"d", 3}, {"e", 5}}, 10, 1, 1);
+  ASSERT_EQ(L.buckets().size(), 3u);
+  EXPECT_EQ(L.buckets()[0].params, (std::vector<int>{0, 1}));  // 4 + 6 = 10
+  EXPECT_EQ(L.buckets()[1].params, (std::vector<int>{2, 3}));  // 3 + 3, and 6 + 5 > 10
+  EXPECT_EQ(L.buckets()[2].params, (std::vector<int>{4}));
 }
 
 TEST(FlatLayout, ZeroSizedParametersAreSkipped) {

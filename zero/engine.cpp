@@ -223,6 +223,10 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   TORCH_CHECK(group, "zero::initialize: the process group is null");
   const at::Device device =
       model->parameters().empty() ? at::Device(at::kCPU) : model->parameters().front().device();
+  // The model's GPU becomes this thread's current device: what the engine allocates or
+  // launches without naming a device (streams, events, the caching allocator's defaults)
+  // follows it, and would otherwise make a context on GPU 0 from every rank.
+  set_current_device(device);
   const int64_t allocated_before = allocated_bytes(device);
   int64_t replaced = 0;
   std::unordered_set<const void*> seen;  // tied weights once

@@ -32,6 +32,15 @@ FlatLayout FlatLayout::build(const std::vector<ParamSpec>& params, int64_t bucke
   int64_t open_numel = 0;
   for (const ParamSpec& p : params) {
     if (p.numel <= 0) continue;  // nothing to shard, and no gradient will arrive for it
+    // DeepSpeed's rule (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads):
+    // a bucket is reduced before the parameter that would take it past reduce_bucket_size
+    // joins, so only a parameter larger than that on its own makes a bucket larger (and the
+    // chunked reduction): buckets that close after crossing it would all be larger.
+    if (open_numel > 0 && open_numel + p.numel > bucket_numel) {
+      close_bucket(open, open_numel);
+      open = BucketSlot{};
+      open_numel = 0;
+    }
     if (open_numel == 0) open.flat_offset = L.total_numel_;
     ParamSlot slot{p.name, p.numel, static_cast<int>(L.buckets_.size()),
                    open.flat_offset + open_numel};

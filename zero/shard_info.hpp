@@ -71,8 +71,9 @@ struct OwnedPiece {
 
 class FlatLayout {
  public:
-  // Parameters in the order their gradients are expected (backward order). A bucket closes once
-  // it holds at least `bucket_numel` elements; a parameter larger than that gets its own bucket.
+  // Parameters in the order their gradients are expected (backward order). A bucket closes
+  // before the parameter that would take it past `bucket_numel` elements (DeepSpeed's rule); a
+  // parameter larger than that gets its own bucket.
   static FlatLayout build(const std::vector<ParamSpec>& params, int64_t bucket_numel, int world,
                           int64_t align);
 

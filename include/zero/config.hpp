@@ -145,7 +145,8 @@ struct Config {
   std::optional<Dtype> grad_accum_dtype;
 
   // Our own keys.
-  std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};  // comm_timeout_s
+  // comm_timeout_s: DeepSpeed's and torch.distributed's 30 minutes (README: comm_timeout_s).
+  std::chrono::milliseconds comm_timeout{std::chrono::seconds(1800)};
   uint64_t seed = 42;
   // Parameters whose name contains one of these substrings get no weight decay. Empty by
   // default: DeepSpeed decays every parameter it is given (our presets exclude bias and norm).

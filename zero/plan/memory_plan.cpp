@@ -100,6 +100,8 @@ int64_t max_bucket_elements(const PlanInput& in) {
   if (!m.tied) sizes.push_back(m.vocab * h);
   int64_t open = 0, largest = 0;
   for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {  // the engine's order: reversed
+    // FlatLayout::build's rule: close before a parameter that would overflow the bucket.
+    if (open > 0 && open + *it > bucket) largest = std::max(largest, open), open = 0;
     open += *it;
     if (open >= bucket) largest = std::max(largest, open), open = 0;
   }

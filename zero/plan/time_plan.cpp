@@ -139,6 +139,8 @@ std::vector<int64_t> bucket_sizes(const PlanInput& in) {
   if (!m.tied) sizes.push_back(m.vocab * h);
   int64_t open = 0;
   for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
+    // FlatLayout::build's rule: close before a parameter that would overflow the bucket.
+    if (open > 0 && open + *it > bucket) out.push_back(open), open = 0;
     open += *it;
     if (open >= bucket) out.push_back(open), open = 0;
   }
