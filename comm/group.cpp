@@ -1,26 +1,31 @@
 #include "comm/group.hpp"
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-
 #include "comm/backend.hpp"
-#include "comm/launcher_env.hpp"
+#include "comm/c10d_group.hpp"
 #include "comm/liveness.hpp"
 #include "comm/startup.hpp"
 #include "zero/comm_errors.hpp"
 
 namespace zero::comm {
-Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
+Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, std::string who,
            std::chrono::milliseconds timeout, c10::DeviceType device,
            std::shared_ptr<Liveness> liveness)
     : work_(std::move(work)),
       what_(std::move(what)),
-      rank_(rank),
-      size_(size),
+      who_(std::move(who)),
       timeout_(timeout),
       device_(device),
       liveness_(std::move(liveness)) {}
 
+Work::Work(std::function<void()> wait_fn) : wait_fn_(std::move(wait_fn)) {}
+
 void Work::wait() {
+  if (wait_fn_) {
+    auto fn = std::move(wait_fn_);
+    wait_fn_ = nullptr;
+    fn();
+    return;
+  }
   if (!work_) return;
   auto work = std::move(work_);
   try {
@@ -34,94 +39,31 @@ void Work::wait() {
     const std::string gone =
         liveness_ ? liveness_->diagnose(std::chrono::milliseconds(4000))
                   : "a peer rank most likely exited or stalled (check its log above)";
-    throw CommError("rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
-                    what_ + " failed (" + c10d_message(e) + "): " + gone +
+    throw CommError(who_ + ": " + what_ + " failed (" + c10d_message(e) + "): " + gone +
                     "; collectives give up after comm_timeout_s = " + format_seconds(timeout_));
   }
 }
 
-Group::Group(c10::intrusive_ptr<c10d::Backend> backend, int rank, int size, GroupOptions opts)
-    : backend_(std::move(backend)), rank_(rank), size_(size), opts_(opts) {}
-
-Group::~Group() = default;
-
 std::shared_ptr<Group> Group::single(const GroupOptions& opts) {
-  return std::make_shared<Group>(nullptr, 0, 1, opts);
+  C10dGroup::Parts p;
+  p.opts = opts;
+  return std::make_shared<C10dGroup>(std::move(p));
 }
 
 std::shared_ptr<Group> Group::over_store(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                          int size, const GroupOptions& opts) {
-  if (size == 1) return single(opts);
-  auto backend = opts.device == c10::DeviceType::CUDA
-                     ? make_nccl(store, rank, size, opts)
-                     : make_gloo(store, rank, size, opts, "127.0.0.1");
-  return std::make_shared<Group>(std::move(backend), rank, size, opts);
-}
-
-void Group::check_device(const at::Tensor& t, const std::string& what) const {
-  TORCH_CHECK(t.device().type() == opts_.device, "zero: ", what, " got a tensor on ", t.device(),
-              " but this process group moves ", c10::DeviceTypeName(opts_.device), " tensors");
-  TORCH_CHECK(t.is_contiguous(), "zero: ", what, " needs contiguous tensors");
-}
-
-Work Group::wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const {
-  return Work(std::move(w), what, rank_, size_, opts_.timeout, opts_.device, liveness_);
-}
-
-Work Group::all_reduce_sum(at::Tensor& t, const std::string& what) {
-  if (size_ == 1) return {};
-  check_device(t, what);
-  std::vector<at::Tensor> ts{t};
-  c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp::SUM;
-  o.timeout = opts_.timeout;
-  return wrap(backend_->allreduce(ts, o), what);
-}
-
-Work Group::reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) {
-  TORCH_CHECK(in.numel() == out.numel() * size_, "zero: ", what, ": input has ", in.numel(),
-              " elements, expected ", out.numel(), " x ", size_);
-  if (size_ == 1) {
-    out.copy_(in);
-    return {};
+  C10dGroup::Parts p;
+  p.store = store;
+  p.rank = rank;
+  p.size = size;
+  p.opts = opts;
+  p.interface_hint = "127.0.0.1";
+  if (size > 1) {
+    p.backend = opts.device == c10::DeviceType::CUDA
+                    ? make_nccl(store, rank, size, opts)
+                    : make_gloo(store, rank, size, opts, p.interface_hint);
   }
-  check_device(in, what);
-  check_device(out, what);
-  c10d::ReduceScatterOptions o;
-  o.reduceOp = c10d::ReduceOp::SUM;
-  o.timeout = opts_.timeout;
-  return wrap(backend_->_reduce_scatter_base(out, in, o), what);
-}
-
-Work Group::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) {
-  TORCH_CHECK(out.numel() == in.numel() * size_, "zero: ", what, ": output has ", out.numel(),
-              " elements, expected ", in.numel(), " x ", size_);
-  if (size_ == 1) {
-    out.copy_(in);
-    return {};
-  }
-  check_device(in, what);
-  check_device(out, what);
-  c10d::AllgatherOptions o;
-  o.timeout = opts_.timeout;
-  return wrap(backend_->_allgather_base(out, in, o), what);
-}
-
-Work Group::broadcast(at::Tensor& t, int root, const std::string& what) {
-  if (size_ == 1) return {};
-  check_device(t, what);
-  std::vector<at::Tensor> ts{t};
-  c10d::BroadcastOptions o;
-  o.rootRank = root;
-  o.timeout = opts_.timeout;
-  return wrap(backend_->broadcast(ts, o), what);
-}
-
-void Group::barrier(const std::string& what) {
-  if (size_ == 1) return;
-  c10d::BarrierOptions o;
-  o.timeout = opts_.timeout;
-  wrap(backend_->barrier(o), what).wait();
+  return std::make_shared<C10dGroup>(std::move(p));
 }
 
 }  // namespace zero::comm

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "comm/backend.hpp"
+#include "comm/c10d_group.hpp"
 #include "comm/group.hpp"
 #include "comm/launcher_env.hpp"
 #include "comm/liveness.hpp"
@@ -228,9 +229,15 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
   };
   const QuietC10dLog quiet;
   run_before_deadline(body, deadline, opts.timeout, who, stage);
-  auto group = std::make_shared<Group>(parts->backend, rank, size, opts);
-  group->liveness_ = parts->live;
-  return group;
+  C10dGroup::Parts g;
+  g.backend = parts->backend;
+  g.store = parts->store;  // kept for split()
+  g.rank = rank;
+  g.size = size;
+  g.opts = opts;
+  g.interface_hint = is_loopback(info.master_addr) ? "127.0.0.1" : "";
+  g.liveness = parts->live;
+  return std::make_shared<C10dGroup>(std::move(g));
 }
 
 }  // namespace zero::comm
