@@ -174,16 +174,16 @@ TEST(GroupSendRecv, ReceiveFromASilentPeerTimesOutNamingIt) {
         done = true;
         cv.notify_all();
       },
-      std::chrono::milliseconds(1500));
+      std::chrono::milliseconds(3000));
   RecordProperty("message", message);  // in --gtest_output=xml: how the error reads
   EXPECT_NE(message.find("rank 0 of 2 in group pp (global rank 2)"), std::string::npos) << message;
   EXPECT_NE(
       message.find("recv of activations for micro-batch 3 (recv from rank 1 (global rank 3))"),
       std::string::npos)
       << message;
-  EXPECT_NE(message.find("comm_timeout_s = 1.5 s"), std::string::npos) << message;
-  EXPECT_GE(waited, 1.0);
-  EXPECT_LT(waited, 15.0);
+  EXPECT_NE(message.find("comm_timeout_s = 3 s"), std::string::npos) << message;
+  EXPECT_GE(waited, 2.5);
+  EXPECT_LT(waited, 20.0);
 }
 
 // A fake group: what a unit test of code above comm/ implements to script a group without
