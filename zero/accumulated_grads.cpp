@@ -73,6 +73,8 @@ class AccumulatedGrads final : public GradSync {
     if (to_host_) to_host_->finish();
   }
 
+  void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
+
   void abort() override {
     pipeline_.abort();
     if (to_host_) to_host_->abort();

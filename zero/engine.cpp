@@ -56,6 +56,7 @@ void Engine::Impl::make_sync() {
   const bool partitioned = !keeps_full_gradient(stage, accumulation, sync_opts.overlap);
   sync = partitioned ? make_partitioned_grads(fp.layout, *group, sync_opts)
                      : make_accumulated_grads(fp.layout, *group, stage == 1, sync_opts);
+  if (!bucket_order.empty()) sync->set_release_order(bucket_order);
 }
 
 void Engine::Impl::discard_window() {
@@ -309,7 +310,7 @@ void Engine::backward(const at::Tensor& loss) {
               "boundaries), otherwise gradients would be counted twice");
   const bool window_start = m.stats.micro_steps % m.accumulation == 0;
   if (window_start && m.order->has_new_order()) {
-    // Once, between windows (nothing is held then): buckets in the order gradients arrive.
+    // Once, between windows (nothing is held then): buckets reduced in the order they fill.
     m.apply_arrival_order();
   }
   const bool boundary = (m.stats.micro_steps + 1) % m.accumulation == 0;

@@ -33,6 +33,7 @@ struct Engine::Impl {
   FlatParams fp;
   GradSyncOptions sync_opts;
   std::unique_ptr<GradSync> sync;
+  std::vector<int> bucket_order;  // the buckets' release order once agreed; empty: index order
   std::unique_ptr<GradOrder> order;
   GradHooks hooks;
   OptimizerBundle opt;
@@ -76,11 +77,9 @@ struct Engine::Impl {
   // After a backward that threw: discards the accumulation window (zero/engine.cpp).
   void discard_window();
   // Between the first two accumulation windows: agrees on the first pass's arrival order and
-  // rebuilds the layout if buckets did not fill in order (zero/relayout.cpp).
+  // from then on reduces buckets in the order they completed in it; the layout stays
+  // (zero/release_order.cpp).
   void apply_arrival_order();
-  // Lays the parameters out in `order` (new layout index -> current one), moving the masters
-  // and optimizer states with them; every rank calls it with the same order (zero/relayout.cpp).
-  void rebuild_layout(const std::vector<int>& order);
 };
 
 }  // namespace zero

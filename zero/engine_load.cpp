@@ -5,9 +5,10 @@
 //   2. every rank opens every shard file (header and index checks) and checksums its share of
 //      the files' data; nothing of the engine has changed yet, so a bad checkpoint leaves the
 //      run exactly as it was;
-//   3. every rank reads the pieces overlapping what it owns under its own layout into host
-//      memory (still nothing changed), restores its random generators, and only then copies
-//      them into the masters and optimizer states, restores the step counters, and the
+//   3. every rank checks that the pieces overlapping what it owns under its own layout are all
+//      there (still nothing changed), restores its random generators, and only then reads them
+//      straight into the masters and optimizer states (no second copy of them: a load's peak is
+//      the run's states plus one bucket's host buffer), restores the step counters, and the
 //      parameters are published to every rank's model.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -73,19 +74,13 @@ void check_compatible(const Engine::Impl& m, const ckpt::Manifest& man, const st
                   "start from the consolidated weights with zero-consolidate)");
 }
 
-// Reads the pieces of the checkpoint that overlap what this rank owns under the current layout
-// into host tensors: first the master shard, then the optimizer states (state() order). Nothing
-// of the engine changes here, so a checkpoint that turns out bad leaves the run as it was.
-std::vector<at::Tensor> read_shards(const Engine::Impl& m, const ckpt::Manifest& man,
-                                    const std::vector<ckpt::ShardReader>& readers,
-                                    const ckpt::PieceMap& map) {
+// Calls f(piece, ref, lo, hi) for every overlap of a checkpoint entry with a piece of what this
+// rank owns under the current layout (lo..hi: elements of the parameter); checks that the
+// checkpoint covers every piece whole.
+template <class F>
+void for_each_overlap(const Engine::Impl& m, const ckpt::PieceMap& map, F f) {
   const FlatLayout& L = m.fp.layout;
   const int owner = m.stage == 0 ? 0 : m.group->rank();
-  // Padding stays zero, as in a fresh engine.
-  std::vector<at::Tensor> host;
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  host.push_back(at::zeros({L.shard_numel()}, f32));
-  for (size_t i = 0; i < man.state_names.size(); ++i) host.push_back(at::zeros_like(host[0]));
   for (const OwnedPiece& p : L.owned_pieces(owner)) {
     const std::string& name = L.params()[p.param].name;
     const auto it = map.find(name);
@@ -97,28 +92,60 @@ std::vector<at::Tensor> read_shards(const Engine::Impl& m, const ckpt::Manifest&
       if (eb >= end) break;  // sorted by offset
       const int64_t lo = std::max(begin, eb), hi = std::min(end, ee);
       if (lo >= hi) continue;
-      for (size_t t = 0; t < host.size(); ++t) {
-        readers[ref.file].read(*ref.entry, static_cast<int>(t), lo - eb, hi - lo,
-                               host[t].data_ptr<float>() + p.shard_offset + (lo - begin));
-      }
+      f(p, ref, lo, hi);
       covered += hi - lo;
     }
     ZERO_CKPT_CHECK(covered == p.numel, "zero: parameter '", name, "' elements ", begin, "..", end,
                     " are only partly in the checkpoint");
   }
-  return host;
 }
 
-// Copies what read_shards read into the master shard and the optimizer states.
-void commit_shards(Engine::Impl& m, const ckpt::Manifest& man,
-                   const std::vector<at::Tensor>& host) {
-  m.fp.set_master_shard(host[0]);
+// Reads the pieces of the checkpoint that overlap what this rank owns under the current layout
+// straight into the master shard and the optimizer states (state() names), piece by piece: a
+// load holds no second copy of the states, only, for states outside host memory, a host buffer
+// of at most one bucket's shard. Padding is zeroed, as in a fresh engine. Runs once everything
+// that can be checked was (the files' checksums, the coverage, the generator states); a read
+// that fails now leaves the states partly overwritten, which the error says.
+void read_into_states(Engine::Impl& m, const ckpt::Manifest& man,
+                      const std::vector<ckpt::ShardReader>& readers, const ckpt::PieceMap& map) {
+  const FlatLayout& L = m.fp.layout;
   const auto states = m.opt.optimizer->state();
-  for (size_t i = 0; i < man.state_names.size(); ++i) {
+  std::vector<at::Tensor> targets;  // per checkpoint tensor: master, then the states it names
+  targets.emplace_back();           // the master: per bucket, below
+  for (const std::string& name : man.state_names) {
+    at::Tensor t;
     for (const auto& s : states) {
-      if (s.first == man.state_names[i]) s.second.copy_(host[1 + i]);
+      if (s.first == name) t = s.second;
     }
+    targets.push_back(t);
   }
+  for (const BucketSlot& b : L.buckets()) m.fp.bucket_master(b).zero_();
+  for (const auto& s : states) s.second.zero_();
+  at::Tensor staging;  // host, for targets that are not
+  for_each_overlap(
+      m, map, [&](const OwnedPiece& p, const ckpt::PieceRef& ref, int64_t lo, int64_t hi) {
+        const BucketSlot& b = L.buckets()[L.params()[p.param].bucket];
+        const int64_t dst = p.shard_offset + (lo - p.param_offset);
+        for (size_t t = 0; t < targets.size(); ++t) {
+          at::Tensor to = t == 0 ? m.fp.master_window(b) : targets[t];
+          if (!to.defined()) continue;
+          const int64_t chunk = std::max<int64_t>(L.chunk_numel(), 1);
+          for (int64_t at = lo; at < hi; at += chunk) {
+            const int64_t n = std::min(chunk, hi - at);
+            at::Tensor slot = to.narrow(0, dst + (at - lo), n);
+            if (slot.is_cpu()) {
+              readers[ref.file].read(*ref.entry, static_cast<int>(t), at - ref.entry->param_offset,
+                                     n, slot.data_ptr<float>());
+              continue;
+            }
+            if (!staging.defined())
+              staging = at::empty({chunk}, at::TensorOptions().dtype(at::kFloat));
+            readers[ref.file].read(*ref.entry, static_cast<int>(t), at - ref.entry->param_offset, n,
+                                   staging.data_ptr<float>());
+            slot.copy_(staging.narrow(0, 0, n));
+          }
+        }
+      });
 }
 
 void restore_counters(Engine::Impl& m, const ckpt::Manifest& man) {
@@ -173,9 +200,8 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   });
   ckpt::agree(m, err, what);
 
-  // Everything is read and checked on every rank before anything of the engine changes.
-  std::vector<at::Tensor> host;
-  err = ckpt::attempt([&] { host = read_shards(m, man, readers, map); });
+  // Everything is checked on every rank before anything of the engine changes.
+  err = ckpt::attempt([&] { for_each_overlap(m, map, [](auto&&...) {}); });
   ckpt::agree(m, err, what);
 
   // The generator states belong to ranks; a rank the saved run did not have keeps its own. If
@@ -193,7 +219,13 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
     ckpt::set_rng_state(rng_before, m.fp.flat.device(), "the generator state before the load");
     throw;
   }
-  commit_shards(m, man, host);
+  err = ckpt::attempt([&] { read_into_states(m, man, readers, map); });
+  if (!err.empty()) {
+    err +=
+        " (the masters and optimizer states are partly overwritten: load a checkpoint again "
+        "before training on)";
+  }
+  ckpt::agree(m, err, what);
   restore_counters(m, man);
   m.publish_parameters();
   m.sync->zero_grad();

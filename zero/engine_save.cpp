@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "zero/engine_checkpoint.hpp"
@@ -26,20 +27,35 @@ ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
   index.rank = rank;
   index.world = world;
   index.rng_state = ckpt::rng_state(m.fp.flat.device());
-  std::vector<at::Tensor> tensors{m.fp.master_shard()};
-  for (auto& [name, t] : m.opt.optimizer->state()) {
-    index.state_names.push_back(name);
-    tensors.push_back(t);
-  }
-  for (at::Tensor& t : tensors) t = t.contiguous().cpu();  // no copy on CPU
+  const auto states = m.opt.optimizer->state();
+  for (const auto& s : states) index.state_names.push_back(s.first);
   for (const OwnedPiece& p : pieces) {
     const ParamSlot& slot = L.params()[p.param];
     index.entries.push_back({slot.name, slot.numel, p.param_offset, p.numel, 0});
   }
   ckpt::assign_payload_offsets(index);
   ckpt::ShardWriter w((tmp_dir / ckpt::shard_file_name(rank, world)).string(), index);
+  // Piece by piece from the master and the states where they are (sharded fp32: the master is
+  // this rank's slot of each bucket of the flat buffer), through a host buffer of at most one
+  // bucket's shard for states outside host memory: a save holds no copy of a whole shard.
+  const int64_t chunk = std::max<int64_t>(L.chunk_numel(), 1);
+  at::Tensor staging;
   for (const OwnedPiece& p : pieces) {
-    for (const at::Tensor& t : tensors) w.append(t.data_ptr<float>() + p.shard_offset, p.numel);
+    std::vector<at::Tensor> from{m.fp.master_window(L.buckets()[L.params()[p.param].bucket])};
+    for (const auto& s : states) from.push_back(s.second);
+    for (const at::Tensor& t : from) {
+      for (int64_t at = 0; at < p.numel; at += chunk) {
+        const int64_t n = std::min(chunk, p.numel - at);
+        const at::Tensor piece = t.narrow(0, p.shard_offset + at, n);
+        if (piece.is_cpu()) {
+          w.append(piece.data_ptr<float>(), n);
+          continue;
+        }
+        if (!staging.defined()) staging = at::empty({chunk}, at::TensorOptions().dtype(at::kFloat));
+        staging.narrow(0, 0, n).copy_(piece);
+        w.append(staging.data_ptr<float>(), n);
+      }
+    }
   }
   return w.finish();
 }

@@ -53,12 +53,35 @@ void unpack_chunk(const at::Tensor& packed, const BucketSlot& bucket, const Buck
   });
 }
 
-BucketTracker::BucketTracker(const FlatLayout& layout) : layout_(layout) { reset(); }
+BucketTracker::BucketTracker(const FlatLayout& layout) : layout_(layout) {
+  std::vector<int> identity(layout.buckets().size());
+  for (size_t b = 0; b < identity.size(); ++b) identity[b] = static_cast<int>(b);
+  set_order(identity);
+  reset();
+}
 
-void BucketTracker::reset(const std::vector<int>& expected) {
+void BucketTracker::set_order(const std::vector<int>& order) {
+  TORCH_INTERNAL_ASSERT(order.size() == layout_.buckets().size());
+  order_ = order;
+  position_.assign(order.size(), -1);
+  for (size_t k = 0; k < order.size(); ++k) {
+    TORCH_INTERNAL_ASSERT(order[k] >= 0 && order[k] < static_cast<int>(order.size()) &&
+                          position_[order[k]] < 0);
+    position_[order[k]] = static_cast<int>(k);
+  }
+}
+
+void BucketTracker::reset(const std::vector<int>& expected, bool guess_unknown) {
   const size_t n = layout_.params().size();
   TORCH_INTERNAL_ASSERT(expected.empty() || expected.size() == n);
   expected_ = expected.empty() ? std::vector<int>(n, 1) : expected;
+  guessed_.assign(n, 0);
+  for (size_t p = 0; p < n && guess_unknown; ++p) {
+    if (expected_[p] == kUnknownArrivals) {
+      expected_[p] = 1;
+      guessed_[p] = 1;
+    }
+  }
   received_.assign(n, 0);
   missing_.assign(layout_.buckets().size(), 0);
   for (size_t p = 0; p < n; ++p) {
@@ -69,8 +92,13 @@ void BucketTracker::reset(const std::vector<int>& expected) {
 
 int BucketTracker::mark(int param) {
   const ParamSlot& p = layout_.params()[param];
-  TORCH_CHECK(p.bucket >= next_, "zero: parameter '", p.name, "' produced a gradient after its ",
-              "bucket had been reduced (", received_[param], " gradient(s) of it were expected in ",
+  if (guessed_[param] && position_[p.bucket] < next_) {
+    ++received_[param];
+    return 0;
+  }
+  TORCH_CHECK(position_[p.bucket] >= next_, "zero: parameter '", p.name,
+              "' produced a gradient after its ", "bucket had been reduced (", received_[param],
+              " gradient(s) of it were expected in ",
               "this backward pass and had arrived). A parameter used both inside and outside a "
               "checkpointed block, or whose use changes from step to step, can do this; use it "
               "the same way in every step.");
@@ -80,13 +108,13 @@ int BucketTracker::mark(int param) {
 }
 
 int BucketTracker::next_ready() {
-  if (next_ >= static_cast<int>(missing_.size()) || missing_[next_] > 0) return -1;
-  return next_++;
+  if (next_ >= static_cast<int>(missing_.size()) || missing_[order_[next_]] > 0) return -1;
+  return order_[next_++];
 }
 
 int BucketTracker::next_unreleased() {
   if (next_ >= static_cast<int>(missing_.size())) return -1;
-  return next_++;
+  return order_[next_++];
 }
 
 BucketPipeline::BucketPipeline(int64_t in_numel, int64_t out_numel, const at::TensorOptions& opts,

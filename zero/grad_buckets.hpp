@@ -40,29 +40,44 @@ void unpack_chunk(const at::Tensor& packed, const BucketSlot& bucket, const Buck
                   int64_t begin, const at::Tensor& dst);
 
 // Counts the gradients each bucket still waits for during one backward pass. Buckets are
-// released strictly in index order: every rank then issues the same collectives in the same
-// order, whatever order autograd happened to produce gradients in.
+// released strictly in one release order (index order until set_order): every rank then issues
+// the same collectives in the same order, whatever order autograd happened to produce gradients
+// in. The release order is the communication order only; the layout (and with it every state
+// and shard) never changes, as DDP's Reducer::rebuild_buckets changes its buckets and nothing
+// else.
 class BucketTracker {
  public:
   explicit BucketTracker(const FlatLayout& layout);
 
+  // Buckets are released in `order` (a permutation of the bucket indices) from the next pass on.
+  void set_order(const std::vector<int>& order);
   // A new pass; `expected` per parameter (layout order), empty: one gradient each.
-  void reset(const std::vector<int>& expected = {});
-  // Records that `param` delivered a gradient; returns how many it delivered in this pass so far.
-  // Throws if its bucket was already released (its reduction would miss this gradient).
+  // `guess_unknown`: a parameter whose count is kUnknownArrivals counts as complete after its
+  // first gradient (its bucket need not wait for the end of backward); a further gradient of it
+  // after its bucket was released is then "late" (mark returns 0), for the caller to reduce on
+  // its own. Without it such a bucket waits for the end of backward.
+  void reset(const std::vector<int>& expected = {}, bool guess_unknown = false);
+  // Records that `param` delivered a gradient; returns how many it delivered in this pass so far,
+  // or 0 for a late gradient of a guessed parameter (see reset). Otherwise throws if its bucket
+  // was already released (its reduction would miss this gradient).
   int mark(int param);
   // The next bucket whose gradients are all in and whose predecessors were released, or -1.
   int next_ready();
   // The next bucket not yet released, ready or not (for the flush after backward), or -1.
   int next_unreleased();
-  // The first bucket not yet released.
+  // Position in the release order of the first bucket not yet released.
   int next() const { return next_; }
+  // Position of bucket `b` in the release order.
+  int position(int b) const { return position_[b]; }
 
  private:
   const FlatLayout& layout_;
-  std::vector<int> missing_;  // per bucket: parameters whose gradients are not all in
+  std::vector<int> order_;     // release position -> bucket
+  std::vector<int> position_;  // bucket -> release position
+  std::vector<int> missing_;   // per bucket: parameters whose gradients are not all in
   std::vector<int> expected_;
   std::vector<int> received_;
+  std::vector<char> guessed_;  // expected_ is a guess of one (see reset)
   int next_ = 0;
 };
 

@@ -50,12 +50,6 @@ void GradHooks::install(Engine::Impl* impl, const std::vector<at::Tensor>& param
   }
 }
 
-void GradHooks::reordered(const std::vector<int>& order) {
-  std::vector<int> new_of_old(order.size());
-  for (size_t k = 0; k < order.size(); ++k) new_of_old[order[k]] = static_cast<int>(k);
-  for (int& li : layout_index_) li = new_of_old[li];
-}
-
 void GradHooks::remove() {
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& slot = torch::autograd::impl::post_acc_grad_hooks(params_[i]);

@@ -27,8 +27,6 @@ class GradHooks {
 
   // Hooks `params` (layout order) so that their gradients reach impl->on_grad(layout index).
   void install(Engine::Impl* impl, const std::vector<at::Tensor>& params);
-  // The layout changed: the parameter at layout index order[k] is now at index k.
-  void reordered(const std::vector<int>& order);
   // Removes this engine's hooks, restoring what they had replaced.
   void remove();
 

@@ -97,12 +97,4 @@ GradOrder::Agreed GradOrder::agreed_order(comm::Group& group, const at::Device& 
   return {std::vector<int>(d + 1, d + 1 + n), static_cast<int>(d[0])};
 }
 
-void GradOrder::reordered(const std::vector<int>& order, const std::vector<at::Tensor>& params) {
-  index(params);
-  std::vector<int> hidden(order.size());
-  for (size_t k = 0; k < order.size(); ++k) hidden[k] = hidden_[order[k]];
-  hidden_ = std::move(hidden);
-  state_ = State::kApplied;
-}
-
 }  // namespace zero

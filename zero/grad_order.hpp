@@ -5,8 +5,9 @@
 // back until backward ends: the loss's autograd graph is walked before backward, and every
 // parameter whose AccumulateGrad node it does not reach counts as delivered (with zeros, which is
 // what its gradient is). And parameters arrive in the order the graph produces them, not in
-// registration order: the first pass records the arrival order, and the layout is rebuilt from
-// rank 0's record once (Engine::Impl::rebuild_layout), so buckets fill front to back.
+// registration order: the first pass records the arrival order, and from rank 0's record the
+// buckets are reduced in the order they completed (Engine::Impl::apply_arrival_order); the
+// layout of the parameters and their states stays.
 //
 // A checkpointed block (zero::checkpoint) runs its own backward inside the outer one: its
 // parameters are invisible to the walk and may deliver several gradients (tied weights shared by
@@ -45,8 +46,8 @@ class GradOrder {
     int arrived = 0;  // how many of `order` delivered a gradient in that pass
   };
   Agreed agreed_order(comm::Group& group, const at::Device& device);
-  // The layout now follows `order` (new index -> old index); `params` in the new layout order.
-  void reordered(const std::vector<int>& order, const std::vector<at::Tensor>& params);
+  // The agreed order is in use: later passes expect the counts the first pass recorded.
+  void applied() { state_ = State::kApplied; }
 
  private:
   enum class State { kObserving, kObserved, kApplied };

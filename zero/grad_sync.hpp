@@ -51,6 +51,9 @@ class GradSync {
   virtual void on_grad(int param, const at::Tensor& grad) = 0;
   // After autograd returned: launches what is left and waits for all of it.
   virtual void end_backward() = 0;
+  // From the next pass on, buckets are reduced in `order` (a permutation of the bucket indices,
+  // the same on every rank) instead of index order; the layout stays as it is.
+  virtual void set_release_order(const std::vector<int>& order) = 0;
   // After a backward that failed: waits for the reductions in flight, returns their buffers and
   // forgets every gradient of the current accumulation window (the next pass starts afresh).
   virtual void abort() = 0;

@@ -4,7 +4,8 @@
 // backward, and the rank's part is added to its shard (kept in grad_accum_dtype).
 //
 // The pool has two buffers of FlatLayout::buffer_numel() elements (at most reduce_bucket_size)
-// and never grows. A bucket may take one only while it is among the next two to be released:
+// and never grows. A bucket may take one only while it is among the next two to be released
+// (in the release order, BucketTracker::set_order):
 // the bucket released next can then always get one (by finishing the oldest reduction if need
 // be). A gradient whose bucket is further ahead (gradients out of bucket order, or a bucket held
 // back by a parameter that has not delivered yet) is kept as autograd produced it, and copied in
@@ -14,6 +15,8 @@
 // chunks through the pool (BucketChunk): the buffers stay bounded by the bucket size, not by
 // the largest parameter, and the gradient is held once, as autograd made it.
 #include <ATen/ATen.h>
+
+#include <algorithm>
 
 #include "optim/cpu_adamw.hpp"
 #include "zero/grad_buckets.hpp"
@@ -35,7 +38,8 @@ class PartitionedGrads final : public GradSync {
         pipeline_(layout.buffer_numel(), layout.chunk_numel(),
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers),
         bucket_buffer_(layout.buckets().size(), -1),
-        deferred_(layout.params().size()) {
+        deferred_(layout.params().size()),
+        late_(layout.params().size()) {
     // In grad_accum_dtype (bf16: half of an fp32 shard), the values accumulate()'s rounding gives.
     shard_ =
         opts.host_shard
@@ -51,16 +55,26 @@ class PartitionedGrads final : public GradSync {
 
   void begin_backward(bool /*boundary: every pass is reduced*/,
                       const std::vector<int>& expected) override {
-    tracker_.reset(expected);
+    // A first pass through checkpointed blocks cannot know how many gradients their parameters
+    // deliver: guess one each, so that buckets are released as they fill instead of the whole
+    // gradient waiting for the end of backward; a parameter that delivers more (one shared by
+    // several blocks) has its later gradients reduced once backward ended (end_backward).
+    guessing_ = std::count(expected.begin(), expected.end(), kUnknownArrivals) > 0;
+    tracker_.reset(expected, /*guess_unknown=*/true);
     std::fill(bucket_buffer_.begin(), bucket_buffer_.end(), -1);
     launch_ready();  // buckets whose parameters the loss does not reach at all
   }
 
   void on_grad(int param, const at::Tensor& grad) override {
     const ParamSlot& p = layout_.params()[param];
-    const bool first = tracker_.mark(param) == 1;
+    const int arrived = tracker_.mark(param);
+    if (arrived == 0) {  // its bucket was reduced already: see begin_backward
+      late_[param] = late_[param].defined() ? late_[param] + grad : grad;
+      return;
+    }
+    const bool first = arrived == 1;
     if (bucket_buffer_[p.bucket] < 0 && fits(p.bucket) &&
-        p.bucket < tracker_.next() + kPoolBuffers) {
+        tracker_.position(p.bucket) < tracker_.next() + kPoolBuffers) {
       take_buffer(p.bucket);
     }
     if (bucket_buffer_[p.bucket] >= 0) {
@@ -79,16 +93,20 @@ class PartitionedGrads final : public GradSync {
       launch(b);
       ++counters_.launched_after_backward;
     }
+    if (guessing_) launch_late();
     counters_.wait_seconds += pipeline_.drain();
     // Offload: the host shard is read by the step from now on, so every copy lands here.
     if (to_host_) to_host_->finish();
   }
+
+  void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
 
   void abort() override {
     pipeline_.abort();
     if (to_host_) to_host_->abort();
     std::fill(bucket_buffer_.begin(), bucket_buffer_.end(), -1);
     for (auto& d : deferred_) d.reset();
+    for (auto& d : late_) d.reset();
     tracker_.reset();
     shard_.zero_();
   }
@@ -156,9 +174,48 @@ class PartitionedGrads final : public GradSync {
            shard_.narrow(0, bucket.shard_offset, S), "");
   }
 
-  // A bucket larger than a buffer: chunk by chunk from autograd's gradients, each chunk through
-  // a pool buffer (acquire finishes the oldest reduction when both are busy).
-  void launch_chunked(int b) {
+  // The gradients that arrived after their bucket was reduced on a guessing pass, reduced bucket
+  // by bucket, in index order, and added to the shard. Every rank runs the same model, so the
+  // same buckets have late gradients; the ranks still agree on which first (one small
+  // all-reduce on that one pass), since a reduction one rank skips would hang the others.
+  void launch_late() {
+    const int64_t n = static_cast<int64_t>(layout_.buckets().size());
+    at::Tensor flags = at::zeros({n}, at::TensorOptions().dtype(at::kFloat).device(opts_.device));
+    std::vector<float> mine(n, 0.0f);
+    for (size_t p = 0; p < late_.size(); ++p) {
+      if (late_[p].defined()) mine[layout_.params()[p].bucket] = 1.0f;
+    }
+    flags.copy_(at::tensor(mine));
+    group_.all_reduce_sum(flags, "all_reduce of the buckets with late gradients").wait();
+    flags = flags.cpu();
+    for (int b = 0; b < n; ++b) {
+      if (flags[b].item<float>() == 0.0f) continue;
+      if (!fits(b)) {
+        launch_chunked(b, late_);
+        continue;
+      }
+      const BucketSlot& bucket = layout_.buckets()[b];
+      const int buf = pipeline_.acquire();
+      TORCH_INTERNAL_ASSERT(buf >= 0, "zero: no free bucket buffer for bucket ", b);
+      at::Tensor in = pipeline_.buffer(buf).in.narrow(0, 0, bucket.shard.padded_numel());
+      in.zero_();
+      for (int param : bucket.params) {
+        if (!late_[param].defined()) continue;
+        const ParamSlot& p = layout_.params()[param];
+        in.narrow(0, p.flat_offset - bucket.flat_offset, p.numel)
+            .add_(late_[param].reshape({-1}).to(in.scalar_type()));
+        late_[param].reset();
+      }
+      reduce(b, buf, in, shard_.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()),
+             " (gradients after its first reduction)");
+    }
+  }
+
+  // A bucket larger than a buffer: chunk by chunk from autograd's gradients (`grads`, per
+  // parameter), each chunk through a pool buffer (acquire finishes the oldest reduction when
+  // both are busy).
+  void launch_chunked(int b) { launch_chunked(b, deferred_); }
+  void launch_chunked(int b, std::vector<at::Tensor>& grads) {
     const BucketSlot& bucket = layout_.buckets()[b];
     const std::vector<BucketChunk> chunks = bucket_chunks(bucket, layout_.chunk_numel());
     for (size_t k = 0; k < chunks.size(); ++k) {
@@ -168,14 +225,14 @@ class PartitionedGrads final : public GradSync {
       at::Tensor in = pipeline_.buffer(buf).in.narrow(0, 0, layout_.world() * c.numel);
       in.zero_();  // padding and parameters without a gradient in this pass
       for (int param : bucket.params) {
-        if (!deferred_[param].defined()) continue;
+        if (!grads[param].defined()) continue;
         pack_chunk(in, bucket, c, layout_.params()[param].flat_offset - bucket.flat_offset,
-                   deferred_[param].reshape({-1}));
+                   grads[param].reshape({-1}));
       }
       reduce(b, buf, in, shard_.narrow(0, bucket.shard_offset + c.offset, c.numel),
              " (chunk " + std::to_string(k) + ")");
     }
-    for (int param : bucket.params) deferred_[param].reset();
+    for (int param : bucket.params) grads[param].reset();
   }
 
   // Reduces `in` (world x mine.numel() elements, communication dtype) and adds this rank's
@@ -214,6 +271,8 @@ class PartitionedGrads final : public GradSync {
   BucketPipeline pipeline_;
   std::vector<int> bucket_buffer_;    // pool buffer of each bucket in this pass, or -1
   std::vector<at::Tensor> deferred_;  // gradients waiting for their bucket's buffer
+  std::vector<at::Tensor> late_;      // gradients after their bucket's reduction (see on_grad)
+  bool guessing_ = false;             // this pass guesses some counts (begin_backward)
   at::Tensor shard_;
   std::unique_ptr<GradToHost> to_host_;  // optimizer offload only
 };

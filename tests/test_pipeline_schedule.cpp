@@ -1,0 +1,442 @@
+// Pipeline schedules as data (zero/pipeline/): each stage's instruction list for GPipe, 1F1B and
+// interleaved 1F1B, and the simulator that runs all stages' lists together. The references are
+// closed forms from the papers, not the code under test:
+//   bubble, GPipe and 1F1B (Huang et al. 2019, GPipe §2.3; Narayanan et al. 2021, Megatron-LM
+//     §2.2.1): with equal stages and free links every stage idles (P-1)·(t_f+t_b) of a step of
+//     (m+P-1)·(t_f+t_b), a fraction (P-1)/(m+P-1), whatever t_b/t_f;
+//   bubble, interleaved (Narayanan et al. 2021 §2.2.2): the idle time shrinks by v, to
+//     (P-1)·(t_f+t_b)/v, a fraction (P-1)/(v·m+P-1) of the step;
+//   activations held: GPipe all m micro-batches; 1F1B at most P-s on stage s (PipeDream-Flush,
+//     Narayanan et al. 2021 §2.2.1), min(P-s, m); interleaved on the first stage
+//     P·(1 + (P-1)/(P·v)) micro-batches' worth (Korthikanti et al. 2022, §4.2.3 / appendix);
+//   GPipe with a link latency L: the forward wave and the backward wave each cross P-1 links,
+//     so the step is (m+P-1)·(t_f+t_b) + 2·(P-1)·L (worked out by hand in the test).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "zero/pipeline/figures.hpp"
+#include "zero/pipeline/schedule.hpp"
+#include "zero/pipeline/simulate.hpp"
+
+namespace zero::pipeline {
+namespace {
+
+constexpr ScheduleKind kFlat[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB};
+
+std::string label(ScheduleKind kind, int p, int m, int v = 1) {
+  return std::string(schedule_name(kind)) + " P=" + std::to_string(p) + " m=" + std::to_string(m) +
+         " v=" + std::to_string(v);
+}
+
+std::vector<int> micro_batches_of(const std::vector<Instruction>& list, Op op, int chunk = 0) {
+  std::vector<int> out;
+  for (const auto& ins : list)
+    if (ins.op == op && ins.chunk == chunk) out.push_back(ins.micro_batch);
+  return out;
+}
+
+int position(const std::vector<Instruction>& list, Instruction ins) {
+  auto it = std::find(list.begin(), list.end(), ins);
+  return it == list.end() ? -1 : static_cast<int>(it - list.begin());
+}
+
+// Read from the lists alone, not the simulator: each stage forwards and backwards every
+// micro-batch once, the forward first, with the receive right before and the send right after
+// it, and ends with ReduceGrads then OptimizerStep.
+TEST(PipelineSchedule, EveryMicroBatchOnceForwardBeforeBackward) {
+  for (auto kind : kFlat)
+    for (int p = 1; p <= 8; ++p)
+      for (int m = 1; m <= 16; ++m) {
+        Schedule sched = make_schedule(kind, p, m);
+        ASSERT_EQ(sched.per_stage.size(), size_t(p));
+        for (int s = 0; s < p; ++s) {
+          SCOPED_TRACE(label(kind, p, m) + " stage " + std::to_string(s));
+          const auto& list = sched.per_stage[s];
+          std::vector<int> all(m);
+          for (int k = 0; k < m; ++k) all[k] = k;
+          auto fwd = micro_batches_of(list, Op::Forward);
+          auto bwd = micro_batches_of(list, Op::Backward);
+          std::sort(fwd.begin(), fwd.end());
+          std::sort(bwd.begin(), bwd.end());
+          EXPECT_EQ(fwd, all);
+          EXPECT_EQ(bwd, all);
+          for (int k = 0; k < m; ++k) {
+            int f = position(list, {Op::Forward, k});
+            int b = position(list, {Op::Backward, k});
+            EXPECT_LT(f, b) << "micro-batch " << k;
+            if (s > 0) EXPECT_EQ(position(list, {Op::RecvActivation, k}), f - 1);
+            if (s < p - 1) EXPECT_EQ(position(list, {Op::SendActivation, k}), f + 1);
+            if (s < p - 1) EXPECT_EQ(position(list, {Op::RecvGrad, k}), b - 1);
+            if (s > 0) EXPECT_EQ(position(list, {Op::SendGrad, k}), b + 1);
+          }
+          // The first stage receives nothing, the last sends nothing onward.
+          if (s == 0) EXPECT_TRUE(micro_batches_of(list, Op::RecvActivation).empty());
+          if (s == p - 1) EXPECT_TRUE(micro_batches_of(list, Op::SendActivation).empty());
+          ASSERT_GE(list.size(), 2u);
+          EXPECT_EQ(list[list.size() - 2], (Instruction{Op::ReduceGrads}));
+          EXPECT_EQ(list.back(), (Instruction{Op::OptimizerStep}));
+        }
+      }
+}
+
+// Each link carries its messages in order, so a stage must send in the order its neighbour
+// receives: activations s -> s+1, gradients s+1 -> s. And the whole step runs to the end.
+TEST(PipelineSchedule, SendsAndReceivesPairUpBetweenNeighbours) {
+  for (auto kind : kFlat)
+    for (int p = 1; p <= 8; ++p)
+      for (int m = 1; m <= 16; ++m) {
+        SCOPED_TRACE(label(kind, p, m));
+        Schedule sched = make_schedule(kind, p, m);
+        for (int s = 0; s + 1 < p; ++s) {
+          const auto& here = sched.per_stage[s];
+          const auto& next = sched.per_stage[s + 1];
+          EXPECT_EQ(micro_batches_of(here, Op::SendActivation),
+                    micro_batches_of(next, Op::RecvActivation))
+              << "stage " << s;
+          EXPECT_EQ(micro_batches_of(next, Op::SendGrad), micro_batches_of(here, Op::RecvGrad))
+              << "stage " << s;
+          EXPECT_EQ(micro_batches_of(here, Op::SendActivation).size(), size_t(m));
+        }
+        EXPECT_NO_THROW(simulate(sched));
+      }
+}
+
+// Causality on the simulator's clock, by virtual stage (chunk c of stage s is c·P + s; without
+// interleaving, the stage): micro-batch k's forward starts after it ended on the virtual stage
+// before (plus the link's latency when that is another stage), its backward after it ended on
+// the one after; no stage runs two things at once.
+void expect_causal(const Schedule& sched) {
+  int p = sched.stages;
+  int m = sched.micro_batches;
+  int v = sched.virtual_stages;
+  OpTimes t;
+  t.forward = 1.0;
+  t.backward = 2.5;
+  t.send_latency = 0.125;
+  SimulationResult r = simulate(sched, t);
+  std::map<std::pair<int, int>, TimedInstruction> fwd, bwd;  // (virtual stage, micro-batch)
+  for (int s = 0; s < p; ++s) {
+    double prev_end = 0;
+    for (const auto& ti : r.stages[s].timeline) {
+      EXPECT_GE(ti.start, prev_end);
+      prev_end = ti.end;
+      std::pair key(ti.ins.chunk * p + s, ti.ins.micro_batch);
+      if (ti.ins.op == Op::Forward) fwd[key] = ti;
+      if (ti.ins.op == Op::Backward) bwd[key] = ti;
+    }
+  }
+  auto f = [&](int vs, int k) { return fwd.at(std::pair(vs, k)); };
+  auto b = [&](int vs, int k) { return bwd.at(std::pair(vs, k)); };
+  double link = p > 1 ? t.send_latency : 0;
+  for (int vs = 0; vs < p * v; ++vs)
+    for (int k = 0; k < m; ++k) {
+      if (vs > 0) EXPECT_GE(f(vs, k).start, f(vs - 1, k).end + link);
+      if (vs + 1 < p * v) EXPECT_GE(b(vs, k).start, b(vs + 1, k).end + link);
+      EXPECT_GE(b(vs, k).start, f(vs, k).end);
+    }
+}
+
+TEST(PipelineSchedule, SimulatedTimesRespectDependencies) {
+  for (auto kind : kFlat)
+    for (int p : {1, 2, 3, 5, 8})
+      for (int m : {1, 2, 7, 16}) {
+        SCOPED_TRACE(label(kind, p, m));
+        expect_causal(make_schedule(kind, p, m));
+      }
+  for (int p : {1, 2, 4})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p, 4 * p}) {
+        SCOPED_TRACE(label(ScheduleKind::Interleaved, p, m, v));
+        expect_causal(make_schedule(ScheduleKind::Interleaved, p, m, v));
+      }
+}
+
+// Same work, different order: GPipe and 1F1B run the same forwards and backwards on each stage.
+TEST(PipelineSchedule, GPipeAndOneFOneBDoEqualWork) {
+  for (int p = 1; p <= 8; ++p)
+    for (int m = 1; m <= 16; ++m) {
+      SCOPED_TRACE(label(ScheduleKind::OneFOneB, p, m));
+      Schedule g = make_schedule(ScheduleKind::GPipe, p, m);
+      Schedule o = make_schedule(ScheduleKind::OneFOneB, p, m);
+      for (int s = 0; s < p; ++s) {
+        auto sorted = [](std::vector<Instruction> l) {
+          std::sort(l.begin(), l.end(), [](const Instruction& a, const Instruction& b) {
+            return std::pair(int(a.op), a.micro_batch) < std::pair(int(b.op), b.micro_batch);
+          });
+          return l;
+        };
+        EXPECT_EQ(sorted(g.per_stage[s]), sorted(o.per_stage[s])) << "stage " << s;
+      }
+      SimulationResult rg = simulate(g), ro = simulate(o);
+      for (int s = 0; s < p; ++s) {
+        EXPECT_DOUBLE_EQ(rg.stages[s].busy, m * 3.0);  // m·(t_f + t_b), t_b = 2·t_f = 2
+        EXPECT_DOUBLE_EQ(ro.stages[s].busy, m * 3.0);
+      }
+    }
+}
+
+// The textbook bubble (P-1)/(m+P-1) on every stage, for both schedules, at two t_b/t_f ratios;
+// and the step (m+P-1)·(t_f+t_b).
+TEST(PipelineSchedule, BubbleIsTheTextbookFraction) {
+  for (auto kind : kFlat)
+    for (double tb : {2.0, 3.0})
+      for (int p = 1; p <= 8; ++p)
+        for (int m = 1; m <= 16; ++m) {
+          SCOPED_TRACE(label(kind, p, m) + " t_b=" + std::to_string(tb));
+          OpTimes t;
+          t.forward = 1.0;
+          t.backward = tb;
+          SimulationResult r = simulate(make_schedule(kind, p, m), t);
+          double expected = double(p - 1) / (m + p - 1);
+          EXPECT_NEAR(r.makespan, (m + p - 1) * (1.0 + tb), 1e-9);
+          EXPECT_NEAR(r.bubble_fraction, expected, 1e-12);
+          for (int s = 0; s < p; ++s) EXPECT_NEAR(r.stages[s].idle_fraction, expected, 1e-12);
+        }
+}
+
+// Measured for the table (m = 4, 8, 16): printed, and equal to the closed form.
+TEST(PipelineSchedule, BubbleTableForFourStages) {
+  for (int m : {4, 8, 16})
+    for (auto kind : kFlat) {
+      PipelineFigures f = pipeline_figures(kind, 4, m);
+      std::printf("P=4 m=%2d %-5s bubble %.4f (formula %.4f), first stage holds %d\n", m,
+                  std::string(schedule_name(kind)).c_str(), f.bubble_fraction,
+                  f.textbook_bubble_fraction, f.peak_in_flight[0]);
+      EXPECT_NEAR(f.bubble_fraction, 3.0 / (m + 3), 1e-12);
+    }
+}
+
+// GPipe with a link latency L: (m+P-1)·(t_f+t_b) + 2·(P-1)·L. By hand: the last stage's
+// forward of micro-batch m-1 ends at (m+P-1)·t_f + (P-1)·L (the forward wave crosses P-1
+// links; after it the stages are never starved since each forward takes as long on every
+// stage); the last stage then runs its m backwards back to back, and the last backward crosses
+// P-1 links and stages back to stage 0: + m·t_b + (P-1)·(t_b + L).
+TEST(PipelineSchedule, GPipeLatencyCrossesEachLinkTwice) {
+  for (int p = 1; p <= 8; ++p)
+    for (int m : {1, 3, 8, 16}) {
+      OpTimes t;
+      t.forward = 1.0;
+      t.backward = 2.0;
+      t.send_latency = 0.25;
+      SimulationResult r = simulate(make_schedule(ScheduleKind::GPipe, p, m), t);
+      EXPECT_DOUBLE_EQ(r.makespan, (m + p - 1) * 3.0 + 2 * (p - 1) * 0.25)
+          << label(ScheduleKind::GPipe, p, m);
+    }
+}
+
+// Unequal stages, GPipe: each phase is a flow shop of m identical jobs through P machines,
+// whose makespan is the sum of the P stage times plus (m-1) times the slowest (the bottleneck
+// paces every job after the first). The backward phase starts when the last stage's last
+// forward ends, and no stage is still forwarding then, so the step is
+//   Σ f_s + (m-1)·max f_s + Σ b_s + (m-1)·max b_s.
+TEST(PipelineSchedule, GPipeWithUnequalStagesIsPacedByTheSlowest) {
+  std::vector<double> scale = {1.0, 2.5, 0.5, 1.5};
+  double sum = 0, slowest = 0;
+  for (double x : scale) sum += x, slowest = std::max(slowest, x);
+  for (int m : {1, 2, 5, 16}) {
+    OpTimes t;
+    t.forward = 1.0;
+    t.backward = 2.0;
+    t.stage_scale = scale;
+    SimulationResult r = simulate(make_schedule(ScheduleKind::GPipe, 4, m), t);
+    EXPECT_DOUBLE_EQ(r.makespan, 3.0 * (sum + (m - 1) * slowest)) << "m=" << m;
+    // Stage 1 is the bottleneck: it idles least.
+    for (int s : {0, 2, 3}) EXPECT_GT(r.stages[s].idle_fraction, r.stages[1].idle_fraction);
+  }
+  OpTimes wrong;
+  wrong.stage_scale = {1.0, 2.0};
+  EXPECT_THROW(simulate(make_schedule(ScheduleKind::GPipe, 4, 4), wrong), std::invalid_argument);
+}
+
+// GPipe holds every micro-batch's activations before the first backward; 1F1B at most P-s.
+TEST(PipelineSchedule, PeakInFlightActivations) {
+  for (int p = 1; p <= 8; ++p)
+    for (int m = 1; m <= 16; ++m) {
+      SCOPED_TRACE(label(ScheduleKind::OneFOneB, p, m));
+      SimulationResult g = simulate(make_schedule(ScheduleKind::GPipe, p, m));
+      SimulationResult o = simulate(make_schedule(ScheduleKind::OneFOneB, p, m));
+      for (int s = 0; s < p; ++s) {
+        EXPECT_EQ(g.stages[s].peak_in_flight, m) << "stage " << s;
+        EXPECT_EQ(o.stages[s].peak_in_flight, std::min(p - s, m)) << "stage " << s;
+      }
+    }
+}
+
+// Interleaved: m a multiple of P, v = 2..4 chunks per stage. Every (micro-batch, chunk) once per
+// stage, the step runs, the bubble is (P-1)/(v·m+P-1), and the first stage holds
+// P·(1 + (P-1)/(P·v)) micro-batches' worth of activations once v·m is large enough to fill it.
+TEST(PipelineSchedule, InterleavedMeetsMegatronsFormulas) {
+  for (int p = 1; p <= 8; ++p)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = p; m <= 16; m += p) {
+        SCOPED_TRACE(label(ScheduleKind::Interleaved, p, m, v));
+        Schedule sched = make_schedule(ScheduleKind::Interleaved, p, m, v);
+        for (int s = 0; s < p; ++s)
+          for (int c = 0; c < v; ++c) {
+            auto fwd = micro_batches_of(sched.per_stage[s], Op::Forward, c);
+            auto bwd = micro_batches_of(sched.per_stage[s], Op::Backward, c);
+            std::sort(fwd.begin(), fwd.end());
+            std::sort(bwd.begin(), bwd.end());
+            ASSERT_EQ(fwd.size(), size_t(m));
+            ASSERT_EQ(bwd.size(), size_t(m));
+            for (int k = 0; k < m; ++k) EXPECT_EQ(fwd[k], k);
+            for (int k = 0; k < m; ++k) EXPECT_EQ(bwd[k], k);
+          }
+        PipelineFigures f = pipeline_figures(ScheduleKind::Interleaved, p, m, v);
+        EXPECT_NEAR(f.bubble_fraction, double(p - 1) / (v * m + p - 1), 1e-12);
+        double korthikanti = p * (1.0 + double(p - 1) / (p * v));
+        if (v * m >= korthikanti * v)
+          EXPECT_NEAR(f.peak_activation_micro_batches[0], korthikanti, 1e-12);
+        // Never more than everything, never less than 1F1B's P (or m) on the first stage.
+        EXPECT_LE(f.peak_in_flight[0], v * m);
+        EXPECT_GE(f.peak_activation_micro_batches[0], std::min(p, m));
+      }
+}
+
+// Interleaving beats 1F1B's bubble by v at the same P and m.
+TEST(PipelineSchedule, InterleavedBubbleIsSmaller) {
+  PipelineFigures flat = pipeline_figures(ScheduleKind::OneFOneB, 4, 8);
+  PipelineFigures inter = pipeline_figures(ScheduleKind::Interleaved, 4, 8, 2);
+  EXPECT_NEAR(flat.bubble_fraction, 3.0 / 11, 1e-12);
+  EXPECT_NEAR(inter.bubble_fraction, 3.0 / 19, 1e-12);
+  // v = 1 is plain 1F1B.
+  EXPECT_EQ(make_schedule(ScheduleKind::Interleaved, 4, 6, 1).per_stage,
+            make_schedule(ScheduleKind::OneFOneB, 4, 6).per_stage);
+}
+
+template <class E>
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(PipelineSchedule, BadShapesNameTheNumbers) {
+  using IA = std::invalid_argument;
+  EXPECT_NE(error_of<IA>([] { one_f_one_b_schedule(0, 4, 0); }).find("stages is 0"),
+            std::string::npos);
+  EXPECT_NE(error_of<IA>([] { gpipe_schedule(4, 0, 0); }).find("micro-batches"), std::string::npos);
+  EXPECT_NE(error_of<IA>([] { gpipe_schedule(4, -2, 0); }).find("is -2"), std::string::npos);
+  EXPECT_NE(error_of<IA>([] { one_f_one_b_schedule(4, 8, 4); }).find("stage 4 is outside 0..3"),
+            std::string::npos);
+  EXPECT_NE(error_of<IA>([] { one_f_one_b_schedule(4, 8, -1); }).find("stage -1"),
+            std::string::npos);
+  EXPECT_NE(error_of<IA>([] {
+              interleaved_schedule(4, 6, 0, 2);
+            }).find("multiple of stages: 6 micro-batches on 4 stages (use 8"),
+            std::string::npos);
+  EXPECT_NE(error_of<IA>([] { interleaved_schedule(4, 8, 0, 0); }).find("virtual stages"),
+            std::string::npos);
+  EXPECT_NE(error_of<IA>([] { make_schedule(ScheduleKind::GPipe, 4, 8, 2); }).find("interleaved"),
+            std::string::npos);
+  EXPECT_NE(error_of<IA>([] { parse_schedule_kind("pipedream"); }).find("'pipedream'"),
+            std::string::npos);
+  EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::OneFOneB);
+  EXPECT_EQ(parse_schedule_kind("gpipe"), ScheduleKind::GPipe);
+  EXPECT_EQ(parse_schedule_kind("interleaved"), ScheduleKind::Interleaved);
+  OpTimes negative;
+  negative.forward = -1;
+  EXPECT_THROW(simulate(make_schedule(ScheduleKind::GPipe, 2, 2), negative), IA);
+}
+
+// Broken schedules: the simulator must refuse each, naming the stage, the instruction and the
+// micro-batch, rather than report a makespan.
+TEST(PipelineSchedule, SimulatorRefusesBrokenSchedules) {
+  auto broken = [](auto edit) {
+    Schedule s = make_schedule(ScheduleKind::OneFOneB, 3, 4);
+    edit(s.per_stage);
+    return error_of<ScheduleError>([&] { simulate(s); });
+  };
+  auto swap_first = [](std::vector<Instruction>& l, Instruction a, Instruction b) {
+    std::iter_swap(std::find(l.begin(), l.end(), a), std::find(l.begin(), l.end(), b));
+  };
+  // Stage 1 receives micro-batch 1 before 0: the link holds 0 first.
+  std::string mismatch = broken([&](auto& ps) {
+    swap_first(ps[1], {Op::RecvActivation, 0}, {Op::RecvActivation, 1});
+  });
+  EXPECT_NE(mismatch.find("stage 1 RecvActivation(micro-batch 1) meets stage 0's "
+                          "SendActivation(micro-batch 0) first"),
+            std::string::npos)
+      << mismatch;
+  // Stage 0 waits for a gradient before sending anything: both ends wait.
+  std::string deadlock = broken([](auto& ps) {
+    ps[0].insert(ps[0].begin(), Instruction{Op::RecvGrad, 0});
+    ps[0].erase(std::find(ps[0].begin() + 1, ps[0].end(), Instruction{Op::RecvGrad, 0}));
+  });
+  EXPECT_NE(deadlock.find("deadlocks"), std::string::npos) << deadlock;
+  EXPECT_NE(deadlock.find("stage 0 waits in RecvGrad(micro-batch 0)"), std::string::npos)
+      << deadlock;
+  EXPECT_NE(deadlock.find("stage 1 waits in RecvActivation(micro-batch 0)"), std::string::npos)
+      << deadlock;
+  // A send left out: stage 1 waits forever for the activation stage 0 never sends ...
+  std::string unsent = broken([](auto& ps) {
+    ps[0].erase(std::find(ps[0].begin(), ps[0].end(), Instruction{Op::SendActivation, 3}));
+  });
+  EXPECT_NE(unsent.find("stage 1 waits in RecvActivation(micro-batch 3)"), std::string::npos)
+      << unsent;
+  // ... and stage 0 for the last gradient stage 1 never sends, though it ran to its end.
+  std::string unsent_grad = broken([](auto& ps) {
+    ps[1].erase(std::find(ps[1].begin(), ps[1].end(), Instruction{Op::SendGrad, 3}));
+  });
+  EXPECT_NE(unsent_grad.find("stage 0 waits in RecvGrad(micro-batch 3) (instruction"),
+            std::string::npos)
+      << unsent_grad;
+  EXPECT_NE(unsent_grad.find("for stage 1, which finished its list without sending it"),
+            std::string::npos)
+      << unsent_grad;
+  // A receive left out: the send is never received, and the forward has no input.
+  std::string unreceived = broken([](auto& ps) {
+    ps[2].erase(std::find(ps[2].begin(), ps[2].end(), Instruction{Op::RecvActivation, 2}));
+  });
+  EXPECT_NE(unreceived.find("stage 2 Forward(micro-batch 2) comes before its input"),
+            std::string::npos)
+      << unreceived;
+  // A backward left out.
+  std::string no_backward = broken([](auto& ps) {
+    ps[0].erase(std::find(ps[0].begin(), ps[0].end(), Instruction{Op::Backward, 3}));
+  });
+  EXPECT_NE(no_backward.find("stage 0 ReduceGrads comes before Backward(micro-batch 3)"),
+            std::string::npos)
+      << no_backward;
+  // A forward run twice.
+  std::string twice = broken([](auto& ps) {
+    ps[2].insert(ps[2].end() - 2, Instruction{Op::Forward, 1});
+  });
+  EXPECT_NE(twice.find("stage 2 Forward(micro-batch 1) runs twice"), std::string::npos) << twice;
+  // A backward before its forward.
+  std::string early = broken([&](auto& ps) {
+    swap_first(ps[2], {Op::Forward, 0}, {Op::Backward, 0});
+  });
+  EXPECT_NE(early.find("stage 2 Backward(micro-batch 0) comes before Forward(micro-batch 0)"),
+            std::string::npos)
+      << early;
+  // Interleaved (P = 2, v = 2): chunk 1 of stage 0 receives micro-batch 1 before 0 from stage 1;
+  // the error names the chunks.
+  Schedule inter = make_schedule(ScheduleKind::Interleaved, 2, 2, 2);
+  auto& l0 = inter.per_stage[0];
+  std::iter_swap(std::find(l0.begin(), l0.end(), Instruction{Op::RecvActivation, 0, 1}),
+                 std::find(l0.begin(), l0.end(), Instruction{Op::RecvActivation, 1, 1}));
+  std::string chunked = error_of<ScheduleError>([&] { simulate(inter); });
+  EXPECT_NE(chunked.find("stage 0 RecvActivation(micro-batch 1, chunk 1) meets stage 1's "
+                         "SendActivation(micro-batch 0, chunk 0) first"),
+            std::string::npos)
+      << chunked;
+  // An extra send nobody receives.
+  std::string extra = broken([](auto& ps) {
+    ps[0].insert(ps[0].end() - 2, Instruction{Op::SendActivation, 3});
+  });
+  EXPECT_NE(extra.find("stage 0's SendActivation(micro-batch 3) to stage 1 is never received"),
+            std::string::npos)
+      << extra;
+}
+
+}  // namespace
+}  // namespace zero::pipeline
