@@ -1,7 +1,9 @@
 // cpu-adam: the offload optimizer's AdamW step on one rank's host shard, against torch's CPU
 // AdamW variants and the memory bandwidth, side by side in one run.
 //
-//   build/bench/cpu-adam [numel] [--threads T]      (default: 100M elements, torch's threads)
+//   build/bench/cpu-adam [numel] [--threads T] [--host-threads H]
+//   (default: 100M elements, torch's threads; H: the offload optimizer's own thread count,
+//   zero_optimization.offload_optimizer.threads, 0 = torch's)
 //
 // Variants, each the median of several steps on the same fp32 shard (weight decay on):
 //   ours+bf16   optim::make_cpu_adamw, update and the bf16 copy of the new weights in one pass
@@ -11,6 +13,9 @@
 //   foreach     torch.optim.AdamW(foreach=True)'s op sequence (at::_foreach_*), the shard as
 //               100 parameters
 //   torch       torch::optim::AdamW::step (the C++ API: op by op, no foreach flag)
+//   *           with grad_scale 3, a scale that is no power of two (what the engine passes while
+//               clipping is active): a true division per element (ATen also writes the
+//               unscaled gradient back, 4 bytes per element the B/el column does not count)
 //   bound       the fastest of copy_, a threaded memcpy and an in-place add, in bytes read +
 //               written per second; % bound = the row's bytes per second / that
 #include <ATen/ATen.h>
@@ -48,9 +53,12 @@ constexpr double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01;
 
 int main(int argc, char** argv) {
   int64_t n = 100'000'000;
+  int host_threads = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       at::set_num_threads(std::stoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--host-threads") && i + 1 < argc) {
+      host_threads = std::stoi(argv[++i]);
     } else {
       n = std::stoll(argv[i]);
     }
@@ -58,8 +66,9 @@ int main(int argc, char** argv) {
   at::NoGradGuard no_grad;
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const int iters = 5;
-  std::printf("%lld fp32 elements, %d threads, median of %d steps\n\n", static_cast<long long>(n),
-              at::get_num_threads(), iters);
+  std::printf("%lld fp32 elements, %d threads (ours: %d), median of %d steps\n\n",
+              static_cast<long long>(n), at::get_num_threads(),
+              host_threads > 0 ? host_threads : at::get_num_threads(), iters);
 
   // The bound: the fastest of three ways to move bytes (read + write counted), on buffers of
   // 15 bytes per element each way (the bf16 variant's 30), large enough that no cache helps:
@@ -94,7 +103,7 @@ int main(int argc, char** argv) {
 
   {
     zero::optim::AdamWOptions o{b1, b2, eps, wd};
-    auto opt = zero::optim::make_cpu_adamw(o, n, {{0, n}}, f32);
+    auto opt = zero::optim::make_cpu_adamw(o, n, {{0, n}}, f32, {host_threads, false});
     at::Tensor p = p0.clone(), out = at::empty({n}, f32.dtype(at::kBFloat16));
     rows.push_back({"ours+bf16",
                     median_seconds(iters,
@@ -104,6 +113,15 @@ int main(int argc, char** argv) {
                                    }),
                     30});
     rows.push_back({"ours", median_seconds(iters, [&] { opt->step(p, g, lr); }), 28});
+    // With an active clip the scale is no power of two: a true division per element.
+    const at::Tensor scale = at::full({1}, 3.0f), no_inf = at::zeros({1});
+    rows.push_back({"ours+bf16*",
+                    median_seconds(iters,
+                                   [&] {
+                                     opt->begin_step(p, g, lr);
+                                     opt->update_to(p, g, lr, {scale, no_inf}, {0, n}, out);
+                                   }),
+                    30});
   }
   {
     at::Tensor p = p0.clone(), m = at::zeros({n}, f32), v = at::zeros({n}, f32);
@@ -117,6 +135,19 @@ int main(int argc, char** argv) {
                     median_seconds(iters,
                                    [&] {
                                      step();
+                                     out.copy_(p);
+                                   }),
+                    30});
+    // The same with grad_scale 3, as the engine passes it under clipping (ATen also writes the
+    // unscaled gradient back: 4 bytes more per element, not counted; g3 shrinks by 3 a step).
+    const at::Tensor scale = at::full({1}, 3.0f);
+    at::Tensor g3 = g.clone();
+    rows.push_back({"fused+bf16*",
+                    median_seconds(iters,
+                                   [&] {
+                                     st.add_(1);
+                                     at::_fused_adamw_({p}, {g3}, {m}, {v}, {}, {st}, lr, b1, b2,
+                                                       wd, eps, false, false, scale);
                                      out.copy_(p);
                                    }),
                     30});
@@ -157,15 +188,15 @@ int main(int argc, char** argv) {
     if (r.name == "foreach") foreach_s = r.seconds;
   }
   std::printf(
-      "| step       | time (ms) | Gelem/s | GB/s (B/el) | %% of copy bound | x foreach |\n");
+      "| step        | time (ms) | Gelem/s | GB/s (B/el) | %% of copy bound | x foreach |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     const double gbs = r.bytes * n / r.seconds / 1e9;
-    std::printf("| %-10s | %9.1f | %7.3f | %6.2f (%2.0f) | %14.0f%% | %8.2f |\n", r.name.c_str(),
+    std::printf("| %-11s | %9.1f | %7.3f | %6.2f (%2.0f) | %14.0f%% | %8.2f |\n", r.name.c_str(),
                 r.seconds * 1e3, n / r.seconds / 1e9, gbs, r.bytes, 100.0 * gbs * 1e9 / copy_bw,
                 foreach_s / r.seconds);
   }
-  std::printf("| bound      |           |         | %6.2f      |            100%% |          |\n",
+  std::printf("| bound       |           |         | %6.2f      |            100%% |          |\n",
               copy_bw / 1e9);
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "comm/c10d_group.hpp"
 
+#include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -16,6 +17,9 @@ namespace zero::comm {
 namespace {
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// The host copy a staged operation runs on; `t` itself when it is on the host already.
+at::Tensor on_host(const at::Tensor& t) { return t.is_cpu() ? t : t.cpu(); }
 
 std::string join(const std::vector<int>& v) {
   std::string s;
@@ -66,6 +70,10 @@ void C10dGroup::check_peer(int r, const char* role, const std::string& what) con
               " rank ", r, " must be another rank of this group, in [0, ", p_.size, ")");
 }
 
+bool C10dGroup::staged() const {
+  return p_.opts.device != c10::DeviceType::CPU && p_.opts.device != c10::DeviceType::CUDA;
+}
+
 Work C10dGroup::wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const {
   return Work(std::move(w), what, who(), p_.opts.timeout, p_.opts.device, p_.liveness);
 }
@@ -77,6 +85,12 @@ Work C10dGroup::all_reduce_sum(at::Tensor& t, const std::string& what) {
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
   o.timeout = p_.opts.timeout;
+  if (staged()) {
+    std::vector<at::Tensor> host{on_host(t)};
+    return wrap(p_.backend->allreduce(host, o), what).then([t, h = host[0]]() mutable {
+      t.copy_(h);
+    });
+  }
   return wrap(p_.backend->allreduce(ts, o), what);
 }
 
@@ -92,6 +106,12 @@ Work C10dGroup::reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::s
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
   o.timeout = p_.opts.timeout;
+  if (staged()) {
+    at::Tensor host_in = on_host(in),
+               host_out = at::empty_like(out, out.options().device(at::kCPU));
+    return wrap(p_.backend->_reduce_scatter_base(host_out, host_in, o), what)
+        .then([out, host_out, host_in]() mutable { out.copy_(host_out); });
+  }
   return wrap(p_.backend->_reduce_scatter_base(out, in, o), what);
 }
 
@@ -106,6 +126,12 @@ Work C10dGroup::all_gather(at::Tensor& out, at::Tensor& in, const std::string& w
   check_device(out, what);
   c10d::AllgatherOptions o;
   o.timeout = p_.opts.timeout;
+  if (staged()) {
+    at::Tensor host_in = on_host(in),
+               host_out = at::empty_like(out, out.options().device(at::kCPU));
+    return wrap(p_.backend->_allgather_base(host_out, host_in, o), what)
+        .then([out, host_out, host_in]() mutable { out.copy_(host_out); });
+  }
   return wrap(p_.backend->_allgather_base(out, in, o), what);
 }
 
@@ -116,6 +142,12 @@ Work C10dGroup::broadcast(at::Tensor& t, int root, const std::string& what) {
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = p_.opts.timeout;
+  if (staged()) {
+    std::vector<at::Tensor> host{on_host(t)};
+    return wrap(p_.backend->broadcast(host, o), what).then([t, h = host[0]]() mutable {
+      t.copy_(h);
+    });
+  }
   return wrap(p_.backend->broadcast(ts, o), what);
 }
 
@@ -131,15 +163,20 @@ void C10dGroup::barrier(const std::string& what) {
 Work C10dGroup::send(at::Tensor& t, int dst, const std::string& what, int tag) {
   check_peer(dst, "destination", what);
   check_device(t, what);
-  std::vector<at::Tensor> ts{t};
-  return wrap(p_.backend->send(ts, dst, tag), what + " (send to " + peer(dst) + ")");
+  // Staged: the host copy stays alive in the Work until the send finished.
+  std::vector<at::Tensor> ts{staged() ? on_host(t) : t};
+  Work w = wrap(p_.backend->send(ts, dst, tag), what + " (send to " + peer(dst) + ")");
+  if (staged()) w.then([h = ts[0]] {});
+  return w;
 }
 
 Work C10dGroup::recv(at::Tensor& t, int src, const std::string& what, int tag) {
   check_peer(src, "source", what);
   check_device(t, what);
-  std::vector<at::Tensor> ts{t};
-  return wrap(p_.backend->recv(ts, src, tag), what + " (recv from " + peer(src) + ")");
+  std::vector<at::Tensor> ts{staged() ? at::empty_like(t, t.options().device(at::kCPU)) : t};
+  Work w = wrap(p_.backend->recv(ts, src, tag), what + " (recv from " + peer(src) + ")");
+  if (staged()) w.then([t, h = ts[0]]() mutable { t.copy_(h); });
+  return w;
 }
 
 std::vector<std::pair<int, int>> C10dGroup::exchange(int n, int color, int key) {

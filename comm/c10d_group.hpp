@@ -56,6 +56,8 @@ class C10dGroup final : public Group {
  private:
   Work wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const;
   void check_device(const at::Tensor& t, const std::string& what) const;
+  // Gloo on tensors of a device it cannot read: the operation runs on host copies.
+  bool staged() const;
   // "rank 0 of 2", or in a subgroup "rank 1 of 2 in group dp (global rank 3)".
   std::string who() const;
   // "rank 1", or in a subgroup "rank 1 (global rank 5)".

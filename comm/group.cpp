@@ -19,11 +19,19 @@ Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, std::string wh
 
 Work::Work(std::function<void()> wait_fn) : wait_fn_(std::move(wait_fn)) {}
 
+Work& Work::then(std::function<void()> f) {
+  then_ = std::move(f);
+  return *this;
+}
+
 void Work::wait() {
+  auto then = std::move(then_);
+  then_ = nullptr;
   if (wait_fn_) {
     auto fn = std::move(wait_fn_);
     wait_fn_ = nullptr;
     fn();
+    if (then) then();
     return;
   }
   if (!work_) return;
@@ -42,6 +50,7 @@ void Work::wait() {
     throw CommError(who_ + ": " + what_ + " failed (" + c10d_message(e) + "): " + gone +
                     "; collectives give up after comm_timeout_s = " + format_seconds(timeout_));
   }
+  if (then) then();
 }
 
 std::shared_ptr<Group> Group::single(const GroupOptions& opts) {

@@ -32,7 +32,9 @@ class Liveness;
 
 struct GroupOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  // Device of the tensors this group moves: CPU -> gloo, CUDA -> NCCL.
+  // Device of the tensors this group moves: CPU -> gloo, CUDA -> NCCL. Any other device type
+  // (one with no collective backend here, e.g. the tests' fake accelerator) -> gloo through host
+  // copies: each operation copies its input to the host, and wait() copies the result back.
   c10::DeviceType device = c10::DeviceType::CPU;
 };
 
@@ -46,6 +48,8 @@ class Work {
   // Pending until wait() runs `wait_fn` once: what a fake group returns to complete an operation
   // when the test decides (scripted arrival orders).
   explicit Work(std::function<void()> wait_fn);
+  // Runs `then` once the operation finished (the copy of a host-staged result to its device).
+  Work& then(std::function<void()> f);
   // CPU (gloo): blocks until the operation finished, at most comm_timeout. CUDA (NCCL): makes
   // the current stream wait for it and returns without blocking the host; the group's watchdog
   // enforces comm_timeout (comm/backend.hpp says why).
@@ -60,6 +64,7 @@ class Work {
   std::chrono::milliseconds timeout_{0};
   c10::DeviceType device_ = c10::DeviceType::CPU;
   std::shared_ptr<Liveness> liveness_;  // names the gone rank after a failure; may be null
+  std::function<void()> then_;
 };
 
 class Group : public zero::Group {

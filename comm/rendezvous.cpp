@@ -8,8 +8,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <csignal>
+#include <cstdlib>
 #include <thread>
 
+#include "comm/arrivals.hpp"
 #include "comm/backend.hpp"
 #include "comm/c10d_group.hpp"
 #include "comm/group.hpp"
@@ -56,7 +58,12 @@ struct Parts {
 
 std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
   const LaunchInfo info = read_launch_env();
-  if (info.world_size == 1) return single(opts);
+  if (info.world_size == 1) {
+    // A lone rank under torchrun (its agent sets TORCHELASTIC_RUN_ID) is supervised by it too:
+    // if the launcher dies, the rank must notice rather than train on to the end.
+    if (std::getenv("TORCHELASTIC_RUN_ID") != nullptr) remember_launcher();
+    return single(opts);
+  }
   ignore_sigpipe();
   remember_launcher();
 
@@ -139,27 +146,13 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
         std::to_string(size);
     stage->set(waiting, "");
     parts->live->announce();
-    const std::string mine = std::to_string(rank) + ",";
+    const std::string mine = arrival_entry(rank, size);
     parts->store->append("arrivals", std::vector<uint8_t>(mine.begin(), mine.end()));
     for (;;) {
-      const auto v = parts->store->get("arrivals");
-      std::vector<bool> seen(size, false);
-      int r = 0;
-      bool digits = false;
-      for (uint8_t c : v) {
-        if (c >= '0' && c <= '9') {
-          r = r * 10 + (c - '0');
-          digits = true;
-        } else {
-          if (digits && r >= 0 && r < size) seen[r] = true;
-          r = 0;
-          digits = false;
-        }
-      }
-      std::vector<int> missing;
-      for (int i = 0; i < size; ++i) {
-        if (!seen[i]) missing.push_back(i);
-      }
+      const Arrivals a = parse_arrivals(parts->store->get("arrivals"), size);
+      if (!a.other_sizes.empty())
+        throw LaunchError(who + ": " + world_size_mismatch(rank, size, a));
+      const std::vector<int>& missing = a.missing;
       if (missing.empty()) break;
       stage->set(waiting, "rank" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) +
                               " never arrived: check that " +

@@ -21,6 +21,7 @@ struct StepRecord {
   double loss = 0;
   double lr = 0;
   double grad_norm = 0;
+  bool skipped = false;  // fp16 overflow: the step was skipped and has no norm of its own
   double loss_scale = 1;
   double tokens_per_s = 0;  // global: all ranks
   double mfu = -1;          // < 0: peak FLOP/s unknown

@@ -182,6 +182,7 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
         // Optimizer offload: what lives in host memory (master, states, gradient shard, the
         // transfer buffers); 0 without it. Also counted in measured/predicted above.
         << ", \"host_measured\": " << reports[r].host_measured
+        << ", \"host_pinned\": " << reports[r].host_pinned
         << ", \"host_predicted\": " << reports[r].host_predicted << "}";
   }
   out << "\n  ]\n}\n";

@@ -21,6 +21,7 @@
 #include "file_checks.hpp"
 #include "gpt.hpp"
 #include "hf_llama.hpp"
+#include "launcher_check.hpp"
 #include "metrics.hpp"
 #include "train_summary.hpp"
 #include "zero/checkpoint_io.hpp"
@@ -244,9 +245,10 @@ int run(int argc, char** argv) {
   if (peak <= 0) peak = known_peak_flops(dev_name);
   if (rank == 0) {
     std::printf(
-        "zero-train: %s (%lld parameters), %d ranks on %s, ZeRO stage %d, %s%s, micro-batch "
+        "zero-train: %s (%lld parameters), %d ranks on %s, ZeRO stage %d%s, %s%s, micro-batch "
         "%lld x accumulation %lld x %d ranks = %lld sequences of %lld tokens, data: %s\n",
         preset.c_str(), (long long)mc.num_params(), world, dev_name.c_str(), engine.stage(),
+        c.zero_optimization.offload_optimizer.enabled ? " (optimizer offloaded to CPU)" : "",
         c.bf16 ? "bf16" : (c.fp16.enabled ? "fp16" : "fp32"),
         policy.enabled ? (policy.cpu_offload ? ", checkpointing + CPU offload" : ", checkpointing")
                        : "",
@@ -323,6 +325,13 @@ int run(int argc, char** argv) {
   std::vector<StepRecord> window;
   std::vector<at::Tensor> window_losses;
   const bool cuda = device.is_cuda();
+  // A launcher's death goes unnoticed at most this long (a quarter of comm_timeout_s leaves the
+  // rest for the last checkpoint; an all-reduce of two numbers and a host sync every 2 s are a
+  // negligible share of the training time).
+  const double comm_timeout_s = std::chrono::duration<double>(c.comm_timeout).count();
+  LauncherCheck launcher_check(std::min(2.0, comm_timeout_s / 4), c.steps_per_print);
+  auto last_check = Clock::now();
+  int64_t checked_step = start_step;
   for (int64_t step = start_step; step < steps; ++step) {
     const auto step_start = Clock::now();
     StepRecord rec;
@@ -368,16 +377,47 @@ int run(int argc, char** argv) {
       engine.save_checkpoint(save_dir, "", keep_last);
       report_io("saved", "step" + std::to_string(engine.stats().optimizer_steps), since(t));
     }
+    // Ranks whose launcher died would train on unsupervised (nobody would stop or restart
+    // them): they agree to stop at the same step, after a last checkpoint when saving is on.
+    // Agreeing costs an all-reduce and a host sync: at print steps, and often enough between
+    // them to stop within a few seconds (LauncherCheck), not at every step.
+    if (launcher_check.due(rec.step, log)) {
+      const at::Tensor agreed =
+          engine
+              .all_reduce_mean(
+                  at::tensor({launcher_exited() ? 1.0 : 0.0,
+                              since(last_check) / static_cast<double>(rec.step - checked_step)},
+                             at::kDouble))
+              .cpu();
+      launcher_check.checked(rec.step, agreed[1].item<double>());
+      last_check = Clock::now();
+      checked_step = rec.step;
+      if (agreed[0].item<double>() > 0) {
+        std::string what = "stopping at step " + std::to_string(rec.step);
+        if (save_interval > 0) {
+          if (!saved) engine.save_checkpoint(save_dir, "", keep_last);
+          what += " after saving " + save_dir + "/step" +
+                  std::to_string(engine.stats().optimizer_steps) +
+                  " (continue with trainer.resume: auto)";
+        }
+        throw LaunchError(
+            "the launcher" +
+            (launcher_pid() > 0 ? " (pid " + std::to_string(launcher_pid()) + ")" : std::string()) +
+            " exited during training; " + what);
+      }
+    }
     if (!log) continue;
     // Print step: the one read-back of the window (losses, the norm and scale of this step).
     const at::Tensor losses = engine.all_reduce_mean(at::cat(window_losses)).cpu();
     const double grad_norm = engine.settled_stats().last_grad_norm;
+    const bool skipped = engine.settled_stats().last_step_skipped;
     const double loss_scale = engine.loss_scale();
     const DeviceMemory dm = device_memory(device);
     for (size_t i = 0; i < window.size(); ++i) {
       StepRecord& r = window[i];
       r.loss = losses[static_cast<int64_t>(i)].item<double>();
       r.grad_norm = grad_norm;  // known at print steps; earlier records repeat it
+      r.skipped = skipped && i + 1 == window.size();
       r.loss_scale = loss_scale;
       r.memory_bytes = dm.available ? dm.peak_allocated : reports[0].measured.total();
       sum.add(r);
@@ -398,22 +438,6 @@ int run(int argc, char** argv) {
             (long long)os.offloaded, (long long)os.prefetched);
       }
       std::fflush(stdout);
-    }
-    // Ranks whose launcher died would train on unsupervised (nobody would stop or restart
-    // them): they agree to stop at the same step, after a last checkpoint when saving is on.
-    // Checked at print steps only: agreeing costs an all-reduce and a host sync.
-    if (engine.all_reduce_mean(launcher_exited() ? 1.0 : 0.0) > 0) {
-      std::string what = "stopping at step " + std::to_string(rec.step);
-      if (save_interval > 0) {
-        if (!saved) engine.save_checkpoint(save_dir, "", keep_last);
-        what += " after saving " + save_dir + "/step" +
-                std::to_string(engine.stats().optimizer_steps) +
-                " (continue with trainer.resume: auto)";
-      }
-      throw LaunchError(
-          "the launcher" +
-          (launcher_pid() > 0 ? " (pid " + std::to_string(launcher_pid()) + ")" : std::string()) +
-          " exited during training; " + what);
     }
   }
 

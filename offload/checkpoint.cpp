@@ -46,7 +46,8 @@ RngStates capture_rng(const std::vector<at::Tensor>& inputs) {
   RngStates s;
   s.cpu = get_state(default_generator(c10::Device(c10::kCPU)));
   for (const at::Tensor& t : inputs) {
-    if (!t.defined() || !t.is_cuda()) continue;
+    // Every accelerator tensor (CUDA, a registered backend) replays its device generator.
+    if (!t.defined() || t.is_cpu()) continue;
     const c10::Device d = t.device();
     auto seen = [&](const auto& e) { return e.first == d; };
     if (std::none_of(s.devices.begin(), s.devices.end(), seen)) {

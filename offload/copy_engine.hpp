@@ -1,7 +1,8 @@
 // The device-specific half of host <-> device copies, behind one small interface so that the
 // bookkeeping (activation_offloader.cpp, and the gradient shard's trip to the host under optimizer
-// offload, zero/grad_to_host.cpp) is the same code on CPU-only and CUDA builds. Exactly one of
-// cuda_copy.cpp / no_cuda_copy.cpp defines make_copy_engine (see offload/CMakeLists.txt).
+// offload, zero/grad_to_host.cpp) is the same code on CPU-only and CUDA builds. host_copy.cpp
+// serves CPU tensors; device_copy.cpp every other device type through c10's generic streams and
+// events (CUDA on a GPU, the tests' fake accelerator in CI).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,6 +34,12 @@ class CopyEngine {
   virtual Ticket copy_into_host(const at::Tensor& dst, const at::Tensor& src) = 0;
   // Copies a buffer from to_host_async back to this engine's device.
   virtual Copy to_device_async(const at::Tensor& host) = 0;
+  // Copies the host buffer `src` (page-locked, or the copy cannot overlap anything) into the
+  // existing buffer `dst` on this engine's device (same numel and dtype), after the work queued so
+  // far on the current stream (which may still read `dst`). Until the copy finished, `src` must
+  // not be written (synchronize/ready) and `dst` must not be read: the caller orders the reader
+  // after it with wait(ticket).
+  virtual Ticket copy_to_device(const at::Tensor& dst, const at::Tensor& src) = 0;
   // Orders the current stream after the copy: work enqueued from now on may use its dst.
   virtual void wait(const Ticket& ticket) = 0;
   // Host-side poll: has the copy finished (so its source may be released)?

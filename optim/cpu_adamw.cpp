@@ -1,11 +1,15 @@
 #include "optim/cpu_adamw.hpp"
 
 #include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/AllocatorConfig.h>
+#include <c10/core/thread_pool.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <c10/util/llvmMathExtras.h>
 
 #include <algorithm>
 #include <cmath>
@@ -54,13 +58,37 @@ struct AdamStep {
   float step_size;  // lr / (1 - beta1^t)
   float bc2_sqrt;   // sqrt(1 - beta2^t)
   float grad_scale;
+  float inv_grad_scale;  // 1 / grad_scale, used only where that is exact (see unscale)
 };
+
+// grad / scale, the way ATen's fused kernels unscale. When the scale is a power of two its
+// reciprocal is exact and x * (1 / scale) is the same exact value as x / scale, so it rounds to
+// the same float: the multiply then gives identical bits for a quarter of a division's cost on
+// the vector units (the step is compute-bound once the host has bandwidth to spare). The engine's
+// scale is a power of two whenever clipping does not bite: the world size over the predivide
+// factor, times an fp16 loss scale.
+template <bool kDivide>
+inline float unscale(float g, float scale, float inverse) {
+  if constexpr (kDivide) {
+    return g / scale;
+  } else {
+    return g * inverse;
+  }
+}
+
+bool has_exact_inverse(float x) {
+  int e = 0;
+  const float m = std::frexp(x, &e);
+  const float inv = 1.0f / x;
+  return std::isfinite(x) && x != 0.0f && std::abs(m) == 0.5f && std::isfinite(inv) &&
+         inv * x == 1.0f;
+}
 
 // One element's update is torch's AdamW in fp32, rounded where ATen's fused CPU kernel (the
 // engine's optimizer without offload) rounds: the first moment as exp_avg.lerp_(grad, 1 - beta1)
 // with one fused multiply-add, the rest op by op. An offloaded run then tracks one without
 // offload to the ulp, rather than drifting by a few ulps per step.
-template <Out kOut>
+template <Out kOut, bool kDivide>
 ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict g,
                                    float* __restrict m, float* __restrict v, void* __restrict out,
                                    int64_t n, AdamStep s) {
@@ -70,7 +98,7 @@ ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict 
   const float coeff = small ? w : w - 1.0f;
   const float c2 = s.one_minus_beta2, minus_step = -s.step_size;
   for (int64_t i = 0; i < n; ++i) {
-    const float grad = g[i] / s.grad_scale;
+    const float grad = unscale<kDivide>(g[i], s.grad_scale, s.inv_grad_scale);
     const float param = p[i] * s.decay;
     const float mi = std::fma(coeff, grad - m[i], small ? m[i] : grad);
     const float vi = v[i] * s.beta2 + c2 * grad * grad;
@@ -84,18 +112,18 @@ ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict 
 }
 
 struct SgdStep {
-  float lr, weight_decay, momentum, dampening, grad_scale;
+  float lr, weight_decay, momentum, dampening, grad_scale, inv_grad_scale;
   bool first, nesterov;
 };
 
 // torch::optim::SGD: coupled decay, momentum started as a copy of the first gradient.
-template <Out kOut, bool kMomentum>
+template <Out kOut, bool kMomentum, bool kDivide>
 ZERO_SIMD_CLONES void sgd_kernel(float* __restrict p, const float* __restrict g,
                                  float* __restrict buf, void* __restrict out, int64_t n,
                                  SgdStep s) {
   const float keep = 1.0f - s.dampening;
   for (int64_t i = 0; i < n; ++i) {
-    float d = g[i] / s.grad_scale + s.weight_decay * p[i];
+    float d = unscale<kDivide>(g[i], s.grad_scale, s.inv_grad_scale) + s.weight_decay * p[i];
     if constexpr (kMomentum) {
       const float b = s.first ? d : buf[i] * s.momentum + d * keep;
       buf[i] = b;
@@ -142,9 +170,16 @@ void with_out(Out kind, F&& f) {
   }
 }
 
-float host_scalar(const at::Tensor& t, float fallback) {
+// A step scalar from host memory. Reading a device tensor here would be a host sync per update
+// window (per bucket); the engine reads the step's scalars once (OptimizerOffload::host_scalars).
+float host_scalar(const at::Tensor& t, float fallback, const char* what) {
   if (!t.defined()) return fallback;
-  return t.device().is_cpu() ? t.data_ptr<float>()[0] : t.item<float>();
+  TORCH_CHECK(t.is_cpu() && t.scalar_type() == at::kFloat && t.numel() == 1,
+              "zero: the CPU optimizer reads ", what,
+              " as a one-element fp32 host tensor (read device scalars back once per step, "
+              "OptimizerOffload::host_scalars), got ",
+              t.scalar_type(), " on ", t.device());
+  return t.data_ptr<float>()[0];
 }
 
 class HostOptimizerBase : public HostShardOptimizer {
@@ -175,8 +210,8 @@ class HostOptimizerBase : public HostShardOptimizer {
     const auto out_at = [&](int64_t i) -> void* {
       return out_base ? out_base + (i - window.begin) * out_elem : nullptr;
     };
-    const bool skip = host_scalar(s.found_inf, 0.0f) != 0.0f;
-    const float grad_scale = host_scalar(s.grad_scale, 1.0f);
+    const bool skip = host_scalar(s.found_inf, 0.0f, "found_inf") != 0.0f;
+    const float grad_scale = host_scalar(s.grad_scale, 1.0f, "grad_scale");
     if (skip) {
       // The master stays; the copy still gets it, so what the engine publishes is unchanged.
       if (kind == Out::kNone) return;
@@ -217,19 +252,39 @@ class HostOptimizerBase : public HostShardOptimizer {
   at::Tensor state_zeros() const { return host_zeros(numel(), pin_); }
 
  private:
-  // Splits [b, e) into at most threads_ pieces of at least kGrain elements, in parallel.
+  // Splits [b, e) into pieces of at least kGrain elements, run in parallel: with threads_ > 0
+  // on exactly that many threads (this thread and a pool of its own), whatever torch's intra-op
+  // setting is (torchrun sets OMP_NUM_THREADS=1, which would leave the step one core per rank);
+  // with 0 on torch's intra-op threads. Each element's result does not depend on the split.
   template <typename F>
-  void for_chunks(Range r, F&& f) const {
+  void for_chunks(Range r, F&& f) {
     constexpr int64_t kGrain =
         1 << 15;  // 128 KiB of fp32: below it threads cost more than they save
     const int64_t n = r.end - r.begin;
     if (n <= 0) return;
-    int64_t grain = kGrain;
-    if (threads_ > 0) grain = std::max<int64_t>(grain, (n + threads_ - 1) / threads_);
-    at::parallel_for(r.begin, r.end, grain, [&](int64_t b, int64_t e) { f(b, e); });
+    if (threads_ <= 0) {
+      at::parallel_for(r.begin, r.end, kGrain, [&](int64_t b, int64_t e) { f(b, e); });
+      return;
+    }
+    const int64_t pieces = std::min<int64_t>(threads_, std::max<int64_t>(1, n / kGrain));
+    if (pieces == 1) {
+      f(r.begin, r.end);
+      return;
+    }
+    // Pieces start on 64-byte lines of fp32 (16 elements): no two threads write one line.
+    const int64_t per = ((n + pieces - 1) / pieces + 15) / 16 * 16;
+    if (!pool_) pool_ = std::make_unique<c10::ThreadPool>(threads_ - 1);
+    for (int64_t b = r.begin + per; b < r.end; b += per) {
+      const int64_t e = std::min(r.end, b + per);
+      pool_->run([&f, b, e] { f(b, e); });
+    }
+    f(r.begin, std::min(r.end, r.begin + per));
+    // `f` and the buffers it writes are the caller's: nothing returns before every piece ran.
+    pool_->waitWorkComplete();
   }
 
   bool pin_;
+  std::unique_ptr<c10::ThreadPool> pool_;  // threads_ - 1 workers, made at the first big step
 };
 
 class CpuAdamW final : public HostOptimizerBase {
@@ -262,9 +317,16 @@ class CpuAdamW final : public HostOptimizerBase {
     s.step_size = static_cast<float>(lr / (1.0 - std::pow(o_.beta1, t)));
     s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o_.beta2, t)));
     s.grad_scale = grad_scale;
+    s.inv_grad_scale = 1.0f / grad_scale;
     float* m = exp_avg_.data_ptr<float>() + offset;
     float* v = exp_avg_sq_.data_ptr<float>() + offset;
-    with_out(kind, [&](auto k) { adamw_kernel<decltype(k)::value>(p, g, m, v, out, n, s); });
+    with_out(kind, [&](auto k) {
+      if (has_exact_inverse(grad_scale)) {
+        adamw_kernel<decltype(k)::value, false>(p, g, m, v, out, n, s);
+      } else {
+        adamw_kernel<decltype(k)::value, true>(p, g, m, v, out, n, s);
+      }
+    });
   }
 
   AdamWOptions o_;
@@ -295,14 +357,19 @@ class CpuSgd final : public HostOptimizerBase {
     s.momentum = static_cast<float>(o_.momentum);
     s.dampening = static_cast<float>(o_.dampening);
     s.grad_scale = grad_scale;
+    s.inv_grad_scale = 1.0f / grad_scale;
     s.first = steps_ == 1;  // begin_step() counted this step already
     s.nesterov = o_.nesterov;
+    const bool divide = !has_exact_inverse(grad_scale);
+    float* buf = momentum_buffer_.defined() ? momentum_buffer_.data_ptr<float>() + offset : nullptr;
     with_out(kind, [&](auto k) {
-      if (momentum_buffer_.defined()) {
-        sgd_kernel<decltype(k)::value, true>(p, g, momentum_buffer_.data_ptr<float>() + offset, out,
-                                             n, s);
+      constexpr Out kOut = decltype(k)::value;
+      if (buf != nullptr) {
+        divide ? sgd_kernel<kOut, true, true>(p, g, buf, out, n, s)
+               : sgd_kernel<kOut, true, false>(p, g, buf, out, n, s);
       } else {
-        sgd_kernel<decltype(k)::value, false>(p, g, nullptr, out, n, s);
+        divide ? sgd_kernel<kOut, false, true>(p, g, nullptr, out, n, s)
+               : sgd_kernel<kOut, false, false>(p, g, nullptr, out, n, s);
       }
     });
   }
@@ -314,10 +381,25 @@ class CpuSgd final : public HostOptimizerBase {
 }  // namespace
 
 at::Tensor host_zeros(int64_t numel, bool pin, at::ScalarType dtype) {
-  const bool can_pin = pin && at::globalContext().hasCUDA();
+  // Page-locked memory comes from the accelerator's hooks (CUDA's, or a registered backend's);
+  // without a usable accelerator there is nothing to pin for.
+  const auto accelerator = at::getAccelerator(/*checked=*/false);
+  const bool can_pin = pin && accelerator &&
+                       at::globalContext().getAcceleratorHooksInterface(accelerator).isAvailable();
   at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(can_pin));
   t.zero_();
   return t;
+}
+
+int64_t host_bytes(const at::Tensor& t) {
+  if (!t.defined()) return 0;
+  const auto n = static_cast<size_t>(t.storage().nbytes());
+  if (!at::globalContext().hasCUDA() || !t.is_pinned()) return static_cast<int64_t>(n);
+  // CachingHostAllocator::allocate's rounding rule (ATen/core/CachingHostAllocator.h).
+  using Config = c10::CachingAllocator::AcceleratorAllocatorConfig;
+  const bool rounded =
+      n <= Config::pinned_max_round_threshold() && n <= Config::pinned_max_cached_size();
+  return static_cast<int64_t>(rounded ? c10::llvm::PowerOf2Ceil(n) : n);
 }
 
 std::unique_ptr<HostShardOptimizer> make_grouped_cpu_adamw(const AdamWOptions& options,

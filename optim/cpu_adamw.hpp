@@ -49,8 +49,8 @@ class HostShardOptimizer : public ShardOptimizer {
 };
 
 struct HostOptimizerOptions {
-  // At most this many threads run one update (capped by torch's intra-op thread count, i.e.
-  // OMP_NUM_THREADS); 0: all of torch's.
+  // This many threads run one update (the calling thread and a pool the optimizer owns), whatever
+  // torch's intra-op thread count (OMP_NUM_THREADS) is; 0: torch's intra-op threads.
   int threads = 0;
   // Page-locked state buffers, for asynchronous copies to and from a GPU; ignored without CUDA.
   bool pin_memory = false;
@@ -80,5 +80,8 @@ std::unique_ptr<HostShardOptimizer> make_grouped_cpu_sgd(const SgdOptions& optio
 
 // A zero-filled fp32 host tensor, page-locked when `pin` and this process can reach CUDA.
 at::Tensor host_zeros(int64_t numel, bool pin, at::ScalarType dtype = at::kFloat);
+// The host bytes `t` really holds: its size, or for a page-locked tensor the block the caching
+// host allocator gave it (rounded up to a power of two below pinned_max_round_threshold_mb).
+int64_t host_bytes(const at::Tensor& t);
 
 }  // namespace zero::optim

@@ -6,7 +6,8 @@
 # Extra arguments go to zero-train, e.g. --set zero_optimization.stage=1 --set bf16.enabled=true
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+# Only the two programs the demo runs (the test suite's targets are scripts/test.sh's).
+scripts/setup.sh zero-train zero-memory
 mkdir -p out
 ranks=${ZERO_DEMO_RANKS:-2}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

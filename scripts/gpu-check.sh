@@ -2,7 +2,7 @@
 # The GPU check, for a machine with one NVIDIA GPU, a CUDA build of torch (2.11 / CUDA 13),
 # nvcc, CMake and ninja, and no package registry. Within ~10 minutes it
 #   1. unpacks the Debian packages from scripts/fetch-gpu-debs.sh into a local prefix,
-#   2. builds zero against that torch (so the NCCL group, device_cuda.cpp, cuda_copy.cpp and
+#   2. builds zero against that torch (so the NCCL group, device_cuda.cpp, device_copy.cpp and
 #      every CUDA-gated test compile and link),
 #   3. runs the CUDA-gated tests (they skip without a GPU; here they must pass), among them the
 #      check that backward()/step() return to the host before the device finishes (no host

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what zero needs on a fresh Debian machine and builds it into build/.
 # Idempotent: a second run only rebuilds what changed (ccache keeps even a clean build quick).
+# Arguments are ninja targets to build instead of everything (scripts/demo.sh builds only what
+# it runs); without them every target is built, tests included (scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +27,8 @@ fi
 
 # transformers (pure Python; it uses the torch above) for the Hugging Face round-trip test,
 # tests/e2e/hf_llama_roundtrip.sh, which skips itself without it.
-if ! python3 -c 'import transformers' 2> /dev/null; then
+# A partial build (the demo's) does not run that test.
+if (($# == 0)) && ! python3 -c 'import transformers' 2> /dev/null; then
   echo "setup: pip install transformers"
   python3 -m pip install -q transformers || echo "setup: transformers not installed; the HF test will skip"
 fi
@@ -33,4 +36,4 @@ fi
 build=${ZERO_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${ZERO_BUILD_TYPE:-RelWithDebInfo} > /dev/null
 # Two jobs at most: each torch translation unit needs ~1.5 GB of RAM to compile.
-ninja -C "$build" -j "${ZERO_JOBS:-2}"
+ninja -C "$build" -j "${ZERO_JOBS:-2}" "$@"

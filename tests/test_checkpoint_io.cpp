@@ -272,6 +272,7 @@ TEST(CrossDtype, MastersLoadIntoARunOfAnotherComputeDtype) {
       steps(e, *net, 0, 2);
       e.save_checkpoint(a.path);
     });
+    ::testing::internal::CaptureStderr();
     run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
       auto net = make_tiny_net(6);
       auto e = initialize(net, load_cfg, group);
@@ -280,6 +281,18 @@ TEST(CrossDtype, MastersLoadIntoARunOfAnotherComputeDtype) {
       e.save_checkpoint(b.path, "resaved");
       steps(e, *net, 2, 3);  // and it trains on
     });
+    // Allowed, but the precision changes: said once (rank 0), naming both dtypes.
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    const std::string from = saved_bf16 ? "bf16" : "fp32", to = saved_bf16 ? "fp32" : "bf16";
+    const std::string want = "zero: warning: " + a.path +
+                             "/step2 was saved by a run computing in " + from +
+                             "; this run computes in " + to;
+    EXPECT_NE(err.find(want), std::string::npos) << err;
+    EXPECT_EQ(err.find(want), err.rfind(want)) << "once, not per rank: " << err;
+    EXPECT_NE(err.find(saved_bf16 ? "set bf16.enabled: true)"
+                                  : "set bf16.enabled and fp16.enabled false)"),
+              std::string::npos)
+        << err;
     for (const std::string kind : {"master", "exp_avg", "exp_avg_sq"}) {
       EXPECT_TRUE(same_tensors(read_consolidated(a.path, "", kind),
                                read_consolidated(b.path, "resaved", kind)))
@@ -332,6 +345,15 @@ TEST(Failures, EveryRankRefusesWithTheFileNamed) {
                   fs::copy_options::overwrite_existing);
   });
   add("none", "", "_none/latest: missing", [&](auto d) { fs::remove_all(d.parent_path()); });
+  // Binary garbage in `latest`: escaped, not cut at the first NUL byte.
+  add("garbage", "",
+      R"(_garbage/latest: does not hold a checkpoint tag but 8 bytes of other data )"
+      R"(\("\\x00\\x13\\xffstep2"\): the file is damaged; write the tag of a complete )"
+      R"(checkpoint into it)",
+      [&](auto d) {
+        std::ofstream(d.parent_path() / "latest", std::ios::binary | std::ios::trunc)
+            << std::string("\0\x13\xffstep2", 8);
+      });
   // Loading reads; it never writes.
   const std::string flipped = cases[0].dir + "/step2/" + shard1;
   const std::string bytes_before = read_all(flipped);

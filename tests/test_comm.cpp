@@ -5,7 +5,10 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "comm/arrivals.hpp"
 #include "comm/launcher_env.hpp"
 #include "support/thread_group.hpp"
 #include "zero/errors.hpp"
@@ -85,6 +88,44 @@ TEST(LauncherEnv, BadEnvironmentsSayWhatToSet) {
       launch_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "0"}})
           .find("MASTER_PORT"),
       std::string::npos);
+}
+
+// The start-up handshake's arrival list carries each rank's WORLD_SIZE: a rank launched with
+// another one is named as such, not as a rank that never arrived (or, for the ranks that agree,
+// a connection failure that reads like the network).
+TEST(Arrivals, MissingRanksAndOtherWorldSizes) {
+  const auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  std::string key = zero::comm::arrival_entry(2, 4) + zero::comm::arrival_entry(0, 4);
+  EXPECT_EQ(key, "2:4,0:4,");
+  auto a = zero::comm::parse_arrivals(bytes(key), 4);
+  EXPECT_EQ(a.missing, (std::vector<int>{1, 3}));
+  EXPECT_TRUE(a.other_sizes.empty());
+  key += zero::comm::arrival_entry(1, 4) + zero::comm::arrival_entry(3, 4);
+  EXPECT_TRUE(zero::comm::parse_arrivals(bytes(key), 4).missing.empty());
+
+  // Rank 1 launched with WORLD_SIZE=3 next to a rank launched with 2.
+  a = zero::comm::parse_arrivals(bytes("0:2,1:3,"), 2);
+  EXPECT_EQ(a.missing, (std::vector<int>{1}));
+  ASSERT_EQ(a.other_sizes.size(), 1u);
+  EXPECT_EQ(a.other_sizes[0], (std::pair<int, int>{1, 3}));
+  EXPECT_EQ(zero::comm::world_size_mismatch(0, 2, a),
+            "rank 1 was launched with WORLD_SIZE=3, this rank (rank 0) with WORLD_SIZE=2: the "
+            "ranks disagree on the world size; launch every rank with the same WORLD_SIZE "
+            "(torchrun: the same --nnodes and --nproc-per-node on every node)");
+  // And as rank 1 sees it.
+  a = zero::comm::parse_arrivals(bytes("0:2,1:3,"), 3);
+  EXPECT_EQ(a.missing, (std::vector<int>{0, 2}));
+  ASSERT_EQ(a.other_sizes.size(), 1u);
+  EXPECT_EQ(a.other_sizes[0], (std::pair<int, int>{0, 2}));
+
+  // Garbage entries are skipped, a torn last entry is not counted yet.
+  a = zero::comm::parse_arrivals(bytes("x,0:2,:,1:,9:2,1:2"), 2);
+  EXPECT_EQ(a.missing, (std::vector<int>{1}));
+  EXPECT_TRUE(a.other_sizes.empty());
+  // The older form without the size ("RANK,") still counts as an arrival.
+  a = zero::comm::parse_arrivals(bytes("0:3,2,"), 3);
+  EXPECT_EQ(a.missing, (std::vector<int>{1}));
+  EXPECT_TRUE(a.other_sizes.empty());
 }
 
 TEST(Group, SizeOneCollectivesAreLocal) {

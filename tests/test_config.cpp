@@ -136,15 +136,149 @@ TEST(Config, UnknownKeySuggestsNearestWithPosition) {
   EXPECT_HAS(m, "t.yaml:2:3: unknown key 'trainer.modle'; did you mean 'trainer.model'?");
   EXPECT_HAS(m, "Allowed here: model, steps, seq_len, data");
 
-  m = load_error("banana: 1\n");
-  EXPECT_HAS(m, "unknown key 'banana'; Allowed here: ");
+  // Inside a section DeepSpeed validates strictly, any unknown key is an error.
+  m = load_error("zero_optimization:\n  banana: 1\n");
+  EXPECT_HAS(m, "unknown key 'zero_optimization.banana'; Allowed here: ");
 
   m = load_error("scheduler: {type: WarmupCosinLR}\n");
   EXPECT_HAS(m, "'scheduler.type' 'WarmupCosinLR' is unknown; did you mean 'WarmupCosineLR'?");
 
-  // Without an extension the section is just another unknown key.
-  m = error_of([] { Config::from_string("trainer:\n  steps: 3\n", "t.yaml"); });
-  EXPECT_HAS(m, "t.yaml:1:1: unknown key 'trainer'");
+  // Without an extension the section is a top-level key DeepSpeed would not read either: it is
+  // ignored with the warning (it was an error before DeepSpeed's lenient top level was followed).
+  const Config c = Config::from_string("trainer:\n  steps: 3\n", "t.yaml");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_HAS(c.warnings[0], "zero: t.yaml: ignoring 'trainer' (t.yaml:1)");
+}
+
+// DeepSpeed reads the top level key by key and ignores what it does not know (LLaMA-Factory's
+// ZeRO configs carry comms_config and monitor_config); zero loads them with one warning that
+// names them all. A near miss of a known key stays an error: DeepSpeed would silently train
+// without a misspelt zero_optimization, which is the kind of change zero refuses.
+TEST(Config, KeysDeepSpeedIgnoresLoadWithOneWarning) {
+  Config c = load(
+      "train_batch_size: auto\ncomms_config: {verbose: false}\n"
+      "monitor_config: {enabled: true, tag: DeepSpeedMonitor, csv_monitor: {enabled: false}}\n"
+      "activation_checkpointing: {foo_bar: 1}\ndata_types: {param_dtype: bf16}\n"
+      "optimizer: {type: AdamW, comment: tuned}\n");
+  ASSERT_EQ(c.warnings.size(), 1u) << c.warnings[0];
+  EXPECT_EQ(c.warnings[0],
+            "zero: t.yaml: ignoring 'comms_config' (t.yaml:2), 'monitor_config' (t.yaml:3), "
+            "'activation_checkpointing.foo_bar' (t.yaml:4), 'data_types.param_dtype' (t.yaml:5), "
+            "'optimizer.comment' (t.yaml:6): DeepSpeed does not read these keys either");
+  c = load("banana: 1\n");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_HAS(c.warnings[0],
+             "ignoring 'banana' (t.yaml:1): DeepSpeed does not read this key either");
+
+  // Sections DeepSpeed validates strictly (pydantic, extra="forbid"; optimizer and scheduler
+  // params are constructor arguments) keep unknown keys errors.
+  for (const char* yaml :
+       {"zero_optimization: {verbose: 1}\n", "fp16: {enabled: false, verbose: 1}\n",
+        "bf16: {verbose: 1}\n", "optimizer: {type: AdamW, params: {verbose: 1}}\n",
+        "scheduler: {type: WarmupLR, params: {verbose: 1}}\n",
+        "zero_optimization: {offload_optimizer: {device: cpu, verbose: 1}}\n"}) {
+    EXPECT_HAS(load_error(yaml), ".verbose'; Allowed here: ");
+  }
+  // A near miss at the top level or in a lenient section is a typo.
+  EXPECT_HAS(load_error("gradient_cliping: 1.0\n"),
+             "unknown key 'gradient_cliping'; did you mean 'gradient_clipping'?");
+  EXPECT_HAS(load_error("activation_checkpointing: {cpu_checkpointng: true}\n"),
+             "did you mean 'activation_checkpointing.cpu_checkpointing'?");
+}
+
+// LLaMA-Factory's ZeRO-0/2/2-offload configs (examples/deepspeed/), taken unchanged: they load,
+// and the two top-level keys DeepSpeed never reads are named in one warning.
+TEST(Config, LlamaFactoryConfigsLoadUnchanged) {
+  for (const std::string name : {"ds_z0_config", "ds_z2_config", "ds_z2_offload_config"}) {
+    SCOPED_TRACE(name);
+    const std::string path = kSrc + "/tests/data/ds_corpus/llamafactory_" + name + ".json";
+    Config c = Config::from_file(path);
+    EXPECT_EQ(c.zero_optimization.stage, name == "ds_z0_config" ? 0 : 2);
+    EXPECT_EQ(c.zero_optimization.offload_optimizer.enabled, name == "ds_z2_offload_config");
+    EXPECT_FALSE(c.bf16);
+    EXPECT_FALSE(c.fp16.enabled);
+    int ignoring = 0;
+    for (const auto& w : c.warnings) {
+      if (w.find("ignoring") == std::string::npos) continue;
+      ++ignoring;
+      const bool offload = name == "ds_z2_offload_config";  // 4 lines more above them
+      EXPECT_EQ(w, "zero: " + path + ": ignoring 'comms_config' (" + path +
+                       (offload ? ":32" : ":28") + "), 'monitor_config' (" + path +
+                       (offload ? ":35" : ":31") + "): DeepSpeed does not read these keys either");
+    }
+    EXPECT_EQ(ignoring, 1);
+    c.resolve_batch(2);
+    EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
+    EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  }
+}
+
+// Keys accepted with a warning are allowed keys: "Allowed here" offers them too.
+TEST(Config, AllowedHereListsKeysAcceptedWithAWarning) {
+  std::string m = load_error("zero_optimization: {banana: 1}\n");
+  for (const char* k : {"stage, ", "use_multi_rank_bucket_allreduce", "sub_group_size", "stage3_*",
+                        "round_robin_gradients", "offload_optimizer"}) {
+    EXPECT_HAS(m, k);
+  }
+  m = load_error("zero_optimization: {stage: 2, offload_optimizer: {device: cpu, banana: 1}}\n");
+  EXPECT_HAS(m, "nvme_path");
+  EXPECT_HAS(m, "cpuadam_cores_perc");
+  m = load_error("bf16: {banana: 1}\n");
+  EXPECT_HAS(m, "Allowed here: enabled, immediate_grad_update, check_grad_overflow");
+  m = load_error("optimizer: {params: {banana: 1}}\n");
+  EXPECT_HAS(m, "foreach");
+  EXPECT_HAS(m, "fp32_optimizer_states");
+  m = load_error("gradient_cliping: 1\n");
+  for (const char* k : {"wall_clock_breakdown", "tensorboard", "flops_profiler",
+                        "dataloader_drop_last", "comms_logger"}) {
+    EXPECT_HAS(m, k);
+  }
+}
+
+// Every problem of a config in one error, each with its position, instead of one per run.
+TEST(Config, EveryProblemInOneError) {
+  const std::string m = load_error(
+      "zero_optimization:\n  stage: two\n  banana: 1\nfp16: {enabled: maybe}\n"
+      "optimizer: {type: AdamW, params: {lr: -1}}\nseed: 1\n");
+  EXPECT_HAS(m, "zero: 4 problems in t.yaml:\n");
+  EXPECT_HAS(m, "\n  t.yaml:2:10: 'zero_optimization.stage' must be an integer, got 'two'");
+  EXPECT_HAS(m, "\n  t.yaml:3:3: unknown key 'zero_optimization.banana'");
+  EXPECT_HAS(m, "\n  t.yaml:4:17: 'fp16.enabled' must be true or false, got 'maybe'");
+  EXPECT_HAS(m, "'optimizer.params.lr' must be a number >= 0, got '-1'");
+  EXPECT_EQ(m.find("zero: t.yaml"), std::string::npos) << "one prefix per problem: " << m;
+  // A check across keys does not add a second error about a value that already failed.
+  std::string one = load_error("scheduler: {type: WarmupCosinLR, params: {warmup_num_steps: 5}}\n");
+  EXPECT_EQ(one.find("problems"), std::string::npos) << one;
+  one = load_error("zero_optimization: {stage: three, offload_optimizer: {device: cpu}}\n");
+  EXPECT_EQ(one.find("problems"), std::string::npos) << one;
+  one = load_error("optimizer: {type: Lamb, params: {momentum: 0.9}}\n");
+  EXPECT_EQ(one.find("problems"), std::string::npos) << one;
+  one = load_error("bf16: {enabled: maybe}\ndata_types: {grad_accum_dtype: bf16}\n");
+  EXPECT_EQ(one.find("problems"), std::string::npos) << one;
+  // A single problem reads as before.
+  EXPECT_EQ(load_error("seed: x\n"),
+            "zero: t.yaml:1:7: 'seed' must be a non-negative integer, got 'x'");
+}
+
+TEST(Config, FromStringNeedsNoSourceName) {
+  const Config c = Config::from_string("zero_optimization: {stage: 1}\n");
+  EXPECT_EQ(c.zero_optimization.stage, 1);
+  EXPECT_EQ(c.source, "<string>");
+  EXPECT_HAS(error_of([] { Config::from_string("seed: x\n"); }), "zero: <string>:1:7: 'seed'");
+}
+
+// yaml-cpp stops deep nesting with the text "bad file"; the message says what it is.
+TEST(Config, DeeplyNestedDocumentSaysSo) {
+  for (const std::string& doc : {std::string(5000, '[') + std::string(5000, ']'), [] {
+                                   std::string d;
+                                   for (int i = 0; i < 5000; ++i) d += "{a: ";
+                                   return d + "1" + std::string(5000, '}');
+                                 }()}) {
+    const std::string m = error_of([&] { Config::from_string(doc, "deep.yaml"); });
+    EXPECT_HAS(m, "zero: deep.yaml:1:");
+    EXPECT_HAS(m, ": the document nests deeper than yaml-cpp's limit of ");
+    EXPECT_HAS(m, "yaml-cpp: bad file");
+  }
 }
 
 TEST(Config, DuplicateKeyIsAnError) {

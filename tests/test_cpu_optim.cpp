@@ -1,11 +1,14 @@
 // The offload optimizers (optim/cpu_adamw.hpp) against torch::optim per parameter, the compute
 // dtype copy they write in the same pass, and the step scalars.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <iterator>
 
 #include "optim/cpu_adamw.hpp"
 
@@ -163,6 +166,19 @@ TEST(CpuAdamW, GradScaleAndFoundInf) {
   EXPECT_TRUE(at::equal(out, before.to(at::kHalf)));
 }
 
+// Reading a device scalar per update window was two host syncs per bucket under offload: the
+// CPU optimizer takes host scalars only, and the engine reads them back once a step
+// (OptimizerOffload::host_scalars).
+TEST(CpuAdamW, TakesItsStepScalarsFromHostMemoryOnly) {
+  auto a = make_cpu_adamw({}, 10, {{0, 10}}, at::kFloat);
+  at::Tensor p = at::zeros({10}), g = at::ones({10});
+  a->begin_step(p, g, 0.01);
+  const at::Tensor meta = at::empty({1}, at::TensorOptions().device(at::kMeta));
+  EXPECT_THROW(a->update_to(p, g, 0.01, {meta, {}}, {0, 10}, {}), c10::Error);
+  EXPECT_THROW(a->update_to(p, g, 0.01, {{}, meta}, {0, 10}, {}), c10::Error);
+  EXPECT_TRUE(at::equal(p, at::zeros({10}))) << "nothing applied";
+}
+
 TEST(CpuAdamW, CopyInEveryComputeDtypeIsTheMasterRounded) {
   const int64_t n = 40'001;
   at::Tensor g = at::randn({n});
@@ -191,6 +207,66 @@ TEST(CpuAdamW, AgreesWithTheFusedShardOptimizer) {
     ours->step(b, g, lr_for(s));
   }
   expect_close_per_parameter(a, b, {n / 2, n - n / 2}, kSteps);
+}
+
+// The kernels unscale the gradient by multiplying with 1 / grad_scale when that reciprocal is
+// exact (a power of two: the engine's usual scale), else by dividing; either way each element
+// must be grad / grad_scale rounded once, as ATen's fused kernel computes it: the same bits as
+// an unscaled step on at::div(grad, grad_scale). Some gradients make subnormal quotients.
+TEST(CpuOptim, UnscalingIsOneCorrectlyRoundedDivision) {
+  const int64_t n = 4099;  // a vector tail too
+  for (const float scale : {1.0f, 4.0f, 0.25f, 1024.0f, 3.0f, 6.5f, 1e-3f}) {
+    at::manual_seed(11);
+    at::Tensor p0 = at::randn({n});
+    auto scaled = make_cpu_adamw({}, n, {{0, n / 2}}, at::kFloat);
+    auto plain = make_cpu_adamw({}, n, {{0, n / 2}}, at::kFloat);
+    auto sgd_scaled = make_cpu_sgd({0.9, 0, 0.01, false}, n, {{0, n}}, at::kFloat);
+    auto sgd_plain = make_cpu_sgd({0.9, 0, 0.01, false}, n, {{0, n}}, at::kFloat);
+    at::Tensor a = p0.clone(), b = p0.clone(), c = p0.clone(), d = p0.clone();
+    const at::Tensor s = at::full({1}, scale);
+    for (int step = 0; step < 4; ++step) {
+      at::Tensor g = at::randn({n}) * scale;
+      g.narrow(0, 0, 8).mul_(1e-37);
+      scaled->step(a, g, lr_for(step), {s, at::zeros({1})});
+      plain->step(b, at::div(g, scale), lr_for(step));
+      sgd_scaled->step(c, g, lr_for(step), {s, at::zeros({1})});
+      sgd_plain->step(d, at::div(g, scale), lr_for(step));
+    }
+    EXPECT_TRUE(at::equal(a, b)) << "AdamW, grad_scale " << scale;
+    EXPECT_TRUE(at::equal(c, d)) << "SGD, grad_scale " << scale;
+  }
+}
+
+// torchrun sets OMP_NUM_THREADS=1: a configured thread count must still be used (the optimizer's
+// own pool: the process gains threads - 1 threads at the first update large enough to split),
+// and the split must not change a bit of the result.
+TEST(CpuOptim, UsesItsThreadsWhateverTorchsIntraOpCountAndSplitsExactly) {
+  const int torch_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto threads_now = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                         std::filesystem::directory_iterator());
+  };
+  const int64_t n = 300'001;
+  at::manual_seed(13);
+  const at::Tensor p0 = at::randn({n});
+  auto one = make_cpu_adamw({}, n, {{0, n / 3}}, at::kFloat, {1, false});
+  auto three = make_cpu_adamw({}, n, {{0, n / 3}}, at::kFloat, {3, false});
+  at::Tensor a = p0.clone(), b = p0.clone();
+  at::Tensor out_a = at::empty({n}, at::kBFloat16), out_b = at::empty({n}, at::kBFloat16);
+  const auto before = threads_now();
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor g = at::randn({n});
+    one->begin_step(a, g, lr_for(step));
+    one->update_to(a, g, lr_for(step), {}, {0, n}, out_a);
+    three->begin_step(b, g, lr_for(step));
+    three->update_to(b, g, lr_for(step), {}, {0, n}, out_b);
+  }
+  EXPECT_EQ(threads_now() - before, 2) << "a pool of 2 besides the calling thread";
+  EXPECT_TRUE(at::equal(a, b));
+  EXPECT_TRUE(at::equal(out_a, out_b));
+  EXPECT_TRUE(at::equal(one->state()[1].second, three->state()[1].second));
+  at::set_num_threads(torch_threads);
 }
 
 TEST(CpuOptim, RejectsDeviceShardsAndBadCopies) {

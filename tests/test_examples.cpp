@@ -15,6 +15,7 @@
 
 #include "data.hpp"
 #include "gpt.hpp"
+#include "launcher_check.hpp"
 #include "metrics.hpp"
 #include "support/thread_group.hpp"
 #include "zero/engine.hpp"
@@ -240,6 +241,49 @@ TEST(Metrics, FlopsPerTokenFollowsPalm) {
   const double n = static_cast<double>(c.num_params());  // tied: the table is also the head
   EXPECT_DOUBLE_EQ(flops_per_token(c, 128),
                    6 * n + 12.0 * c.layers * c.heads * (c.dim / c.heads) * 128);
+}
+
+// A step fp16 skipped has no norm of its own: the line says so instead of the engine's
+// last_grad_norm (0.000 when no step was applied yet).
+// The launcher check's spacing: every step until a step time is known, then as many steps as
+// fit the budget, never more than steps_per_print, never fewer than one.
+TEST(LauncherCheck, SpacingFitsTheBudget) {
+  LauncherCheck c(5.0, 2000);  // 5 s budget, steps_per_print 2000
+  EXPECT_TRUE(c.due(1, false));
+  c.checked(1, 0.004);  // 4 ms steps: 1250 fit in 5 s
+  EXPECT_EQ(c.interval(), 1250);
+  EXPECT_FALSE(c.due(1250, false));
+  EXPECT_TRUE(c.due(1251, false));
+  EXPECT_TRUE(c.due(7, true)) << "print steps always check";
+  c.checked(1251, 0.0001);  // faster than steps_per_print steps per budget: print steps only
+  EXPECT_EQ(c.interval(), 2000);
+  c.checked(3251, 30.0);  // a step longer than the budget: check every step
+  EXPECT_EQ(c.interval(), 1);
+  EXPECT_TRUE(c.due(3252, false));
+  c.checked(3252, 0.0);  // no time measured: keep the interval
+  EXPECT_EQ(c.interval(), 1);
+  LauncherCheck every(5.0, 1);  // steps_per_print 1
+  every.checked(1, 0.001);
+  EXPECT_EQ(every.interval(), 1);
+}
+
+TEST(Metrics, SkippedStepShowsNoNorm) {
+  StepRecord r;
+  r.step = 3, r.total_steps = 10, r.step_s = 0.1, r.grad_norm = 0;
+  EXPECT_NE(format_progress(r).find("grad_norm 0.000  "), std::string::npos);
+  r.skipped = true;
+  const std::string line = format_progress(r);
+  EXPECT_NE(line.find("grad_norm skipped (overflow)  tokens/s"), std::string::npos) << line;
+  const fs::path p = fs::temp_directory_path() / ("zero_skip_" + std::to_string(::getpid()));
+  {
+    MetricsLog log(p.string());
+    log.write(r);
+  }
+  std::ifstream in(p);
+  std::string json;
+  std::getline(in, json);
+  EXPECT_NE(json.find("\"grad_norm\": null, \"skipped\": true,"), std::string::npos) << json;
+  fs::remove(p);
 }
 
 TEST(Metrics, JsonlLinesAreWellFormed) {

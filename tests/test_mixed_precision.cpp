@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
@@ -168,6 +171,47 @@ TEST_P(Fp16Overflow, OneRanksInfSkipsTheSameStepEverywhere) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Fp16Overflow, ::testing::Values(0, 1, 2));
+
+// The overflow messages name the step as DeepSpeed counts it (skipped ones included: every one
+// said "step 0" while all overflowed), and an overflow hysteresis absorbs says so instead of
+// showing an unchanged scale. The expected scales follow fp16.hysteresis 2 by hand: the first
+// overflow is absorbed, each later one halves 256.
+TEST(Fp16OverflowMessages, NameTheRealStepAndTheHysteresis) {
+  Config cfg = test_config(2, kRows / 2, 1, 0);
+  cfg.fp16.enabled = true;
+  cfg.fp16.initial_scale_power = 8;
+  cfg.fp16.hysteresis = 2;
+  std::vector<bool> skipped_flags;
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    const int r = group->rank();
+    auto net = make_tiny_net(5);
+    auto engine = initialize(net, cfg, group);
+    for (int s = 0; s < 4; ++s) {
+      Batch b = rank_micro_batch(global_batch(s, kRows), r, 2, 0, 1);
+      at::Tensor x = b.x.to(at::kHalf).fill_(std::numeric_limits<float>::infinity());
+      engine.backward(mse(net->forward(x).to(at::kFloat), b.y));
+      EXPECT_FALSE(engine.step());
+      if (r == 0) skipped_flags.push_back(engine.settled_stats().last_step_skipped);
+    }
+    EXPECT_EQ(engine.stats().skipped_steps, 4);
+    EXPECT_EQ(engine.stats().optimizer_steps, 0);
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(skipped_flags, std::vector<bool>(4, true));
+  const char* want[] = {
+      "zero: fp16 gradient overflow at optimizer step 0 (1 skipped, 0 applied so far): step "
+      "skipped on every rank, loss scale 256 kept: fp16.hysteresis absorbed this overflow (1 "
+      "more in a row lower it)\n",
+      "zero: fp16 gradient overflow at optimizer step 1 (2 skipped, 0 applied so far): step "
+      "skipped on every rank, loss scale 256 -> 128\n",
+      "at optimizer step 2 (3 skipped, 0 applied so far): step skipped on every rank, loss "
+      "scale 128 -> 64\n",
+      "at optimizer step 3 (4 skipped, 0 applied so far): step skipped on every rank, loss "
+      "scale 64 -> 32\n"};
+  for (const char* w : want) EXPECT_NE(err.find(w), std::string::npos) << w << " in:\n" << err;
+  EXPECT_EQ(err.find("at optimizer step 4"), std::string::npos) << err;
+}
 
 // The device scaler (the engine's) follows the host state machine (the rules' definition)
 // through a random sequence of overflows, with hysteresis and a short window.

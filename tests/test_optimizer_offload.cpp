@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 
@@ -22,6 +25,7 @@
 #include "zero/engine.hpp"
 #include "zero/grad_buckets.hpp"
 #include "zero/grad_to_host.hpp"
+#include "zero/optimizer_offload.hpp"
 #include "zero/shard_info.hpp"
 
 namespace zero::testing {
@@ -142,6 +146,31 @@ TEST(OffloadBf16, MastersMatchTheEngineWithoutOffload) {
     // The module's bf16 weights are the masters rounded, on both.
     expect_close_per_parameter(on.params[r], off.params[r], 1.0 / 128, "bf16 weights");
     EXPECT_TRUE(at::equal(on.params[r], on.masters[r].to(at::kBFloat16).to(at::kFloat)));
+  }
+}
+
+// The host step's threads: the configured count, or this rank's share of the cores it may run
+// on among the node's ranks (torchrun's OMP_NUM_THREADS=1 is not it).
+TEST(OffloadThreads, ConfiguredCountOrThisRanksShareOfTheCores) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const int cores = CPU_COUNT(&set);
+  const char* saved = std::getenv("LOCAL_WORLD_SIZE");
+  const std::string keep = saved ? saved : "";
+  EXPECT_EQ(host_step_threads(3), 3);
+  setenv("LOCAL_WORLD_SIZE", "1", 1);
+  EXPECT_EQ(host_step_threads(0), cores);
+  setenv("LOCAL_WORLD_SIZE", std::to_string(cores * 4).c_str(), 1);
+  EXPECT_EQ(host_step_threads(0), 1) << "never 0";
+  if (cores >= 2) {
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    EXPECT_EQ(host_step_threads(0), cores / 2);
+  }
+  if (saved) {
+    setenv("LOCAL_WORLD_SIZE", keep.c_str(), 1);
+  } else {
+    unsetenv("LOCAL_WORLD_SIZE");
   }
 }
 
@@ -343,6 +372,12 @@ TEST(OffloadMemory, HostHoldsMasterStatesAndGradientShard) {
         3 * 2 * tiny_net_layout(2, cfg.zero_optimization.reduce_bucket_size).chunk_numel();
     EXPECT_EQ(r.host_measured, shard * (4 + 8 + 4 + 2) + ring);
     EXPECT_EQ(r.host_predicted, r.host_measured);
+    // Nothing is page-locked without CUDA; with it, the pinned blocks are rounded up.
+    if (at::hasCUDA()) {
+      EXPECT_GE(r.host_pinned, r.host_measured);
+    } else {
+      EXPECT_EQ(r.host_pinned, r.host_measured);
+    }
     // What stays on the device: the bf16 parameters and the bucket buffers.
     EXPECT_EQ(r.measured.total() - r.host_measured,
               r.measured.params + r.measured.comm_buffers - shard * 2 - ring);

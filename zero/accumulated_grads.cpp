@@ -92,6 +92,9 @@ class AccumulatedGrads final : public GradSync {
   int64_t grad_bytes() const override { return full_.nbytes() + (sharded_ ? shard_.nbytes() : 0); }
   int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
   int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
+  int64_t host_staging_pinned_bytes() const override {
+    return to_host_ ? to_host_->pinned_bytes() : 0;
+  }
   int bucket_buffers() const override { return pipeline_.buffers(); }
   int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
 

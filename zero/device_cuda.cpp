@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "zero/device.hpp"
+#include "zero/device_allocator.hpp"
 
 namespace zero {
 
@@ -17,7 +18,8 @@ std::string device_name(c10::Device device) {
 }
 
 DeviceMemory device_memory(c10::Device device) {
-  if (!device.is_cuda()) return {};
+  if (device.is_cpu()) return {};
+  if (!device.is_cuda()) return detail::registered_allocator_memory(device);
   const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
   using c10::CachingAllocator::StatType;
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
@@ -36,7 +38,7 @@ DeviceMemory device_memory(c10::Device device) {
 }
 
 int64_t allocated_bytes(c10::Device device) {
-  if (!device.is_cuda()) return host_allocated_bytes();
+  if (device.is_cpu()) return host_allocated_bytes();
   return device_memory(device).allocated;
 }
 
@@ -45,7 +47,8 @@ void set_current_device(c10::Device device) {
 }
 
 void reset_peak_memory(c10::Device device) {
-  if (!device.is_cuda()) return;
+  if (device.is_cpu()) return;
+  if (!device.is_cuda()) return detail::reset_registered_allocator_peak(device);
   const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
   c10::cuda::CUDACachingAllocator::resetPeakStats(index);
 }

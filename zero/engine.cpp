@@ -103,10 +103,12 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
                                       const optim::ShardOptimizer::Scalars& scalars) {
   auto& o = *opt.optimizer;
   if (offload) {
-    // The CPU step of each bucket writes the compute-dtype copy that its gather sends.
+    // The CPU step of each bucket writes the compute-dtype copy that its gather sends. The
+    // scalars reach the host once here, not once per bucket.
+    const optim::ShardOptimizer::Scalars host = OptimizerOffload::host_scalars(scalars);
     o.begin_step(fp.master, grad, lr);
     publish_from([&](const BucketSlot& b) {
-      return offload->update_bucket(&o, fp.master, grad, lr, scalars, b);
+      return offload->update_bucket(&o, fp.master, grad, lr, host, b, own_part(b));
     });
     return;
   }
@@ -137,10 +139,15 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
   });
 }
 
+at::Tensor Engine::Impl::own_part(const BucketSlot& b) const {
+  const int64_t S = b.shard.shard_numel();
+  return fp.flat.narrow(0, b.flat_offset + group->rank() * S, S);
+}
+
 void Engine::Impl::publish_parameters(const std::function<void(const BucketSlot&)>& before) {
   publish_from([&](const BucketSlot& b) {
     if (before) before(b);
-    if (offload) return offload->update_bucket(nullptr, fp.master, {}, 0, {}, b);
+    if (offload) return offload->update_bucket(nullptr, fp.master, {}, 0, {}, b, own_part(b));
     at::Tensor in = fp.bucket_master(b);
     return param_dtype != at::kFloat ? in.to(param_dtype) : in;
   });
@@ -162,6 +169,7 @@ void Engine::Impl::publish_from(const std::function<at::Tensor(const BucketSlot&
   };
   std::deque<InFlight> inflight;
   int64_t inflight_numel = 0;
+  if (offload) offload->begin_publish();
   const auto wait_oldest = [&] {
     inflight.front().work.wait();
     inflight_numel -= inflight.front().numel;
@@ -233,7 +241,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
     for (const auto& p : model->parameters()) {
       t.num_params += p.numel();
       t.device = p.device();
-      if (p.is_cuda()) t.held_bytes += static_cast<int64_t>(p.nbytes());
+      if (!p.is_cpu()) t.held_bytes += static_cast<int64_t>(p.nbytes());
     }
     resolve_auto(cfg, t, *group);
   }
@@ -290,7 +298,12 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
 
   if (c.fp16.enabled) impl->scaler = DeviceLossScaler(c.fp16, impl->fp.flat.device());
   const int owner = impl->stage == 0 ? 0 : impl->group->rank();
-  impl->opt = make_optimizer(c, impl->fp.layout, owner, impl->fp.flat.options().dtype(at::kFloat));
+  // Under offload the optimizer state lives with the master shard in host memory, wherever the
+  // parameters are; otherwise beside the flat buffer on the device.
+  const at::TensorOptions state_opts = impl->offload
+                                           ? at::TensorOptions().dtype(at::kFloat)
+                                           : impl->fp.flat.options().dtype(at::kFloat);
+  impl->opt = make_optimizer(c, impl->fp.layout, owner, state_opts);
 
   impl->hooks.install(impl.get(), impl->fp.params);
   impl->allocator_delta = allocated_bytes(device) - allocated_before;
@@ -359,6 +372,7 @@ void Engine::Impl::settle() {
   const at::Tensor v = verdict.get();
   const double* x = v.data_ptr<double>();
   const double norm = x[0];
+  stats.last_step_skipped = x[1] != 0;
   if (x[1] == 0) {
     stats.last_grad_norm = norm;
     return;
@@ -367,10 +381,25 @@ void Engine::Impl::settle() {
   opt.optimizer->undo_step();
   --stats.optimizer_steps;
   if (scaler.active()) {
+    // The step as DeepSpeed counts it (skipped ones included): optimizer_steps counts only
+    // the applied ones, so it stays put while every step overflows.
+    const int64_t step = stats.optimizer_steps + stats.skipped_steps;
     ++stats.skipped_steps;
     if (group->rank() == 0) {
-      std::cerr << "zero: fp16 gradient overflow at optimizer step " << stats.optimizer_steps
-                << ": step skipped on every rank, loss scale " << x[2] << " -> " << x[3] << "\n";
+      std::ostringstream os;
+      os << "zero: fp16 gradient overflow at optimizer step " << step << " (" << stats.skipped_steps
+         << " skipped, " << stats.optimizer_steps
+         << " applied so far): step skipped on every rank, ";
+      if (x[3] != x[2]) {
+        os << "loss scale " << x[2] << " -> " << x[3];
+      } else if (x[5] < x[4]) {
+        // fp16.hysteresis: only that many overflows in a row lower the scale.
+        os << "loss scale " << x[2] << " kept: fp16.hysteresis absorbed this overflow (" << x[5]
+           << " more in a row lower it)";
+      } else {
+        os << "loss scale " << x[2] << " kept (static, or at fp16.min_loss_scale)";
+      }
+      std::cerr << os.str() << "\n";
     }
     return;
   }
@@ -406,7 +435,13 @@ bool Engine::step() {
   } else {
     sq = squared_norm(g, m.fp.layout);
     // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
-    if (m.offload) sq = sq.to(m.fp.flat.device());
+    // From page-locked memory the upload is queued, not waited for (a pageable one would
+    // synchronise the stream).
+    if (m.offload && m.fp.flat.is_cuda()) {
+      sq = sq.pin_memory().to(m.fp.flat.device(), /*non_blocking=*/true);
+    } else if (m.offload) {
+      sq = sq.to(m.fp.flat.device());
+    }
     if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
   }
   // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
@@ -428,6 +463,8 @@ bool Engine::step() {
     grad_scale = divisor / coef;
   }
   const at::Tensor scale_before = m.scaler.active() ? m.scaler.scale_tensor() : divisor;
+  // fp16.hysteresis: how many more overflows in a row the scale tolerates, before and after.
+  const at::Tensor left_before = m.scaler.active() ? m.scaler.hysteresis_left() : divisor;
 
   const double lr = m.opt.schedule->lr_at(m.stats.optimizer_steps);
   // After a skipped step the master is unchanged, so this republishes the same values.
@@ -437,7 +474,11 @@ bool Engine::step() {
   ++m.stats.optimizer_steps;
 
   const at::Tensor scale_after = m.scaler.active() ? m.scaler.scale_tensor() : divisor;
-  m.verdict.start(at::cat({norm, found_inf, scale_before, scale_after}).to(at::kDouble));
+  // How many more overflows in a row the scale tolerates before it drops (fp16.hysteresis).
+  const at::Tensor left_after = m.scaler.active() ? m.scaler.hysteresis_left() : left_before;
+  const auto as_double = [](const at::Tensor& t) { return t.reshape({1}).to(at::kDouble); };
+  m.verdict.start(at::cat({as_double(norm), as_double(found_inf), as_double(scale_before),
+                           as_double(scale_after), as_double(left_before), as_double(left_after)}));
   if (!m.verdict.ready()) return true;  // CUDA: the outcome reaches the host at the next step
   const int64_t skipped = m.stats.skipped_steps;
   m.settle();
@@ -480,10 +521,19 @@ MemoryReport Engine::memory_report() const {
     r.measured.comm_buffers += staging;
     r.host_measured =
         r.measured.master + r.measured.optimizer + m.sync->grad_shard().nbytes() + staging;
+    // As the page-locked allocator holds them (pin_memory on a CUDA build: each block rounded
+    // up to a power of two), which is what the host really gives up.
+    r.host_pinned = optim::host_bytes(m.fp.master) + optim::host_bytes(m.sync->grad_shard()) +
+                    optim::host_bytes(m.offload->staging()) + m.sync->host_staging_pinned_bytes();
+    for (const auto& s : m.opt.optimizer->state()) r.host_pinned += optim::host_bytes(s.second);
+    r.host_pinned += m.opt.optimizer->scratch_bytes();
   }
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;
-  r.allocator = m.fp.flat.is_cuda() ? "CUDA caching allocator" : "mallinfo2, process-wide";
+  const c10::Device dev = m.fp.flat.device();
+  r.allocator = dev.is_cpu()    ? "mallinfo2, process-wide"
+                : dev.is_cuda() ? "CUDA caching allocator"
+                                : c10::DeviceTypeName(dev.type(), /*lower_case=*/true) + " allocator";
 
   MemoryModelInput in;
   in.num_params = r.num_params;

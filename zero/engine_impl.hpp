@@ -71,6 +71,10 @@ struct Engine::Impl {
   // The same with each bucket's shard values, in the compute dtype on the device, from `source`
   // (which may update them first).
   void publish_from(const std::function<at::Tensor(const BucketSlot&)>& source);
+  // This rank's part of bucket b's all-gather output in the flat buffer. Under offload the new
+  // values are uploaded straight there and the gather runs in place (its input inside its
+  // output at the rank's offset, which NCCL and gloo both accept): no device temporary.
+  at::Tensor own_part(const BucketSlot& b) const;
 
   // The gradient path for the current layout (zero/engine.cpp).
   void make_sync();

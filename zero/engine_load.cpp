@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iostream>
 #include <map>
 
 #include "zero/engine_checkpoint.hpp"
@@ -148,6 +149,24 @@ void read_into_states(Engine::Impl& m, const ckpt::Manifest& man,
       });
 }
 
+// The key that makes a run compute in `dtype`, for the message below.
+std::string dtype_setting(const std::string& dtype) {
+  if (dtype == dtype_name(Dtype::kBFloat16)) return "bf16.enabled: true";
+  if (dtype == dtype_name(Dtype::kFloat16)) return "fp16.enabled: true";
+  return "bf16.enabled and fp16.enabled false";
+}
+
+// Loading across compute dtypes is allowed (the shards hold fp32 masters either way), but it
+// changes the run's precision: say so rather than change it without a word.
+void warn_dtype_change(const Engine::Impl& m, const ckpt::Manifest& man, const std::string& dir) {
+  const std::string now = ckpt::current_dtype(m);
+  if (m.group->rank() != 0 || man.param_dtype == now) return;
+  std::cerr << "zero: warning: " << dir << " was saved by a run computing in " << man.param_dtype
+            << "; this run computes in " << now << ": training goes on from the checkpoint's fp32 "
+            << "master weights in " << now << " (to keep " << man.param_dtype << ", set "
+            << dtype_setting(man.param_dtype) << ")\n";
+}
+
 void restore_counters(Engine::Impl& m, const ckpt::Manifest& man) {
   if (m.verdict.pending()) m.verdict.get();  // a step taken before the load no longer counts
   m.deferred_error.clear();
@@ -227,6 +246,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   }
   ckpt::agree(m, err, what);
   restore_counters(m, man);
+  warn_dtype_change(m, man, tag_dir);
   m.publish_parameters();
   m.sync->zero_grad();
   return tag;

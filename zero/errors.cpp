@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 namespace zero {
 
@@ -19,8 +20,11 @@ int run_main(const char* program, const std::function<int()>& body) {
     return body();
   } catch (const std::exception& e) {
     const char* rank = std::getenv("RANK");
+    // The program's prefix replaces the library's own "zero: ": one prefix per line.
+    std::string msg = error_message(e);
+    if (msg.rfind("zero: ", 0) == 0) msg.erase(0, 6);
     std::fprintf(stderr, "%s%s%s: error: %s\n", program, rank ? " rank " : "", rank ? rank : "",
-                 error_message(e).c_str());
+                 msg.c_str());
     if (dynamic_cast<const StartupTimeout*>(&e) != nullptr) {
       // A c10d call is still blocked on a helper thread: static destructors must not run
       // under it.

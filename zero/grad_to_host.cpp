@@ -63,6 +63,12 @@ void GradToHost::abort() {
   pending_.clear();
 }
 
+int64_t GradToHost::pinned_bytes() const {
+  int64_t n = 0;
+  for (const auto& s : slots_) n += optim::host_bytes(s);
+  return n;
+}
+
 int64_t GradToHost::bytes() const {
   int64_t n = 0;
   for (const auto& s : slots_) n += s.nbytes();

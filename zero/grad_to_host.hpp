@@ -45,8 +45,9 @@ class GradToHost {
   // After a failed backward: waits for the copies in flight (their slots may be written until
   // then) and drops them without touching the shard.
   void abort();
-  // The page-locked staging ring.
+  // The page-locked staging ring: its tensors' bytes, and what the pinned allocator holds for them.
   int64_t bytes() const;
+  int64_t pinned_bytes() const;
 
  private:
   void land_oldest();

@@ -54,6 +54,8 @@ DeviceLossScaler::DeviceLossScaler(const Fp16Config& cfg, at::Device device)
 
 at::Tensor DeviceLossScaler::scale_tensor() const { return state_.narrow(0, 0, 1).to(at::kFloat); }
 
+at::Tensor DeviceLossScaler::hysteresis_left() const { return state_.narrow(0, 3, 1).clone(); }
+
 // LossScaler::update as branch-free tensor arithmetic: every term is a 0/1 mask, so the new
 // state is a blend of the candidates and nothing is read back.
 void DeviceLossScaler::update(const at::Tensor& found_inf) {

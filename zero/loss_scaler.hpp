@@ -60,6 +60,9 @@ class DeviceLossScaler {
   bool active() const { return state_.defined(); }
   // fp32 one-element tensor on the device (only when active()).
   at::Tensor scale_tensor() const;
+  // A copy of the overflows the scale still tolerates before it drops (fp16.hysteresis), on the
+  // device: a one-element fp64 tensor.
+  at::Tensor hysteresis_left() const;
   // found_inf: one-element tensor on the device, 1 where the step overflowed.
   void update(const at::Tensor& found_inf);
   double scale() const;

@@ -10,6 +10,7 @@
 #include "optim/adamw.hpp"
 #include "optim/cpu_adamw.hpp"
 #include "optim/sgd.hpp"
+#include "zero/optimizer_offload.hpp"
 
 namespace zero {
 namespace {
@@ -137,7 +138,7 @@ OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int 
   // Optimizer offload: the host kernels, which also write the compute-dtype copy.
   const auto& off = cfg.zero_optimization.offload_optimizer;
   const bool offload = off.enabled;
-  const optim::HostOptimizerOptions host{off.threads, off.pin_memory};
+  const optim::HostOptimizerOptions host{host_step_threads(off.threads), off.pin_memory};
   OptimizerBundle b;
   const std::string type = lower(o.type);
   if (type == "adamw" || type == "adam") {

@@ -116,6 +116,9 @@ class PartitionedGrads final : public GradSync {
   int64_t grad_bytes() const override { return shard_.nbytes(); }
   int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
   int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
+  int64_t host_staging_pinned_bytes() const override {
+    return to_host_ ? to_host_->pinned_bytes() : 0;
+  }
   int bucket_buffers() const override { return pipeline_.buffers(); }
   int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
 

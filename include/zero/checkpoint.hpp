@@ -72,8 +72,9 @@ class ActivationOffloader {
 };
 
 struct CheckpointOptions {
-  // Replays the default CPU (and, for CUDA inputs, CUDA) generator state in the recomputation, so
-  // dropout masks match forward's. Costs a state copy per call; turn off for deterministic blocks.
+  // Replays the default CPU (and, for inputs on an accelerator, its) generator state in the
+  // recomputation, so dropout masks match forward's. Costs a state copy per call; turn off for
+  // deterministic blocks.
   bool preserve_rng_state = true;
   // Not owned; copied (a handle) into each checkpoint's graph node.
   ActivationOffloader* offload = nullptr;

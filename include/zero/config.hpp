@@ -182,7 +182,8 @@ struct Config {
   // `overrides` are "dotted.key=value" strings (from --set); they are checked like file keys.
   static Config from_file(const std::string& path, const std::vector<std::string>& overrides = {},
                           const Extension* ext = nullptr);
-  static Config from_string(const std::string& text, const std::string& source_name,
+  // `source_name` names the text in messages ("<string>" when the caller has no better name).
+  static Config from_string(const std::string& text, const std::string& source_name = "<string>",
                             const std::vector<std::string>& overrides = {},
                             const Extension* ext = nullptr);
 

@@ -1,6 +1,8 @@
 // What the accelerator says about itself: its name (for the peak-FLOP/s table behind MFU) and
 // the caching allocator's memory counters. One implementation per device family, picked by
-// CMake (zero/device_cuda.cpp or zero/device_cpu.cpp), so callers need no #ifdef.
+// CMake (zero/device_cuda.cpp or zero/device_cpu.cpp), so callers need no #ifdef. Any other
+// device type (a backend registered as PrivateUse1) is read through the allocator registered
+// for it, when that is a c10::DeviceAllocator (zero/device_allocator.hpp).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -28,7 +30,8 @@ void set_current_device(c10::Device device);
 // Starts a new peak_allocated window (no-op on CPU).
 void reset_peak_memory(c10::Device device);
 // Bytes the allocator behind `device` has handed out and not taken back, as the allocator itself
-// counts them: on CUDA the caching allocator's allocated bytes; on CPU glibc's mallinfo2 (heap
+// counts them: on CUDA the caching allocator's allocated bytes (on another registered device
+// type, its c10::DeviceAllocator's); on CPU glibc's mallinfo2 (heap
 // chunks in use plus mmapped chunks, over all arenas, so process-wide). The engine's memory
 // report and tests compare its deltas with the ZeRO formula: an independent measurement, not
 // the engine's own list of tensors.

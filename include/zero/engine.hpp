@@ -40,6 +40,9 @@ struct EngineStats {
   int64_t optimizer_steps = 0;
   int64_t micro_steps = 0;
   int64_t skipped_steps = 0;  // fp16 overflows: the step was skipped on every rank
+  // Whether the last optimizer step was skipped (fp16 overflow): last_grad_norm is then the
+  // norm of the last step that was applied, not of this one.
+  bool last_step_skipped = false;
   // The gradient bucket pool: its buffers (a fixed number; gradients that arrive for a bucket
   // further ahead wait in autograd's tensor instead of growing it) and the most in use at once.
   int64_t bucket_buffers = 0;

@@ -71,6 +71,11 @@ struct MemoryReport {
   // the device. 0 without offload.
   int64_t host_measured = 0;
   int64_t host_predicted = 0;
+  // What those host buffers really hold: a page-locked one (pin_memory on a CUDA build) takes a
+  // block of the caching host allocator, which rounds each request up to a power of two (below
+  // PYTORCH_CUDA_ALLOC_CONF's pinned_max_round_threshold_mb) and keeps it cached after free.
+  // Equal to host_measured when nothing is pinned (CPU-only builds, pin_memory: false).
+  int64_t host_pinned = 0;
 };
 
 // A fixed-width table, one row per category, measured vs predicted.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # torchrun killed (kill -9) mid-run: its ranks must not train on unsupervised. They notice the
 # launcher is gone, agree on a step, save a last checkpoint (saving is configured) and stop with
-# an error that says so, within seconds. The checkpoint they leave is complete: `latest` names
+# an error that says so, within seconds, although steps_per_print is far beyond the run (the
+# ranks check between print steps too). The checkpoint they leave is complete: `latest` names
 # it and a resumed run continues from it.
 set -uo pipefail
 train=$1
@@ -10,7 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"
 use_scratch
 port=$((36000 + RANDOM % 2000))
 common=(--config "$src/configs/zero2.yaml" --set trainer.model=tiny --set trainer.seq_len=32
-        --set train_micro_batch_size_per_gpu=2 --set steps_per_print=1 --set comm_timeout_s=30
+        --set train_micro_batch_size_per_gpu=2 --set steps_per_print=100000 --set comm_timeout_s=30
         --set trainer.save_dir="$out/ckpt" --set trainer.save_interval=1000)
 
 torchrun --no-python --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port \
@@ -21,10 +22,12 @@ pids+=($launcher)
 waited=0
 # --redirects: each rank writes its own files under the log directory, which outlive torchrun.
 rank0_out() { cat "$out"/logs/*/attempt_0/0/stdout.log 2> /dev/null; }
-until [ "$(rank0_out | grep -c '^step ')" -ge 3 ] || [ $waited -ge 1200 ]; do
+# Step 1 is always printed; then a few seconds of training.
+until [ "$(rank0_out | grep -c '^step ')" -ge 1 ] || [ $waited -ge 1200 ]; do
   sleep 0.1
   waited=$((waited + 1))
 done
+sleep 3
 check "training started under torchrun" test $waited -lt 1200
 mapfile -t ranks < <(pgrep -P $launcher -f zero-train)
 check "torchrun started 2 ranks" test ${#ranks[@]} -eq 2
@@ -57,5 +60,33 @@ timeout 300 torchrun --no-python --standalone --nproc-per-node 2 --master-port $
   "$train" "${common[@]}" --set trainer.steps=$((step + 2)) --set trainer.resume=auto \
   > "$out/resume.out" 2>&1
 check "a resumed run continues from step$step" grep -q "loaded $out/ckpt/step$step" "$out/resume.out"
+
+# A lone rank under torchrun (a world of one needs no process group) is supervised too.
+torchrun --no-python --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((port + 2)) \
+  --redirects 3 --log-dir "$out/logs1" "$train" "${common[@]}" --set trainer.steps=100000 \
+  --set trainer.save_dir="$out/ckpt1" > "$out/run1.out" 2> "$out/run1.err" &
+launcher=$!
+pids+=($launcher)
+waited=0
+until grep -q '^step ' "$out"/logs1/*/attempt_0/0/stdout.log 2> /dev/null || [ $waited -ge 1200 ]; do
+  sleep 0.1
+  waited=$((waited + 1))
+done
+sleep 2
+mapfile -t ranks < <(pgrep -P $launcher -f zero-train)
+check "torchrun started 1 rank" test ${#ranks[@]} -eq 1
+pids+=("${ranks[@]}")
+{
+  kill -9 $launcher
+  wait $launcher
+} 2> /dev/null
+killed_at=$SECONDS
+while kill -0 "${ranks[0]}" 2> /dev/null && [ $SECONDS -lt $((killed_at + 30)) ]; do sleep 0.1; done
+check "the lone rank stops within comm_timeout_s (30 s) of the launcher's death" \
+  bash -c "! kill -0 ${ranks[0]} 2> /dev/null"
+echo "  the lone rank stopped $((SECONDS - killed_at)) s after torchrun was killed"
+check "the lone rank says the launcher exited" grep -Eq \
+  "zero-train rank 0: error: the launcher \(pid $launcher\) exited during training; stopping at step [0-9]+ after saving" \
+  "$out"/logs1/*/attempt_0/0/stderr.log
 
 summary

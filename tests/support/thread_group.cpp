@@ -12,7 +12,7 @@
 namespace zero::testing {
 
 void run_ranks(int world, const std::function<void(std::shared_ptr<comm::Group>)>& fn,
-               std::chrono::milliseconds timeout) {
+               std::chrono::milliseconds timeout, c10::DeviceType device) {
   // Ranks share two cores: intra-op threads would only oversubscribe them.
   at::set_num_threads(1);
   // torch 2.11's c10d flight recorder inserts into its process-group map before taking its
@@ -27,6 +27,7 @@ void run_ranks(int world, const std::function<void(std::shared_ptr<comm::Group>)
       try {
         comm::GroupOptions opts;
         opts.timeout = timeout;
+        opts.device = device;
         fn(comm::Group::over_store(store, r, world, opts));
       } catch (...) {
         errors[r] = std::current_exception();

@@ -11,7 +11,10 @@
 namespace zero::testing {
 
 // Runs fn(group) on `world` threads and rethrows the first failure (after all threads ended).
+// `device`: the device type of the tensors the groups move (another than CPU: gloo through host
+// copies, comm/group.hpp).
 void run_ranks(int world, const std::function<void(std::shared_ptr<comm::Group>)>& fn,
-               std::chrono::milliseconds timeout = std::chrono::seconds(60));
+               std::chrono::milliseconds timeout = std::chrono::seconds(60),
+               c10::DeviceType device = c10::DeviceType::CPU);
 
 }  // namespace zero::testing

@@ -149,7 +149,7 @@ struct Manifest {
   std::string param_dtype = "fp32";
   std::string optimizer;
   std::vector<std::string> state_names;
-  std::string param_groups;  // param_groups_text(optimizer.param_groups); "" for none
+  std::string param_groups;              // param_groups_text(optimizer.param_groups); "" for none
   int64_t optimizer_internal_steps = 0;  // ShardOptimizer::steps(): bias correction
   int64_t optimizer_steps = 0;           // EngineStats
   int64_t micro_steps = 0;
@@ -180,6 +180,8 @@ std::string run_fingerprint(const std::vector<CheckpointParam>& params, const st
 std::string resolve_tag(const std::string& dir, const std::string& tag);
 // Throws unless `tag` can name a checkpoint directory.
 void check_tag(const std::string& tag);
+// `s` for a message: printable ASCII as it is, other bytes as \xNN, at most `max_bytes` of it.
+std::string escaped(const std::string& s, size_t max_bytes);
 
 // Where each parameter's pieces are: per name, (file, entry) sorted by param_offset, checked to
 // tile [0, numel) exactly once and to match the manifest's parameters.

@@ -208,10 +208,28 @@ std::string run_fingerprint(const std::vector<CheckpointParam>& params, const st
   return fnv1a_hex(text);
 }
 
+std::string escaped(const std::string& s, size_t max_bytes) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max_bytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (s.size() > max_bytes) out += "... (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
 void check_tag(const std::string& tag) {
   ZERO_CKPT_CHECK(!tag.empty() && tag.find('/') == std::string::npos && tag != "." && tag != ".." &&
                       tag != "latest" && !ends_with(tag, ".tmp") && !ends_with(tag, ".old"),
-                  "zero: checkpoint tag '", tag,
+                  "zero: checkpoint tag '", escaped(tag, 80),
                   "' cannot name a checkpoint directory: use a non-empty name without '/' that is "
                   "not 'latest' and does not end in .tmp or .old (e.g. step100)");
 }
@@ -224,6 +242,17 @@ std::string resolve_tag(const std::string& dir, const std::string& tag) {
   const std::string latest = latest_checkpoint_tag(dir);
   ZERO_CKPT_CHECK(!latest.empty(), dir, "/latest: missing: no checkpoint was completed in ", dir,
                   " (check the directory, or pass the tag to load)");
+  // save_checkpoint writes a tag of printable characters: anything else is a damaged file, and
+  // printed raw it would be cut at the first NUL byte or garble the terminal.
+  const bool text = std::all_of(latest.begin(), latest.end(), [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c >= 0x20 && c < 0x7f;
+  });
+  ZERO_CKPT_CHECK(text, dir, "/latest: does not hold a checkpoint tag but ", latest.size(),
+                  " bytes of other data (\"", escaped(latest, 48),
+                  "\"): the file is damaged; write the tag of a complete checkpoint into it (e.g. "
+                  "step100, a directory in ",
+                  dir, " with a manifest.json) or pass the tag to load");
   check_tag(latest);
   return latest;
 }

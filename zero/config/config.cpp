@@ -80,10 +80,13 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
       {"communication_data_type", dtype(c.communication_data_type)},
       {"data_types",
        [&](const Entry& s) {
-         l.walk(s, {{"grad_accum_dtype", [&](const Entry& e) {
-                       if (Loader::is_null(e)) return;
-                       c.grad_accum_dtype = l.dtype(e);
-                     }}});
+         l.walk(s,
+                {{"grad_accum_dtype",
+                  [&](const Entry& e) {
+                    if (Loader::is_null(e)) return;
+                    c.grad_accum_dtype = l.dtype(e);
+                  }}},
+                Loader::Unknown::kIgnore);
        }},
       {"activation_checkpointing", [&](const Entry& e) { load_activation_checkpointing(l, e, c); }},
       {"seed", [&](const Entry& e) { c.seed = l.unsigned_integer(e); }},
@@ -144,7 +147,11 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
     for (const auto& k : ext->keys) c.extra[ext->section + "." + k.name] = k.default_value;
     f.push_back({ext->section, [&](const Entry& e) { load_extension(l, e, *ext, c); }});
   }
-  l.walk(Entry{"", YAML::Node(), root}, f);
+  // DeepSpeed reads the top level key by key and ignores the rest (LLaMA-Factory's configs carry
+  // comms_config and monitor_config, which it never reads).
+  const size_t errors_before = l.error_count();
+  l.walk(Entry{"", YAML::Node(), root}, f, Loader::Unknown::kIgnore);
+  if (l.error_count() != errors_before) return;  // finish() reports them
 
   if (l.seen("bf16") && l.seen("bfloat16")) {
     l.fail_at_key(*l.seen("bfloat16"), "'bfloat16' is DeepSpeed's old name for 'bf16'; give one");

@@ -6,6 +6,11 @@
 #include <memory>
 #include <string>
 
+#if __has_include(<yaml-cpp/depthguard.h>)  // yaml-cpp >= 0.7 bounds the nesting
+#include <yaml-cpp/depthguard.h>
+#define ZERO_YAML_DEPTH_GUARD 1
+#endif
+
 #include "zero/config.hpp"
 #include "zero/config/config_schema.hpp"
 
@@ -45,7 +50,20 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   YAML::Node root;
   try {
     root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
+  }
+#ifdef ZERO_YAML_DEPTH_GUARD
+  catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp's own text for this is "bad file", which says nothing of what is wrong.
+    throw ConfigError("zero: " + source_name + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) +
+                      ": the document nests deeper than yaml-cpp's limit of " +
+                      std::to_string(e.depth()) +
+                      " levels (a config is a few levels deep: is this the file you meant?) "
+                      "(yaml-cpp: " +
+                      e.msg + ")");
+  }
+#endif
+  catch (const YAML::Exception& e) {
     throw ConfigError("zero: " + source_name + ":" + std::to_string(e.mark.line + 1) + ":" +
                       std::to_string(e.mark.column + 1) + ": " + e.msg);
   }
@@ -54,7 +72,13 @@ Config Config::from_string(const std::string& text, const std::string& source_na
   config_detail::Loader l(source_name, &c.warnings);
   try {
     for (const auto& o : overrides) l.apply_override(root, o);
-    config_detail::load(l, root, ext, c);
+    try {
+      config_detail::load(l, root, ext, c);
+    } catch (const ConfigError& e) {
+      // A cross-key check after the walk: reported with whatever the walk collected.
+      l.add_error(e.what());
+    }
+    l.finish();
   } catch (const YAML::Exception& e) {
     // Every access checks the node type first, so this would be a yaml-cpp surprise.
     throw ConfigError("zero: " + source_name + ": " + e.what());

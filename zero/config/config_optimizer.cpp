@@ -28,6 +28,7 @@ std::vector<OptimizerConfig::ParamGroup> load_param_groups(Loader& l, const Entr
     l.walk(g, {
                   {"params",
                    [&](const Entry& e) {
+                     has_params = true;  // given, even if its value is refused below
                      pg.params = l.string(e);
                      l.require(e, !pg.params.empty(), "a non-empty regular expression");
                      try {
@@ -117,26 +118,30 @@ void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o) {
       l.unsupported("cuda_aware"),
       l.unsupported("comm_backend_name"),
   };
-  l.walk(s, {
-                {"type",
-                 [&](const Entry& e) {
-                   const std::string t = lower(l.string(e));
-                   if (t == "adamw" || t == "adam") {
-                     o.type = "AdamW";
-                     deepspeed_adam = t == "adam";
-                   } else if (t == "sgd") {
-                     o.type = "SGD";
-                   } else {
-                     l.fail(e, "'" + e.path + "' " + describe(e.value) +
-                                   " is not supported by zero; use AdamW, Adam or SGD");
-                   }
-                 }},
-                {"params", [&](const Entry& e) { l.walk(e, params); }},
-                {"param_groups", [&](const Entry& e) { o.param_groups = load_param_groups(l, e); }},
-                l.no_effect("legacy_fusion",
-                            "it only picks DeepSpeed's fused or unfused fp16 optimizer "
-                            "implementation, which compute the same update"),
-            });
+  const size_t errors_before = l.error_count();
+  l.walk(s,
+         {
+             {"type",
+              [&](const Entry& e) {
+                const std::string t = lower(l.string(e));
+                if (t == "adamw" || t == "adam") {
+                  o.type = "AdamW";
+                  deepspeed_adam = t == "adam";
+                } else if (t == "sgd") {
+                  o.type = "SGD";
+                } else {
+                  l.fail(e, "'" + e.path + "' " + describe(e.value) +
+                                " is not supported by zero; use AdamW, Adam or SGD");
+                }
+              }},
+             {"params", [&](const Entry& e) { l.walk(e, params); }},
+             {"param_groups", [&](const Entry& e) { o.param_groups = load_param_groups(l, e); }},
+             l.no_effect("legacy_fusion",
+                         "it only picks DeepSpeed's fused or unfused fp16 optimizer "
+                         "implementation, which compute the same update"),
+         },
+         Loader::Unknown::kIgnore);              // DeepSpeed reads type and params only
+  if (l.error_count() != errors_before) return;  // no cross-checks on values that failed
   if (deepspeed_adam && !adam_w_mode) {
     l.fail(*l.seen("optimizer.params.adam_w_mode"),
            "Adam with L2-coupled weight decay (adam_w_mode: false) is not supported; use "
@@ -211,26 +216,30 @@ void load_scheduler(Loader& l, const Entry& s, SchedulerConfig& sc) {
        [&](const Entry& e) { or_auto(e, [&] { sc.cos_min_ratio = ratio(l, e); }); }},
       l.unsupported("last_batch_iteration"),
   };
-  l.walk(s, {
-                {"type",
-                 [&](const Entry& e) {
-                   const std::string t = lower(l.string(e));
-                   for (const char* known : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}) {
-                     if (t == lower(known)) sc.type = known;
-                   }
-                   if (!sc.type.empty()) return;
-                   const bool deepspeed = t == "onecycle" || t == "lrrangetest";
-                   const std::string near =
-                       config_detail::nearest(t, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
-                   l.fail(e, "'" + e.path + "' " + describe(e.value) +
-                                 (deepspeed ? " is not supported by zero" : " is unknown") +
-                                 (near.empty() ? "" : "; did you mean '" + near + "'?") +
-                                 "; supported: " + kSchedulerList);
-                 }},
-                {"params", [&](const Entry& e) { l.walk(e, params); }},
-            });
+  const size_t errors_before = l.error_count();
+  l.walk(s,
+         {
+             {"type",
+              [&](const Entry& e) {
+                const std::string t = lower(l.string(e));
+                for (const char* known : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}) {
+                  if (t == lower(known)) sc.type = known;
+                }
+                if (!sc.type.empty()) return;
+                const bool deepspeed = t == "onecycle" || t == "lrrangetest";
+                const std::string near =
+                    config_detail::nearest(t, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
+                l.fail(e, "'" + e.path + "' " + describe(e.value) +
+                              (deepspeed ? " is not supported by zero" : " is unknown") +
+                              (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                              "; supported: " + kSchedulerList);
+              }},
+             {"params", [&](const Entry& e) { l.walk(e, params); }},
+         },
+         Loader::Unknown::kIgnore);  // DeepSpeed reads type and params only
   const Entry* type = l.seen("scheduler.type");
   if (!type) l.fail_at_key(s, std::string("'scheduler.type' is required: ") + kSchedulerList);
+  if (l.error_count() != errors_before) return;  // no cross-checks on values that failed
   // DeepSpeed passes params to the scheduler's constructor, which rejects foreign ones.
   std::vector<const char*> foreign = {"warmup_min_ratio", "cos_min_ratio"};
   if (sc.type == "WarmupLR") foreign.push_back("total_num_steps");

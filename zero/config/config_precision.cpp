@@ -28,8 +28,7 @@ void load_bf16(Loader& l, const Entry& s, Config& c) {
                                    "' has no effect here and is ignored: zero adds each bf16 "
                                    "gradient into fp32 as it arrives");
                    }
-                 },
-                 false},
+                 }},
                 l.no_effect("check_grad_overflow",
                             "bf16 has fp32's range; zero checks the gradient norm for inf/NaN "
                             "on every step"),

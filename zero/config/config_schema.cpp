@@ -205,7 +205,7 @@ void Loader::warn(const Entry& e, const std::string& msg) const {
   warnings_->push_back("zero: " + where(e.path, anchor(e), false) + ": " + msg);
 }
 
-void Loader::walk(const Entry& s, const std::vector<Field>& fields) {
+void Loader::walk(const Entry& s, const std::vector<Field>& fields, Unknown unknown) {
   if (s.value.IsNull()) return;
   if (!s.value.IsMap()) {
     if (s.path.empty()) fail(s, "the config must be a map of keys, got " + describe(s.value));
@@ -217,33 +217,60 @@ void Loader::walk(const Entry& s, const std::vector<Field>& fields) {
   }
   std::map<std::string, YAML::Node> keys_seen;
   for (auto it = s.value.begin(); it != s.value.end(); ++it) {
-    Entry e{"", it->first, it->second};
-    if (!it->first.IsScalar()) {
-      e.path = s.path;
-      fail_at_key(e, "keys must be names, got " + describe(it->first) +
-                         (s.path.empty() ? "" : " in '" + s.path + "'"));
-    }
-    const std::string name = it->first.Scalar();
-    e.path = child_path(s.path, name);
-    if (auto prev = keys_seen.find(name); prev != keys_seen.end()) {
-      fail_at_key(
-          e, "duplicate key '" + e.path + "' (first given at " + where(e.path, prev->second) + ")");
-    }
-    keys_seen.emplace(name, it->first);
-    auto f = std::find_if(fields.begin(), fields.end(),
-                          [&](const Field& f) { return matches(f.name, name); });
-    if (f == fields.end()) {
-      std::string msg = "unknown key '" + e.path + "'";
-      if (const std::string near = nearest(name, listed); !near.empty()) {
-        msg += "; did you mean '" + child_path(s.path, near) + "'? ";
-      } else {
-        msg += "; ";
+    // One key's problem must not hide the next key's: collect, and finish() reports them all.
+    try {
+      Entry e{"", it->first, it->second};
+      if (!it->first.IsScalar()) {
+        e.path = s.path;
+        fail_at_key(e, "keys must be names, got " + describe(it->first) +
+                           (s.path.empty() ? "" : " in '" + s.path + "'"));
       }
-      fail_at_key(e, msg + "Allowed here: " + join(listed));
+      const std::string name = it->first.Scalar();
+      e.path = child_path(s.path, name);
+      if (auto prev = keys_seen.find(name); prev != keys_seen.end()) {
+        fail_at_key(e, "duplicate key '" + e.path + "' (first given at " +
+                           where(e.path, prev->second) + ")");
+      }
+      keys_seen.emplace(name, it->first);
+      auto f = std::find_if(fields.begin(), fields.end(),
+                            [&](const Field& f) { return matches(f.name, name); });
+      if (f == fields.end()) {
+        const std::string near = nearest(name, listed);
+        if (unknown == Unknown::kIgnore && near.empty()) {
+          ignored_.push_back(e);
+          continue;
+        }
+        std::string msg = "unknown key '" + e.path + "'";
+        if (!near.empty()) {
+          msg += "; did you mean '" + child_path(s.path, near) + "'? ";
+        } else {
+          msg += "; ";
+        }
+        fail_at_key(e, msg + "Allowed here: " + join(listed));
+      }
+      seen_[e.path] = e;
+      f->handle(e);
+    } catch (const ConfigError& x) {
+      errors_.push_back(x.what());
     }
-    seen_[e.path] = e;
-    f->handle(e);
   }
+}
+
+void Loader::finish() {
+  if (!ignored_.empty()) {
+    std::string names;
+    for (const auto& e : ignored_) {
+      names +=
+          (names.empty() ? "'" : ", '") + e.path + "' (" + where(e.path, anchor(e), false) + ")";
+    }
+    warnings_->push_back("zero: " + source_ + ": ignoring " + names + ": DeepSpeed does not read " +
+                         (ignored_.size() > 1 ? "these keys" : "this key") + " either");
+  }
+  if (errors_.empty()) return;
+  if (errors_.size() == 1) throw ConfigError(errors_.front());
+  std::string m = "zero: " + std::to_string(errors_.size()) + " problems in " + source_ + ":";
+  for (const auto& x : errors_) m += "\n  " + (x.rfind("zero: ", 0) == 0 ? x.substr(6) : x);
+  throw ConfigError(m);
 }
 
 const Loader::Entry* Loader::seen(const std::string& path) const {
@@ -356,7 +383,7 @@ Loader::Field Loader::no_effect(std::string name, std::string why) {
             if (is_neutral(e.value)) return;
             warn(e, "'" + e.path + "' has no effect here and is ignored: " + why);
           },
-          false};
+          true};
 }
 
 Loader::Field Loader::diagnostic(std::string name) {

@@ -53,9 +53,27 @@ class Loader {
   // and remembers it so that messages about that key point at the override.
   void apply_override(YAML::Node& root, const std::string& text);
 
-  // Calls the handler of every key of the section `s` (a map; null counts as empty). Unknown
-  // and duplicate keys are errors.
-  void walk(const Entry& s, const std::vector<Field>& fields);
+  // What an unknown key of a section is. DeepSpeed reads some sections key by key and ignores
+  // what it does not know (the top level, activation_checkpointing, data_types, the outer level
+  // of optimizer and scheduler): there such a key is kIgnore, collected and named in one
+  // warning, unless it is a near miss of a known key (a typo would silently change training).
+  // Sections DeepSpeed validates strictly (pydantic models with extra=forbid: zero_optimization,
+  // fp16, bf16, ...; optimizer/scheduler params, which become constructor arguments) are kError.
+  enum class Unknown { kError, kIgnore };
+
+  // Calls the handler of every key of the section `s` (a map; null counts as empty). Duplicate
+  // keys are errors; unknown ones as `unknown` says. An error a key's handler throws is
+  // collected and the walk goes on with the next key, so that one error names every problem.
+  void walk(const Entry& s, const std::vector<Field>& fields, Unknown unknown = Unknown::kError);
+
+  // Collects an error for the single ConfigError finish() throws.
+  void add_error(const std::string& msg) { errors_.push_back(msg); }
+  // Errors collected so far: a section skips its cross-key checks when its own keys failed (a
+  // check on a value that failed to load would only add a misleading second error).
+  size_t error_count() const { return errors_.size(); }
+  // Ends the load: adds the one warning that names every ignored key, then throws every
+  // collected error as one ConfigError (one line per problem).
+  void finish();
 
   // The entry for `path` if the walk met it: cross-key checks need its position.
   const Entry* seen(const std::string& path) const;
@@ -109,6 +127,8 @@ class Loader {
   std::vector<std::string>* warnings_;
   std::vector<std::pair<std::string, std::string>> overrides_;  // dotted path, override text
   std::map<std::string, Entry> seen_;
+  std::vector<std::string> errors_;
+  std::vector<Entry> ignored_;  // unknown keys of lenient sections, in file order
 };
 
 // "'3'", "a list", "a map", "nothing": what a value was, for messages.

@@ -35,8 +35,9 @@ void load_offload_keys(Loader& l, std::vector<Field>& f,
                                {"threads",
                                 [&](const Entry& d) {
                                   const int64_t t = l.integer(d);
-                                  l.require(d, t >= 0 && t <= 4096,
-                                            "a thread count >= 0 (0: OMP_NUM_THREADS)");
+                                  l.require(
+                                      d, t >= 0 && t <= 4096,
+                                      "a thread count >= 0 (0: the cores per rank on this node)");
                                   o.threads = static_cast<int>(t);
                                 }},
                                l.no_effect("nvme_path", nvme),
@@ -155,7 +156,6 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
                                  "' has no effect here and is ignored: only ZeRO stage 3 reads "
                                  "it");
                  }});
-    f.back().listed = false;
   }
   f.push_back(only_bool(l, "load_from_fp32_weights", true,
                         "restores from 16-bit weights; zero checkpoints always hold fp32 master "
@@ -171,8 +171,9 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   for (const std::string& k : words("legacy_stage1 zenflow")) {
     f.push_back(l.unsupported(k));
   }
+  const size_t errors_before = l.error_count();
   l.walk(s, f);
-  check_offload_stage(l, s, z);
+  if (l.error_count() == errors_before) check_offload_stage(l, s, z);
 }
 
 void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {
@@ -210,7 +211,8 @@ void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {
                                  "ignored; the model decides which blocks are checkpointed");
                  }
                }});
-  l.walk(s, f);
+  // DeepSpeed reads this section key by key (not a pydantic model): others are ignored.
+  l.walk(s, f, Loader::Unknown::kIgnore);
 }
 
 }  // namespace zero::config_detail

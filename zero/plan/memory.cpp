@@ -83,6 +83,10 @@ std::string format_memory_report(const MemoryReport& r) {
                   "  on device", format_bytes(r.measured.total() - r.host_measured).c_str(),
                   format_bytes(r.predicted.total() - r.host_predicted).c_str());
     os << line;
+    if (r.host_pinned != r.host_measured) {
+      os << "  page-locked, as the caching host allocator rounds it: "
+         << format_bytes(r.host_pinned) << "\n";
+    }
   }
   if (!r.allocator.empty()) {
     os << "  allocator (" << r.allocator << "): initialize added "

@@ -1,0 +1,404 @@
+#include "support/fake_device.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <torch/library.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace zero::testing::fake {
+namespace {
+
+using c10::DeviceIndex;
+using c10::DeviceType;
+using Clock = std::chrono::steady_clock;
+constexpr DeviceType kType = DeviceType::PrivateUse1;
+
+// The current device and each device's current stream, per thread, as CUDA keeps them.
+thread_local DeviceIndex t_device = 0;
+thread_local std::array<c10::StreamId, kDevices> t_stream{};
+
+DeviceIndex index_of(c10::Device d) { return d.has_index() ? d.index() : t_device; }
+
+// ---- memory ----------------------------------------------------------------------------------
+
+// Device memory: host memory, every byte counted per device index. A DeviceAllocator, so that
+// generic code reads it as it reads CUDA's (c10::getDeviceAllocator(type)->getDeviceStats).
+class CountingAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const DeviceIndex d = t_device;
+    void* p = n == 0 ? nullptr : c10::alloc_cpu(n);
+    if (p) {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_[p] = {n, d};
+      auto& s = stats_[d];
+      s.current += static_cast<int64_t>(n);
+      s.peak = std::max(s.peak, s.current);
+    }
+    return {p, p, &release, c10::Device(kType, d)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dst, const void* src, size_t n) const override {
+    default_copy_data(dst, src, n);
+  }
+
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}  // nothing is cached: freed is gone
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(DeviceIndex d) override {
+    c10::CachingDeviceAllocator::DeviceStats out;
+    std::lock_guard<std::mutex> lock(mu_);
+    const Counter& s = stats_.at(d);
+    for (auto* a : {&out.allocated_bytes, &out.reserved_bytes, &out.active_bytes}) {
+      auto& agg = (*a)[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      agg.current = s.current;
+      agg.peak = s.peak;
+    }
+    return out;
+  }
+  void resetAccumulatedStats(DeviceIndex) override {}
+  void resetPeakStats(DeviceIndex d) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.at(d).peak = stats_.at(d).current;
+  }
+
+  static CountingAllocator& get() {
+    static CountingAllocator a;
+    return a;
+  }
+
+ private:
+  static void release(void* p) {
+    if (!p) return;
+    get().forget(p);
+    c10::free_cpu(p);
+  }
+  void forget(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = live_.find(p);
+    TORCH_INTERNAL_ASSERT(it != live_.end(), "fake device: freeing memory it did not allocate");
+    stats_[it->second.device].current -= static_cast<int64_t>(it->second.bytes);
+    live_.erase(it);
+  }
+
+  struct Block {
+    size_t bytes;
+    DeviceIndex device;
+  };
+  struct Counter {
+    int64_t current = 0;
+    int64_t peak = 0;
+  };
+  std::mutex mu_;
+  std::unordered_map<void*, Block> live_;
+  std::array<Counter, kDevices> stats_{};
+};
+
+// Page-locked host memory, as the backend hands it out for at::empty(..., pinned_memory(true)):
+// ordinary host memory, counted, and known by address for is_pinned().
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    void* p = n == 0 ? nullptr : c10::alloc_cpu(n);
+    if (p) {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_[p] = n;
+      bytes_ += static_cast<int64_t>(n);
+    }
+    return {p, p, &release, c10::Device(DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dst, const void* src, size_t n) const override {
+    default_copy_data(dst, src, n);
+  }
+  bool pinned(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.count(const_cast<void*>(p)) != 0;
+  }
+  int64_t bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bytes_;
+  }
+  static PinnedAllocator& get() {
+    static PinnedAllocator a;
+    return a;
+  }
+
+ private:
+  static void release(void* p) {
+    if (!p) return;
+    {
+      auto& a = get();
+      std::lock_guard<std::mutex> lock(a.mu_);
+      const auto it = a.live_.find(p);
+      TORCH_INTERNAL_ASSERT(it != a.live_.end(), "fake device: unknown pinned block");
+      a.bytes_ -= static_cast<int64_t>(it->second);
+      a.live_.erase(it);
+    }
+    c10::free_cpu(p);
+  }
+  std::mutex mu_;
+  std::unordered_map<void*, size_t> live_;
+  int64_t bytes_ = 0;
+};
+
+// ---- streams and events ----------------------------------------------------------------------
+
+std::atomic<int64_t> g_event_delay_us{0};
+
+// The work is done by the time a kernel returns (the fallback runs it on the host), so an event
+// is complete once recorded, or `delay` later when a delay is set.
+struct FakeEvent {
+  Clock::time_point ready_at;
+};
+
+struct FakeGuard final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr DeviceType static_type = kType;
+  DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const c10::Device old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return {kType, t_device}; }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kType, "fake device guard given ", d);
+    TORCH_CHECK(!d.has_index() || d.index() < kDevices, "fake device: no device ", d);
+    if (d.has_index()) t_device = d.index();
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.has_index() && d.index() < kDevices) t_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    const DeviceIndex i = index_of(d);
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, i), t_stream[i]);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, index_of(d)));
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return getNewStream(d, 0);
+  }
+  c10::Stream getNewStream(c10::Device d, int) const override {
+    static std::atomic<c10::StreamId> next{1};
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, index_of(d)), next++);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    const c10::Stream old = getStream(s.device());
+    t_stream[index_of(s.device())] = s.id();
+    return old;
+  }
+  void record(void** event, const c10::Stream&, DeviceIndex, c10::EventFlag) const override {
+    // c10's interface owns events as void* (destroyEvent frees them): no smart pointer fits.
+    if (*event == nullptr) *event = new FakeEvent{};
+    static_cast<FakeEvent*>(*event)->ready_at =
+        Clock::now() + std::chrono::microseconds(g_event_delay_us.load());
+  }
+  void destroyEvent(void* event, DeviceIndex) const noexcept override {
+    delete static_cast<FakeEvent*>(event);
+  }
+  // The device waits: the work it waits for is done (copies are synchronous).
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void* event) const override {
+    return event == nullptr || Clock::now() >= static_cast<FakeEvent*>(event)->ready_at;
+  }
+  void synchronizeEvent(void* event) const override {
+    if (event) std::this_thread::sleep_until(static_cast<FakeEvent*>(event)->ready_at);
+  }
+  DeviceIndex deviceCount() const noexcept override { return kDevices; }
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeDevice(DeviceIndex) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+  double elapsedTime(void*, void*, DeviceIndex) const override { return 0; }
+};
+
+// ---- the backend's hooks (generator, pinned memory) ------------------------------------------
+
+struct FakeGenerator : public at::CPUGeneratorImpl {
+  explicit FakeGenerator(DeviceIndex i) {
+    device_ = c10::Device(kType, i);
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+};
+
+struct FakeHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(DeviceIndex) const override { return true; }
+  void init() const override {}
+  DeviceIndex deviceCount() const override { return kDevices; }
+  void setCurrentDevice(DeviceIndex d) const override { t_device = d; }
+  DeviceIndex getCurrentDevice() const override { return t_device; }
+  DeviceIndex exchangeDevice(DeviceIndex d) const override { return std::exchange(t_device, d); }
+  DeviceIndex maybeExchangeDevice(DeviceIndex d) const override { return exchangeDevice(d); }
+  const at::Generator& getDefaultGenerator(DeviceIndex i) const override {
+    static std::array<at::Generator, kDevices> gens = [] {
+      std::array<at::Generator, kDevices> g;
+      for (int k = 0; k < kDevices; ++k) g[k] = at::make_generator<FakeGenerator>(k);
+      return g;
+    }();
+    return gens.at(i < 0 ? t_device : i);
+  }
+  at::Generator getNewGenerator(DeviceIndex i) const override {
+    return at::make_generator<FakeGenerator>(i < 0 ? t_device : i);
+  }
+  bool isPinnedPtr(const void* p) const override { return PinnedAllocator::get().pinned(p); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &PinnedAllocator::get(); }
+  c10::Device getDeviceFromPtr(void*) const override { return {kType, t_device}; }
+};
+
+// ---- kernels: allocation, copies and views are the fake's own; everything else is the CPU's ----
+
+constexpr c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
+
+at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout>, std::optional<at::Device> device,
+                               std::optional<bool>, std::optional<at::MemoryFormat> format) {
+  // The allocator allocates on the current device: make it the requested one.
+  const c10::OptionalDeviceGuard guard(device);
+  return at::detail::empty_generic(size, &CountingAllocator::get(), kKeys,
+                                   c10::dtype_or_default(dtype), format);
+}
+
+at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
+                         std::optional<at::Device> device, std::optional<bool>) {
+  const c10::OptionalDeviceGuard guard(device);
+  return at::detail::empty_strided_generic(size, stride, &CountingAllocator::get(), kKeys,
+                                           c10::dtype_or_default(dtype));
+}
+
+// A CPU tensor over a fake tensor's memory (same sizes, strides, offset): what the copy kernel
+// reads and writes. CPU tensors pass through.
+at::Tensor host_alias(const at::Tensor& t) {
+  if (t.device().type() != kType) return t;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
+                       at::DataPtr(t.storage().mutable_data(), c10::Device(DeviceType::CPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, t.options().device(at::kCPU))
+      .set_(storage, t.storage_offset(), t.sizes(), t.strides());
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  TORCH_CHECK(self.device().type() == kType || self.is_cpu(), "fake device: cannot copy from ",
+              self.device());
+  TORCH_CHECK(dst.device().type() == kType || dst.is_cpu(), "fake device: cannot copy to ",
+              dst.device());
+  host_alias(dst).copy_(host_alias(self));
+  return dst;
+}
+
+const at::Tensor& resize_kernel(const at::Tensor& self, at::IntArrayRef size,
+                                std::optional<at::MemoryFormat> format) {
+  at::TensorImpl* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  const auto bytes = at::detail::computeStorageNbytesContiguous(size, impl->dtype().itemsize(),
+                                                                impl->storage_offset());
+  // Grows through the storage's own allocator (the counting one), with the device current.
+  const c10::DeviceGuard guard(self.device());
+  at::native::maybe_resize_storage_cpu(impl, bytes);
+  if (format) {
+    TORCH_CHECK(*format != at::MemoryFormat::Preserve, "fake device: resize_ with Preserve");
+    impl->empty_tensor_restride(*format);
+  }
+  return self;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  resize_kernel(dst, self.sizes(), std::nullopt);
+  return copy_from(self, dst, false);
+}
+
+// Module::to(fake) moves parameters with set_data, which asks whether the new tensor's impl may
+// be shallow-copied into the old one; TensorImpl's answer lists the in-tree dense backends only
+// (CPU, CUDA, ...), so the backend answers for itself (out-of-tree backends such as Ascend's do
+// the same): a dense CPU or fake tensor may take a dense CPU or fake tensor's place.
+bool compatible_shallow_copy(const at::Tensor& self, const at::Tensor& from) {
+  const auto dense = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && (t.is_cpu() || t.device().type() == kType);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense(self) && dense(from));
+}
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  at::native::cpu_fallback(op, stack);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", &empty_memory_format);
+  m.impl("empty_strided", &empty_strided);
+  m.impl("_copy_from", &copy_from);
+  m.impl("_copy_from_and_resize", &copy_from_and_resize);
+  m.impl("resize_", &resize_kernel);
+  // Views must alias the fake tensor's memory; the fallback would hand back a copy.
+  m.impl("view", &at::native::view);
+  m.impl("as_strided", &at::native::as_strided_tensorimpl);
+  m.impl("_reshape_alias", &at::native::_reshape_alias);
+  m.impl("_has_compatible_shallow_copy_type", &compatible_shallow_copy);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+}
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, FakeGuard);
+
+bool register_backend() {
+  c10::register_privateuse1_backend("fake");
+  c10::SetAllocator(kType, &CountingAllocator::get());
+  static FakeHooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+  return true;
+}
+const bool g_registered = register_backend();
+
+}  // namespace
+
+c10::Device device(int index) {
+  TORCH_CHECK(g_registered && index >= 0 && index < kDevices, "fake device: no device ", index);
+  return {kType, static_cast<DeviceIndex>(index)};
+}
+
+int64_t allocated_bytes(int index) {
+  return CountingAllocator::get()
+      .getDeviceStats(static_cast<DeviceIndex>(index))
+      .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .current;
+}
+
+int64_t peak_bytes(int index) {
+  return CountingAllocator::get()
+      .getDeviceStats(static_cast<DeviceIndex>(index))
+      .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .peak;
+}
+
+void reset_peak(int index) {
+  CountingAllocator::get().resetPeakStats(static_cast<DeviceIndex>(index));
+}
+
+int64_t pinned_bytes() { return PinnedAllocator::get().bytes(); }
+
+void set_event_delay(std::chrono::microseconds delay) { g_event_delay_us = delay.count(); }
+
+}  // namespace zero::testing::fake

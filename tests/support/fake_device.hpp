@@ -1,0 +1,43 @@
+// A fake accelerator for tests: PyTorch's open registration (the PrivateUse1 device type, named
+// "fake"), as PyTorch's own test/cpp_extensions/open_registration_extension.cpp does it. Its
+// memory is host memory behind a counting allocator; its kernels are the CPU's, reached through
+// at::native::cpu_fallback; streams and events exist and complete at once (or after a delay).
+//
+// What it is for: the engine runs with parameters that are *not* CPU tensors, so every path that
+// differs between host and device (pinned staging, copy streams, events, the device read-back,
+// collectives staged through the host) runs in CI, and a host/device mix-up throws as it would on
+// a GPU ("Expected all tensors to be on the same device"). Its allocator counts exactly, per
+// device index, like CUDA's memory_allocated / max_memory_allocated, and is reached the generic
+// way (c10::getDeviceAllocator(PrivateUse1)->getDeviceStats), as zero::allocated_bytes does.
+//
+// What it cannot catch: host code that reads a device tensor's data_ptr() directly works here
+// (the memory is host memory) where it would fault on a GPU.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <cstdint>
+
+namespace zero::testing::fake {
+
+// Registers the backend (once per process) and returns fake:`index`. Ranks that run as threads
+// take one index each, as ranks on a GPU machine take one GPU each: the autograd engine runs one
+// thread per device, so two ranks on one index would share it (and deadlock on a collective).
+c10::Device device(int index = 0);
+constexpr int kDevices = 8;
+
+// The allocator's figures for fake:`index`, exact to the byte: live tensor bytes now, and the
+// most since the last reset_peak(index).
+int64_t allocated_bytes(int index);
+int64_t peak_bytes(int index);
+void reset_peak(int index);
+// Bytes the pinned host allocator (PrivateUse1HooksInterface::getPinnedMemoryAllocator, what
+// at::empty(..., pinned_memory(true)) uses once the backend is registered) holds now.
+int64_t pinned_bytes();
+
+// Events recorded from now on complete `delay` after they were recorded (zero: at once). A
+// delay widens the window between "queued" and "done" that the host side must respect.
+void set_event_delay(std::chrono::microseconds delay);
+
+}  // namespace zero::testing::fake

@@ -1,0 +1,401 @@
+// Tensor-parallel layers and their communication (zero/tensor_parallel/), on T gloo ranks as
+// threads, against single-process LibTorch on the full tensors: nn::Linear / nn::Embedding built
+// from the same full weights, at::cross_entropy on the full logits. Outputs and the gradients of
+// inputs and weights (each rank's shard against the same part of the reference's) agree within
+// kTol relative (max |a - b| / max |b|; fp32, the difference is summation order only). The
+// communication functions are checked against values worked out by hand.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "comm/group.hpp"
+#include "support/thread_group.hpp"
+#include "support/tp_compare.hpp"
+#include "support/tp_net.hpp"
+#include "zero/tensor_parallel/cross_entropy.hpp"
+#include "zero/tensor_parallel/embedding.hpp"
+#include "zero/tensor_parallel/init.hpp"
+#include "zero/tensor_parallel/linear.hpp"
+#include "zero/tensor_parallel/mappings.hpp"
+#include "zero/tensor_parallel/placement.hpp"
+
+namespace zero::tensor_parallel {
+namespace {
+
+using testing::expect_rel_close;
+using testing::run_ranks;
+
+constexpr double kTol = 1e-6;
+
+at::Tensor randn(at::IntArrayRef sizes, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return at::randn(sizes, gen);
+}
+
+at::Tensor randint(int64_t high, at::IntArrayRef sizes, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return at::randint(high, sizes, gen);
+}
+
+at::Tensor part(const at::Tensor& full, int64_t dim, const comm::Group& g) {
+  return full.chunk(g.size(), dim)[g.rank()];
+}
+
+torch::nn::Linear full_linear(int64_t in, int64_t out, bool bias, uint64_t seed) {
+  torch::nn::Linear lin(torch::nn::LinearOptions(in, out).bias(bias));
+  FullLinear w = init_full_linear(in, out, bias, seed);
+  torch::NoGradGuard no_grad;
+  lin->weight.copy_(w.weight);
+  if (bias) lin->bias.copy_(w.bias);
+  return lin;
+}
+
+// ---- the communication functions --------------------------------------------------------
+
+// x_r differs by rank; the forward value and the gradient that reaches x are worked out by hand.
+TEST(TensorParallelMappings, ForwardAndConjugateBackward) {
+  for (int world : {1, 2, 4}) {
+    SCOPED_TRACE("T=" + std::to_string(world));
+    run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
+      const int r = g->rank();
+      const double rank_sum = world * (world - 1) / 2.0;  // sum of k over ranks
+      const double weight_sum = rank_sum + world;         // sum of (k + 1)
+      const at::Tensor base = at::arange(2 * 4 * 8, at::kFloat).view({2, 4, 8});  // [B, S, H]
+
+      {  // copy: identity, backward sums the gradients
+        at::Tensor x = (base + r).requires_grad_();
+        at::Tensor y = copy_to_region(x, g);
+        EXPECT_TRUE(at::equal(y, base + r));
+        y.backward(base * (r + 1));
+        EXPECT_TRUE(at::allclose(x.grad(), base * weight_sum));
+      }
+      {  // reduce: sum, backward identity
+        at::Tensor x = (base + r).requires_grad_();
+        at::Tensor y = reduce_from_region(x, g);
+        EXPECT_TRUE(at::allclose(y, base * world + rank_sum));
+        y.backward(base * (r + 1));
+        EXPECT_TRUE(at::equal(x.grad(), base * (r + 1)));
+      }
+      {  // scatter (last dimension): own part, backward gathers
+        at::Tensor x = base.clone().requires_grad_();
+        at::Tensor y = scatter_to_region(x, g);
+        EXPECT_TRUE(at::equal(y, part(base, -1, *g)));
+        y.backward(at::full_like(y, r + 1));
+        std::vector<at::Tensor> parts;
+        for (int k = 0; k < world; ++k) parts.push_back(at::full_like(y, k + 1));
+        EXPECT_TRUE(at::equal(x.grad(), at::cat(parts, -1)));
+      }
+      {  // gather (last dimension): concatenation, backward keeps own part
+        at::Tensor x = part(base, -1, *g).clone().requires_grad_();
+        at::Tensor y = gather_from_region(x, g);
+        EXPECT_TRUE(at::equal(y, base));
+        y.backward(base * (r + 1));
+        EXPECT_TRUE(at::equal(x.grad(), part(base * (r + 1), -1, *g)));
+      }
+      for (int64_t dim : {1, 0}) {
+        SCOPED_TRACE("sequence dim " + std::to_string(dim));
+        const at::Tensor b = dim == 0 ? base.view({8, 8}) : base;  // dim 0: [S, H]
+        {  // scatter to the sequence: own part, backward gathers
+          at::Tensor x = b.clone().requires_grad_();
+          at::Tensor y = scatter_to_sequence_region(x, g, dim);
+          EXPECT_TRUE(at::equal(y, part(b, dim, *g)));
+          y.backward(at::full_like(y, r + 1));
+          std::vector<at::Tensor> parts;
+          for (int k = 0; k < world; ++k) parts.push_back(at::full_like(y, k + 1));
+          EXPECT_TRUE(at::equal(x.grad(), at::cat(parts, dim)));
+        }
+        for (bool grad_is_parallel : {true, false}) {  // gather the sequence
+          at::Tensor x = part(b, dim, *g).clone().requires_grad_();
+          at::Tensor y = gather_from_sequence_region(x, g, dim, grad_is_parallel);
+          EXPECT_TRUE(at::equal(y, b));
+          y.backward(b * (r + 1));
+          // Partial gradients are summed then split; a full gradient is only split.
+          const at::Tensor want = grad_is_parallel ? b * weight_sum : b * (r + 1);
+          EXPECT_TRUE(at::allclose(x.grad(), part(want, dim, *g))) << grad_is_parallel;
+        }
+        {  // reduce-scatter: own part of the sum, backward gathers
+          at::Tensor x = (b * (r + 1)).requires_grad_();
+          at::Tensor y = reduce_scatter_to_sequence_region(x, g, dim);
+          EXPECT_TRUE(at::allclose(y, part(b * weight_sum, dim, *g)));
+          y.backward(at::full_like(y, r + 1));
+          std::vector<at::Tensor> parts;
+          for (int k = 0; k < world; ++k) parts.push_back(at::full_like(y, k + 1));
+          EXPECT_TRUE(at::equal(x.grad(), at::cat(parts, dim)));
+        }
+      }
+    });
+  }
+}
+
+TEST(TensorParallelMappings, SequenceNotDivisibleNamesTheNumbers) {
+  run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+    const at::Tensor x = at::ones({2, 3, 4});  // sequence 3 on 2 ranks
+    try {
+      reduce_scatter_to_sequence_region(x, g, 1);
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("= 3 is not divisible by the tensor-parallel size 2"), std::string::npos)
+          << msg;
+    }
+  });
+}
+
+// ---- column -> row MLP ------------------------------------------------------------------
+
+struct MlpCase {
+  bool gather_output;  // the column layer gathers; the row layer then splits its input
+  bool bias;
+};
+
+void check_mlp(int world, MlpCase c) {
+  constexpr int64_t H = 8, F = 16, B = 2, S = 3;
+  // The reference: two nn::Linear on the full weights.
+  auto fc1 = full_linear(H, F, c.bias, 11);
+  auto fc2 = full_linear(F, H, c.bias, 12);
+  const at::Tensor x0 = randn({B, S, H}, 1);
+  const at::Tensor probe = randn({B, S, H}, 2);  // loss = sum(y * probe): every output matters
+  at::Tensor x_ref = x0.clone().requires_grad_();
+  at::Tensor y_ref = fc2->forward(at::gelu(fc1->forward(x_ref)));
+  (y_ref * probe).sum().backward();
+
+  run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
+    const bool print = g->rank() == 0;
+    ColumnParallelLinear col(
+        g, ColumnParallelLinearOptions(H, F).bias(c.bias).gather_output(c.gather_output).seed(11));
+    RowParallelLinear row(
+        g,
+        RowParallelLinearOptions(F, H).bias(c.bias).input_is_parallel(!c.gather_output).seed(12));
+    at::Tensor x = x0.clone().requires_grad_();
+    at::Tensor y = row->forward(at::gelu(col->forward(x)));
+    (y * probe).sum().backward();
+
+    expect_rel_close(y, y_ref, kTol, "output", print);
+    expect_rel_close(x.grad(), x_ref.grad(), kTol, "input gradient", print);
+    expect_rel_close(col->weight.grad(), part(fc1->weight.grad(), 0, *g), kTol,
+                     "column weight gradient (own rows)", print);
+    expect_rel_close(row->weight.grad(), part(fc2->weight.grad(), 1, *g), kTol,
+                     "row weight gradient (own columns)", print);
+    if (c.bias) {
+      expect_rel_close(col->bias.grad(), part(fc1->bias.grad(), 0, *g), kTol,
+                       "column bias gradient", print);
+      expect_rel_close(row->bias.grad(), fc2->bias.grad(), kTol, "row bias gradient (whole)",
+                       print);
+    }
+    // The shards put back together are the full weights they came from.
+    EXPECT_TRUE(at::equal(col->gather_full().weight, fc1->weight));
+    EXPECT_TRUE(at::equal(row->gather_full().weight, fc2->weight));
+  });
+}
+
+TEST(TensorParallelLinear, ColumnThenRowEqualsFullMlp) {
+  for (int world : {1, 2, 4}) {
+    for (MlpCase c : {MlpCase{false, true}, MlpCase{true, true}, MlpCase{false, false}}) {
+      SCOPED_TRACE("T=" + std::to_string(world) + " gather_output=" +
+                   std::to_string(c.gather_output) + " bias=" + std::to_string(c.bias));
+      std::printf("T=%d gather_output=%d bias=%d\n", world, c.gather_output, c.bias);
+      check_mlp(world, c);
+    }
+  }
+}
+
+TEST(TensorParallelLinear, LoadFullTakesTheRanksShard) {
+  run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+    const at::Tensor w = at::arange(4 * 6, at::kFloat).view({4, 6});
+    const at::Tensor b = at::arange(4, at::kFloat);
+    ColumnParallelLinear col(g, 6, 4);
+    col->load_full(w, b);
+    EXPECT_TRUE(at::equal(col->weight, w.narrow(0, 2 * g->rank(), 2)));
+    EXPECT_TRUE(at::equal(col->bias, b.narrow(0, 2 * g->rank(), 2)));
+    RowParallelLinear row(g, 6, 4);
+    row->load_full(w, b);
+    EXPECT_TRUE(at::equal(row->weight, w.narrow(1, 3 * g->rank(), 3)));
+    EXPECT_TRUE(at::equal(row->bias, b));
+    EXPECT_THROW(row->load_full(w.t(), b), std::invalid_argument);
+  });
+}
+
+TEST(TensorParallelLinear, IndivisibleSizesNameTheNumbers) {
+  run_ranks(4, [&](std::shared_ptr<comm::Group> g) {
+    auto message = [](auto make) -> std::string {
+      try {
+        make();
+      } catch (const std::invalid_argument& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    const std::string col = message([&] { ColumnParallelLinear(g, 8, 10); });
+    EXPECT_NE(col.find("ColumnParallelLinear out_features = 10 is not divisible by the "
+                       "tensor-parallel size 4"),
+              std::string::npos)
+        << col;
+    const std::string row = message([&] { RowParallelLinear(g, 6, 8); });
+    EXPECT_NE(row.find("RowParallelLinear in_features = 6"), std::string::npos) << row;
+    const std::string emb = message([&] { VocabParallelEmbedding(g, 30, 8); });
+    EXPECT_NE(emb.find("VocabParallelEmbedding vocab = 30 is not divisible by the "
+                       "tensor-parallel size 4"),
+              std::string::npos)
+        << emb;
+    const std::string sp = message(
+        [&] { RowParallelLinear(g, RowParallelLinearOptions(8, 8).sequence_parallel(true)); });
+    EXPECT_NE(sp.find("needs input_is_parallel"), std::string::npos) << sp;
+  });
+}
+
+// ---- vocabulary-parallel embedding ------------------------------------------------------
+
+TEST(TensorParallelEmbedding, EqualsFullEmbedding) {
+  constexpr int64_t V = 16, D = 8;
+  const at::Tensor table = init_full_embedding(V, D, 21);
+  // Every id once (so every rank's part is used), then random ones, repeats included.
+  const at::Tensor ids = at::cat({at::arange(V), randint(V, {8}, 3)}).view({2, 12});
+  const at::Tensor probe = randn({2, 12, D}, 4);
+  at::Tensor ref_w = table.clone().requires_grad_();
+  at::Tensor ref = at::embedding(ref_w, ids);
+  (ref * probe).sum().backward();
+
+  for (int world : {1, 2, 4}) {
+    SCOPED_TRACE("T=" + std::to_string(world));
+    run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
+      VocabParallelEmbedding emb(g, VocabParallelEmbeddingOptions(V, D).seed(21));
+      EXPECT_EQ(emb->vocab_start(), g->rank() * V / world);
+      at::Tensor out = emb->forward(ids);
+      (out * probe).sum().backward();
+      expect_rel_close(out, ref, kTol, "embedding output", g->rank() == 0);
+      expect_rel_close(emb->weight.grad(), part(ref_w.grad(), 0, *g), kTol,
+                       "embedding weight gradient (own rows)", g->rank() == 0);
+      EXPECT_TRUE(at::equal(emb->gather_full(), table));
+      try {
+        emb->forward(at::tensor(std::vector<int64_t>{3, V}));
+        ADD_FAILURE() << "no error for an id past the vocabulary";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("token id 16 outside the vocabulary [0, 16)"),
+                  std::string::npos)
+            << e.what();
+      }
+    });
+  }
+}
+
+// ---- vocabulary-parallel cross-entropy --------------------------------------------------
+
+TEST(TensorParallelCrossEntropy, EqualsCrossEntropyOnFullLogits) {
+  constexpr int64_t V = 24, B = 3, S = 5;
+  for (double scale : {1.0, 60.0}) {  // 60: exp() of unshifted logits would overflow fp32
+    const at::Tensor logits = randn({B, S, V}, 5) * scale;
+    at::Tensor target = randint(V, {B, S}, 6);
+    target.index_put_({0, 1}, -100);  // ignored tokens: no loss, no gradient
+    target.index_put_({2, 4}, -100);
+    at::Tensor ref_logits = logits.clone().requires_grad_();
+    at::Tensor ref = at::cross_entropy_loss(ref_logits.view({-1, V}), target.view({-1}));
+    ref.backward();
+
+    for (int world : {1, 2, 4}) {
+      SCOPED_TRACE("T=" + std::to_string(world) + " scale=" + std::to_string(scale));
+      run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
+        at::Tensor shard = part(logits, -1, *g).clone().requires_grad_();
+        at::Tensor per_token = vocab_parallel_cross_entropy(shard, target, g);
+        EXPECT_EQ(per_token.sizes(), target.sizes());
+        EXPECT_EQ(per_token[0][1].item<float>(), 0.0f);
+        const at::Tensor counted = (target != -100).sum();
+        at::Tensor loss = per_token.sum() / counted;
+        loss.backward();
+        const bool print = g->rank() == 0;
+        expect_rel_close(loss, ref, kTol, "loss", print);
+        expect_rel_close(shard.grad(), part(ref_logits.grad(), -1, *g), kTol,
+                         "logits gradient (own vocabulary part)", print);
+      });
+    }
+  }
+}
+
+TEST(TensorParallelCrossEntropy, BadTargetsNameTheProblem) {
+  run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+    const at::Tensor shard = at::zeros({2, 3, 4});  // vocabulary 8
+    EXPECT_THROW(vocab_parallel_cross_entropy(shard, at::zeros({2, 4}, at::kLong), g),
+                 std::invalid_argument);
+    try {
+      vocab_parallel_cross_entropy(shard, at::full({2, 3}, 8, at::kLong), g);
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("target id 8 is outside the vocabulary [0, 8)"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+// ---- sequence parallelism ---------------------------------------------------------------
+
+// TpNet (tests/support/tp_net.hpp): vocabulary-parallel embedding, LayerNorm, column -> row MLP,
+// LayerNorm, vocabulary-parallel head and cross-entropy. With sequence parallelism the
+// activations outside the column/row pairs are split along the sequence; the loss and, after
+// the all-reduce of the partial gradients, every gradient equal the plain tensor-parallel ones,
+// which equal the single-process model's.
+TEST(TensorParallelSequence, SequenceParallelEqualsTensorParallelEqualsFull) {
+  const testing::TpNetShape shape;
+  constexpr int64_t B = 2, S = 8;
+  const at::Tensor ids = randint(shape.vocab, {B, S}, 41);
+  const at::Tensor target = randint(shape.vocab, {B, S}, 42);
+  testing::FullNet full(shape);
+  at::Tensor loss_full = full->forward(ids, target);
+  loss_full.backward();
+  std::map<std::string, at::Tensor> full_grads;
+  double full_norm_sq = 0;
+  for (const auto& p : full->named_parameters()) {
+    full_grads[p.key()] = p.value().grad();
+    full_norm_sq += p.value().grad().to(at::kDouble).square().sum().item<double>();
+  }
+
+  for (int world : {2, 4}) {
+    SCOPED_TRACE("T=" + std::to_string(world));
+    run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
+      const bool print = g->rank() == 0;
+      testing::TpNet plain(g, false, shape);
+      testing::TpNet seq(g, true, shape);
+      at::Tensor loss_plain = plain->forward(ids, target).mean();
+      at::Tensor loss_seq = seq->forward(ids, target).mean();
+      loss_plain.backward();
+      loss_seq.backward();
+      expect_rel_close(loss_plain, loss_full, kTol, "TP loss vs full", print);
+      expect_rel_close(loss_seq, loss_plain, kTol, "SP loss vs TP", print);
+
+      const auto plain_params = placements(*plain, false);
+      const auto seq_params = placements(*seq, true);
+      ASSERT_EQ(plain_params.size(), seq_params.size());
+      ASSERT_EQ(plain_params.size(), full_grads.size());
+      // Before the all-reduce a norm's gradient covers this rank's part of the sequence only.
+      EXPECT_GT(testing::max_rel_err(seq->norm1->weight.grad(), plain->norm1->weight.grad()), 1e-3);
+      all_reduce_partial_grads(seq_params, *g);
+      // The global gradient norm counts each shard once and each replicated parameter once.
+      const double full_norm = std::sqrt(full_norm_sq);
+      EXPECT_NEAR(std::sqrt(grad_norm_sq(plain_params, *g)), full_norm, kTol * full_norm);
+      EXPECT_NEAR(std::sqrt(grad_norm_sq(seq_params, *g)), full_norm, kTol * full_norm);
+      for (size_t i = 0; i < seq_params.size(); ++i) {
+        const auto& p = seq_params[i];
+        const auto& q = plain_params[i];
+        ASSERT_EQ(p.name, q.name);
+        // Replicated: the norms and the row layer's bias; under SP all three need the
+        // all-reduce, without SP none does.
+        const bool replicated = p.name.rfind("norm", 0) == 0 || p.name == "fc2.bias";
+        EXPECT_EQ(p.placement.sharded, !replicated) << p.name;
+        EXPECT_EQ(p.placement.grad_needs_all_reduce, replicated) << p.name;
+        EXPECT_FALSE(q.placement.grad_needs_all_reduce) << p.name;
+        const at::Tensor& whole = full_grads.at(p.name);
+        const at::Tensor want =
+            p.placement.sharded ? part(whole, p.placement.partition_dim, *g) : whole;
+        expect_rel_close(q.param.grad(), want, kTol, "TP gradient of " + p.name + " vs full",
+                         print);
+        expect_rel_close(p.param.grad(), q.param.grad(), kTol, "SP gradient of " + p.name, print);
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace zero::tensor_parallel

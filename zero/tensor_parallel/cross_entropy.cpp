@@ -1,0 +1,98 @@
+#include "zero/tensor_parallel/cross_entropy.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <sstream>
+#include <stdexcept>
+
+#include "comm/group.hpp"
+
+namespace zero::tensor_parallel {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+void check_target(const at::Tensor& logits, const at::Tensor& target, int64_t vocab,
+                  int64_t ignore_index) {
+  if (target.sizes() != logits.sizes().slice(0, logits.dim() - 1)) {
+    std::ostringstream msg;
+    msg << "zero: vocab_parallel_cross_entropy: target shape " << target.sizes()
+        << " must be the logits' shape " << logits.sizes() << " without its last (vocabulary) "
+        << "dimension";
+    throw std::invalid_argument(msg.str());
+  }
+  if (target.numel() == 0) return;
+  auto [lo, hi] = at::aminmax(target.masked_fill(target == ignore_index, 0));
+  const int64_t min_id = lo.item<int64_t>();
+  const int64_t max_id = hi.item<int64_t>();
+  if (min_id < 0 || max_id >= vocab) {
+    std::ostringstream msg;
+    msg << "zero: vocab_parallel_cross_entropy: target id " << (min_id < 0 ? min_id : max_id)
+        << " is outside the vocabulary [0, " << vocab << ") and is not ignore_index "
+        << ignore_index;
+    throw std::invalid_argument(msg.str());
+  }
+}
+
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& target, const GroupPtr& group, int64_t ignore_index) {
+    auto& g = *group;
+    const int64_t part = logits.size(-1);
+    const int64_t start = part * g.rank();
+    check_target(logits, target, part * g.size(), ignore_index);
+
+    const at::Tensor z = logits.to(at::kFloat);
+    // The shift only has to be the same on every rank and at least each row's maximum for
+    // exp() not to overflow: each rank's maxima gathered (the group has no max all-reduce).
+    const at::Tensor maxes =
+        all_gather_along(z.amax(-1).unsqueeze(0), 0, g, "vocab-parallel cross-entropy maximum");
+    at::Tensor shifted = z - maxes.amax(0).unsqueeze(-1);
+
+    const at::Tensor ignored = target == ignore_index;
+    // Tokens whose target lies in another rank's part (or is ignored): no one-hot entry here.
+    const at::Tensor elsewhere = (target < start) | (target >= start + part) | ignored;
+    const at::Tensor local = (target - start).masked_fill(elsewhere, 0).unsqueeze(-1);
+    const at::Tensor predicted = shifted.gather(-1, local).squeeze(-1).masked_fill(elsewhere, 0);
+
+    at::Tensor exp = shifted.exp_();
+    // One all-reduce for both sums: the target's logit (non-zero on one rank) and sum exp.
+    at::Tensor sums = at::stack({predicted, exp.sum(-1)});
+    g.all_reduce_sum(sums, "vocab-parallel cross-entropy sums").wait();
+    const at::Tensor sum_exp = sums[1];
+    at::Tensor loss = (sum_exp.log() - sums[0]).masked_fill_(ignored, 0);
+
+    at::Tensor softmax = exp.div_(sum_exp.unsqueeze(-1));
+    ctx->save_for_backward({softmax, local, elsewhere, ignored});
+    ctx->saved_data["dtype"] = logits.scalar_type();
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& softmax = saved[0];
+    const at::Tensor& local = saved[1];
+    const at::Tensor& elsewhere = saved[2];
+    const at::Tensor& ignored = saved[3];
+    at::Tensor grad = softmax.clone();
+    // d loss / d z = softmax - one_hot(target), the one-hot only on the rank holding the target.
+    grad.scatter_add_(-1, local,
+                      elsewhere.logical_not().to(grad.scalar_type()).neg().unsqueeze(-1));
+    grad.mul_(grads[0].to(at::kFloat).masked_fill(ignored, 0).unsqueeze(-1));
+    return {grad.to(ctx->saved_data["dtype"].toScalarType()), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
+                                        const GroupPtr& group, int64_t ignore_index) {
+  TORCH_CHECK(group, "zero: vocab_parallel_cross_entropy needs the tensor-parallel process group");
+  return VocabParallelCrossEntropy::apply(logits_shard, target, group, ignore_index);
+}
+
+}  // namespace zero::tensor_parallel

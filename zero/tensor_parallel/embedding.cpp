@@ -1,0 +1,77 @@
+#include "zero/tensor_parallel/embedding.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <sstream>
+#include <stdexcept>
+
+#include "comm/group.hpp"
+#include "zero/tensor_parallel/init.hpp"
+#include "zero/tensor_parallel/shard.hpp"
+
+namespace zero::tensor_parallel {
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(GroupPtr group,
+                                                       VocabParallelEmbeddingOptions options)
+    : options_(options), group_(std::move(group)) {
+  TORCH_CHECK(group_, "zero: VocabParallelEmbedding needs the tensor-parallel process group");
+  const int64_t part = divide(options_.vocab(), group_->size(), "VocabParallelEmbedding vocab");
+  weight = register_parameter("weight", at::empty({part, options_.dim()}, at::kFloat));
+  load_full(init_full_embedding(options_.vocab(), options_.dim(), options_.seed()));
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  if (ids.numel() > 0) {
+    auto [lo, hi] = at::aminmax(ids);
+    const int64_t min_id = lo.item<int64_t>();
+    const int64_t max_id = hi.item<int64_t>();
+    if (min_id < 0 || max_id >= options_.vocab()) {
+      std::ostringstream msg;
+      msg << "zero: VocabParallelEmbedding got token id " << (min_id < 0 ? min_id : max_id)
+          << " outside the vocabulary [0, " << options_.vocab() << ")";
+      throw std::invalid_argument(msg.str());
+    }
+  }
+  const int64_t start = vocab_start();
+  const int64_t end = start + weight.size(0);
+  at::Tensor out;
+  if (group_->size() == 1) {
+    out = at::embedding(weight, ids);
+  } else {
+    const at::Tensor outside = (ids < start) | (ids >= end);
+    const at::Tensor local = (ids - start).masked_fill(outside, 0);
+    // Row 0 stands in for the ids of other ranks; zeroing its output also zeroes its gradient.
+    out = at::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
+  }
+  return options_.sequence_parallel()
+             ? reduce_scatter_to_sequence_region(out, group_, options_.sequence_dim())
+             : reduce_from_region(out, group_);
+}
+
+int64_t VocabParallelEmbeddingImpl::vocab_start() const {
+  return weight.size(0) * group_->rank();
+}
+
+void VocabParallelEmbeddingImpl::load_full(const at::Tensor& w) {
+  if (!w.defined() || w.dim() != 2 || w.size(0) != options_.vocab() ||
+      w.size(1) != options_.dim()) {
+    std::ostringstream msg;
+    msg << "zero: VocabParallelEmbedding load_full weight must have the full shape ["
+        << options_.vocab() << ", " << options_.dim() << "], got "
+        << (w.defined() ? w.sizes() : at::IntArrayRef{});
+    throw std::invalid_argument(msg.str());
+  }
+  torch::NoGradGuard no_grad;
+  weight.copy_(shard_of(w, 0, group_->rank(), group_->size(), "VocabParallelEmbedding vocab"));
+}
+
+at::Tensor VocabParallelEmbeddingImpl::gather_full() const {
+  return all_gather_along(weight.detach(), 0, *group_, "VocabParallelEmbedding gather_full");
+}
+
+Placement VocabParallelEmbeddingImpl::placement(const std::string&) const {
+  return {.sharded = true, .partition_dim = 0};
+}
+
+}  // namespace zero::tensor_parallel

@@ -1,0 +1,88 @@
+#include "zero/tensor_parallel/placement.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include "comm/group.hpp"
+
+namespace zero::tensor_parallel {
+
+namespace {
+
+void add_own(const torch::nn::Module& m, const std::string& prefix, bool sequence_parallel,
+             std::vector<NamedPlacement>& out) {
+  const auto* layer = dynamic_cast<const TensorParallelLayer*>(&m);
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    Placement where;
+    if (layer) {
+      where = layer->placement(p.key());
+    } else {
+      where.grad_needs_all_reduce = sequence_parallel;
+    }
+    out.push_back({prefix.empty() ? p.key() : prefix + "." + p.key(), p.value(), where});
+  }
+}
+
+}  // namespace
+
+std::vector<NamedPlacement> placements(const torch::nn::Module& model, bool sequence_parallel) {
+  std::vector<NamedPlacement> out;
+  add_own(model, "", sequence_parallel, out);
+  for (const auto& m : model.named_modules("", /*include_self=*/false)) {
+    add_own(*m.value(), m.key(), sequence_parallel, out);
+  }
+  return out;
+}
+
+void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, comm::Group& group) {
+  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> targets;
+  for (const auto& p : params) {
+    if (!p.placement.grad_needs_all_reduce) continue;
+    at::Tensor g = p.param.grad();
+    grads.push_back(g.defined() ? g.reshape({-1})
+                                : at::zeros({p.param.numel()}, p.param.options()));
+    targets.push_back(p.param);
+  }
+  if (grads.empty() || group.size() == 1) return;
+  // One buffer, one collective: these are small (norm weights, biases), latency dominates.
+  at::Tensor flat = at::cat(grads);
+  group.all_reduce_sum(flat, "tensor-parallel all-reduce of sequence-parallel gradients").wait();
+  int64_t offset = 0;
+  torch::NoGradGuard no_grad;
+  for (auto& p : targets) {
+    at::Tensor summed = flat.narrow(0, offset, p.numel()).view(p.sizes());
+    offset += p.numel();
+    if (p.grad().defined()) {
+      p.mutable_grad().copy_(summed);
+    } else {
+      p.mutable_grad() = summed.clone();
+    }
+  }
+}
+
+double grad_norm_sq(const std::vector<NamedPlacement>& params, comm::Group& group) {
+  double replicated = 0.0;
+  at::Tensor sharded;  // fp64 on the parameters' device: what the group moves
+  for (const auto& p : params) {
+    const at::Tensor g = p.param.grad();
+    if (!g.defined()) continue;
+    const at::Tensor sq = g.to(at::kDouble).square().sum();
+    if (p.placement.sharded) {
+      sharded = sharded.defined() ? sharded + sq : sq;
+    } else {
+      replicated += sq.item<double>();
+    }
+  }
+  if (!sharded.defined()) {
+    // Every rank must join the collective, also one whose parameters have no gradient.
+    const auto device =
+        params.empty() ? at::Device(group.options().device) : params.front().param.device();
+    sharded = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  }
+  sharded = sharded.reshape({1}).contiguous();
+  group.all_reduce_sum(sharded, "tensor-parallel all-reduce of the gradient norm").wait();
+  return sharded.item<double>() + replicated;
+}
+
+}  // namespace zero::tensor_parallel

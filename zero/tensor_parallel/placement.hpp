@@ -1,0 +1,59 @@
+// How each parameter of a tensor-parallel model lies across the tensor-parallel ranks, so that
+// whoever reduces gradients, clips by the global norm or saves a checkpoint can treat it right:
+//   - sharded: each rank holds a different part (partition_dim); its gradient is complete on its
+//     rank. Counted once per rank in a norm (sum the squares over the tensor-parallel group).
+//   - replicated: every rank holds the same tensor. Counted once in a norm (not summed over the
+//     group). Its gradient is the same on every rank, except under sequence parallelism when the
+//     parameter acts on this rank's part of the sequence only (a norm's weight, a row-parallel
+//     layer's bias): then each rank holds a partial sum and the gradients must be all-reduced over
+//     the tensor-parallel group before the step (Megatron's sequence_parallel parameters).
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero::comm {
+class Group;
+}
+
+namespace zero::tensor_parallel {
+
+struct Placement {
+  bool sharded = false;
+  int64_t partition_dim = -1;          // sharded only
+  bool grad_needs_all_reduce = false;  // replicated only: see above
+};
+
+// The layers of this folder describe their own parameters.
+class TensorParallelLayer {
+ public:
+  virtual ~TensorParallelLayer() = default;
+  // Placement of each of the layer's own parameters, by the name it registered it under.
+  virtual Placement placement(const std::string& param_name) const = 0;
+};
+
+struct NamedPlacement {
+  std::string name;  // as in module.named_parameters()
+  at::Tensor param;
+  Placement placement;
+};
+
+// Every parameter of `model`: the layers of this folder say theirs; any other parameter (a norm,
+// a replicated head) is replicated, needing its gradient all-reduced when `sequence_parallel`.
+std::vector<NamedPlacement> placements(const torch::nn::Module& model, bool sequence_parallel);
+
+// All-reduces (sums), over the tensor-parallel `group`, the gradients of the parameters whose
+// placement says grad_needs_all_reduce, in one collective; a parameter without a gradient counts
+// as zero. Every rank of the group calls it after backward and before the optimizer step.
+void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, comm::Group& group);
+
+// The squared L2 norm of the whole (unsplit) model's gradient, the same on every rank: the
+// sharded parameters' squares summed over the tensor-parallel group, each replicated parameter
+// counted once (not once per rank). Call after all_reduce_partial_grads. A collective. With data
+// parallelism too, this is the tensor-parallel half: sum the data-parallel shards first.
+double grad_norm_sq(const std::vector<NamedPlacement>& params, comm::Group& group);
+
+}  // namespace zero::tensor_parallel
