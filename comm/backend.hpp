@@ -16,8 +16,11 @@ namespace zero::comm {
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                             int size, const GroupOptions& opts,
                                             const std::string& interface_hint);
+// `device`: the GPU to bind the group to; -1: this rank's (LOCAL_RANK's, see nccl.cpp).
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                            int size, const GroupOptions& opts);
+                                            int size, const GroupOptions& opts, int device = -1);
+// The GPU an NCCL group is bound to; -1 for any other backend.
+int nccl_bound_device(const c10d::Backend& backend);
 // Whether this build can make NCCL groups (a CUDA build of torch).
 bool nccl_available();
 // Makes this thread's current CUDA device the one the NCCL group is bound to (LOCAL_RANK's):

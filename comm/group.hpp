@@ -1,9 +1,13 @@
-// A process group: the few collectives the engine needs, over a c10d backend.
+// A process group: the few collectives the engine needs, point-to-point send/recv for pipeline
+// stages, and split() into subgroups (tensor, data, pipeline parallel; see comm/mesh.hpp).
 //
-// Every collective is asynchronous and returns a Work; Work::wait() rethrows a backend failure
-// as zero::CommError naming this rank, the collective and the timeout, so a dead or stalled
-// peer ends the run with a message instead of a hang. A group of size 1 has no backend, no store
-// and no network: its collectives complete at once (reduce-scatter and all-gather copy).
+// comm::Group is an interface, so a test can script a fake group; the real one is C10dGroup
+// (comm/c10d_group.hpp), a c10d backend (gloo on CPU, NCCL on CUDA) over a rendezvous store.
+// Every operation is asynchronous and returns a Work; Work::wait() rethrows a backend failure as
+// zero::CommError naming this rank, the operation (and for send/recv the peer) and the timeout,
+// so a dead or stalled peer ends the run with a message instead of a hang. A group of size 1 has
+// no backend and no network: its collectives complete at once (reduce-scatter and all-gather
+// copy).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -15,6 +19,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+
+#include "zero/group.hpp"
 
 namespace c10d {
 class Backend;
@@ -29,30 +35,34 @@ struct GroupOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(1800)};  // comm_timeout_s's default
   // Device of the tensors this group moves: CPU -> gloo, CUDA -> NCCL. Any other device type
   // (one with no collective backend here, e.g. the tests' fake accelerator) -> gloo through host
-  // copies: each collective copies its input to the host, and wait() copies the result back.
+  // copies: each operation copies its input to the host, and wait() copies the result back.
   c10::DeviceType device = c10::DeviceType::CPU;
 };
 
 class Work {
  public:
   Work() = default;  // already complete
-  Work(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size,
+  // `who` names this rank in errors ("rank 0 of 2", "rank 1 of 2 in group tp (global rank 3)").
+  Work(c10::intrusive_ptr<c10d::Work> work, std::string what, std::string who,
        std::chrono::milliseconds timeout, c10::DeviceType device,
        std::shared_ptr<Liveness> liveness = nullptr,
        std::shared_ptr<std::atomic<bool>> failed = nullptr);
-  // Runs `then` once the collective finished (the copy of a host-staged result to its device).
+  // Pending until wait() runs `wait_fn` once: what a fake group returns to complete an operation
+  // when the test decides (scripted arrival orders).
+  explicit Work(std::function<void()> wait_fn);
+  // Runs `then` once the operation finished (the copy of a host-staged result to its device).
   Work& then(std::function<void()> f);
-  // CPU (gloo): blocks until the collective finished, at most comm_timeout. CUDA (NCCL): makes
+  // CPU (gloo): blocks until the operation finished, at most comm_timeout. CUDA (NCCL): makes
   // the current stream wait for it and returns without blocking the host; the group's watchdog
   // enforces comm_timeout (comm/backend.hpp says why).
   void wait();
-  bool pending() const { return static_cast<bool>(work_); }
+  bool pending() const { return static_cast<bool>(work_) || static_cast<bool>(wait_fn_); }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> wait_fn_;
   std::string what_;
-  int rank_ = 0;
-  int size_ = 1;
+  std::string who_;
   std::chrono::milliseconds timeout_{0};
   c10::DeviceType device_ = c10::DeviceType::CPU;
   std::shared_ptr<Liveness> liveness_;         // names the gone rank after a failure; may be null
@@ -60,7 +70,7 @@ class Work {
   std::function<void()> then_;
 };
 
-class Group {
+class Group : public zero::Group {
  public:
   // From the launcher's environment (torchrun, Open MPI, Slurm); world size 1 needs nothing.
   static std::shared_ptr<Group> from_env(const GroupOptions& opts);
@@ -70,41 +80,45 @@ class Group {
   static std::shared_ptr<Group> over_store(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, const GroupOptions& opts);
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  const GroupOptions& options() const { return opts_; }
+  ~Group() override = default;
+
+  virtual const GroupOptions& options() const = 0;
   // What the backend and the store it keeps were built with, for tests: both must be
-  // comm_timeout_s, not what was left of start-up. 0 where unknown (size 1; NCCL's store).
+  // comm_timeout_s, not what was left of start-up. 0 where unknown (size 1; NCCL's store; fakes).
   struct Timeouts {
     std::chrono::milliseconds backend{0}, store{0};
   };
-  Timeouts timeouts() const;
+  virtual Timeouts timeouts() const { return {}; }
 
   // `what` names the call in errors ("reduce_scatter of bucket 3").
-  Work all_reduce_sum(at::Tensor& t, const std::string& what);
+  virtual Work all_reduce_sum(at::Tensor& t, const std::string& what) = 0;
   // in.numel() == out.numel() * size(); rank r receives the sum of chunk r.
-  Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what);
+  virtual Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) = 0;
   // out.numel() == in.numel() * size(); chunk r of out is rank r's in.
-  Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what);
-  Work broadcast(at::Tensor& t, int root, const std::string& what);
-  void barrier(const std::string& what);
+  virtual Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) = 0;
+  virtual Work broadcast(at::Tensor& t, int root, const std::string& what) = 0;
+  virtual void barrier(const std::string& what) = 0;
 
-  Group(c10::intrusive_ptr<c10d::Backend> backend, int rank, int size, GroupOptions opts);
-  ~Group();
+  // Point to point, ranks of this group. Sends and receives between two ranks with the same tag
+  // match in the order they were posted. `t` must stay alive and untouched until the Work was
+  // waited on; a receive whose sender never sends fails after comm_timeout_s naming the peer.
+  virtual Work send(at::Tensor& t, int dst, const std::string& what, int tag = 0) = 0;
+  virtual Work recv(at::Tensor& t, int src, const std::string& what, int tag = 0) = 0;
 
- private:
-  Work wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const;
-  void check_device(const at::Tensor& t, const std::string& what) const;
-  // Gloo on tensors of a device it cannot read: the collective runs on host copies.
-  bool staged() const;
+  // MPI_Comm_split / MLX's Group::split: every rank of this group calls it (in the same order
+  // as its other splits); the ranks that pass the same `color` form a new group, ordered by
+  // `key` (ties by their rank here). A negative color takes no part: that rank gets nullptr.
+  // `name` names the new group in errors ("tp"); empty: "<this name>/split N color C".
+  virtual std::shared_ptr<Group> split(int color, int key, const std::string& name = "") = 0;
 
-  c10::intrusive_ptr<c10d::Backend> backend_;  // null when size_ == 1
-  int rank_;
-  int size_;
-  GroupOptions opts_;
-  std::shared_ptr<Liveness> liveness_;  // set by from_env: heartbeats through the TCP store
-  // A collective of this group failed: closing it then aborts instead of flushing.
-  std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
+ protected:
+  Group() = default;
 };
+
+// The interface behind a public handle (every zero::Group is a comm::Group).
+inline Group& of(zero::Group& g) { return static_cast<Group&>(g); }
+inline std::shared_ptr<Group> of(const std::shared_ptr<zero::Group>& g) {
+  return std::static_pointer_cast<Group>(g);
+}
 
 }  // namespace zero::comm

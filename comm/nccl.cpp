@@ -48,20 +48,27 @@ c10::DeviceIndex local_device(int rank, int size) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                            int size, const GroupOptions& opts) {
+                                            int size, const GroupOptions& opts, int device_index) {
   if (const std::string w = drop_nccl_blocking_wait(); !w.empty() && rank == 0) {
     std::cerr << w << "\n";
   }
   // The group is bound to this rank's GPU, as torch.distributed.init_process_group(device_id=)
   // does: c10d then knows the device before the first collective (barriers, communicator
   // splits), and this thread's current device is that GPU, not GPU 0.
-  const c10::Device device(c10::kCUDA, local_device(rank, size));
+  const c10::Device device(c10::kCUDA, device_index >= 0
+                                           ? static_cast<c10::DeviceIndex>(device_index)
+                                           : local_device(rank, size));
   c10::cuda::set_device(device.index());
   auto o = c10d::ProcessGroupNCCL::Options::create();
   o->timeout = opts.timeout;
   auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);
   pg->setBoundDeviceId(device);
   return pg;
+}
+
+int nccl_bound_device(const c10d::Backend& backend) {
+  const auto device = backend.getBoundDeviceId();
+  return device ? device->index() : -1;
 }
 
 void nccl_use_bound_device(const c10d::Backend& backend) {

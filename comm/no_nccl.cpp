@@ -6,7 +6,7 @@
 namespace zero::comm {
 
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>&, int, int,
-                                            const GroupOptions&) {
+                                            const GroupOptions&, int) {
   TORCH_CHECK(false,
               "zero: CUDA tensors need the NCCL backend, but this build of zero was compiled "
               "against a CPU-only torch. Rebuild with a CUDA build of torch.");
@@ -17,6 +17,8 @@ void nccl_wait(c10d::Work&) {
 }
 
 bool nccl_available() { return false; }
+
+int nccl_bound_device(const c10d::Backend&) { return -1; }
 
 void nccl_use_bound_device(const c10d::Backend&) {}
 

@@ -16,6 +16,7 @@
 
 #include "comm/arrivals.hpp"
 #include "comm/backend.hpp"
+#include "comm/c10d_group.hpp"
 #include "comm/group.hpp"
 #include "comm/launcher_env.hpp"
 #include "comm/liveness.hpp"
@@ -228,9 +229,15 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
   run_before_deadline(body, deadline, opts.timeout, who, stage);
   // The group was built on the helper thread; the caller's current GPU becomes its GPU too.
   if (opts.device == c10::DeviceType::CUDA) nccl_use_bound_device(*parts->backend);
-  auto group = std::make_shared<Group>(parts->backend, rank, size, opts);
-  group->liveness_ = parts->live;
-  return group;
+  C10dGroup::Parts g;
+  g.backend = parts->backend;
+  g.store = parts->store;  // kept for split()
+  g.rank = rank;
+  g.size = size;
+  g.opts = opts;
+  g.interface_hint = is_loopback(info.master_addr) ? "127.0.0.1" : "";
+  g.liveness = parts->live;
+  return std::make_shared<C10dGroup>(std::move(g));
 }
 
 }  // namespace zero::comm

@@ -22,7 +22,8 @@ int64_t min_over_ranks(int64_t mine, comm::Group& group, c10::Device device) {
 
 }  // namespace
 
-std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, comm::Group& group) {
+std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, Group& public_group) {
+  comm::Group& group = comm::of(public_group);
   const int world = group.size();
   ZeroOptimizationConfig& z = cfg.zero_optimization;
   // A micro-batch the batch triple fixes is DeepSpeed's "auto": derived, not planned.

@@ -200,7 +200,7 @@ Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 
-std::shared_ptr<comm::Group> process_group_from_env(const Config& cfg, c10::DeviceType device) {
+std::shared_ptr<Group> process_group_from_env(const Config& cfg, c10::DeviceType device) {
   comm::GroupOptions go;
   go.timeout = cfg.comm_timeout;
   go.device = device;
@@ -218,9 +218,10 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg) {
 }
 
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
-                  std::shared_ptr<comm::Group> group) {
+                  std::shared_ptr<Group> public_group) {
   TORCH_CHECK(model, "zero::initialize: the model is null");
-  TORCH_CHECK(group, "zero::initialize: the process group is null");
+  TORCH_CHECK(public_group, "zero::initialize: the process group is null");
+  std::shared_ptr<comm::Group> group = comm::of(public_group);
   const at::Device device =
       model->parameters().empty() ? at::Device(at::kCPU) : model->parameters().front().device();
   // The model's GPU becomes this thread's current device: what the engine allocates or
@@ -501,7 +502,7 @@ const EngineStats& Engine::settled_stats() const {
   return impl_->stats;
 }
 std::shared_ptr<torch::nn::Module> Engine::module() const { return impl_->module; }
-comm::Group& Engine::group() const { return *impl_->group; }
+Group& Engine::group() const { return *impl_->group; }
 
 MemoryReport Engine::memory_report() const {
   const auto& m = *impl_;

@@ -24,13 +24,10 @@
 #include <string>
 
 #include "zero/config.hpp"
+#include "zero/group.hpp"
 #include "zero/memory_plan.hpp"
 
 namespace zero {
-
-namespace comm {
-class Group;
-}
 
 // What is fixed and what is "auto" (nullopt).
 struct AutoRequest {
@@ -72,6 +69,6 @@ struct AutoTarget {
 // Resolves the "auto" values of `cfg` and `target.checkpointing` and prints the one-line
 // reason on rank 0. Collective when the budget comes from the devices. Returns nothing when no
 // value is "auto". Throws ConfigError (no budget on CPU, nothing fits).
-std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, comm::Group& group);
+std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, Group& group);
 
 }  // namespace zero

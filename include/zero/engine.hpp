@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "zero/config.hpp"
+#include "zero/group.hpp"
 #include "zero/memory.hpp"
 
 namespace torch::nn {
@@ -26,9 +27,6 @@ class ModuleHolder;
 }  // namespace torch::nn
 
 namespace zero {
-namespace comm {
-class Group;
-}
 
 // Counters a user (and our tests) can read to see what the engine did.
 struct EngineStats {
@@ -100,7 +98,8 @@ class Engine {
   const EngineStats& stats() const;
   const EngineStats& settled_stats() const;
   std::shared_ptr<torch::nn::Module> module() const;
-  comm::Group& group() const;
+  // The process group the engine shards over (rank(), size(); opaque otherwise).
+  Group& group() const;
 
   // This rank's memory for model states (no collective).
   MemoryReport memory_report() const;
@@ -143,12 +142,12 @@ class Engine {
 // Open MPI, Slurm; world size 1 needs none), with cfg's comm_timeout_s: for an application that
 // needs the group before initialize (resolve_auto in auto_strategy.hpp, or to pass it on).
 // `device`: where the model's tensors live (CPU: gloo, CUDA: NCCL).
-std::shared_ptr<comm::Group> process_group_from_env(const Config& cfg, c10::DeviceType device);
+std::shared_ptr<Group> process_group_from_env(const Config& cfg, c10::DeviceType device);
 // Process group from the launcher's environment (world size 1 needs none).
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg);
 // Over a given group (tests, or programs that manage their own).
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
-                  std::shared_ptr<comm::Group> group);
+                  std::shared_ptr<Group> group);
 
 template <typename M>
 Engine initialize(const torch::nn::ModuleHolder<M>& model, Config cfg) {

@@ -8,5 +8,6 @@
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
 #include "zero/errors.hpp"
+#include "zero/group.hpp"
 #include "zero/launcher.hpp"
 #include "zero/memory.hpp"

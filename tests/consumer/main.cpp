@@ -21,6 +21,10 @@ int main() {
     cfg.optimizer.lr = 0.1;
     zero::Engine engine = zero::initialize(model, cfg);
     const int rank = engine.rank();
+    // The process group through its public handle (zero/group.hpp, installed).
+    const zero::Group& group = engine.group();
+    const bool group_ok = group.rank() == rank && group.size() == engine.world_size() &&
+                          group.name() == "world" && group.global_rank(rank) == rank;
 
     const at::Tensor w_true = at::linspace(-1, 1, 8).view({8, 1});
     auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + rank);  // each rank its own data
@@ -39,7 +43,7 @@ int main() {
               at::equal(sd[1].second, model->bias.detach());
     // Every rank must hold the same weights: their mean over ranks is their own value.
     const double sum = sd[0].second.sum().item<double>();
-    ok = ok && std::abs(engine.all_reduce_mean(sum) - sum) < 1e-9 && last < 0.1 * first;
+    ok = ok && std::abs(engine.all_reduce_mean(sum) - sum) < 1e-9 && last < 0.1 * first && group_ok;
     std::printf("consumer rank %d/%d: ZeRO stage %d, loss %.4g -> %.3g, state_dict %s\n", rank,
                 engine.world_size(), engine.stage(), first, last, ok ? "ok" : "WRONG");
     return ok ? 0 : 1;

@@ -1,0 +1,278 @@
+#include "comm/c10d_group.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <algorithm>
+#include <exception>
+#include <numeric>
+
+#include "comm/backend.hpp"
+#include "comm/liveness.hpp"
+#include "comm/startup.hpp"
+#include "zero/comm_errors.hpp"
+
+namespace zero::comm {
+namespace {
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// The host copy a staged operation runs on; `t` itself when it is on the host already.
+at::Tensor on_host(const at::Tensor& t) { return t.is_cpu() ? t : t.cpu(); }
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+}  // namespace
+
+C10dGroup::C10dGroup(Parts parts) : p_(std::move(parts)) {
+  TORCH_CHECK(p_.size >= 1 && p_.rank >= 0 && p_.rank < p_.size, "zero: rank ", p_.rank,
+              " is not in a group of size ", p_.size);
+  TORCH_CHECK(p_.global_ranks.empty() || static_cast<int>(p_.global_ranks.size()) == p_.size,
+              "zero: a group of size ", p_.size, " got ", p_.global_ranks.size(), " world ranks");
+  TORCH_CHECK(p_.size == 1 || p_.backend, "zero: a group of ", p_.size, " ranks needs a backend");
+}
+
+C10dGroup::~C10dGroup() {
+  // An NCCL group is shut down (or, after a failure or while an exception unwinds, aborted)
+  // here, not left to c10d's destructor. Gloo needs nothing: dropping it closes its sockets,
+  // which is how its peers learn at once that this rank is gone.
+  if (p_.backend && p_.opts.device == c10::DeviceType::CUDA) {
+    nccl_close(*p_.backend, *failed_ || std::uncaught_exceptions() > 0);
+  }
+}
+
+Group::Timeouts C10dGroup::timeouts() const {
+  if (!p_.backend) return {};
+  return {p_.backend->getBackendOptions()->timeout, gloo_store_timeout(*p_.backend)};
+}
+
+int C10dGroup::global_rank(int group_rank) const {
+  TORCH_CHECK(group_rank >= 0 && group_rank < p_.size, "zero: rank ", group_rank,
+              " is not in group ", p_.name, " of size ", p_.size);
+  return p_.global_ranks.empty() ? group_rank : p_.global_ranks[group_rank];
+}
+
+std::string C10dGroup::who() const {
+  std::string s = "rank " + std::to_string(p_.rank) + " of " + std::to_string(p_.size);
+  if (!p_.global_ranks.empty()) {
+    s += " in group " + p_.name + " (global rank " + std::to_string(global_rank(p_.rank)) + ")";
+  }
+  return s;
+}
+
+std::string C10dGroup::peer(int r) const {
+  std::string s = "rank " + std::to_string(r);
+  if (!p_.global_ranks.empty()) s += " (global rank " + std::to_string(global_rank(r)) + ")";
+  return s;
+}
+
+void C10dGroup::check_device(const at::Tensor& t, const std::string& what) const {
+  TORCH_CHECK(t.device().type() == p_.opts.device, "zero: ", what, " got a tensor on ", t.device(),
+              " but this process group moves ", c10::DeviceTypeName(p_.opts.device), " tensors");
+  TORCH_CHECK(t.is_contiguous(), "zero: ", what, " needs contiguous tensors");
+}
+
+void C10dGroup::check_peer(int r, const char* role, const std::string& what) const {
+  TORCH_CHECK(r >= 0 && r < p_.size && r != p_.rank, "zero: ", who(), ": ", what, ": ", role,
+              " rank ", r, " must be another rank of this group, in [0, ", p_.size, ")");
+}
+
+bool C10dGroup::staged() const {
+  return p_.opts.device != c10::DeviceType::CPU && p_.opts.device != c10::DeviceType::CUDA;
+}
+
+Work C10dGroup::wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const {
+  return Work(std::move(w), what, who(), p_.opts.timeout, p_.opts.device, p_.liveness, failed_);
+}
+
+Work C10dGroup::all_reduce_sum(at::Tensor& t, const std::string& what) {
+  if (p_.size == 1) return {};
+  check_device(t, what);
+  std::vector<at::Tensor> ts{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = p_.opts.timeout;
+  if (staged()) {
+    std::vector<at::Tensor> host{on_host(t)};
+    return wrap(p_.backend->allreduce(host, o), what).then([t, h = host[0]]() mutable {
+      t.copy_(h);
+    });
+  }
+  return wrap(p_.backend->allreduce(ts, o), what);
+}
+
+Work C10dGroup::reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) {
+  TORCH_CHECK(in.numel() == out.numel() * p_.size, "zero: ", what, ": input has ", in.numel(),
+              " elements, expected ", out.numel(), " x ", p_.size);
+  if (p_.size == 1) {
+    out.copy_(in);
+    return {};
+  }
+  check_device(in, what);
+  check_device(out, what);
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = p_.opts.timeout;
+  if (staged()) {
+    at::Tensor host_in = on_host(in),
+               host_out = at::empty_like(out, out.options().device(at::kCPU));
+    return wrap(p_.backend->_reduce_scatter_base(host_out, host_in, o), what)
+        .then([out, host_out, host_in]() mutable { out.copy_(host_out); });
+  }
+  return wrap(p_.backend->_reduce_scatter_base(out, in, o), what);
+}
+
+Work C10dGroup::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) {
+  TORCH_CHECK(out.numel() == in.numel() * p_.size, "zero: ", what, ": output has ", out.numel(),
+              " elements, expected ", in.numel(), " x ", p_.size);
+  if (p_.size == 1) {
+    out.copy_(in);
+    return {};
+  }
+  check_device(in, what);
+  check_device(out, what);
+  c10d::AllgatherOptions o;
+  o.timeout = p_.opts.timeout;
+  if (staged()) {
+    at::Tensor host_in = on_host(in),
+               host_out = at::empty_like(out, out.options().device(at::kCPU));
+    return wrap(p_.backend->_allgather_base(host_out, host_in, o), what)
+        .then([out, host_out, host_in]() mutable { out.copy_(host_out); });
+  }
+  return wrap(p_.backend->_allgather_base(out, in, o), what);
+}
+
+Work C10dGroup::broadcast(at::Tensor& t, int root, const std::string& what) {
+  if (p_.size == 1) return {};
+  check_device(t, what);
+  std::vector<at::Tensor> ts{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.timeout = p_.opts.timeout;
+  if (staged()) {
+    std::vector<at::Tensor> host{on_host(t)};
+    return wrap(p_.backend->broadcast(host, o), what).then([t, h = host[0]]() mutable {
+      t.copy_(h);
+    });
+  }
+  return wrap(p_.backend->broadcast(ts, o), what);
+}
+
+void C10dGroup::barrier(const std::string& what) {
+  if (p_.size == 1) return;
+  c10d::BarrierOptions o;
+  o.timeout = p_.opts.timeout;
+  wrap(p_.backend->barrier(o), what).wait();
+}
+
+// c10d's send/recv take no timeout: the bound is the wait (gloo: comm_timeout_s on the host;
+// NCCL: the watchdog), as for the collectives.
+Work C10dGroup::send(at::Tensor& t, int dst, const std::string& what, int tag) {
+  check_peer(dst, "destination", what);
+  check_device(t, what);
+  // Staged: the host copy stays alive in the Work until the send finished.
+  std::vector<at::Tensor> ts{staged() ? on_host(t) : t};
+  Work w = wrap(p_.backend->send(ts, dst, tag), what + " (send to " + peer(dst) + ")");
+  if (staged()) w.then([h = ts[0]] {});
+  return w;
+}
+
+Work C10dGroup::recv(at::Tensor& t, int src, const std::string& what, int tag) {
+  check_peer(src, "source", what);
+  check_device(t, what);
+  std::vector<at::Tensor> ts{staged() ? at::empty_like(t, t.options().device(at::kCPU)) : t};
+  Work w = wrap(p_.backend->recv(ts, src, tag), what + " (recv from " + peer(src) + ")");
+  if (staged()) w.then([t, h = ts[0]]() mutable { t.copy_(h); });
+  return w;
+}
+
+std::vector<std::pair<int, int>> C10dGroup::exchange(int n, int color, int key) {
+  const std::string base = "split/" + std::to_string(n) + "/";
+  std::vector<std::string> keys;
+  for (int r = 0; r < p_.size; ++r) keys.push_back(base + std::to_string(r));
+  std::vector<std::vector<uint8_t>> values;
+  try {
+    p_.store->set(keys[p_.rank], bytes(std::to_string(color) + " " + std::to_string(key)));
+    p_.store->wait(keys, p_.opts.timeout);
+    values = p_.store->multiGet(keys);
+  } catch (const std::exception& e) {
+    std::vector<int> missing;
+    try {
+      for (int r = 0; r < p_.size; ++r) {
+        if (!p_.store->check({keys[r]})) missing.push_back(r);
+      }
+    } catch (const std::exception&) {
+      // The store itself is gone: the first message says so.
+    }
+    throw CommError(
+        who() + ": split " + std::to_string(n) + " of group " + p_.name + " failed (" +
+        c10d_message(e) + ")" +
+        (missing.empty() ? std::string() : ": ranks " + join(missing) + " never called it") +
+        "; every rank of the group must call split, in the same order, within "
+        "comm_timeout_s = " +
+        format_seconds(p_.opts.timeout));
+  }
+  std::vector<std::pair<int, int>> out;
+  for (const auto& v : values) {
+    const std::string s(v.begin(), v.end());
+    const auto space = s.find(' ');
+    out.emplace_back(std::stoi(s.substr(0, space)), std::stoi(s.substr(space + 1)));
+  }
+  return out;
+}
+
+std::shared_ptr<Group> C10dGroup::split(int color, int key, const std::string& name) {
+  const int n = splits_++;
+  std::vector<std::pair<int, int>> all;
+  if (p_.size == 1) {
+    all = {{color, key}};
+  } else {
+    all = exchange(n, color, key);
+  }
+  if (color < 0) return nullptr;
+
+  std::vector<int> members;  // ranks of this group, in the new group's order
+  for (int r = 0; r < p_.size; ++r) {
+    if (all[r].first == color) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[a].second < all[b].second; });
+
+  Parts c;
+  c.rank = static_cast<int>(std::find(members.begin(), members.end(), p_.rank) - members.begin());
+  c.size = static_cast<int>(members.size());
+  c.opts = p_.opts;
+  c.interface_hint = p_.interface_hint;
+  c.liveness = p_.liveness;
+  c.name = name.empty()
+               ? p_.name + "/split " + std::to_string(n) + " color " + std::to_string(color)
+               : name;
+  for (int r : members) c.global_ranks.push_back(global_rank(r));
+  if (c.size > 1) {
+    // Like c10d's new_group: a store namespace and a backend of the group's own.
+    c.store = c10::make_intrusive<c10d::PrefixStore>(
+        "split/" + std::to_string(n) + "/color" + std::to_string(color), p_.store);
+    try {
+      c.backend = c.opts.device == c10::DeviceType::CUDA
+                      // The subgroup's GPU is this rank's (the parent's bound device), not the
+                      // one its rank within the subgroup would pick.
+                      ? make_nccl(c.store, c.rank, c.size, c.opts, nccl_bound_device(*p_.backend))
+                      : make_gloo(c.store, c.rank, c.size, c.opts, c.interface_hint);
+    } catch (const std::exception& e) {
+      const std::string gone =
+          p_.liveness ? p_.liveness->diagnose(std::chrono::milliseconds(4000))
+                      : "a peer rank most likely exited or stalled (check its log above)";
+      throw CommError(who() + ": setting up group " + c.name + " (world ranks " +
+                      join(c.global_ranks) + ") failed (" + c10d_message(e) + "): " + gone);
+    }
+  }
+  return std::make_shared<C10dGroup>(std::move(c));
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,77 @@
+// The real comm::Group: a c10d backend (gloo or NCCL) over a rendezvous store.
+//
+// The group keeps its store so split() can build subgroups the way c10d's new_group does: the
+// ranks exchange (color, key) through the store, and each new group gets a PrefixStore of its
+// own (so its backend's rendezvous keys never meet another group's) and a new backend with its
+// rank and size in it. Subgroups share the world's liveness heartbeat, which names ranks by
+// their world rank; errors in a subgroup name both ranks ("rank 1 of 2 in group dp (global rank
+// 3)").
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/group.hpp"
+
+namespace zero::comm {
+
+class C10dGroup final : public Group {
+ public:
+  struct Parts {
+    c10::intrusive_ptr<c10d::Backend> backend;  // null when size == 1
+    c10::intrusive_ptr<c10d::Store> store;      // null for a single-rank group of its own
+    int rank = 0;
+    int size = 1;
+    GroupOptions opts;
+    // Gloo: the address peers reach this rank on ("127.0.0.1" when every rank is local; empty:
+    // the default device), reused for the backends of subgroups.
+    std::string interface_hint;
+    std::shared_ptr<Liveness> liveness;  // the world's heartbeat; null in tests over a HashStore
+    std::string name = "world";
+    std::vector<int> global_ranks;  // the world rank of each rank here; empty: the same
+  };
+  explicit C10dGroup(Parts parts);
+  ~C10dGroup() override;
+
+  int rank() const override { return p_.rank; }
+  int size() const override { return p_.size; }
+  std::string name() const override { return p_.name; }
+  int global_rank(int group_rank) const override;
+  const GroupOptions& options() const override { return p_.opts; }
+  Timeouts timeouts() const override;
+
+  Work all_reduce_sum(at::Tensor& t, const std::string& what) override;
+  Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) override;
+  Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) override;
+  Work broadcast(at::Tensor& t, int root, const std::string& what) override;
+  void barrier(const std::string& what) override;
+  Work send(at::Tensor& t, int dst, const std::string& what, int tag) override;
+  Work recv(at::Tensor& t, int src, const std::string& what, int tag) override;
+  std::shared_ptr<Group> split(int color, int key, const std::string& name) override;
+
+ private:
+  Work wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const;
+  void check_device(const at::Tensor& t, const std::string& what) const;
+  // Gloo on tensors of a device it cannot read: the operation runs on host copies.
+  bool staged() const;
+  // "rank 0 of 2", or in a subgroup "rank 1 of 2 in group dp (global rank 3)".
+  std::string who() const;
+  // "rank 1", or in a subgroup "rank 1 (global rank 5)".
+  std::string peer(int r) const;
+  void check_peer(int r, const char* role, const std::string& what) const;
+  // Every rank's (color, key) for split number `n`, in rank order.
+  std::vector<std::pair<int, int>> exchange(int n, int color, int key);
+
+  Parts p_;
+  // A collective of this group failed: closing it then aborts instead of flushing.
+  std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
+  int splits_ = 0;  // split() calls so far: each gets store keys of its own
+};
+
+}  // namespace zero::comm
