@@ -48,7 +48,6 @@ expect_exit() {
   grep -m1 "error" "$out/$name.$r.err" | cut -c1-400 | sed 's/^/    /'
 }
 
-free_port() { echo $((38000 + RANDOM % 2000)); }
 
 # 1. Another program holds MASTER_PORT: it accepts connections and never answers. Rank 0 cannot
 # serve the store there; rank 1 (and every rank under torchrun's agent store) waits for a

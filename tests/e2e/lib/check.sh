@@ -29,3 +29,18 @@ _scratch_cleanup() {
   for pid in "${pids[@]}"; do kill -9 "$pid" 2> /dev/null; done
   rm -rf "$out"
 }
+# `free_port LOW`: a port in [LOW, LOW + 2000) that nothing listens on or is bound to now. A bare
+# random pick collided on a loaded machine (rank 0 then fails with EADDRINUSE, not the error the
+# test expects); the check leaves only the race with a program binding it in the next seconds.
+free_port() {
+  local low=${1:-38000} p
+  for _ in $(seq 50); do
+    p=$((low + RANDOM % 2000))
+    if python3 -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' \
+      "$p" 2> /dev/null; then
+      echo "$p"
+      return
+    fi
+  done
+  echo "$p"
+}
