@@ -48,21 +48,11 @@ class StreamCopyEngine final : public CopyEngine {
   }
 
   Ticket copy_into_host(const at::Tensor& dst, const at::Tensor& src) override {
-    const c10::DeviceGuard guard(device_);
     // `src` is written by work on the current stream (or by a collective the current stream
-    // was made to wait for): the copy stream starts reading only after that.
-    copy_stream_waits_for_compute();
-    auto done = std::make_shared<Event>(device_.type());
-    {
-      const c10::StreamGuard on_copy_stream(copy_stream_);
-      // Asynchronous only into page-locked memory; into pageable memory CUDA stages it and the
-      // host waits, which is correct but does not overlap.
-      dst.copy_(src, /*non_blocking=*/true);
-      // The host waits on this before reading `dst` (synchronize); the current stream waits on
-      // it (wait) before anything overwrites `src`.
-      done->record(copy_stream_);
-    }
-    return done;
+    // was made to wait for): the copy stream starts reading only after that. The host waits on
+    // the ticket before reading `dst` (synchronize); the current stream waits on it (wait)
+    // before anything overwrites `src`. Asynchronous only into page-locked memory.
+    return ordered_copy(dst, src);
   }
 
   Copy to_device_async(const at::Tensor& host) override {
@@ -84,22 +74,13 @@ class StreamCopyEngine final : public CopyEngine {
   }
 
   Ticket copy_to_device(const at::Tensor& dst, const at::Tensor& src) override {
-    const c10::DeviceGuard guard(device_);
     // `dst` may still be read by kernels queued on the current stream (the parameters that the
-    // last backward used): the copy stream writes it only after them.
-    copy_stream_waits_for_compute();
-    auto done = std::make_shared<Event>(device_.type());
-    {
-      const c10::StreamGuard on_copy_stream(copy_stream_);
-      // Asynchronous only from page-locked memory; from pageable memory CUDA stages it and the
-      // host waits, which is correct but does not overlap.
-      dst.copy_(src, /*non_blocking=*/true);
-      // The reader of `dst` waits on this (wait); the host before rewriting `src` (synchronize).
-      // `dst` needs no record_stream: it is long-lived, and its reader's stream waits on `done`,
-      // so memory freed later on that stream is reused only after this copy.
-      done->record(copy_stream_);
-    }
-    return done;
+    // last backward used): the copy stream writes it only after them. The reader of `dst` waits
+    // on the ticket (wait); the host before rewriting `src` (synchronize). `dst` needs no
+    // record_stream: it is long-lived, and its reader's stream waits on the ticket, so memory
+    // freed later on that stream is reused only after this copy. Asynchronous only from
+    // page-locked memory.
+    return ordered_copy(dst, src);
   }
 
   void wait(const Ticket& ticket) override {
@@ -111,6 +92,19 @@ class StreamCopyEngine final : public CopyEngine {
   }
 
  private:
+  // Copies `src` into the existing `dst` on the copy stream, after the work queued so far on
+  // the current stream; the ticket fires when the copy is done. From or into pageable memory
+  // CUDA stages the copy and the host waits: correct, but it does not overlap.
+  Ticket ordered_copy(const at::Tensor& dst, const at::Tensor& src) {
+    const c10::DeviceGuard guard(device_);
+    copy_stream_waits_for_compute();
+    auto done = std::make_shared<Event>(device_.type());
+    const c10::StreamGuard on_copy_stream(copy_stream_);
+    dst.copy_(src, /*non_blocking=*/true);
+    done->record(copy_stream_);
+    return done;
+  }
+
   void copy_stream_waits_for_compute() {
     // Destroying a recorded event right away is fine: the wait it queued stays in effect.
     Event produced(device_.type());
