@@ -12,6 +12,7 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <iostream>
 #include <thread>
 
 #include "comm/arrivals.hpp"
@@ -69,6 +70,13 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
   }
   ignore_sigpipe();
   remember_launcher();
+  // unsetenv races getenv on other threads (glibc): drop the NCCL blocking-wait variables here,
+  // before the heartbeat and helper threads start; make_nccl then finds them gone.
+  if (opts.device == c10::DeviceType::CUDA) {
+    if (const std::string w = drop_nccl_blocking_wait(); !w.empty() && info.rank == 0) {
+      std::cerr << w << "\n";
+    }
+  }
 
   const auto deadline = Clock::now() + opts.timeout;
   auto remaining = [deadline] {
