@@ -4,6 +4,7 @@
 // late gradient is reduced on its own after backward. The result must be the same training as
 // plain autograd on the whole batch, at step 1 (late path) and step 2 (counts known).
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
@@ -24,10 +25,11 @@ constexpr double kLr = 0.1;
 // again: late, then a).
 struct SharedNet : torch::nn::Module {
   explicit SharedNet(bool checkpointed) : checkpointed(checkpointed) {
-    at::manual_seed(3);
-    a = register_parameter("a", at::randn({kDim, kDim}) * 0.3);
-    shared = register_parameter("shared", at::randn({kDim, kDim}) * 0.3);
-    b = register_parameter("b", at::randn({kDim, kDim}) * 0.3);
+    // Own generator: ranks are threads, and the global one would interleave their draws.
+    at::Generator gen = at::detail::createCPUGenerator(3);
+    a = register_parameter("a", at::randn({kDim, kDim}, gen) * 0.3);
+    shared = register_parameter("shared", at::randn({kDim, kDim}, gen) * 0.3);
+    b = register_parameter("b", at::randn({kDim, kDim}, gen) * 0.3);
   }
   at::Tensor forward(const at::Tensor& x) {
     auto block1 = [this](const at::Tensor& h) {
@@ -44,8 +46,8 @@ struct SharedNet : torch::nn::Module {
 };
 
 at::Tensor batch(int step) {
-  at::manual_seed(100 + step);
-  return at::randn({kRows, kDim});
+  at::Generator gen = at::detail::createCPUGenerator(100 + step);
+  return at::randn({kRows, kDim}, gen);
 }
 
 at::Tensor loss_of(SharedNet& net, const at::Tensor& x) { return net.forward(x).pow(2).mean(); }
