@@ -15,12 +15,19 @@ at::Tensor fp64_square_sum(const at::Tensor& t) {
 
 }  // namespace
 
-at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatParams& fp, int stage,
-                                  comm::Group& group) {
+at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatParams& fp,
+                                  const Sharding& sharding, comm::Group& group,
+                                  const std::vector<char>& counted) {
   const FlatLayout& layout = fp.layout;
-  if (stage == 0) {
+  if (!sharding.optimizer) {
     // One bucket window converted to fp64 at a time, not the whole gradient.
     at::Tensor sq = at::zeros({1}, g.options().dtype(at::kDouble));
+    if (!counted.empty()) {
+      for (const OwnedPiece& p : layout.owned_pieces(0)) {
+        if (counted[p.param]) sq.add_(fp64_square_sum(g.narrow(0, p.shard_offset, p.numel)));
+      }
+      return sq.to(at::kFloat);
+    }
     for (const BucketSlot& b : layout.buckets()) {
       sq.add_(fp64_square_sum(g.narrow(0, b.shard_offset, b.shard.shard_numel())));
     }
@@ -41,7 +48,8 @@ at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatParams& fp, int
   const int64_t part = (total + align - 1) / align * align / n;
 
   at::Tensor parts = at::zeros({n}, g.options().dtype(at::kDouble));
-  for (const OwnedPiece& p : layout.owned_pieces(group.rank())) {
+  for (const OwnedPiece& p : layout.owned_pieces(sharding.owner)) {
+    if (!counted.empty() && !counted[p.param]) continue;
     int64_t at = ds_offset[p.param] + p.param_offset;
     const int64_t end = at + p.numel;
     while (at < end) {

@@ -13,13 +13,18 @@
 
 #include "comm/group.hpp"
 #include "zero/flat_params.hpp"
+#include "zero/sharding.hpp"
 
 namespace zero {
 
 // The squared norm of the whole gradient (all ranks), a one-element fp32 tensor on g's device.
 // `g`: this rank's gradient shard (stages 1/2), or the whole reduced gradient on every rank at
-// stage 0 (nothing to combine: one fp64 sum rounded to fp32). A collective at stages 1/2.
-at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatParams& fp, int stage,
-                                  comm::Group& group);
+// stage 0 (nothing to combine: one fp64 sum rounded to fp32). A collective over `group` (the
+// data-parallel one) when the gradient is sharded. `counted`: per layout parameter, whether
+// this rank counts it (Groups::norm's replicated parameters); empty: all of them. The caller
+// sums the result over the norm groups.
+at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatParams& fp,
+                                  const Sharding& sharding, comm::Group& group,
+                                  const std::vector<char>& counted = {});
 
 }  // namespace zero

@@ -3,6 +3,7 @@
 #include "zero/engine.hpp"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
 
 #include <chrono>
@@ -53,9 +54,9 @@ void Engine::Impl::make_sync() {
   // accumulation window, or to reduce after backward (overlap_comm off, as DeepSpeed's ZeRO-1
   // does then). Otherwise it reduces during backward exactly as stage 2 does, and holds what
   // stage 2 holds (accumulated_grads.cpp says what the accumulator costs it).
-  const bool partitioned = !keeps_full_gradient(stage, accumulation, sync_opts.overlap);
+  const bool partitioned = !sharding.keeps_full_gradient(accumulation, sync_opts.overlap);
   sync = partitioned ? make_partitioned_grads(fp.layout, *group, sync_opts)
-                     : make_accumulated_grads(fp.layout, *group, stage == 1, sync_opts);
+                     : make_accumulated_grads(fp.layout, *group, sharding.optimizer, sync_opts);
   if (!bucket_order.empty()) sync->set_release_order(bucket_order);
 }
 
@@ -83,20 +84,6 @@ optim::Range window_of(const BucketSlot& b) {
   return {b.shard_offset, b.shard_offset + b.shard.shard_numel()};
 }
 
-// The squared L2 norm of the gradient shard, in fp32, as a one-element tensor on its device.
-// An fp32 shard is reduced as it is; a narrower one bucket by bucket, each converted inside the
-// reduction (CUDA) or through one bucket's fp32 temporary (CPU), not a whole-shard copy.
-at::Tensor squared_norm(const at::Tensor& g, const FlatLayout& layout) {
-  if (g.scalar_type() == at::kFloat) return at::linalg_vector_norm(g, 2).square().reshape({1});
-  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kFloat));
-  for (const BucketSlot& b : layout.buckets()) {
-    const optim::Range w = window_of(b);
-    sq.add_(at::linalg_vector_norm(g.narrow(0, w.begin, w.end - w.begin), 2, {}, false, at::kFloat)
-                .square());
-  }
-  return sq;
-}
-
 }  // namespace
 
 void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
@@ -119,7 +106,7 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
   } else {
     o.begin_step(fp.master_window(buckets.front()), lr);  // update() checks each window
   }
-  if (stage == 0 || fp.master_aliases_flat) {
+  if (!sharding.optimizer || fp.master_aliases_flat) {
     if (fp32) {
       o.update(fp.master, grad, lr, scalars, {0, o.numel()});
     } else {
@@ -156,7 +143,7 @@ void Engine::Impl::publish_parameters(const std::function<void(const BucketSlot&
 void Engine::Impl::publish_from(const std::function<at::Tensor(const BucketSlot&)>& source) {
   at::NoGradGuard no_grad;
   if (fp.master_aliases_flat) return;
-  if (stage == 0) {
+  if (!sharding.optimizer) {
     fp.flat.copy_(fp.master);
     return;
   }
@@ -219,9 +206,18 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg) {
 
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
                   std::shared_ptr<Group> public_group) {
-  TORCH_CHECK(model, "zero::initialize: the model is null");
   TORCH_CHECK(public_group, "zero::initialize: the process group is null");
-  std::shared_ptr<comm::Group> group = comm::of(public_group);
+  return initialize(std::move(model), std::move(cfg), Groups{std::move(public_group), {}});
+}
+
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups groups) {
+  TORCH_CHECK(model, "zero::initialize: the model is null");
+  TORCH_CHECK(groups.dp, "zero::initialize: groups.dp (the data-parallel process group) is null");
+  for (size_t i = 0; i < groups.norm.size(); ++i) {
+    TORCH_CHECK(groups.norm[i].group, "zero::initialize: groups.norm[", i,
+                "].group is null; leave groups.norm empty to take the norm over dp alone");
+  }
+  std::shared_ptr<comm::Group> group = comm::of(groups.dp);
   const at::Device device =
       model->parameters().empty() ? at::Device(at::kCPU) : model->parameters().front().device();
   // The model's GPU becomes this thread's current device: what the engine allocates or
@@ -254,7 +250,9 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   const Config& c = impl->cfg;
   impl->module = std::move(model);
   impl->group = std::move(group);
-  impl->stage = c.zero_optimization.stage;
+  impl->groups = std::move(groups);
+  impl->sharding =
+      Sharding::of_stage(c.zero_optimization.stage, impl->group->rank(), impl->group->size());
   impl->accumulation = c.gradient_accumulation_steps;
   impl->param_dtype = to_scalar_type(c.param_dtype());
   const double world = impl->group->size();
@@ -271,13 +269,13 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   FlattenOptions& fo = impl->flat_opts;
   fo.param_dtype = impl->param_dtype;
   fo.bucket_numel = c.zero_optimization.reduce_bucket_size;
-  fo.shards = impl->stage == 0 ? 1 : impl->group->size();
+  fo.shards = impl->sharding.shards;
   const auto& off = c.zero_optimization.offload_optimizer;
   if (off.enabled) {
     // The config refuses offload outside stages 1 and 2; an application could set the field.
-    TORCH_CHECK(impl->stage == 1 || impl->stage == 2, "zero: ", c.source,
+    TORCH_CHECK(impl->sharding.optimizer, "zero: ", c.source,
                 ": zero_optimization.offload_optimizer needs ZeRO stage 1 or 2, got stage ",
-                impl->stage, "; set zero_optimization.stage: 2 or turn the offload off");
+                impl->sharding.stage(), "; set zero_optimization.stage: 2 or turn the offload off");
     fo.host_master = true;
     fo.pin_memory = off.pin_memory;
     impl->sync_opts.host_shard = true;
@@ -299,14 +297,14 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   so.reduce_scatter = c.zero_optimization.reduce_scatter;
   impl->make_sync();
   impl->order = std::make_unique<GradOrder>(impl->fp.params);
+  impl->set_norm_groups();
 
   if (c.fp16.enabled) impl->scaler = DeviceLossScaler(c.fp16, impl->fp.flat.device());
-  const int owner = impl->stage == 0 ? 0 : impl->group->rank();
+  const int owner = impl->sharding.owner;
   // Under offload the optimizer state lives with the master shard in host memory, wherever the
   // parameters are; otherwise beside the flat buffer on the device.
-  const at::TensorOptions state_opts = impl->offload
-                                           ? at::TensorOptions().dtype(at::kFloat)
-                                           : impl->fp.flat.options().dtype(at::kFloat);
+  const at::TensorOptions state_opts = impl->offload ? at::TensorOptions().dtype(at::kFloat)
+                                                     : impl->fp.flat.options().dtype(at::kFloat);
   impl->opt = make_optimizer(c, impl->fp.layout, owner, state_opts);
 
   impl->hooks.install(impl.get(), impl->fp.params);
@@ -314,27 +312,51 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   return Engine(std::move(impl));
 }
 
-void Engine::backward(const at::Tensor& loss) {
-  auto& m = *impl_;
-  TORCH_CHECK(!m.taken_over,
+void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
+                                const std::function<void()>& run) {
+  TORCH_CHECK(!taken_over,
               "zero: this engine's model was taken over by another engine (a later "
               "zero::initialize on the same model); train with that one");
-  TORCH_CHECK(loss.numel() == 1, "zero: engine.backward expects a scalar loss, got shape ",
-              loss.sizes());
-  TORCH_CHECK(!m.awaiting_step,
+  TORCH_CHECK(!awaiting_step,
               "zero: engine.backward() called twice without engine.step() in between; call "
               "step() after every backward() (it applies the optimizer only at accumulation "
               "boundaries), otherwise gradients would be counted twice");
-  const bool window_start = m.stats.micro_steps % m.accumulation == 0;
-  if (window_start && m.order->has_new_order()) {
+  const bool window_start = stats.micro_steps % accumulation == 0;
+  if (window_start && order->has_new_order()) {
     // Once, between windows (nothing is held then): buckets reduced in the order they fill.
-    m.apply_arrival_order();
+    apply_arrival_order();
   }
-  const bool boundary = (m.stats.micro_steps + 1) % m.accumulation == 0;
-  const GradSyncCounters before = m.sync->counters();
-  m.sync->begin_backward(boundary, m.order->begin_pass(loss));
-  m.in_backward = true;
+  const bool boundary = (stats.micro_steps + 1) % accumulation == 0;
+  const GradSyncCounters before = sync->counters();
+  sync->begin_backward(boundary, order->begin_pass(roots));
+  in_backward = true;
   try {
+    run();
+    in_backward = false;
+    sync->end_backward();
+  } catch (...) {
+    in_backward = false;
+    order->end_pass(false);
+    discard_window();
+    throw;
+  }
+  order->end_pass(true);
+  awaiting_step = true;
+  // Since the engine started (the gradient path is rebuilt with the layout, its counters too).
+  const auto& c = sync->counters();
+  stats.buckets_launched_in_backward += c.launched_in_backward - before.launched_in_backward;
+  stats.buckets_launched_after_backward +=
+      c.launched_after_backward - before.launched_after_backward;
+  stats.comm_wait_seconds += c.wait_seconds - before.wait_seconds;
+  stats.bucket_buffers = sync->bucket_buffers();
+  stats.bucket_buffers_in_use_peak = sync->bucket_buffers_peak();
+}
+
+void Engine::backward(const at::Tensor& loss) {
+  auto& m = *impl_;
+  TORCH_CHECK(loss.numel() == 1, "zero: engine.backward expects a scalar loss, got shape ",
+              loss.sizes());
+  m.run_backward({loss}, [&] {
     // Each micro-batch's loss is a mean; dividing by the accumulation steps makes the sum of
     // the window's gradients the gradient of the whole window's mean. The predivide factor
     // rides along (gradients are linear in the loss, so every gradient is divided before it is
@@ -347,24 +369,29 @@ void Engine::backward(const at::Tensor& loss) {
     } else {
       loss.backward();
     }
-    m.in_backward = false;
-    m.sync->end_backward();
-  } catch (...) {
-    m.in_backward = false;
-    m.order->end_pass(false);
-    m.discard_window();
-    throw;
+  });
+}
+
+void Engine::backward(const std::vector<at::Tensor>& outputs,
+                      const std::vector<at::Tensor>& grad_outputs) {
+  TORCH_CHECK(!outputs.empty(),
+              "zero: engine.backward(outputs, grad_outputs) needs at least one "
+              "output; a stage without outputs has nothing to back-propagate");
+  TORCH_CHECK(outputs.size() == grad_outputs.size(), "zero: engine.backward got ", outputs.size(),
+              " outputs but ", grad_outputs.size(), " grad_outputs; pass one gradient per output");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TORCH_CHECK(outputs[i].defined() && grad_outputs[i].defined(),
+                "zero: engine.backward: ", outputs[i].defined() ? "grad_outputs[" : "outputs[", i,
+                "] is undefined");
+    TORCH_CHECK(outputs[i].requires_grad(), "zero: engine.backward: outputs[", i,
+                "] does not require grad (computed under no_grad, or detached)");
+    TORCH_CHECK(outputs[i].sizes() == grad_outputs[i].sizes(), "zero: engine.backward: outputs[", i,
+                "] has shape ", outputs[i].sizes(), " but grad_outputs[", i, "] has shape ",
+                grad_outputs[i].sizes());
   }
-  m.order->end_pass(true);
-  m.awaiting_step = true;
-  // Since the engine started (the gradient path is rebuilt with the layout, its counters too).
-  const auto& c = m.sync->counters();
-  m.stats.buckets_launched_in_backward += c.launched_in_backward - before.launched_in_backward;
-  m.stats.buckets_launched_after_backward +=
-      c.launched_after_backward - before.launched_after_backward;
-  m.stats.comm_wait_seconds += c.wait_seconds - before.wait_seconds;
-  m.stats.bucket_buffers = m.sync->bucket_buffers();
-  m.stats.bucket_buffers_in_use_peak = m.sync->bucket_buffers_peak();
+  // As DeepSpeed's PipelineEngine on a stage other than the last: the received gradients carry
+  // the accumulation, predivide and loss-scale factors already; nothing is applied here.
+  impl_->run_backward(outputs, [&] { torch::autograd::backward(outputs, grad_outputs); });
 }
 
 bool Engine::is_gradient_accumulation_boundary() const {
@@ -432,22 +459,7 @@ bool Engine::step() {
   // the loss scale stay on the device and reach the fused kernel as grad_scale / found_inf.
   // (torch_adam's op-by-op AdamW cannot mask itself on the device: it reads found_inf once.)
   at::Tensor& g = m.sync->grad_shard();
-  // In fp32 (no fp64 copy); the reduction accumulates in a tree.
-  at::Tensor sq;
-  if (m.opt.deepspeed_clip) {
-    sq = deepspeed_squared_norm(g, m.fp, m.stage, *m.group);  // all ranks' already
-  } else {
-    sq = squared_norm(g, m.fp.layout);
-    // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
-    // From page-locked memory the upload is queued, not waited for (a pageable one would
-    // synchronise the stream).
-    if (m.offload && m.fp.flat.is_cuda()) {
-      sq = sq.pin_memory().to(m.fp.flat.device(), /*non_blocking=*/true);
-    } else if (m.offload) {
-      sq = sq.to(m.fp.flat.device());
-    }
-    if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
-  }
+  const at::Tensor sq = m.squared_grad_norm();
   // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
   // predivide / (world x loss_scale), i.e. divided by `divisor`.
   const double host_divisor = m.group->size() / m.predivide;
@@ -492,7 +504,7 @@ bool Engine::step() {
 
 int Engine::rank() const { return impl_->group->rank(); }
 int Engine::world_size() const { return impl_->group->size(); }
-int Engine::stage() const { return impl_->stage; }
+int Engine::stage() const { return impl_->sharding.stage(); }
 double Engine::lr() const { return impl_->opt.schedule->lr_at(impl_->stats.optimizer_steps); }
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 const Config& Engine::config() const { return impl_->cfg; }
@@ -503,13 +515,14 @@ const EngineStats& Engine::settled_stats() const {
 }
 std::shared_ptr<torch::nn::Module> Engine::module() const { return impl_->module; }
 Group& Engine::group() const { return *impl_->group; }
+const Groups& Engine::groups() const { return impl_->groups; }
 
 MemoryReport Engine::memory_report() const {
   const auto& m = *impl_;
   MemoryReport r;
   r.rank = m.group->rank();
   r.world_size = m.group->size();
-  r.stage = m.stage;
+  r.stage = m.sharding.stage();
   r.num_params = m.fp.layout.num_elements();
   r.padded_params = m.fp.layout.total_numel();
   r.measured.params = m.fp.flat.nbytes();
@@ -535,14 +548,15 @@ MemoryReport Engine::memory_report() const {
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;
   const c10::Device dev = m.fp.flat.device();
-  r.allocator = dev.is_cpu()    ? "mallinfo2, process-wide"
-                : dev.is_cuda() ? "CUDA caching allocator"
-                                : c10::DeviceTypeName(dev.type(), /*lower_case=*/true) + " allocator";
+  r.allocator = dev.is_cpu() ? "mallinfo2, process-wide"
+                : dev.is_cuda()
+                    ? "CUDA caching allocator"
+                    : c10::DeviceTypeName(dev.type(), /*lower_case=*/true) + " allocator";
 
   MemoryModelInput in;
   in.num_params = r.num_params;
   in.world_size = r.world_size;
-  in.stage = m.stage;
+  in.stage = m.sharding.stage();
   in.param_bytes = static_cast<int>(c10::elementSize(m.param_dtype));
   in.grad_accum_bytes = static_cast<int>(c10::elementSize(m.sync_opts.accum_dtype));
   in.optimizer_states = static_cast<int>(m.opt.optimizer->state().size());

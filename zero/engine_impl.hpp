@@ -17,6 +17,7 @@
 #include "zero/loss_scaler.hpp"
 #include "zero/optimizer_factory.hpp"
 #include "zero/optimizer_offload.hpp"
+#include "zero/sharding.hpp"
 
 namespace zero {
 
@@ -25,8 +26,14 @@ at::ScalarType to_scalar_type(Dtype d);
 struct Engine::Impl {
   Config cfg;
   std::shared_ptr<torch::nn::Module> module;
-  std::shared_ptr<comm::Group> group;
-  int stage = 0;
+  Groups groups;                       // as handed to initialize
+  std::shared_ptr<comm::Group> group;  // groups.dp: what the engine shards and averages over
+  Sharding sharding;                   // what the stage shards (zero/sharding.hpp)
+  // groups.norm's groups, and per layout parameter whether this rank counts it in the gradient
+  // norm (not when it is replicated across a norm group whose rank 0 this rank is not). Both
+  // empty without norm groups: the one-group norm, as it always was.
+  std::vector<std::shared_ptr<comm::Group>> norm_groups;
+  std::vector<char> norm_counted;
   int64_t accumulation = 1;
   at::ScalarType param_dtype = at::kFloat;
   FlattenOptions flat_opts;
@@ -75,6 +82,15 @@ struct Engine::Impl {
   // values are uploaded straight there and the gather runs in place (its input inside its
   // output at the rank's offset, which NCCL and gloo both accept): no device temporary.
   at::Tensor own_part(const BucketSlot& b) const;
+
+  // One micro-step's backward: walks `roots`' graph for the parameters it reaches, runs `run`
+  // (autograd) with the hooks armed, finishes the reductions; on failure discards the window.
+  void run_backward(const std::vector<at::Tensor>& roots, const std::function<void()>& run);
+  // The squared global gradient norm, a one-element fp32 tensor on the device: over dp, then
+  // each norm group.
+  at::Tensor squared_grad_norm();
+  // From groups.norm: norm_groups and norm_counted (zero/grad_norm.cpp).
+  void set_norm_groups();
 
   // The gradient path for the current layout (zero/engine.cpp).
   void make_sync();

@@ -81,8 +81,7 @@ void check_compatible(const Engine::Impl& m, const ckpt::Manifest& man, const st
 template <class F>
 void for_each_overlap(const Engine::Impl& m, const ckpt::PieceMap& map, F f) {
   const FlatLayout& L = m.fp.layout;
-  const int owner = m.stage == 0 ? 0 : m.group->rank();
-  for (const OwnedPiece& p : L.owned_pieces(owner)) {
+  for (const OwnedPiece& p : L.owned_pieces(m.sharding.owner)) {
     const std::string& name = L.params()[p.param].name;
     const auto it = map.find(name);
     ZERO_CKPT_CHECK(it != map.end(), "zero: parameter '", name, "' is not in the checkpoint");

@@ -18,8 +18,8 @@ ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
   const int rank = m.group->rank(), world = m.group->size();
   // Stage 0 keeps every value on every rank: rank 0 writes them, the others only their RNG.
   std::vector<OwnedPiece> pieces;
-  if (m.stage != 0) {
-    pieces = L.owned_pieces(rank);
+  if (m.sharding.optimizer) {
+    pieces = L.owned_pieces(m.sharding.owner);
   } else if (rank == 0) {
     pieces = L.owned_pieces(0);
   }
@@ -65,7 +65,7 @@ ckpt::Manifest make_manifest(const Engine::Impl& m, const std::string& tag,
   ckpt::Manifest man;
   man.tag = tag;
   man.world_size = m.group->size();
-  man.stage = m.stage;
+  man.stage = m.sharding.stage();
   man.param_dtype = ckpt::current_dtype(m);
   man.params = ckpt::current_params(m);
   man.fingerprint = ckpt::run_fingerprint(man.params, man.param_dtype);

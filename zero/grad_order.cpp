@@ -26,7 +26,7 @@ void GradOrder::index(const std::vector<at::Tensor>& params) {
   }
 }
 
-std::vector<int> GradOrder::begin_pass(const at::Tensor& loss) {
+std::vector<int> GradOrder::begin_pass(const std::vector<at::Tensor>& roots) {
   using torch::autograd::AccumulateGrad;
   using torch::autograd::Node;
   std::fill(reached_.begin(), reached_.end(), 0);
@@ -46,7 +46,12 @@ std::vector<int> GradOrder::begin_pass(const at::Tensor& loss) {
     }
     stack.push_back(n);
   };
-  visit(loss.grad_fn().get());
+  for (const at::Tensor& root : roots) {
+    // A parameter itself as a root (an empty stage passing its input through) has no grad_fn.
+    const auto it = index_.find(root.unsafeGetTensorImpl());
+    if (it != index_.end()) reached_[it->second] = 1;
+    visit(root.grad_fn().get());
+  }
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();

@@ -30,9 +30,9 @@ class GradOrder {
   // `params`: the engine's trainable parameters, in layout order.
   explicit GradOrder(const std::vector<at::Tensor>& params);
 
-  // Walks `loss`'s graph; returns the gradients each parameter will deliver in this pass (see
-  // BucketTracker), and starts counting arrivals.
-  std::vector<int> begin_pass(const at::Tensor& loss);
+  // Walks the graph of `roots` (the loss, or a pipeline stage's outputs); returns the gradients
+  // each parameter will deliver in this pass (see BucketTracker), and starts counting arrivals.
+  std::vector<int> begin_pass(const std::vector<at::Tensor>& roots);
   void on_grad(int param);
   // The pass ended: `ok` false when it failed (what it saw is forgotten).
   void end_pass(bool ok);

@@ -18,6 +18,7 @@
 
 #include "zero/config.hpp"
 #include "zero/group.hpp"
+#include "zero/groups.hpp"
 #include "zero/memory.hpp"
 
 namespace torch::nn {
@@ -73,6 +74,17 @@ class Engine {
   // Back-propagates loss / gradient_accumulation_steps and reduces gradients as their buckets
   // fill. Call it instead of loss.backward().
   void backward(const at::Tensor& loss);
+  // A pipeline stage's backward: back-propagates `outputs` with `grad_outputs` (one each, same
+  // shapes) through the same hooks, buckets and accumulation window as backward(loss), and
+  // scales nothing: the gradients are used as they are. As in DeepSpeed's PipelineEngine, only
+  // the last stage scales: its backward(loss) divides by gradient_accumulation_steps (and the
+  // gradient_predivide_factor) and, under fp16, multiplies by the dynamic loss scale, and the
+  // gradients it sends back already carry all of that. Called with gradients of its own making,
+  // a caller applies the same factors: loss_scale() / gradient_accumulation_steps (with the
+  // default predivide factor of 1; fp16's default divides by world_size() too). A micro-step
+  // calls one of the two backward()s, then step().
+  void backward(const std::vector<at::Tensor>& outputs,
+                const std::vector<at::Tensor>& grad_outputs);
   // Applies the optimizer at a gradient-accumulation boundary; returns whether it did (false
   // also when fp16 found an overflow and skipped the step on every rank).
   //
@@ -98,8 +110,10 @@ class Engine {
   const EngineStats& stats() const;
   const EngineStats& settled_stats() const;
   std::shared_ptr<torch::nn::Module> module() const;
-  // The process group the engine shards over (rank(), size(); opaque otherwise).
+  // The process group the engine shards over (rank(), size(); opaque otherwise): groups().dp.
   Group& group() const;
+  // The groups it was handed (initialize(model, cfg, group): {group}, no norm groups).
+  const Groups& groups() const;
 
   // This rank's memory for model states (no collective).
   MemoryReport memory_report() const;
@@ -145,9 +159,12 @@ class Engine {
 std::shared_ptr<Group> process_group_from_env(const Config& cfg, c10::DeviceType device);
 // Process group from the launcher's environment (world size 1 needs none).
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg);
-// Over a given group (tests, or programs that manage their own).
+// Over a given group (tests, or programs that manage their own): Groups{group}.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
                   std::shared_ptr<Group> group);
+// Over the groups of a mesh (groups.hpp): data parallel over groups.dp, the gradient norm over
+// dp and then groups.norm. rank(), world_size() and the collectives below are dp's.
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups groups);
 
 template <typename M>
 Engine initialize(const torch::nn::ModuleHolder<M>& model, Config cfg) {

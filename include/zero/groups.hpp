@@ -1,0 +1,44 @@
+// The process groups an engine is handed: the data-parallel group it shards and averages over,
+// and the further groups the global gradient norm spans (tensor or pipeline parallel ranks that
+// hold other parts of the same model).
+//
+//   comm::Mesh mesh = comm::Mesh::megatron(world, /*tp=*/2, /*pp=*/1);
+//   zero::Groups groups{mesh["dp"], {{mesh["tp"], {"ln.weight", "ln.bias", "fc2.bias"}}}};
+//   auto engine = zero::initialize(model, cfg, groups);
+//
+// initialize(model, cfg, group) is Groups{group} (dp alone, no further norm groups).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/group.hpp"
+
+namespace zero {
+
+// A group the gradient norm also sums over (beyond the data-parallel one), and the parameters
+// this rank holds that every rank of that group holds too, with the same gradient (a LayerNorm
+// beside tensor-parallel linears): those are counted on the group's rank 0 only, so the norm
+// sees each once, not group->size() times (Megatron's param_is_not_tensor_parallel_duplicate,
+// DeepSpeed's model_parallel_rank == 0 test). Every other parameter is taken to be this rank's
+// own part of the model (a column of a split weight, a pipeline stage's layers).
+struct NormGroup {
+  std::shared_ptr<Group> group;
+  // Names as the model's named_parameters() gives them (tied weights under their first name).
+  // A name the model does not have is an error at initialize.
+  std::vector<std::string> replicated;
+};
+
+struct Groups {
+  // The data-parallel group: parameters start from its rank 0's values (broadcast within it
+  // only), gradients are averaged over it, and the master weights, gradients and optimizer
+  // states are sharded over it (ZeRO stages 1, 2). Required.
+  std::shared_ptr<Group> dp;
+  // The groups the global gradient norm (gradient_clipping, stats().last_grad_norm) sums over
+  // after dp, in this order; every rank of `dp` must be at the same rank in each of them (a
+  // mesh's dimensions are). Empty: dp alone, the one-dimension path, unchanged to the bit.
+  std::vector<NormGroup> norm;
+};
+
+}  // namespace zero
