@@ -1,0 +1,314 @@
+// The engine handed its groups (zero::Groups): on a data-parallel group that is a proper
+// subgroup of the world, with the gradient norm taken over a further (tensor-parallel) group
+// with replicated parameters, and backward(outputs, grad_outputs) beside backward(loss). Each
+// against single-process training with plain autograd and torch::optim.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/autograd.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <mutex>
+
+#include "comm/mesh.hpp"
+#include "support/thread_group.hpp"
+#include "support/tiny_net.hpp"
+#include "zero/engine.hpp"
+#include "zero/tensor_parallel/mappings.hpp"
+
+namespace zero::testing {
+namespace {
+
+constexpr int kSteps = 4;
+
+Config sgd(Config c) {
+  c.optimizer.type = "SGD";
+  c.optimizer.lr = 0.05;
+  c.optimizer.momentum = 0.9;
+  c.optimizer.weight_decay = 0.01;
+  return c;
+}
+
+// (a) A 4-rank job split into two 2-rank data-parallel groups; each trains its own model on
+// its own data under its own config, side by side, and matches single-process training. The
+// ranks other than a group's rank 0 build their model from another seed: only the broadcast
+// within the group (not the world's rank 0) gives them the right start.
+TEST(EngineGroups, TwoDataParallelSubgroupsTrainIndependently) {
+  for (int stage = 0; stage <= 2; ++stage) {
+    struct Job {
+      Config cfg;
+      uint64_t seed;
+      int64_t rows;
+    };
+    // Group 0: AdamW, no accumulation, clipped. Group 1: SGD, another stage, accumulation 2.
+    const Job jobs[2] = {{test_config(stage, 24, 1, 0.3), 3, 48},
+                         {sgd(test_config((stage + 1) % 3, 8, 2, 0)), 11, 32}};
+    at::Tensor refs[2];
+    for (int j = 0; j < 2; ++j) {
+      refs[j] = train_reference(jobs[j].cfg, kSteps, jobs[j].rows, jobs[j].seed).params;
+    }
+    std::mutex mu;
+    std::vector<at::Tensor> finals(4);
+    std::vector<int> sizes(4);
+    run_ranks(4, [&](std::shared_ptr<comm::Group> world) {
+      const int color = world->rank() / 2;
+      auto dp = world->split(color, world->rank(), "dp");
+      const Job& job = jobs[color];
+      auto net = make_tiny_net(dp->rank() == 0 ? job.seed : job.seed + 100 + world->rank());
+      auto engine = initialize(net, job.cfg, Groups{dp, {}});
+      const int acc = job.cfg.gradient_accumulation_steps;
+      for (int s = 0; s < kSteps; ++s) {
+        const Batch global = global_batch(s, job.rows);
+        for (int m = 0; m < acc; ++m) {
+          Batch b = rank_micro_batch(global, dp->rank(), 2, m, acc);
+          engine.backward(mse(net->forward(b.x), b.y));
+          engine.step();
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      finals[world->rank()] = engine.flat_parameters();
+      sizes[world->rank()] = engine.world_size();
+    });
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(sizes[r], 2);
+      const at::Tensor& ref = refs[r / 2];
+      ASSERT_EQ(finals[r].numel(), ref.numel());
+      EXPECT_LT((finals[r] - ref).abs().max().item<double>(), 2e-5)
+          << "stage " << stage << ", world rank " << r;
+    }
+    // The two jobs really differ, so matching one's reference is not matching the other's.
+    EXPECT_GT((refs[0] - refs[1]).abs().max().item<double>(), 1e-2);
+  }
+}
+
+// (b) 4 ranks as 2 (dp) x 2 (tp) in Megatron's order. A two-layer model whose first layer is
+// replicated across tp and whose head is split by output features (column-parallel, by hand):
+// each tp rank holds half of the head's rows. The gradient norm must count the replicated layer
+// once and the head's halves both, so clipping equals single-process clipping of the whole.
+constexpr int64_t kIn = 6, kHidden = 10, kOut = 4, kRows = 16;
+
+struct MiniNetImpl : torch::nn::Module {
+  MiniNetImpl(int64_t out) {
+    fc1 = register_module("fc1", torch::nn::Linear(kIn, kHidden));
+    head = register_module("head", torch::nn::Linear(kHidden, out));
+  }
+  torch::nn::Linear fc1{nullptr}, head{nullptr};
+};
+
+// The whole model from `seed`, or tp rank `t`'s part of it (rows t x out/tp .. of the head).
+std::shared_ptr<MiniNetImpl> make_mini(uint64_t seed, int t = 0, int tp = 1) {
+  auto full = std::make_shared<MiniNetImpl>(kOut);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::NoGradGuard g;
+  for (auto& p : full->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.4);
+  if (tp == 1) return full;
+  const int64_t part = kOut / tp;
+  auto net = std::make_shared<MiniNetImpl>(part);
+  net->fc1->weight.copy_(full->fc1->weight);
+  net->fc1->bias.copy_(full->fc1->bias);
+  net->head->weight.copy_(full->head->weight.narrow(0, t * part, part));
+  net->head->bias.copy_(full->head->bias.narrow(0, t * part, part));
+  return net;
+}
+
+Batch mini_batch(int64_t step) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  at::Tensor x = at::randn({kRows, kIn}, gen);
+  return {x, at::sin(x.narrow(1, 0, kOut) * 2) + 0.1 * at::randn({kRows, kOut}, gen)};
+}
+
+struct MiniRef {
+  std::vector<at::Tensor> params;  // fc1.weight, fc1.bias, head.weight, head.bias
+  std::vector<double> norms;
+};
+
+MiniRef train_mini_reference(const Config& cfg, uint64_t seed) {
+  auto net = make_mini(seed);
+  const auto& o = cfg.optimizer;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (o.type == "SGD") {
+    opt = std::make_unique<torch::optim::SGD>(
+        net->parameters(),
+        torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  } else {
+    opt =
+        std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(o.lr)
+                                                                     .betas({o.beta1, o.beta2})
+                                                                     .eps(o.eps)
+                                                                     .weight_decay(o.weight_decay));
+  }
+  MiniRef ref;
+  for (int s = 0; s < kSteps; ++s) {
+    opt->zero_grad();
+    const Batch b = mini_batch(s);
+    mse(net->head->forward(at::tanh(net->fc1->forward(b.x))), b.y).backward();
+    double sq = 0;
+    for (auto& p : net->parameters()) sq += p.grad().square().sum().item<double>();
+    ref.norms.push_back(std::sqrt(sq));
+    torch::nn::utils::clip_grad_norm_(net->parameters(), cfg.gradient_clipping);
+    opt->step();
+  }
+  for (auto& p : net->parameters()) ref.params.push_back(p.detach().clone());
+  return ref;
+}
+
+struct TpCase {
+  int stage;
+  bool sgd;
+  bool torch_adam;  // DeepSpeed's norm arithmetic (zero/deepspeed_norm.cpp)
+};
+
+class DataTimesTensor : public ::testing::TestWithParam<TpCase> {};
+
+TEST_P(DataTimesTensor, ClippingCountsReplicatedParametersOnce) {
+  const TpCase c = GetParam();
+  constexpr int kDp = 2, kTp = 2;
+  Config cfg = test_config(c.stage, kRows / kDp, 1, /*clip=*/0.2, /*bucket=*/40);
+  if (c.sgd) cfg = sgd(cfg);
+  cfg.optimizer.torch_adam = c.torch_adam;
+  const MiniRef ref = train_mini_reference(cfg, 5);
+  // Clipping was active at every step (the threshold is below every norm).
+  for (double n : ref.norms) ASSERT_GT(n, cfg.gradient_clipping * 1.5);
+
+  std::mutex mu;
+  std::vector<std::vector<at::Tensor>> finals(kDp * kTp);
+  std::vector<std::vector<double>> norms(kDp * kTp);
+  std::vector<int> tp_rank(kDp * kTp);
+  run_ranks(kDp * kTp, [&](std::shared_ptr<comm::Group> world) {
+    const comm::Mesh mesh = comm::Mesh::megatron(world, kTp, /*pp=*/1);
+    const auto& tp = mesh["tp"];
+    const auto& dp = mesh["dp"];
+    const int t = tp->rank(), d = dp->rank();
+    // Off dp rank 0 the weights start wrong: the broadcast within dp must fix them (and a
+    // broadcast over the world would overwrite the other tp rank's head rows).
+    auto net = make_mini(d == 0 ? 5 : 99, t, kTp);
+    Groups groups{dp, {{tp, {"fc1.weight", "fc1.bias"}}}};
+    auto engine = initialize(net, cfg, groups);
+    EXPECT_EQ(engine.world_size(), kDp);
+    for (int s = 0; s < kSteps; ++s) {
+      const Batch b = rank_micro_batch(mini_batch(s), d, kDp, 0, 1);
+      at::Tensor h = tensor_parallel::copy_to_region(at::tanh(net->fc1->forward(b.x)), tp);
+      at::Tensor y = tensor_parallel::gather_from_region(net->head->forward(h), tp);
+      engine.backward(mse(y, b.y));
+      engine.step();
+      std::lock_guard<std::mutex> lock(mu);
+      norms[world->rank()].push_back(engine.stats().last_grad_norm);
+    }
+    std::vector<at::Tensor> mine;
+    for (auto& p : net->parameters()) mine.push_back(p.detach().clone());
+    std::lock_guard<std::mutex> lock(mu);
+    finals[world->rank()] = mine;
+    tp_rank[world->rank()] = t;
+  });
+
+  const double tol = 2e-5;
+  const int64_t part = kOut / kTp;
+  for (int r = 0; r < kDp * kTp; ++r) {
+    const int t = tp_rank[r];
+    const auto& f = finals[r];
+    ASSERT_EQ(f.size(), 4u);
+    EXPECT_LT((f[0] - ref.params[0]).abs().max().item<double>(), tol) << "rank " << r;
+    EXPECT_LT((f[1] - ref.params[1]).abs().max().item<double>(), tol) << "rank " << r;
+    EXPECT_LT((f[2] - ref.params[2].narrow(0, t * part, part)).abs().max().item<double>(), tol)
+        << "rank " << r;
+    EXPECT_LT((f[3] - ref.params[3].narrow(0, t * part, part)).abs().max().item<double>(), tol)
+        << "rank " << r;
+    for (int s = 0; s < kSteps; ++s) {
+      EXPECT_NEAR(norms[r][s], ref.norms[s], 1e-5 * ref.norms[s]) << "rank " << r << " step " << s;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, DataTimesTensor,
+                         ::testing::Values(TpCase{0, false, false}, TpCase{1, false, false},
+                                           TpCase{2, false, false}, TpCase{0, true, false},
+                                           TpCase{1, true, false}, TpCase{2, true, false},
+                                           TpCase{0, false, true}, TpCase{1, false, true},
+                                           TpCase{2, false, true}),
+                         [](const ::testing::TestParamInfo<TpCase>& i) {
+                           return "stage" + std::to_string(i.param.stage) +
+                                  (i.param.sgd ? "_sgd" : "_adamw") +
+                                  (i.param.torch_adam ? "_torchadam" : "");
+                         });
+
+// A name that is not the model's is refused at initialize, naming it.
+TEST(EngineGroups, UnknownReplicatedNameIsAnError) {
+  run_ranks(2, [&](std::shared_ptr<comm::Group> world) {
+    auto tp = world->split(0, world->rank(), "tp");
+    auto dp = world->split(world->rank(), 0, "dp");
+    Groups groups{dp, {{tp, {"fc1.wieght"}}}};
+    try {
+      initialize(make_mini(1), test_config(1, 8, 1, 0), groups);
+      ADD_FAILURE() << "no error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'fc1.wieght'"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// (c) backward(outputs, grad_outputs) as a pipeline stage gets it: the model's output in two
+// pieces and the loss's gradients for them, computed apart (on detached copies) and scaled by
+// the caller for accumulation, as the last stage's backward(loss) would have. Same parameters
+// as backward(loss) and as single-process training, stages 0/1/2, with accumulation.
+TEST(EngineGroups, BackwardOutputsMatchesBackwardLoss) {
+  constexpr int kWorld = 2, kAcc = 2;
+  constexpr int64_t kGlobal = 48;
+  for (int stage = 0; stage <= 2; ++stage) {
+    for (const bool use_sgd : {false, true}) {
+      Config cfg = test_config(stage, kGlobal / (kWorld * kAcc), kAcc, 0.3, 64);
+      if (use_sgd) cfg = sgd(cfg);
+      const at::Tensor ref = train_reference(cfg, kSteps, kGlobal, 3).params;
+      std::vector<at::Tensor> by_loss(kWorld), by_outputs(kWorld);
+      run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        for (const bool outputs : {false, true}) {
+          auto net = make_tiny_net(3);
+          auto engine = initialize(net, cfg, group);
+          for (int s = 0; s < kSteps; ++s) {
+            const Batch global = global_batch(s, kGlobal);
+            for (int m = 0; m < kAcc; ++m) {
+              const Batch b = rank_micro_batch(global, r, kWorld, m, kAcc);
+              const at::Tensor pred = net->forward(b.x);
+              if (!outputs) {
+                engine.backward(mse(pred, b.y));
+              } else {
+                const std::vector<at::Tensor> outs = pred.split(3, /*dim=*/1);
+                std::vector<at::Tensor> leaves;
+                for (const auto& o : outs) leaves.push_back(o.detach().requires_grad_());
+                const at::Tensor loss = mse(at::cat(leaves, 1), b.y);
+                std::vector<at::Tensor> grads = torch::autograd::grad({loss}, leaves);
+                for (auto& g : grads) g = g / kAcc;
+                engine.backward(outs, grads);
+              }
+              EXPECT_EQ(engine.step(), m == kAcc - 1);
+            }
+          }
+          (outputs ? by_outputs : by_loss)[r] = engine.flat_parameters();
+        }
+      });
+      for (int r = 0; r < kWorld; ++r) {
+        const std::string what = "stage " + std::to_string(stage) + (use_sgd ? " SGD" : " AdamW") +
+                                 " rank " + std::to_string(r);
+        EXPECT_LT((by_outputs[r] - by_loss[r]).abs().max().item<double>(), 1e-6) << what;
+        EXPECT_LT((by_outputs[r] - ref).abs().max().item<double>(), 2e-5) << what;
+      }
+    }
+  }
+}
+
+TEST(EngineGroups, BackwardOutputsChecksItsArguments) {
+  auto net = make_tiny_net(1);
+  auto engine = initialize(net, test_config(0, 4, 1, 0), comm::Group::single());
+  const at::Tensor pred = net->forward(at::ones({4, 12}));
+  EXPECT_THROW(engine.backward({pred}, {}), c10::Error);
+  EXPECT_THROW(engine.backward({pred}, {at::ones({4, 4})}), c10::Error);
+  EXPECT_THROW(engine.backward({pred.detach()}, {at::ones_like(pred)}), c10::Error);
+  engine.backward({pred}, {at::ones_like(pred)});
+  EXPECT_TRUE(engine.step());
+}
+
+}  // namespace
+}  // namespace zero::testing
