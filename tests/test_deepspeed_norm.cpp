@@ -55,7 +55,8 @@ TEST(DeepSpeedNorm, EqualsDeepSpeedsPartitionSumsBitForBit) {
           const int64_t at = offset.at(fp.layout.params()[p.param].name) + p.param_offset;
           g.narrow(0, p.shard_offset, p.numel).copy_(grads[i].narrow(0, at, p.numel));
         }
-        const at::Tensor sq = deepspeed_squared_norm(g, fp, /*stage=*/2, *group);
+        const at::Tensor sq = deepspeed_squared_norm(
+            g, fp, Sharding::of_stage(/*stage=*/2, group->rank(), group->size()), *group);
         EXPECT_EQ(sq.item<float>(), expected[i])
             << "gradient " << i << ", world " << world << ", rank " << group->rank();
       }

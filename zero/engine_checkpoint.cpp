@@ -65,8 +65,11 @@ std::vector<CheckpointParam> current_params(const Engine::Impl& m) {
   for (int li : m.fp.layout_of_named) {
     if (li < 0) continue;
     const auto sizes = m.fp.params[li].sizes();
+    const std::vector<int64_t> shape(sizes.begin(), sizes.end());
+    // Whole: the engine holds every parameter whole (a tensor-parallel part would record its
+    // place in the global tensor here).
     out.push_back(
-        {m.fp.layout.params()[li].name, std::vector<int64_t>(sizes.begin(), sizes.end())});
+        {m.fp.layout.params()[li].name, shape, shape, std::vector<int64_t>(shape.size(), 0)});
   }
   return out;
 }

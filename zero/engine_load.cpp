@@ -58,6 +58,20 @@ void check_compatible(const Engine::Impl& m, const ckpt::Manifest& man, const st
     // Same names and shapes in another registration order, or another compute dtype: loading
     // goes by name, and the shards hold fp32 masters whatever the compute dtype was.
   }
+  // Pieces are read by name and element offset into the tensor as held: a part of a larger
+  // tensor (a tensor-parallel shard) loads only into the same part.
+  std::map<std::string, const CheckpointParam*> saved_part;
+  for (const auto& p : man.params) saved_part[p.name] = &p;
+  for (const auto& p : cur) {
+    const auto it = saved_part.find(p.name);
+    if (it == saved_part.end()) continue;
+    const CheckpointParam& s = *it->second;
+    ZERO_CKPT_CHECK(s.global_shape == p.global_shape && s.offset == p.offset, path, ": parameter '",
+                    p.name, "' was saved as the part at offset ", shape_text(s.offset), " of a ",
+                    shape_text(s.global_shape), " tensor, but this run holds the part at offset ",
+                    shape_text(p.offset), " of a ", shape_text(p.global_shape),
+                    " tensor; load it with the tensor-parallel layout it was saved with");
+  }
   std::vector<std::string> states;
   for (const auto& s : m.opt.optimizer->state()) states.push_back(s.first);
   ZERO_CKPT_CHECK(man.optimizer == m.opt.optimizer->name() && man.state_names == states, path,

@@ -31,7 +31,15 @@ class CheckpointError : public std::runtime_error {
 
 struct CheckpointParam {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // as the saving rank held it
+  // Where that tensor sits in the model's whole parameter: its global shape and the index of
+  // its first element along each dimension. Today every rank holds parameters whole (shape,
+  // zeros); a tensor-parallel rank holds a part (a column block of a split weight), and the
+  // records say which, so that a checkpoint can be resharded later. Checkpoints written before
+  // these fields existed read as whole.
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offset;
+  bool whole() const;
 };
 
 // What the manifest says about a checkpoint.

@@ -36,6 +36,9 @@ std::vector<std::pair<std::string, at::Tensor>> read_consolidated(const std::str
 
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const CheckpointParam& p : man.params) {
+    ZERO_CKPT_CHECK(p.whole(), path, ": parameter '", p.name,
+                    "' is saved as a part of a larger tensor (tensor parallel); consolidating "
+                    "parts is not supported yet");
     int64_t numel = 1;
     for (int64_t d : p.shape) numel *= d;
     at::Tensor full = at::empty({numel}, at::kFloat);

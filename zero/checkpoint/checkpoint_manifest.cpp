@@ -46,6 +46,13 @@ namespace {
 
 std::string quote(const std::string& s) { return json_quote(s); }
 
+// "[2, 3]"
+std::string int_list(const std::vector<int64_t>& v) {
+  std::string t = "[";
+  for (size_t i = 0; i < v.size(); ++i) t += (i ? ", " : "") + std::to_string(v[i]);
+  return t + "]";
+}
+
 std::string number(double v) {
   if (!std::isfinite(v)) return "0";  // JSON has no inf/NaN; these fields are informative
   char buf[32];
@@ -116,12 +123,12 @@ std::string manifest_to_json(const Manifest& m) {
   }
   j += "\n  },\n  \"params\": [";
   for (size_t i = 0; i < m.params.size(); ++i) {
-    j += std::string(i ? "," : "") + "\n    {\"name\": " + quote(m.params[i].name) +
-         ", \"shape\": [";
-    for (size_t d = 0; d < m.params[i].shape.size(); ++d) {
-      j += (d ? ", " : "") + std::to_string(m.params[i].shape[d]);
-    }
-    j += "]}";
+    const CheckpointParam& p = m.params[i];
+    j += std::string(i ? "," : "") + "\n    {\"name\": " + quote(p.name) +
+         ", \"shape\": " + int_list(p.shape) +
+         ", \"global_shape\": " + int_list(p.global_shape.empty() ? p.shape : p.global_shape) +
+         ", \"offset\": " +
+         int_list(p.offset.empty() ? std::vector<int64_t>(p.shape.size(), 0) : p.offset) + "}";
   }
   j += "\n  ],\n  \"files\": [";
   for (size_t i = 0; i < m.files.size(); ++i) {
@@ -180,8 +187,21 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   const YAML::Node params = n["params"];
   ZERO_CKPT_CHECK(params.IsSequence(), path, ": corrupted: the manifest has no 'params' list");
   for (const auto& p : params) {
-    m.params.push_back(
-        {get<std::string>(p, "name", path), get<std::vector<int64_t>>(p, "shape", path)});
+    CheckpointParam cp{get<std::string>(p, "name", path),
+                       get<std::vector<int64_t>>(p, "shape", path)};
+    // Absent in checkpoints written before parameters could be parts: they were whole.
+    cp.global_shape =
+        p["global_shape"] ? get<std::vector<int64_t>>(p, "global_shape", path) : cp.shape;
+    cp.offset = p["offset"] ? get<std::vector<int64_t>>(p, "offset", path)
+                            : std::vector<int64_t>(cp.shape.size(), 0);
+    bool inside = cp.global_shape.size() == cp.shape.size() && cp.offset.size() == cp.shape.size();
+    for (size_t d = 0; inside && d < cp.shape.size(); ++d) {
+      inside = cp.offset[d] >= 0 && cp.offset[d] + cp.shape[d] <= cp.global_shape[d];
+    }
+    ZERO_CKPT_CHECK(inside, path, ": corrupted: parameter '", cp.name, "' of shape ",
+                    int_list(cp.shape), " at offset ", int_list(cp.offset),
+                    " does not lie inside its global shape ", int_list(cp.global_shape));
+    m.params.push_back(std::move(cp));
   }
   const YAML::Node files = n["files"];
   ZERO_CKPT_CHECK(files.IsSequence() && static_cast<int>(files.size()) == m.world_size, path,
@@ -261,6 +281,12 @@ std::string resolve_tag(const std::string& dir, const std::string& tag) {
 
 namespace zero {
 namespace fs = std::filesystem;
+
+bool CheckpointParam::whole() const {
+  const bool at_origin =
+      offset.empty() || std::all_of(offset.begin(), offset.end(), [](int64_t o) { return o == 0; });
+  return at_origin && (global_shape.empty() || global_shape == shape);
+}
 
 std::string latest_checkpoint_tag(const std::string& dir) {
   std::error_code ec;
