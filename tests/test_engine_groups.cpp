@@ -299,6 +299,50 @@ TEST(EngineGroups, BackwardOutputsMatchesBackwardLoss) {
   }
 }
 
+// fp16: gradients of the caller's making carry what backward(loss) applies, as the header
+// says: loss_scale() / (accumulation x predivide), predivide being the world size by default.
+// Then both train alike, and like fp32 single-process training up to fp16's rounding.
+TEST(EngineGroups, BackwardOutputsUnderFp16CarryTheLossScale) {
+  constexpr int kWorld = 2, kAcc = 2;
+  constexpr int64_t kGlobal = 48;
+  Config cfg = sgd(test_config(2, kGlobal / (kWorld * kAcc), kAcc, 0, 64));
+  cfg.fp16.enabled = true;
+  Config fp32 = cfg;
+  fp32.fp16.enabled = false;
+  const at::Tensor ref = train_reference(fp32, kSteps, kGlobal, 3).params;
+  std::vector<at::Tensor> by_loss(kWorld), by_outputs(kWorld);
+  run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
+    const int r = group->rank();
+    for (const bool outputs : {false, true}) {
+      auto net = make_tiny_net(3);
+      auto engine = initialize(net, cfg, group);
+      for (int s = 0; s < kSteps; ++s) {
+        const Batch global = global_batch(s, kGlobal);
+        for (int m = 0; m < kAcc; ++m) {
+          const Batch b = rank_micro_batch(global, r, kWorld, m, kAcc);
+          const at::Tensor x = b.x.to(at::kHalf);
+          const at::Tensor pred = net->forward(x);
+          if (!outputs) {
+            engine.backward(mse(pred.to(at::kFloat), b.y));
+          } else {
+            at::Tensor leaf = pred.detach().to(at::kFloat).requires_grad_();
+            const double factor = engine.loss_scale() / (kAcc * kWorld);
+            at::Tensor g = torch::autograd::grad({mse(leaf, b.y) * factor}, {leaf})[0];
+            engine.backward({pred}, {g.to(pred.scalar_type())});
+          }
+          engine.step();
+        }
+      }
+      EXPECT_EQ(engine.stats().skipped_steps, 0);
+      (outputs ? by_outputs : by_loss)[r] = engine.flat_parameters();
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_LT((by_outputs[r] - by_loss[r]).abs().max().item<double>(), 2e-3) << "rank " << r;
+    EXPECT_LT((by_outputs[r] - ref).abs().max().item<double>(), 1e-2) << "rank " << r;
+  }
+}
+
 TEST(EngineGroups, BackwardOutputsChecksItsArguments) {
   auto net = make_tiny_net(1);
   auto engine = initialize(net, test_config(0, 4, 1, 0), comm::Group::single());

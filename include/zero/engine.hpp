@@ -77,12 +77,13 @@ class Engine {
   // A pipeline stage's backward: back-propagates `outputs` with `grad_outputs` (one each, same
   // shapes) through the same hooks, buckets and accumulation window as backward(loss), and
   // scales nothing: the gradients are used as they are. As in DeepSpeed's PipelineEngine, only
-  // the last stage scales: its backward(loss) divides by gradient_accumulation_steps (and the
-  // gradient_predivide_factor) and, under fp16, multiplies by the dynamic loss scale, and the
-  // gradients it sends back already carry all of that. Called with gradients of its own making,
-  // a caller applies the same factors: loss_scale() / gradient_accumulation_steps (with the
-  // default predivide factor of 1; fp16's default divides by world_size() too). A micro-step
-  // calls one of the two backward()s, then step().
+  // the last stage scales: its backward(loss) multiplies the loss by
+  //   loss_scale() / (gradient_accumulation_steps x predivide)
+  // (loss_scale() is 1 without fp16; predivide is gradient_predivide_factor, world_size() under
+  // prescale_gradients or by default under fp16, else 1), and the gradients it sends back carry
+  // that factor, which every stage shares. A caller with gradients of its own making (dL/dout of
+  // the micro-batch's loss) multiplies them by the same factor. A micro-step calls one of the
+  // two backward()s, then step().
   void backward(const std::vector<at::Tensor>& outputs,
                 const std::vector<at::Tensor>& grad_outputs);
   // Applies the optimizer at a gradient-accumulation boundary; returns whether it did (false
