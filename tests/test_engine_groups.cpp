@@ -249,6 +249,31 @@ TEST(EngineGroups, UnknownReplicatedNameIsAnError) {
   });
 }
 
+// Groups that do not fit together are refused at initialize: dp listed again as a norm group
+// (it would be counted twice), and dp ranks at different ranks of a norm group (not a mesh).
+TEST(EngineGroups, MismatchedGroupsAreErrors) {
+  run_ranks(4, [&](std::shared_ptr<comm::Group> world) {
+    const int me = world->rank();
+    auto dp = world->split(me / 2, me, "dp");    // {0, 1} {2, 3}
+    auto tp = world->split(me % 2, me, "tp");    // {0, 2} {1, 3}: ranks 0, 1 of a dp group
+    auto bad = world->split(me / 2, me, "bad");  // the dp group's own ranks
+    const auto message = [&](Groups g) -> std::string {
+      try {
+        initialize(make_mini(1), test_config(1, 8, 1, 0), g);
+      } catch (const c10::Error& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    EXPECT_NE(message(Groups{dp, {{dp, {}}}}).find("groups.norm[0] is groups.dp"),
+              std::string::npos);
+    EXPECT_NE(message(Groups{dp, {{bad, {}}}}).find("at different ranks of groups.norm[0] ('bad')"),
+              std::string::npos);
+    // The right pairing is accepted.
+    EXPECT_EQ(message(Groups{dp, {{tp, {}}}}), "no error");
+  });
+}
+
 // (c) backward(outputs, grad_outputs) as a pipeline stage gets it: the model's output in two
 // pieces and the loss's gradients for them, computed apart (on detached copies) and scaled by
 // the caller for accumulation, as the last stage's backward(loss) would have. Same parameters

@@ -52,7 +52,29 @@ void Engine::Impl::set_norm_groups() {
     by_name[item.key()] = item.value().unsafeGetTensorImpl();
   }
   norm_counted.assign(fp.params.size(), 1);
-  for (size_t i = 0; i < groups.norm.size(); ++i) {
+  // Every rank of dp must sit at the same rank of each norm group (a mesh's dimensions do): the
+  // ranks that sum their shards over dp must leave out the same replicated parameters.
+  const int n = static_cast<int>(groups.norm.size());
+  at::Tensor mine = at::empty({n}, at::TensorOptions().dtype(at::kLong));
+  for (int i = 0; i < n; ++i) {
+    TORCH_CHECK(groups.norm[i].group != groups.dp, "zero::initialize: groups.norm[", i,
+                "] is groups.dp; the norm always sums over dp, "
+                "list only the further groups (tensor, pipeline parallel) in groups.norm");
+    mine[i] = groups.norm[i].group->rank();
+  }
+  mine = mine.to(fp.flat.device());
+  at::Tensor all = at::empty({n * group->size()}, mine.options());
+  group->all_gather(all, mine, "all_gather of the norm groups' ranks").wait();
+  all = all.cpu().reshape({group->size(), n});
+  for (int i = 0; i < n; ++i) {
+    TORCH_CHECK(all.select(1, i).eq(all[0][i]).all().item<bool>(),
+                "zero::initialize: the ranks "
+                "of groups.dp are at different ranks of groups.norm[",
+                i, "] ('", groups.norm[i].group->name(),
+                "'); take dp and the norm groups from one mesh, "
+                "so that a dp group's ranks share their tensor/pipeline coordinates");
+  }
+  for (int i = 0; i < n; ++i) {
     const NormGroup& ng = groups.norm[i];
     norm_groups.push_back(comm::of(ng.group));
     for (const std::string& name : ng.replicated) {
