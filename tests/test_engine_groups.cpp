@@ -163,9 +163,11 @@ struct TpCase {
 
 class DataTimesTensor : public ::testing::TestWithParam<TpCase> {};
 
-TEST_P(DataTimesTensor, ClippingCountsReplicatedParametersOnce) {
-  const TpCase c = GetParam();
-  constexpr int kDp = 2, kTp = 2;
+// kDp x pp x tp ranks in Megatron's order; the head split into pp x tp parts by hand over the
+// model-parallel ranks (pp and tp together), fc1 replicated across both norm groups.
+void check_model_parallel(const TpCase& c, int tp_size, int pp_size) {
+  constexpr int kDp = 2;
+  const int world_size = kDp * tp_size * pp_size, parts = tp_size * pp_size;
   Config cfg = test_config(c.stage, kRows / kDp, 1, /*clip=*/0.2, /*bucket=*/40);
   if (c.sgd) cfg = sgd(cfg);
   cfg.optimizer.torch_adam = c.torch_adam;
@@ -174,24 +176,31 @@ TEST_P(DataTimesTensor, ClippingCountsReplicatedParametersOnce) {
   for (double n : ref.norms) ASSERT_GT(n, cfg.gradient_clipping * 1.5);
 
   std::mutex mu;
-  std::vector<std::vector<at::Tensor>> finals(kDp * kTp);
-  std::vector<std::vector<double>> norms(kDp * kTp);
-  std::vector<int> tp_rank(kDp * kTp);
-  run_ranks(kDp * kTp, [&](std::shared_ptr<comm::Group> world) {
-    const comm::Mesh mesh = comm::Mesh::megatron(world, kTp, /*pp=*/1);
+  std::vector<std::vector<at::Tensor>> finals(world_size);
+  std::vector<std::vector<double>> norms(world_size);
+  std::vector<int> part_of(world_size);
+  run_ranks(world_size, [&](std::shared_ptr<comm::Group> world) {
+    const comm::Mesh mesh = comm::Mesh::megatron(world, tp_size, pp_size);
     const auto& tp = mesh["tp"];
     const auto& dp = mesh["dp"];
-    const int t = tp->rank(), d = dp->rank();
+    const std::vector<std::string> replicated{"fc1.weight", "fc1.bias"};
+    Groups groups{dp, {{tp, replicated}}};
+    // The ranks holding the parts of one model: tp inside pp.
+    std::shared_ptr<comm::Group> mp = tp;
+    if (pp_size > 1) {
+      mp = world->split(mesh.coord("dp"), mesh.coord("pp") * tp_size + tp->rank(), "mp");
+      groups.norm.push_back({mesh["pp"], replicated});
+    }
+    const int t = mp->rank(), d = dp->rank();
     // Off dp rank 0 the weights start wrong: the broadcast within dp must fix them (and a
-    // broadcast over the world would overwrite the other tp rank's head rows).
-    auto net = make_mini(d == 0 ? 5 : 99, t, kTp);
-    Groups groups{dp, {{tp, {"fc1.weight", "fc1.bias"}}}};
+    // broadcast over the world would overwrite the other ranks' head rows).
+    auto net = make_mini(d == 0 ? 5 : 99, t, parts);
     auto engine = initialize(net, cfg, groups);
     EXPECT_EQ(engine.world_size(), kDp);
     for (int s = 0; s < kSteps; ++s) {
       const Batch b = rank_micro_batch(mini_batch(s), d, kDp, 0, 1);
-      at::Tensor h = tensor_parallel::copy_to_region(at::tanh(net->fc1->forward(b.x)), tp);
-      at::Tensor y = tensor_parallel::gather_from_region(net->head->forward(h), tp);
+      at::Tensor h = tensor_parallel::copy_to_region(at::tanh(net->fc1->forward(b.x)), mp);
+      at::Tensor y = tensor_parallel::gather_from_region(net->head->forward(h), mp);
       engine.backward(mse(y, b.y));
       engine.step();
       std::lock_guard<std::mutex> lock(mu);
@@ -201,13 +210,13 @@ TEST_P(DataTimesTensor, ClippingCountsReplicatedParametersOnce) {
     for (auto& p : net->parameters()) mine.push_back(p.detach().clone());
     std::lock_guard<std::mutex> lock(mu);
     finals[world->rank()] = mine;
-    tp_rank[world->rank()] = t;
+    part_of[world->rank()] = t;
   });
 
   const double tol = 2e-5;
-  const int64_t part = kOut / kTp;
-  for (int r = 0; r < kDp * kTp; ++r) {
-    const int t = tp_rank[r];
+  const int64_t part = kOut / parts;
+  for (int r = 0; r < world_size; ++r) {
+    const int t = part_of[r];
     const auto& f = finals[r];
     ASSERT_EQ(f.size(), 4u);
     EXPECT_LT((f[0] - ref.params[0]).abs().max().item<double>(), tol) << "rank " << r;
@@ -221,6 +230,13 @@ TEST_P(DataTimesTensor, ClippingCountsReplicatedParametersOnce) {
     }
   }
 }
+
+TEST_P(DataTimesTensor, ClippingCountsReplicatedParametersOnce) {
+  check_model_parallel(GetParam(), /*tp=*/2, /*pp=*/1);
+}
+
+// Two norm groups: 2 (dp) x 2 (pp) x 2 (tp), fc1 replicated across tp and across pp.
+TEST_P(DataTimesTensor, TwoNormGroups) { check_model_parallel(GetParam(), /*tp=*/2, /*pp=*/2); }
 
 INSTANTIATE_TEST_SUITE_P(Stages, DataTimesTensor,
                          ::testing::Values(TpCase{0, false, false}, TpCase{1, false, false},

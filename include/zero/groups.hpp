@@ -36,8 +36,9 @@ struct Groups {
   // states are sharded over it (ZeRO stages 1, 2). Required.
   std::shared_ptr<Group> dp;
   // The groups the global gradient norm (gradient_clipping, stats().last_grad_norm) sums over
-  // after dp, in this order; every rank of `dp` must be at the same rank in each of them (a
-  // mesh's dimensions are). Empty: dp alone, the one-dimension path, unchanged to the bit.
+  // after dp, in this order. dp itself is not listed, and every rank of `dp` must be at the same
+  // rank in each of them (a mesh's dimensions are): initialize checks both (one all_gather over
+  // dp). Empty: dp alone, the one-dimension path, unchanged to the bit.
   std::vector<NormGroup> norm;
 };
 
