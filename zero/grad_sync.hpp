@@ -67,7 +67,7 @@ class GradSync {
   // Optimizer offload: the page-locked ring a reduced shard lands in on its way to the host
   // shard (grad_to_host.hpp); host memory, a declared buffer beside comm_buffer_bytes.
   virtual int64_t host_staging_bytes() const { return 0; }
-  // The same as the page-locked allocator holds it (optim::host_bytes: rounded up).
+  // The same as the page-locked allocator holds it (optim::host_bytes: page- or power-of-two-rounded).
   virtual int64_t host_staging_pinned_bytes() const { return 0; }
   // The bucket pool: buffers it has, and the most held at once so far.
   virtual int bucket_buffers() const = 0;

@@ -20,7 +20,7 @@ GradToHost::GradToHost(at::Device device, int64_t slot_numel, at::ScalarType com
   for (int i = 0; i < kSlots; ++i) {
     // Page-locked whatever offload_optimizer.pin_memory says (it is about the shard and the
     // optimizer state): a device-to-host copy into pageable memory makes the host wait for it.
-    // host_zeros pins only where CUDA is reachable.
+    // host_zeros pins only where an accelerator is reachable.
     slots_.push_back(optim::host_zeros(slot_numel, /*pin=*/true, comm_dtype));
     free_.push_back(kSlots - 1 - i);
   }
