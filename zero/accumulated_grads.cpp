@@ -70,7 +70,7 @@ class AccumulatedGrads final : public GradSync {
     }
     counters_.wait_seconds += pipeline_.drain();
     // Offload: the host shard is read by the step from now on, so every copy lands here.
-    if (to_host_) to_host_->finish();
+    if (to_host_ && sharded_) to_host_->finish(shard_);
   }
 
   void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
@@ -86,7 +86,12 @@ class AccumulatedGrads final : public GradSync {
 
   void zero_grad() override {
     full_.zero_();
-    if (sharded_) shard_.zero_();
+    // Offload: the host shard is not touched; the next window's pieces overwrite it.
+    if (sharded_ && to_host_) {
+      to_host_->new_window();
+    } else if (sharded_) {
+      shard_.zero_();
+    }
   }
 
   int64_t grad_bytes() const override { return full_.nbytes() + (sharded_ ? shard_.nbytes() : 0); }

@@ -96,7 +96,7 @@ class PartitionedGrads final : public GradSync {
     if (guessing_) launch_late();
     counters_.wait_seconds += pipeline_.drain();
     // Offload: the host shard is read by the step from now on, so every copy lands here.
-    if (to_host_) to_host_->finish();
+    if (to_host_) to_host_->finish(shard_);
   }
 
   void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
@@ -109,10 +109,18 @@ class PartitionedGrads final : public GradSync {
     for (auto& d : late_) d.reset();
     tracker_.reset();
     shard_.zero_();
+    if (to_host_) to_host_->new_window();
   }
 
   at::Tensor& grad_shard() override { return shard_; }
-  void zero_grad() override { shard_.zero_(); }
+  // Offload: the host shard is not touched; the next window's first pieces overwrite it.
+  void zero_grad() override {
+    if (to_host_) {
+      to_host_->new_window();
+    } else {
+      shard_.zero_();
+    }
+  }
   int64_t grad_bytes() const override { return shard_.nbytes(); }
   int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
   int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
