@@ -47,7 +47,8 @@ class AccumulatedGrads final : public GradSync {
     }
   }
 
-  void begin_backward(bool boundary, const std::vector<int>& expected) override {
+  void begin_backward(bool boundary, const std::vector<int>& expected,
+                      bool /*counting: nothing is guessed*/) override {
     boundary_ = boundary;
     tracker_.reset(expected);
     launch_ready();  // buckets whose parameters the loss does not reach at all

@@ -359,7 +359,8 @@ void Engine::backward(const at::Tensor& loss) {
   }
   const bool boundary = (m.stats.micro_steps + 1) % m.accumulation == 0;
   const GradSyncCounters before = m.sync->counters();
-  m.sync->begin_backward(boundary, m.order->begin_pass(loss));
+  const bool counting = m.order->counting();
+  m.sync->begin_backward(boundary, m.order->begin_pass(loss), counting);
   m.in_backward = true;
   try {
     // Each micro-batch's loss is a mean; dividing by the accumulation steps makes the sum of
