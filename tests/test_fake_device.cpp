@@ -2,7 +2,10 @@
 // tensors, so the device half of every path runs (pinned staging, copy streams and events, the
 // device read-back, collectives staged through the host), and a host/device mix-up throws.
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -10,6 +13,7 @@
 #include <mutex>
 #include <optional>
 
+#include "offload/event_wait.hpp"
 #include "optim/pinned_host.hpp"
 #include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
@@ -318,7 +322,11 @@ TEST_P(FakeDeviceCheckpoint, SaveLoadRoundTripResumesTraining) {
         auto net = net_on(6, rank_device(*group));
         auto engine = initialize(net, cfg, group);
         train_steps(engine, *net, r, 0, 2);
+        const int64_t pinned_before = fake::pinned_allocations();
         engine.save_checkpoint(dir, "two");
+        // The pieces on the device travel through a page-locked staging buffer (a pageable one
+        // makes the driver stage every copy itself); under offload they are host memory already.
+        if (!offload) EXPECT_GT(fake::pinned_allocations(), pinned_before) << "rank " << r;
         saved[r] = masters(engine);
         train_steps(engine, *net, r, 2, 4);
         straight[r] = masters(engine);
@@ -330,7 +338,9 @@ TEST_P(FakeDeviceCheckpoint, SaveLoadRoundTripResumesTraining) {
         const int r = group->rank();
         auto net = net_on(99, rank_device(*group));  // other weights: the load must replace them
         auto engine = initialize(net, cfg, group);
+        const int64_t pinned_before = fake::pinned_allocations();
         EXPECT_EQ(engine.load_checkpoint(dir, "two"), "two");
+        if (!offload) EXPECT_GT(fake::pinned_allocations(), pinned_before) << "rank " << r;
         loaded[r] = masters(engine);
         train_steps(engine, *net, r, 2, 4);
         resumed[r] = masters(engine);
@@ -392,6 +402,12 @@ TEST_P(FakeDeviceMemory, InitializeAllocatesExactlyTheReportedDeviceBytes) {
     const int64_t step_count = offload ? 0 : 4;
     EXPECT_EQ(added[r], device_part - rep.replaced_param_bytes + step_count) << "rank " << r;
     EXPECT_EQ(rep.allocator_delta, added[r]) << "rank " << r << ": the engine's own reading";
+    // Offload's device part can be smaller than the parameters it replaced: initialize then
+    // freed memory, and the report says so in units, not as a raw negative count.
+    const std::string text = format_memory_report(rep);
+    const std::string said = added[r] < 0 ? "initialize freed " + format_bytes(-added[r]) + " net"
+                                          : "initialize added " + format_bytes(added[r]);
+    EXPECT_NE(text.find(said), std::string::npos) << text;
   }
 }
 
@@ -400,6 +416,33 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_tuple(0, false, false), std::make_tuple(1, false, false),
                       std::make_tuple(2, false, false), std::make_tuple(2, true, false),
                       std::make_tuple(1, false, true), std::make_tuple(2, true, true)));
+
+// The host's wait for a device event polls and sleeps instead of spinning (cudaEventSynchronize
+// spins under CUDA's default scheduling): over a 40 ms wait the thread uses a fraction of a core.
+TEST(FakeDeviceEvents, HostWaitForAnEventSleeps) {
+  fake::set_event_delay(std::chrono::milliseconds(40));
+  struct Restore {
+    ~Restore() { fake::set_event_delay(std::chrono::microseconds(0)); }
+  } restore;
+  const c10::Device d = fake::device(0);
+  const c10::impl::VirtualGuardImpl guard(d.type());
+  c10::Event event(d.type());
+  event.record(guard.getStream(d));
+  const auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+  };
+  const auto wall0 = std::chrono::steady_clock::now();
+  const auto cpu0 = cpu_now();
+  offload_detail::wait_for_event(event);
+  const auto wall = std::chrono::steady_clock::now() - wall0;
+  const auto cpu = cpu_now() - cpu0;
+  EXPECT_TRUE(event.query());
+  EXPECT_GE(wall, std::chrono::milliseconds(35));
+  EXPECT_LT(cpu, wall / 4) << "cpu " << std::chrono::duration<double>(cpu).count() << " s of "
+                           << std::chrono::duration<double>(wall).count() << " s";
+}
 
 // A real gloo group that says it is bound to `bound`, as an NCCL group is bound to LOCAL_RANK's
 // GPU (comm/nccl.cpp): its collectives would run there whatever device the model is on.

@@ -137,6 +137,7 @@ class PinnedAllocator final : public c10::Allocator {
     }
     if (!p) p = c10::alloc_cpu(size);
     std::lock_guard<std::mutex> lock(mu_);
+    ++allocations_;
     auto& b = held_[p];
     if (b.bytes == 0) reserved_ += static_cast<int64_t>(size);
     b = {size, true, false};
@@ -160,11 +161,16 @@ class PinnedAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     return in_use_;
   }
+  int64_t allocations() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocations_;
+  }
   // An exact-size block (the page locker's): not cached, given back at release.
   static void* allocate_exact(size_t n) {
     void* p = c10::alloc_cpu(n);
     auto& a = get();
     std::lock_guard<std::mutex> lock(a.mu_);
+    ++a.allocations_;
     a.held_[p] = {n, true, true};
     a.reserved_ += static_cast<int64_t>(n);
     a.in_use_ += static_cast<int64_t>(n);
@@ -208,6 +214,7 @@ class PinnedAllocator final : public c10::Allocator {
   std::unordered_map<size_t, std::vector<void*>> free_;
   int64_t reserved_ = 0;
   int64_t in_use_ = 0;
+  int64_t allocations_ = 0;
 };
 
 // ---- streams and events ----------------------------------------------------------------------
@@ -451,6 +458,7 @@ void reset_peak(int index) {
 
 int64_t pinned_bytes() { return PinnedAllocator::get().reserved(); }
 int64_t pinned_in_use_bytes() { return PinnedAllocator::get().in_use(); }
+int64_t pinned_allocations() { return PinnedAllocator::get().allocations(); }
 
 void set_event_delay(std::chrono::microseconds delay) { g_event_delay_us = delay.count(); }
 

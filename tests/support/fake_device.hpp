@@ -40,6 +40,8 @@ void reset_peak(int index);
 // included); pinned_in_use_bytes: the blocks of live tensors, rounded as held.
 int64_t pinned_bytes();
 int64_t pinned_in_use_bytes();
+// Page-locked blocks handed out so far (a cached block handed out again counts again).
+int64_t pinned_allocations();
 
 // Events recorded from now on complete `delay` after they were recorded (zero: at once). A
 // delay widens the window between "queued" and "done" that the host side must respect.
