@@ -20,6 +20,7 @@
 #include "support/tiny_net.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/engine.hpp"
+#include "zero/grad_to_host.hpp"
 
 namespace zero::testing {
 namespace {
@@ -416,6 +417,38 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_tuple(0, false, false), std::make_tuple(1, false, false),
                       std::make_tuple(2, false, false), std::make_tuple(2, true, false),
                       std::make_tuple(1, false, true), std::make_tuple(2, true, true)));
+
+// Offload's gradient pieces leave the device in fp32 (grad_to_host.hpp), and their squared norm
+// is summed on the device as they go: the step reads no host memory for it. A range that gets a
+// second piece (summed on the host) leaves the device without the norm, and so does a CPU run.
+TEST(FakeDeviceGradToHost, NormOfTheShardIsSummedOnTheDevice) {
+  const c10::Device d = fake::device(0);
+  GradToHost to_host(d, /*slot_numel=*/5, at::kBFloat16, at::kFloat);
+  at::Tensor shard = optim::host_zeros(10, /*pin=*/true).fill_(7);  // last window's values
+  auto gen = at::detail::createCPUGenerator(5);
+  const at::Tensor values = at::randn({10}, gen).to(at::kBFloat16);
+  to_host.new_window();
+  for (int k = 0; k < 2; ++k) {
+    const at::Tensor piece = values.narrow(0, 5 * k, 5).to(d);
+    to_host.wait(to_host.send(piece, shard.narrow(0, 5 * k, 5), /*add=*/true));
+  }
+  to_host.finish(shard);
+  EXPECT_TRUE(at::equal(shard, values.to(at::kFloat)));
+  const at::Tensor sq = to_host.squared_norm();
+  ASSERT_TRUE(sq.defined());
+  EXPECT_EQ(sq.device(), d);
+  const double want = shard.square().sum().item<double>();
+  EXPECT_NEAR(sq.cpu().item<double>(), want, 1e-6 * want);
+  // A second piece into a written range: the sum, and so the norm, is the host's.
+  to_host.send(values.narrow(0, 0, 5).to(d), shard.narrow(0, 0, 5), /*add=*/true);
+  to_host.finish(shard);
+  EXPECT_FALSE(to_host.squared_norm().defined());
+  to_host.new_window();
+  GradToHost on_host(at::kCPU, 5, at::kBFloat16, at::kFloat);
+  on_host.new_window();
+  on_host.send(values.narrow(0, 0, 5), shard.narrow(0, 0, 5), /*add=*/true);
+  EXPECT_FALSE(on_host.squared_norm().defined());
+}
 
 // The host's wait for a device event polls and sleeps instead of spinning (cudaEventSynchronize
 // spins under CUDA's default scheduling): over a 40 ms wait the thread uses a fraction of a core.

@@ -465,14 +465,18 @@ bool Engine::step() {
   if (m.opt.deepspeed_clip) {
     sq = deepspeed_squared_norm(g, m.fp, m.stage, *m.group);  // all ranks' already
   } else {
-    sq = squared_norm(g, m.fp.layout);
-    // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the device.
-    // From page-locked memory the upload is queued, not waited for (a pageable one would
-    // synchronise the stream).
-    if (m.offload && m.fp.flat.is_cuda()) {
-      sq = sq.pin_memory().to(m.fp.flat.device(), /*non_blocking=*/true);
-    } else if (m.offload) {
-      sq = sq.to(m.fp.flat.device());
+    // Offloaded: the shard is on the host, and its norm was summed on the device as the pieces
+    // left (grad_to_host.hpp) where it could be; otherwise it is the host's, and travels (the
+    // verdict stays on the device). From page-locked memory the upload is queued, not waited
+    // for (a pageable one would synchronise the stream).
+    sq = m.offload ? m.sync->device_squared_norm() : at::Tensor();
+    if (!sq.defined()) {
+      sq = squared_norm(g, m.fp.layout);
+      if (m.offload && m.fp.flat.is_cuda()) {
+        sq = sq.pin_memory().to(m.fp.flat.device(), /*non_blocking=*/true);
+      } else if (m.offload) {
+        sq = sq.to(m.fp.flat.device());
+      }
     }
     if (m.stage != 0) m.group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
   }

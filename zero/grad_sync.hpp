@@ -72,6 +72,9 @@ class GradSync {
   // The same as the page-locked allocator holds it (optim::host_bytes: page- or
   // power-of-two-rounded).
   virtual int64_t host_staging_pinned_bytes() const { return 0; }
+  // Optimizer offload: the squared norm of the host gradient shard, summed on the device as its
+  // pieces left (GradToHost::squared_norm); undefined when only the host shard has it.
+  virtual at::Tensor device_squared_norm() const { return {}; }
   // The bucket pool: buffers it has, and the most held at once so far.
   virtual int bucket_buffers() const = 0;
   virtual int bucket_buffers_peak() const = 0;

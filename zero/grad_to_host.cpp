@@ -34,6 +34,7 @@ GradToHost::Ticket GradToHost::send(const at::Tensor& reduced, const at::Tensor&
   const auto [range, first] = written_.emplace(dst.storage_offset(), n);
   TORCH_INTERNAL_ASSERT(range->second == n, "zero: a gradient piece overlaps another");
   if (!add || first) return send_direct(reduced, dst, add);
+  norm_complete_ = false;  // the range's value is summed on the host
   if (free_.empty()) land_oldest();
   const int slot = free_.back();
   free_.pop_back();
@@ -54,6 +55,7 @@ GradToHost::Ticket GradToHost::send_direct(const at::Tensor& reduced, const at::
     at::Tensor d = dst;
     d.copy_(reduced);
     if (add) as_first_sum(d);
+    norm_complete_ = false;  // a CPU run: the step's host norm, as before
     return nullptr;
   }
   // fp32 on the device (bf16 -> fp32 is exact), so the host only receives. The temporary is
@@ -63,6 +65,9 @@ GradToHost::Ticket GradToHost::send_direct(const at::Tensor& reduced, const at::
     src = reduced.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     if (add) as_first_sum(src);
   }
+  const at::Tensor part =
+      at::linalg_vector_norm(src, 2, {}, false, at::kFloat).square().reshape({1});
+  squared_norm_ = squared_norm_.defined() ? squared_norm_.add_(part) : part;
   const auto direct = [this] {
     return std::count_if(pending_.begin(), pending_.end(),
                          [](const Pending& p) { return p.slot < 0; });
@@ -108,7 +113,7 @@ void GradToHost::abort() {
     if (p.slot >= 0) free_.push_back(p.slot);
   }
   pending_.clear();
-  written_.clear();
+  new_window();
 }
 
 int64_t GradToHost::pinned_bytes() const {

@@ -49,7 +49,17 @@ class GradToHost {
   Ticket send(const at::Tensor& reduced, const at::Tensor& dst, bool add);
   // A new accumulation window: the shard's old values count as zeros (zero_grad, without
   // touching the shard).
-  void new_window() { written_.clear(); }
+  void new_window() {
+    written_.clear();
+    squared_norm_ = at::Tensor();
+    norm_complete_ = true;
+  }
+  // The squared L2 norm of the window's gradient shard, in fp32, summed on the device piece by
+  // piece as the pieces leave (as DeepSpeed's offload computes its norms from the device
+  // gradients): the step then reads no host memory for it. Undefined when the device cannot
+  // know it: a range received a second piece (the sum is on the host), or the pieces were host
+  // tensors (a CPU run, whose norm stays the host's).
+  at::Tensor squared_norm() const { return norm_complete_ ? squared_norm_ : at::Tensor(); }
   // Orders the current stream after the copy (no host wait).
   void wait(const Ticket& ticket) { engine_->wait(ticket); }
   // Lands every copy in flight and zeroes what no piece of this window wrote: the host fp32
@@ -81,6 +91,8 @@ class GradToHost {
   std::deque<Pending> pending_;  // oldest first, the order the copy stream finishes them in
   // Ranges of the shard written in this window: element offset -> numel.
   std::map<int64_t, int64_t> written_;
+  at::Tensor squared_norm_;    // on the device, this window's direct pieces
+  bool norm_complete_ = true;  // every piece of the window is in squared_norm_
 };
 
 }  // namespace zero

@@ -132,6 +132,9 @@ class PartitionedGrads final : public GradSync {
   int64_t host_staging_pinned_bytes() const override {
     return to_host_ ? to_host_->pinned_bytes() : 0;
   }
+  at::Tensor device_squared_norm() const override {
+    return to_host_ ? to_host_->squared_norm() : at::Tensor();
+  }
   int bucket_buffers() const override { return pipeline_.buffers(); }
   int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
 
