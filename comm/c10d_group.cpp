@@ -52,6 +52,11 @@ Group::Timeouts C10dGroup::timeouts() const {
   return {p_.backend->getBackendOptions()->timeout, gloo_store_timeout(*p_.backend)};
 }
 
+std::optional<c10::Device> C10dGroup::bound_device() const {
+  if (!p_.backend) return std::nullopt;
+  return p_.backend->getBoundDeviceId();
+}
+
 int C10dGroup::global_rank(int group_rank) const {
   TORCH_CHECK(group_rank >= 0 && group_rank < p_.size, "zero: rank ", group_rank,
               " is not in group ", p_.name, " of size ", p_.size);

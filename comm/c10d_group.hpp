@@ -45,6 +45,7 @@ class C10dGroup final : public Group {
   int global_rank(int group_rank) const override;
   const GroupOptions& options() const override { return p_.opts; }
   Timeouts timeouts() const override;
+  std::optional<c10::Device> bound_device() const override;
 
   Work all_reduce_sum(at::Tensor& t, const std::string& what) override;
   Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) override;

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "zero/group.hpp"
@@ -89,6 +90,9 @@ class Group : public zero::Group {
     std::chrono::milliseconds backend{0}, store{0};
   };
   virtual Timeouts timeouts() const { return {}; }
+  // The device the backend is bound to (an NCCL group: LOCAL_RANK's GPU, see nccl.cpp), whose
+  // collectives run there whatever device a tensor is on; nullopt when it is bound to none.
+  virtual std::optional<c10::Device> bound_device() const { return std::nullopt; }
 
   // `what` names the call in errors ("reduce_scatter of bucket 3").
   virtual Work all_reduce_sum(at::Tensor& t, const std::string& what) = 0;

@@ -3,6 +3,7 @@
 // file.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "bottleneck.hpp"
 #include "gpt.hpp"
 #include "metrics.hpp"
+#include "phase_peaks.hpp"
 #include "zero/engine.hpp"
 
 namespace zero::examples {
@@ -31,6 +33,14 @@ struct TrainSummary {
   // ranks; a collective.
   int64_t startup_peak_rss_bytes = 0, rss_after_initialize_bytes = 0;
   void record_startup(const Engine& engine, int64_t peak, int64_t after);
+
+  // Per phase (phase_peaks.hpp): the most any rank's allocator reached (-1: not measured, as on
+  // CPU) and the planner's prediction. A collective.
+  std::array<int64_t, kPhases> phase_measured{}, phase_predicted{};
+  int64_t phase_overall_ = -1;  // this rank's peak over every phase
+  void record_phases(const Engine& engine, const PhasePeaks& phases,
+                     const std::array<int64_t, kPhases>& predicted);
+  std::string phase_json() const;
 
   void add(const StepRecord& r);
   // Collective: reads the memory peaks first (so no end-of-run temporary shows in them), then

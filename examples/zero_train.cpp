@@ -24,10 +24,13 @@
 #include "launcher_check.hpp"
 #include "metrics.hpp"
 #include "monitor.hpp"
+#include "phase_peaks.hpp"
 #include "train_summary.hpp"
 #include "utilisation.hpp"
+#include "zero/auto_strategy.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
+#include "zero/memory_plan.hpp"
 #include "zero/time_plan.hpp"
 #include "zero/zero.hpp"
 
@@ -236,6 +239,7 @@ int run(int argc, char** argv) {
   apply_activation_checkpointing(model, policy);
   Engine engine = initialize(model.ptr(), cfg, group);
   const int64_t startup_peak = peak_rss_bytes(), after_initialize = rss_bytes();
+  PhasePeaks phases(device);          // closes "initialize": the allocator's peak so far
   const Config& c = engine.config();  // batch sizes resolved for the world size
   const int rank = engine.rank(), world = engine.world_size();
   const int64_t micro = c.train_micro_batch_size_per_gpu;
@@ -349,6 +353,7 @@ int run(int argc, char** argv) {
       auto t = Clock::now();
       auto batch = loader.next();
       rec.data_s += since(t);
+      phases.begin();
       t = Clock::now();
       // Pinned host memory lets the copies run asynchronously to the host; a pageable
       // host-to-device copy would synchronise the stream.
@@ -358,12 +363,17 @@ int run(int argc, char** argv) {
           model->loss(tokens.to(device, /*non_blocking=*/cuda), targets.to(device, cuda));
       loss_sum += loss.detach().to(at::kFloat);
       rec.forward_s += since(t);
+      phases.end(Phase::kForward);
+      phases.begin();
       t = Clock::now();
       engine.backward(loss);
       rec.backward_s += since(t);
+      phases.end(Phase::kBackward);
+      phases.begin();
       t = Clock::now();
       engine.step();
       rec.optimizer_s += since(t);
+      phases.end(Phase::kStep);
     }
     rec.comm_exposed_s = engine.stats().comm_wait_seconds - comm_before;
     rec.allgather_wait_s = engine.stats().allgather_wait_seconds;
@@ -382,7 +392,9 @@ int run(int argc, char** argv) {
     const bool saved = save_interval > 0 && rec.step % save_interval == 0;
     if (saved) {
       const auto t = Clock::now();
+      phases.begin();
       engine.save_checkpoint(save_dir, "", keep_last);
+      phases.end(Phase::kSave);
       report_io("saved", "step" + std::to_string(engine.stats().optimizer_steps), since(t));
     }
     // Ranks whose launcher died would train on unsupervised (nobody would stop or restart
@@ -429,7 +441,9 @@ int run(int argc, char** argv) {
       r.skipped = skipped && i + 1 == window.size();
       r.loss_scale = loss_scale;
       r.utilisation = busy;
-      r.memory_bytes = dm.available ? dm.peak_allocated : reports[0].measured.total();
+      // The allocator's peak restarts with each phase: the run's is the phases'.
+      r.memory_bytes = dm.available ? std::max(dm.peak_allocated, phases.overall())
+                                    : reports[0].measured.total();
       sum.add(r);
       metrics.write(r);
       if (monitors) monitors->write(r, r.step * c.train_batch_size);  // DeepSpeed's x: samples
@@ -466,6 +480,22 @@ int run(int argc, char** argv) {
     pi.num_params = mc.num_params();
     pi.bucket_elements = c.zero_optimization.reduce_bucket_size;
     run.buckets = static_cast<int64_t>(bucket_sizes(pi).size());
+  }
+  {
+    // The planner's figure for each phase, beside the allocator's (the summary's phase_peaks).
+    PlanInput pp = plan_input_for(c, mc.num_params(), world);
+    pp.shape = {mc.layers, mc.dim, mc.heads, mc.ffn_dim(), mc.vocab, mc.tied};
+    pp.seq_len = seq;
+    pp.micro_batch = micro;
+    const int stage = engine.stage();
+    const int64_t states = plan_model_states(pp, stage).total() - plan_host_states(pp, stage);
+    const Recompute rc = !policy.enabled      ? Recompute::kNone
+                         : policy.cpu_offload ? Recompute::kCheckpointOffload
+                                              : Recompute::kCheckpoint;
+    const ActivationEstimate a = predict_activations(pp, rc);
+    sum.record_phases(engine, phases,
+                      {plan_startup_peak(pp, stage), states + a.blocks + a.head + a.loss,
+                       states + a.peak(), states, states});
   }
   const DeviceMemory dm = device_memory(device);
   run.memory_budget = dm.total > 0 ? dm.total : c.zero_optimization.auto_device_memory;

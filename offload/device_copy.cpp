@@ -10,6 +10,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "offload/copy_engine.hpp"
+#include "offload/event_wait.hpp"
 
 namespace zero::offload_detail {
 namespace {
@@ -88,7 +89,7 @@ class StreamCopyEngine final : public CopyEngine {
   }
   bool ready(const Ticket& ticket) override { return !ticket || as_event(ticket)->query(); }
   void synchronize(const Ticket& ticket) override {
-    if (ticket) as_event(ticket)->synchronize();
+    if (ticket) wait_for_event(*as_event(ticket));
   }
 
  private:

@@ -1,16 +1,11 @@
 #include "optim/cpu_adamw.hpp"
 
 #include <ATen/Context.h>
-#include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/core/AllocatorConfig.h>
 #include <c10/core/thread_pool.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
-#include <c10/util/llvmMathExtras.h>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -380,33 +375,6 @@ class CpuSgd final : public HostOptimizerBase {
 };
 
 }  // namespace
-
-at::Tensor host_zeros(int64_t numel, bool pin, at::ScalarType dtype) {
-  // Page-locked memory comes from the accelerator's hooks (CUDA's, or a registered backend's);
-  // without a usable accelerator there is nothing to pin for.
-  const auto accelerator = at::getAccelerator(/*checked=*/false);
-  const bool can_pin = pin && accelerator &&
-                       at::globalContext().getAcceleratorHooksInterface(accelerator).isAvailable();
-  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(can_pin));
-  t.zero_();
-  return t;
-}
-
-int64_t host_bytes(const at::Tensor& t) {
-  if (!t.defined()) return 0;
-  const auto n = static_cast<size_t>(t.storage().nbytes());
-  if (!at::globalContext().hasCUDA() || !t.is_pinned()) return static_cast<int64_t>(n);
-  // CachingHostAllocator::allocate's rounding rule (ATen/core/CachingHostAllocator.h). Before
-  // torch 2.13 it has no thresholds: every pinned block is rounded up to a power of two.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
-  using Config = c10::CachingAllocator::AcceleratorAllocatorConfig;
-  const bool rounded =
-      n <= Config::pinned_max_round_threshold() && n <= Config::pinned_max_cached_size();
-#else
-  const bool rounded = true;
-#endif
-  return static_cast<int64_t>(rounded ? c10::llvm::PowerOf2Ceil(n) : n);
-}
 
 std::unique_ptr<HostShardOptimizer> make_grouped_cpu_adamw(const AdamWOptions& options,
                                                            int64_t numel,

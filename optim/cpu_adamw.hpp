@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "optim/adamw.hpp"
+#include "optim/pinned_host.hpp"
 #include "optim/sgd.hpp"
 #include "optim/shard_optimizer.hpp"
 
@@ -77,11 +78,5 @@ std::unique_ptr<HostShardOptimizer> make_grouped_cpu_sgd(const SgdOptions& optio
                                                          std::vector<ParamGroup> groups,
                                                          const at::TensorOptions& opts,
                                                          const HostOptimizerOptions& host = {});
-
-// A zero-filled fp32 host tensor, page-locked when `pin` and this process can reach CUDA.
-at::Tensor host_zeros(int64_t numel, bool pin, at::ScalarType dtype = at::kFloat);
-// The host bytes `t` really holds: its size, or for a page-locked tensor the block the caching
-// host allocator gave it (rounded up to a power of two below pinned_max_round_threshold_mb).
-int64_t host_bytes(const at::Tensor& t);
 
 }  // namespace zero::optim

@@ -2,18 +2,25 @@
 // tensors, so the device half of every path runs (pinned staging, copy streams and events, the
 // device read-back, collectives staged through the host), and a host/device mix-up throws.
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 
+#include "offload/event_wait.hpp"
+#include "optim/pinned_host.hpp"
 #include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/engine.hpp"
+#include "zero/grad_to_host.hpp"
 
 namespace zero::testing {
 namespace {
@@ -42,11 +49,12 @@ TEST(FakeDevice, CountsEveryByteAndCopiesBetweenDistinctMemories) {
   }
   EXPECT_EQ(fake::allocated_bytes(3), before);
   EXPECT_GE(fake::peak_bytes(3) - before, 80);
-  // Pinned host memory is the backend's, and counted.
-  const int64_t pinned = fake::pinned_bytes();
-  at::Tensor p = at::empty({256}, at::TensorOptions().pinned_memory(true));
+  // Pinned host memory is the backend's, and counted; as CUDA's caching host allocator does,
+  // it rounds a block up to a power of two (1000 bytes take 1024).
+  const int64_t pinned = fake::pinned_in_use_bytes();
+  at::Tensor p = at::empty({250}, at::TensorOptions().pinned_memory(true));
   EXPECT_TRUE(p.is_pinned());
-  EXPECT_EQ(fake::pinned_bytes() - pinned, 1024);
+  EXPECT_EQ(fake::pinned_in_use_bytes() - pinned, 1024);
 }
 
 // Gloo cannot read fake tensors: a group on the fake device type runs each collective on host
@@ -315,7 +323,11 @@ TEST_P(FakeDeviceCheckpoint, SaveLoadRoundTripResumesTraining) {
         auto net = net_on(6, rank_device(*group));
         auto engine = initialize(net, cfg, group);
         train_steps(engine, *net, r, 0, 2);
+        const int64_t pinned_before = fake::pinned_allocations();
         engine.save_checkpoint(dir, "two");
+        // The pieces on the device travel through a page-locked staging buffer (a pageable one
+        // makes the driver stage every copy itself); under offload they are host memory already.
+        if (!offload) EXPECT_GT(fake::pinned_allocations(), pinned_before) << "rank " << r;
         saved[r] = masters(engine);
         train_steps(engine, *net, r, 2, 4);
         straight[r] = masters(engine);
@@ -327,7 +339,9 @@ TEST_P(FakeDeviceCheckpoint, SaveLoadRoundTripResumesTraining) {
         const int r = group->rank();
         auto net = net_on(99, rank_device(*group));  // other weights: the load must replace them
         auto engine = initialize(net, cfg, group);
+        const int64_t pinned_before = fake::pinned_allocations();
         EXPECT_EQ(engine.load_checkpoint(dir, "two"), "two");
+        if (!offload) EXPECT_GT(fake::pinned_allocations(), pinned_before) << "rank " << r;
         loaded[r] = masters(engine);
         train_steps(engine, *net, r, 2, 4);
         resumed[r] = masters(engine);
@@ -389,6 +403,12 @@ TEST_P(FakeDeviceMemory, InitializeAllocatesExactlyTheReportedDeviceBytes) {
     const int64_t step_count = offload ? 0 : 4;
     EXPECT_EQ(added[r], device_part - rep.replaced_param_bytes + step_count) << "rank " << r;
     EXPECT_EQ(rep.allocator_delta, added[r]) << "rank " << r << ": the engine's own reading";
+    // Offload's device part can be smaller than the parameters it replaced: initialize then
+    // freed memory, and the report says so in units, not as a raw negative count.
+    const std::string text = format_memory_report(rep);
+    const std::string said = added[r] < 0 ? "initialize freed " + format_bytes(-added[r]) + " net"
+                                          : "initialize added " + format_bytes(added[r]);
+    EXPECT_NE(text.find(said), std::string::npos) << text;
   }
 }
 
@@ -397,6 +417,197 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_tuple(0, false, false), std::make_tuple(1, false, false),
                       std::make_tuple(2, false, false), std::make_tuple(2, true, false),
                       std::make_tuple(1, false, true), std::make_tuple(2, true, true)));
+
+// Offload's gradient pieces leave the device in fp32 (grad_to_host.hpp), and their squared norm
+// is summed on the device as they go: the step reads no host memory for it. A range that gets a
+// second piece (summed on the host) leaves the device without the norm, and so does a CPU run.
+TEST(FakeDeviceGradToHost, NormOfTheShardIsSummedOnTheDevice) {
+  const c10::Device d = fake::device(0);
+  GradToHost to_host(d, /*slot_numel=*/5, at::kBFloat16, at::kFloat);
+  at::Tensor shard = optim::host_zeros(10, /*pin=*/true).fill_(7);  // last window's values
+  auto gen = at::detail::createCPUGenerator(5);
+  const at::Tensor values = at::randn({10}, gen).to(at::kBFloat16);
+  to_host.new_window();
+  for (int k = 0; k < 2; ++k) {
+    const at::Tensor piece = values.narrow(0, 5 * k, 5).to(d);
+    to_host.wait(to_host.send(piece, shard.narrow(0, 5 * k, 5), /*add=*/true));
+  }
+  to_host.finish(shard);
+  EXPECT_TRUE(at::equal(shard, values.to(at::kFloat)));
+  const at::Tensor sq = to_host.squared_norm();
+  ASSERT_TRUE(sq.defined());
+  EXPECT_EQ(sq.device(), d);
+  const double want = shard.square().sum().item<double>();
+  EXPECT_NEAR(sq.cpu().item<double>(), want, 1e-6 * want);
+  // A second piece into a written range: the sum, and so the norm, is the host's.
+  to_host.send(values.narrow(0, 0, 5).to(d), shard.narrow(0, 0, 5), /*add=*/true);
+  to_host.finish(shard);
+  EXPECT_FALSE(to_host.squared_norm().defined());
+  to_host.new_window();
+  GradToHost on_host(at::kCPU, 5, at::kBFloat16, at::kFloat);
+  on_host.new_window();
+  on_host.send(values.narrow(0, 0, 5), shard.narrow(0, 0, 5), /*add=*/true);
+  EXPECT_FALSE(on_host.squared_norm().defined());
+}
+
+// The host's wait for a device event polls and sleeps instead of spinning (cudaEventSynchronize
+// spins under CUDA's default scheduling): over a 40 ms wait the thread uses a fraction of a core.
+TEST(FakeDeviceEvents, HostWaitForAnEventSleeps) {
+  fake::set_event_delay(std::chrono::milliseconds(40));
+  struct Restore {
+    ~Restore() { fake::set_event_delay(std::chrono::microseconds(0)); }
+  } restore;
+  const c10::Device d = fake::device(0);
+  const c10::impl::VirtualGuardImpl guard(d.type());
+  c10::Event event(d.type());
+  event.record(guard.getStream(d));
+  const auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+  };
+  const auto wall0 = std::chrono::steady_clock::now();
+  const auto cpu0 = cpu_now();
+  offload_detail::wait_for_event(event);
+  const auto wall = std::chrono::steady_clock::now() - wall0;
+  const auto cpu = cpu_now() - cpu0;
+  EXPECT_TRUE(event.query());
+  EXPECT_GE(wall, std::chrono::milliseconds(35));
+  EXPECT_LT(cpu, wall / 4) << "cpu " << std::chrono::duration<double>(cpu).count() << " s of "
+                           << std::chrono::duration<double>(wall).count() << " s";
+}
+
+// A real gloo group that says it is bound to `bound`, as an NCCL group is bound to LOCAL_RANK's
+// GPU (comm/nccl.cpp): its collectives would run there whatever device the model is on.
+class BoundGroup final : public comm::Group {
+ public:
+  BoundGroup(std::shared_ptr<comm::Group> g, c10::Device bound) : g_(std::move(g)), bound_(bound) {}
+  int rank() const override { return g_->rank(); }
+  int size() const override { return g_->size(); }
+  std::string name() const override { return g_->name(); }
+  int global_rank(int r) const override { return g_->global_rank(r); }
+  const comm::GroupOptions& options() const override { return g_->options(); }
+  std::optional<c10::Device> bound_device() const override { return bound_; }
+  comm::Work all_reduce_sum(at::Tensor& t, const std::string& w) override {
+    return g_->all_reduce_sum(t, w);
+  }
+  comm::Work reduce_scatter_sum(at::Tensor& o, at::Tensor& i, const std::string& w) override {
+    return g_->reduce_scatter_sum(o, i, w);
+  }
+  comm::Work all_gather(at::Tensor& o, at::Tensor& i, const std::string& w) override {
+    return g_->all_gather(o, i, w);
+  }
+  comm::Work broadcast(at::Tensor& t, int root, const std::string& w) override {
+    return g_->broadcast(t, root, w);
+  }
+  void barrier(const std::string& w) override { g_->barrier(w); }
+  comm::Work send(at::Tensor& t, int dst, const std::string& w, int tag) override {
+    return g_->send(t, dst, w, tag);
+  }
+  comm::Work recv(at::Tensor& t, int src, const std::string& w, int tag) override {
+    return g_->recv(t, src, w, tag);
+  }
+  std::shared_ptr<comm::Group> split(int color, int key, const std::string& n) override {
+    return g_->split(color, key, n);
+  }
+
+ private:
+  std::shared_ptr<comm::Group> g_;
+  c10::Device bound_;
+};
+
+// A model on another device than the one the group is bound to (set_current_device picked the
+// model's GPU, LOCAL_RANK another) stops initialize at once with both devices and the fix,
+// before any collective could hang; a model on the bound device trains.
+TEST(FakeDeviceBoundGroup, ModelOnAnotherDeviceThanTheGroupIsAClearError) {
+  const Config cfg = config(2, "AdamW");
+  run_ranks(
+      kWorld,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        const c10::Device other = fake::device(1 - r);
+        try {
+          initialize(net_on(1, rank_device(*group)), cfg,
+                     std::make_shared<BoundGroup>(group, other));
+          ADD_FAILURE() << "rank " << r << ": expected an error";
+        } catch (const c10::Error& e) {
+          const std::string m = e.what();
+          EXPECT_NE(m.find("the model is on " + rank_device(*group).str()), std::string::npos) << m;
+          EXPECT_NE(m.find("is bound to " + other.str()), std::string::npos) << m;
+          EXPECT_NE(m.find("LOCAL_RANK"), std::string::npos) << m;
+        }
+        auto net = net_on(1, rank_device(*group));
+        auto engine =
+            initialize(net, cfg, std::make_shared<BoundGroup>(group, rank_device(*group)));
+        train_steps(engine, *net, r, 0, 1);
+      },
+      std::chrono::seconds(60), fake::device().type());
+}
+
+// Optimizer offload's host buffers (master, moments, gradient shard, compute-dtype copy, the
+// gradient ring) are long-lived and large. The page-locked memory the process holds for them
+// (cached free blocks included) must be what they declare, give or take a page a buffer, not the
+// caching host allocator's power-of-two blocks: on an H200, 23.15 GiB of host tensors held
+// 36.4 GiB pinned. A 1000 x 1499 layer makes each shard 3 MB, which a power of two rounds to 4 MiB.
+class FakeDeviceHostMemory : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FakeDeviceHostMemory, PinnedHostMemoryIsTheDeclaredOffloadBuffers) {
+  const bool bf16 = GetParam();
+  // One bucket for the whole model: the ring's slots are shards of the model's size too.
+  Config cfg = test_config(2, 4, 1, 0, /*bucket=*/int64_t{1} << 22);
+  cfg.bf16 = bf16;
+  cfg.zero_optimization.offload_optimizer.enabled = true;
+  cfg.zero_optimization.offload_optimizer.threads = 1;
+  std::vector<MemoryReport> reports(kWorld);
+  std::vector<int64_t> held(kWorld), in_use(kWorld);
+  const int64_t held_before = fake::pinned_bytes();
+  const int64_t in_use_before = fake::pinned_in_use_bytes();
+  run_ranks(
+      kWorld,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        const c10::Device d = rank_device(*group);
+        auto gen = at::detail::createCPUGenerator(11);
+        auto net = std::make_shared<torch::nn::LinearImpl>(1000, 1499);
+        net->to(d, bf16 ? at::kBFloat16 : at::kFloat);
+        auto engine = initialize(net, cfg, group);
+        for (int s = 0; s < 2; ++s) {
+          const at::Tensor x = at::randn({4, 1000}, gen).to(d, net->weight.scalar_type());
+          engine.backward(net->forward(x).to(at::kFloat).pow(2).mean());
+          engine.step();
+        }
+        engine.settled_stats();
+        reports[r] = engine.memory_report();
+        group->barrier("both ranks hold their buffers");
+        held[r] = fake::pinned_bytes() - held_before;
+        in_use[r] = fake::pinned_in_use_bytes() - in_use_before;
+        group->barrier("both ranks read the allocator");
+      },
+      std::chrono::seconds(120), fake::device().type());
+  int64_t declared = 0;
+  int64_t buffers = 0;
+  for (const MemoryReport& rep : reports) {
+    declared += rep.host_measured;
+    // Each rank's buffers, each up to a page over: master, 2 moments, gradient shard, the
+    // compute-dtype copy and 3 ring slots.
+    buffers += 8;
+    EXPECT_LE(rep.host_pinned, rep.host_measured + 8 * optim::kHostPageBytes)
+        << "the memory report's pinned figure";
+  }
+  ASSERT_GT(declared, 2 * 5 * 3'000'000) << "the buffers are large enough to be rounded";
+  const int64_t bound = declared + buffers * optim::kHostPageBytes;
+  std::printf("%s: declared host buffers %lld B; pinned held %lld B, in use %lld B\n",
+              bf16 ? "bf16" : "fp32", static_cast<long long>(declared),
+              static_cast<long long>(held[0]), static_cast<long long>(in_use[0]));
+  EXPECT_LE(held[0], bound) << "pinned memory held beyond the declared host buffers";
+  EXPECT_LE(in_use[0], bound);
+  EXPECT_GE(in_use[0], declared) << "every declared buffer is page-locked";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, FakeDeviceHostMemory, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "bf16" : "fp32");
+                         });
 
 }  // namespace
 }  // namespace zero::testing

@@ -10,6 +10,13 @@
 namespace zero {
 namespace {
 
+// A difference (the allocator's delta over initialize) may be negative: it keeps its units.
+TEST(FormatBytes, NegativeDifferencesKeepTheirUnits) {
+  EXPECT_EQ(format_bytes(3 * 1024 * 1024), "3.00 MiB");
+  EXPECT_EQ(format_bytes(-3 * 1024 * 1024), "-3.00 MiB");
+  EXPECT_EQ(format_bytes(-756), "-756 B");
+}
+
 constexpr int64_t kLlama7b = 6'738'415'616;  // examples/gpt.hpp's "llama-7b", exact
 
 // LLaMA-7B's shape as the example GPT builds it.

@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <sched.h>
 
 #include <cstdlib>
@@ -477,42 +479,53 @@ TEST(OffloadConfig, StageZeroSetInCodeIsRefusedAtInitialize) {
   }
 }
 
-// The gradient shard's trip to the host (zero/grad_to_host.hpp), on the host copy engine: more
-// pieces than the ring has slots land, each into its own destination, added (rounded to
-// grad_accum_dtype) or copied, and the source may be rewritten once the ticket was waited for.
-TEST(OffloadGradToHost, EveryPieceLandsOnceAddedOrCopied) {
+// The gradient shard's trip to the host (zero/grad_to_host.hpp), on the host copy engine. In an
+// accumulation window the first piece to reach a range of the shard overwrites it (the old
+// values count as zeros: zero_grad leaves the shard alone), later ones add through the ring of
+// slots (more pieces than slots: it wraps), the source may be rewritten once the ticket was
+// waited for, and finish() zeroes what no piece wrote.
+TEST(OffloadGradToHost, FirstPieceOverwritesLaterOnesAddAndFinishZeroesTheRest) {
   GradToHost to_host(at::kCPU, /*slot_numel=*/4, at::kBFloat16, at::kFloat);
-  at::Tensor shard = at::arange(20, at::kFloat);
-  const at::Tensor before = shard.clone();
+  at::Tensor shard = at::arange(24, at::kFloat).add_(100);  // last window's values
   at::Tensor src = at::empty({4}, at::kBFloat16);
-  std::vector<at::Tensor> sent;
-  for (int k = 0; k < 5; ++k) {  // 5 pieces through 3 slots: the ring wraps twice
-    src.copy_(at::full({4}, 0.5 * (k + 1), at::kFloat));
-    sent.push_back(src.to(at::kFloat));
-    const auto ticket = to_host.send(src, shard.narrow(0, 4 * k, 4), /*add=*/k != 2);
+  std::vector<at::Tensor> want(6, at::zeros({4}));
+  const auto send = [&](int range, double value, bool add) {
+    src.copy_(at::full({4}, value, at::kFloat));
+    want[range] = add ? want[range] + src.to(at::kFloat) : src.to(at::kFloat);
+    const auto ticket = to_host.send(src, shard.narrow(0, 4 * range, 4), add);
     to_host.wait(ticket);
     src.fill_(-1000);  // the next bucket reuses the buffer
-  }
-  to_host.finish();
-  for (int k = 0; k < 5; ++k) {
-    const at::Tensor want = k != 2 ? before.narrow(0, 4 * k, 4) + sent[k] : sent[k];
-    EXPECT_TRUE(at::equal(shard.narrow(0, 4 * k, 4), want)) << "piece " << k;
+  };
+  to_host.new_window();
+  for (int k = 0; k < 5; ++k) send(k, 0.5 * (k + 1), /*add=*/k != 2);
+  for (int k : {0, 1, 3, 4}) send(k, 0.25 * (k + 1), /*add=*/true);  // 4 adds through 3 slots
+  to_host.finish(shard);
+  for (int k = 0; k < 6; ++k) {
+    EXPECT_TRUE(at::equal(shard.narrow(0, 4 * k, 4), want[k])) << "range " << k;
   }
   EXPECT_EQ(to_host.bytes(), 3 * 4 * 2) << "three bf16 slots of 4 elements";
+  // As accumulate() into a zeroed shard gives: a first sum of -0 is +0; a copy keeps -0.
+  to_host.new_window();
+  to_host.send(at::full({4}, -0.0f), shard.narrow(0, 0, 4), /*add=*/true);
+  to_host.send(at::full({4}, -0.0f), shard.narrow(0, 4, 4), /*add=*/false);
+  to_host.finish(shard);
+  EXPECT_FALSE(std::signbit(shard[0].item<float>()));
+  EXPECT_TRUE(std::signbit(shard[4].item<float>()));
 }
 
 TEST(OffloadGradToHost, AccumulatesInGradAccumDtypeAndAbortDropsPending) {
   GradToHost to_host(at::kCPU, 3, at::kFloat, at::kBFloat16);
-  at::Tensor shard = at::full({3}, 1.0f);
-  const at::Tensor x = at::full({3}, 1.0f / 512);  // lost when the sum is rounded to bf16
+  at::Tensor shard = at::full({3}, 5.0f);
+  const at::Tensor x = at::full({3}, 1.0f / 512);  // lost when added to 1 and rounded to bf16
+  to_host.new_window();
   to_host.send(x, shard, /*add=*/true);
-  to_host.finish();
-  EXPECT_TRUE(at::equal(shard, (at::full({3}, 1.0f) + x).to(at::kBFloat16).to(at::kFloat)));
-  at::Tensor untouched = at::full({3}, 7.0f);
-  to_host.send(at::ones({3}), untouched, /*add=*/true);
-  to_host.abort();  // a failed backward: nothing of it reaches the shard
-  to_host.finish();
-  EXPECT_TRUE(at::equal(untouched, at::full({3}, 7.0f)));
+  to_host.send(at::ones({3}), shard, /*add=*/true);
+  to_host.finish(shard);
+  EXPECT_TRUE(at::equal(shard, (x + 1).to(at::kBFloat16).to(at::kFloat)));
+  const at::Tensor before = shard.clone();
+  to_host.send(at::ones({3}), shard, /*add=*/true);  // a second piece: through a slot
+  to_host.abort();  // a failed backward: the pending piece never reaches the shard
+  EXPECT_TRUE(at::equal(shard, before));
 }
 
 // The fence a buffer carries (the wait for a copy still reading it) runs when the buffer is next

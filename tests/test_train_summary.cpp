@@ -11,6 +11,8 @@
 #include <cstring>
 #include <memory>
 
+#include "phase_peaks.hpp"
+#include "support/fake_device.hpp"
 #include "train_summary.hpp"
 
 namespace zero::examples {
@@ -128,6 +130,44 @@ TEST(SummaryParameterStats, TheCounterSeesAFlatCopy) {
   const double s = at::cat(trained).to(at::kFloat).sum().item<double>();
   EXPECT_TRUE(std::isfinite(s));
   EXPECT_GE((*counting).peak() - before, total);
+}
+
+// Each phase of a run gets the allocator's peak of its own window (the fake device's allocator
+// counts exactly), the run's peak is the largest, and the summary puts each beside the
+// planner's prediction (null where nothing was measured, as on CPU).
+TEST(SummaryPhasePeaks, EachPhaseGetsItsOwnAllocatorPeak) {
+  const c10::Device d = testing::fake::device(6);
+  const at::Tensor held = at::empty({1000}, at::TensorOptions().device(d));  // 4000 B
+  const int64_t base = testing::fake::allocated_bytes(6);
+  PhasePeaks phases(d);
+  ASSERT_TRUE(phases.available());
+  EXPECT_GE(phases.measured(Phase::kInitialize), base);
+  phases.begin();
+  { const at::Tensor activations = at::empty({500}, held.options()); }  // 2000 B, freed
+  phases.end(Phase::kForward);
+  phases.begin();
+  phases.end(Phase::kBackward);
+  phases.begin();
+  { const at::Tensor temporary = at::empty({100}, held.options()); }
+  phases.end(Phase::kStep);
+  EXPECT_EQ(phases.measured(Phase::kForward), base + 2000);
+  EXPECT_EQ(phases.measured(Phase::kBackward), base);
+  EXPECT_EQ(phases.measured(Phase::kStep), base + 400);
+  EXPECT_EQ(phases.measured(Phase::kSave), -1);
+  EXPECT_EQ(phases.overall(), std::max(base + 2000, phases.measured(Phase::kInitialize)));
+  EXPECT_FALSE(PhasePeaks(c10::Device(c10::kCPU)).available());
+
+  TrainSummary sum;
+  for (int i = 0; i < kPhases; ++i) {
+    sum.phase_measured[i] = phases.measured(static_cast<Phase>(i));
+    sum.phase_predicted[i] = 100 + i;
+  }
+  const std::string j = sum.phase_json();
+  EXPECT_NE(j.find("\"forward\": {\"measured\": " + std::to_string(base + 2000) +
+                   ", \"predicted\": 101}"),
+            std::string::npos)
+      << j;
+  EXPECT_NE(j.find("\"save\": {\"measured\": null, \"predicted\": 104}"), std::string::npos) << j;
 }
 
 }  // namespace

@@ -47,7 +47,8 @@ class AccumulatedGrads final : public GradSync {
     }
   }
 
-  void begin_backward(bool boundary, const std::vector<int>& expected) override {
+  void begin_backward(bool boundary, const std::vector<int>& expected,
+                      bool /*counting: nothing is guessed*/) override {
     boundary_ = boundary;
     tracker_.reset(expected);
     launch_ready();  // buckets whose parameters the loss does not reach at all
@@ -70,7 +71,7 @@ class AccumulatedGrads final : public GradSync {
     }
     counters_.wait_seconds += pipeline_.drain();
     // Offload: the host shard is read by the step from now on, so every copy lands here.
-    if (to_host_) to_host_->finish();
+    if (to_host_ && sharded_) to_host_->finish(shard_);
   }
 
   void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
@@ -86,7 +87,12 @@ class AccumulatedGrads final : public GradSync {
 
   void zero_grad() override {
     full_.zero_();
-    if (sharded_) shard_.zero_();
+    // Offload: the host shard is not touched; the next window's pieces overwrite it.
+    if (sharded_ && to_host_) {
+      to_host_->new_window();
+    } else if (sharded_) {
+      shard_.zero_();
+    }
   }
 
   int64_t grad_bytes() const override { return full_.nbytes() + (sharded_ ? shard_.nbytes() : 0); }
@@ -94,6 +100,9 @@ class AccumulatedGrads final : public GradSync {
   int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
   int64_t host_staging_pinned_bytes() const override {
     return to_host_ ? to_host_->pinned_bytes() : 0;
+  }
+  at::Tensor device_squared_norm() const override {
+    return to_host_ ? to_host_->squared_norm() : at::Tensor();
   }
   int bucket_buffers() const override { return pipeline_.buffers(); }
   int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }

@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "comm/launcher_env.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/deepspeed_norm.hpp"
 #include "zero/device.hpp"
@@ -82,6 +83,31 @@ at::Tensor fp32_grad(const at::Tensor& grad, optim::Range w) {
 
 optim::Range window_of(const BucketSlot& b) {
   return {b.shard_offset, b.shard_offset + b.shard.shard_numel()};
+}
+
+// An NCCL group runs every collective on the GPU it was bound to (LOCAL_RANK's), whatever
+// device the tensors are on: a model on another GPU would make each collective read memory of
+// the wrong device, or wait on a stream nobody feeds, and hang. Checked before the first
+// collective, so the rank stops with the fix instead.
+void check_bound_device(const comm::Group& group, const at::Device& device) {
+  const std::optional<c10::Device> bound = group.bound_device();
+  if (!bound || bound->type() != device.type() || !device.has_index() || *bound == device) return;
+  std::string launcher;
+  try {
+    const comm::LaunchInfo info = comm::read_launch_env();
+    if (info.launcher != "none") {
+      launcher = " (the launcher, " + info.launcher +
+                 ", set LOCAL_RANK=" + std::to_string(info.local_rank) + ")";
+    }
+  } catch (const std::exception&) {
+    // An incomplete launcher environment: the message goes without it.
+  }
+  TORCH_CHECK(false, "zero::initialize: the model is on ", device, " but the process group (",
+              group.name(), ", rank ", group.rank(), ") is bound to ", *bound, launcher,
+              "; its collectives would run on the other device and hang. Move the model to ",
+              *bound,
+              " before initialize (torch::Device(torch::kCUDA, LOCAL_RANK), as the "
+              "examples do), or start one rank per GPU so that LOCAL_RANK names the model's GPU");
 }
 
 }  // namespace
@@ -224,6 +250,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   // launches without naming a device (streams, events, the caching allocator's defaults)
   // follows it, and would otherwise make a context on GPU 0 from every rank.
   set_current_device(device);
+  check_bound_device(*group, device);
   const int64_t allocated_before = allocated_bytes(device);
   int64_t replaced = 0;
   std::unordered_set<const void*> seen;  // tied weights once
@@ -328,7 +355,8 @@ void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
   }
   const bool boundary = (stats.micro_steps + 1) % accumulation == 0;
   const GradSyncCounters before = sync->counters();
-  sync->begin_backward(boundary, order->begin_pass(roots));
+  const bool counting = order->counting();
+  sync->begin_backward(boundary, order->begin_pass(roots), counting);
   in_backward = true;
   try {
     run();

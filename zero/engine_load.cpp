@@ -18,6 +18,7 @@
 #include <iostream>
 #include <map>
 
+#include "optim/pinned_host.hpp"
 #include "zero/engine_checkpoint.hpp"
 
 namespace zero {
@@ -152,8 +153,8 @@ void read_into_states(Engine::Impl& m, const ckpt::Manifest& man,
                                      n, slot.data_ptr<float>());
               continue;
             }
-            if (!staging.defined())
-              staging = at::empty({chunk}, at::TensorOptions().dtype(at::kFloat));
+            // Page-locked, as the save's: a copy from pageable memory is staged by the driver.
+            if (!staging.defined()) staging = optim::host_zeros(chunk, /*pin=*/true);
             readers[ref.file].read(*ref.entry, static_cast<int>(t), at - ref.entry->param_offset, n,
                                    staging.data_ptr<float>());
             slot.copy_(staging.narrow(0, 0, n));

@@ -96,15 +96,19 @@ at::Tensor Engine::Impl::squared_grad_norm() {
   if (opt.deepspeed_clip) {
     sq = deepspeed_squared_norm(g, fp, sharding, *group, norm_counted);  // all of dp's already
   } else {
-    sq = norm_counted.empty() ? squared_norm(g, fp.layout)
-                              : counted_squared_norm(g, fp.layout, sharding.owner, norm_counted);
-    // Offloaded: the shard is on the host; the norm travels (and the verdict stays) on the
-    // device. From page-locked memory the upload is queued, not waited for (a pageable one
-    // would synchronise the stream).
-    if (offload && fp.flat.is_cuda()) {
-      sq = sq.pin_memory().to(fp.flat.device(), /*non_blocking=*/true);
-    } else if (offload) {
-      sq = sq.to(fp.flat.device());
+    // Offloaded: the shard is on the host, and its norm was summed on the device as the pieces
+    // left (grad_to_host.hpp) where it could be; otherwise it is the host's, and travels (the
+    // verdict stays on the device). From page-locked memory the upload is queued, not waited
+    // for (a pageable one would synchronise the stream).
+    if (offload && norm_counted.empty()) sq = sync->device_squared_norm();
+    if (!sq.defined()) {
+      sq = norm_counted.empty() ? squared_norm(g, fp.layout)
+                                : counted_squared_norm(g, fp.layout, sharding.owner, norm_counted);
+      if (offload && fp.flat.is_cuda()) {
+        sq = sq.pin_memory().to(fp.flat.device(), /*non_blocking=*/true);
+      } else if (offload) {
+        sq = sq.to(fp.flat.device());
+      }
     }
     // Unsharded, every rank holds the all-reduced gradient: its sum is dp's already.
     if (sharding.optimizer) group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();

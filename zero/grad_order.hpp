@@ -37,6 +37,9 @@ class GradOrder {
   // The pass ended: `ok` false when it failed (what it saw is forgotten).
   void end_pass(bool ok);
 
+  // True until a pass was recorded: the next pass counts the gradients each parameter delivers
+  // (every rank's first pass; the same on every rank).
+  bool counting() const { return state_ == State::kObserving; }
   // True once, when the first pass has been recorded and its order not yet applied.
   bool has_new_order() const { return state_ == State::kObserved; }
   // Rank 0's first-pass arrival order (layout indices; parameters that never arrived last, in

@@ -43,8 +43,10 @@ class GradSync {
   virtual ~GradSync() = default;
   // A micro-step's backward starts; `boundary`: it closes an accumulation window, so this
   // pass's gradients must be fully reduced when it ends. `expected`: gradients each parameter
-  // will deliver (layout order; see BucketTracker), empty: one each.
-  virtual void begin_backward(bool boundary, const std::vector<int>& expected) = 0;
+  // will deliver (layout order; see BucketTracker), empty: one each. `counting`: the pass on
+  // which every rank still learns those counts (GradOrder's first), the same on every rank; a
+  // rank may guess counts on it (a checkpointed block in its graph) while another does not.
+  virtual void begin_backward(bool boundary, const std::vector<int>& expected, bool counting) = 0;
   // From the post-accumulate hook of parameter `param` (layout index) during backward. May be
   // called more than once per pass for a parameter (checkpointed blocks sharing it): the
   // gradients add up.
@@ -67,8 +69,12 @@ class GradSync {
   // Optimizer offload: the page-locked ring a reduced shard lands in on its way to the host
   // shard (grad_to_host.hpp); host memory, a declared buffer beside comm_buffer_bytes.
   virtual int64_t host_staging_bytes() const { return 0; }
-  // The same as the page-locked allocator holds it (optim::host_bytes: rounded up).
+  // The same as the page-locked allocator holds it (optim::host_bytes: page- or
+  // power-of-two-rounded).
   virtual int64_t host_staging_pinned_bytes() const { return 0; }
+  // Optimizer offload: the squared norm of the host gradient shard, summed on the device as its
+  // pieces left (GradToHost::squared_norm); undefined when only the host shard has it.
+  virtual at::Tensor device_squared_norm() const { return {}; }
   // The bucket pool: buffers it has, and the most held at once so far.
   virtual int bucket_buffers() const = 0;
   virtual int bucket_buffers_peak() const = 0;

@@ -4,6 +4,8 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "offload/event_wait.hpp"
+
 namespace zero {
 
 HostReadback::HostReadback() = default;
@@ -33,7 +35,7 @@ void HostReadback::start(const at::Tensor& values) {
 at::Tensor HostReadback::get() {
   TORCH_CHECK(pending_, "zero: HostReadback::get without start(); this is a bug");
   if (event_) {
-    event_->synchronize();
+    offload_detail::wait_for_event(*event_);
     event_.reset();
   }
   pending_ = false;

@@ -53,13 +53,18 @@ class PartitionedGrads final : public GradSync {
     }
   }
 
-  void begin_backward(bool /*boundary: every pass is reduced*/,
-                      const std::vector<int>& expected) override {
+  void begin_backward(bool /*boundary: every pass is reduced*/, const std::vector<int>& expected,
+                      bool counting) override {
     // A first pass through checkpointed blocks cannot know how many gradients their parameters
     // deliver: guess one each, so that buckets are released as they fill instead of the whole
     // gradient waiting for the end of backward; a parameter that delivers more (one shared by
     // several blocks) has its later gradients reduced once backward ended (end_backward).
     guessing_ = std::count(expected.begin(), expected.end(), kUnknownArrivals) > 0;
+    // Whether this rank guesses depends on its own graph (data-dependent checkpointing can put a
+    // checkpointed block in one rank's graph and not another's), so the agreement on late
+    // gradients runs on every rank's counting pass, guessing or not: a collective one rank
+    // skips would hang the others.
+    agree_late_ = counting || guessing_;
     tracker_.reset(expected, /*guess_unknown=*/true);
     std::fill(bucket_buffer_.begin(), bucket_buffer_.end(), -1);
     launch_ready();  // buckets whose parameters the loss does not reach at all
@@ -93,10 +98,10 @@ class PartitionedGrads final : public GradSync {
       launch(b);
       ++counters_.launched_after_backward;
     }
-    if (guessing_) launch_late();
+    if (agree_late_) launch_late();
     counters_.wait_seconds += pipeline_.drain();
     // Offload: the host shard is read by the step from now on, so every copy lands here.
-    if (to_host_) to_host_->finish();
+    if (to_host_) to_host_->finish(shard_);
   }
 
   void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
@@ -109,15 +114,26 @@ class PartitionedGrads final : public GradSync {
     for (auto& d : late_) d.reset();
     tracker_.reset();
     shard_.zero_();
+    if (to_host_) to_host_->new_window();
   }
 
   at::Tensor& grad_shard() override { return shard_; }
-  void zero_grad() override { shard_.zero_(); }
+  // Offload: the host shard is not touched; the next window's first pieces overwrite it.
+  void zero_grad() override {
+    if (to_host_) {
+      to_host_->new_window();
+    } else {
+      shard_.zero_();
+    }
+  }
   int64_t grad_bytes() const override { return shard_.nbytes(); }
   int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
   int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
   int64_t host_staging_pinned_bytes() const override {
     return to_host_ ? to_host_->pinned_bytes() : 0;
+  }
+  at::Tensor device_squared_norm() const override {
+    return to_host_ ? to_host_->squared_norm() : at::Tensor();
   }
   int bucket_buffers() const override { return pipeline_.buffers(); }
   int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
@@ -178,9 +194,10 @@ class PartitionedGrads final : public GradSync {
   }
 
   // The gradients that arrived after their bucket was reduced on a guessing pass, reduced bucket
-  // by bucket, in index order, and added to the shard. Every rank runs the same model, so the
-  // same buckets have late gradients; the ranks still agree on which first (one small
-  // all-reduce on that one pass), since a reduction one rank skips would hang the others.
+  // by bucket, in index order, and added to the shard. Ranks need not have the same late
+  // gradients (one may have guessed, another not): they agree on the buckets first (one small
+  // all-reduce, on the counting pass only, by every rank) and each bucket any rank has late
+  // gradients for is reduced by all, with zeros where a rank has none.
   void launch_late() {
     const int64_t n = static_cast<int64_t>(layout_.buckets().size());
     at::Tensor flags = at::zeros({n}, at::TensorOptions().dtype(at::kFloat).device(opts_.device));
@@ -276,6 +293,7 @@ class PartitionedGrads final : public GradSync {
   std::vector<at::Tensor> deferred_;  // gradients waiting for their bucket's buffer
   std::vector<at::Tensor> late_;      // gradients after their bucket's reduction (see on_grad)
   bool guessing_ = false;             // this pass guesses some counts (begin_backward)
+  bool agree_late_ = false;           // this pass ends with the late-gradient agreement
   at::Tensor shard_;
   std::unique_ptr<GradToHost> to_host_;  // optimizer offload only
 };

@@ -71,9 +71,9 @@ struct MemoryReport {
   // the device. 0 without offload.
   int64_t host_measured = 0;
   int64_t host_predicted = 0;
-  // What those host buffers really hold: a page-locked one (pin_memory on a CUDA build) takes a
-  // block of the caching host allocator, which rounds each request up to a power of two (below
-  // PYTORCH_CUDA_ALLOC_CONF's pinned_max_round_threshold_mb) and keeps it cached after free.
+  // What those host buffers really hold: page-locked ones (pin_memory on a CUDA build) of 1 MiB
+  // and more are exact-size blocks rounded to a page (optim/pinned_host.hpp); smaller ones take a
+  // block of the caching host allocator, which rounds each request up to a power of two.
   // Equal to host_measured when nothing is pinned (CPU-only builds, pin_memory: false).
   int64_t host_pinned = 0;
 };

@@ -14,6 +14,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/llvmMathExtras.h>
 #include <torch/library.h>
 
 #include <array>
@@ -22,6 +23,9 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
+
+#include "optim/pinned_host.hpp"
 
 namespace zero::testing::fake {
 namespace {
@@ -112,17 +116,32 @@ class CountingAllocator final : public c10::DeviceAllocator {
   std::array<Counter, kDevices> stats_{};
 };
 
-// Page-locked host memory, as the backend hands it out for at::empty(..., pinned_memory(true)):
-// ordinary host memory, counted, and known by address for is_pinned().
+// Page-locked host memory, modelled on CUDA's: at::empty(..., pinned_memory(true)) reaches a
+// caching allocator that rounds each request up to a power of two and keeps freed blocks for
+// reuse (CachingHostAllocator's rule), and exact-size blocks are made on request, as
+// cudaHostAlloc makes them (the engine's page locker, optim/pinned_host.hpp). Both are ordinary
+// host memory, counted, and known by address for is_pinned().
 class PinnedAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
-    void* p = n == 0 ? nullptr : c10::alloc_cpu(n);
-    if (p) {
+    if (n == 0) return {nullptr, nullptr, &release, c10::Device(DeviceType::CPU)};
+    const size_t size = c10::llvm::PowerOf2Ceil(n);
+    void* p = nullptr;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      live_[p] = n;
-      bytes_ += static_cast<int64_t>(n);
+      auto& cached = free_[size];
+      if (!cached.empty()) {
+        p = cached.back();
+        cached.pop_back();
+      }
     }
+    if (!p) p = c10::alloc_cpu(size);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++allocations_;
+    auto& b = held_[p];
+    if (b.bytes == 0) reserved_ += static_cast<int64_t>(size);
+    b = {size, true, false};
+    in_use_ += static_cast<int64_t>(size);
     return {p, p, &release, c10::Device(DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -131,12 +150,33 @@ class PinnedAllocator final : public c10::Allocator {
   }
   bool pinned(const void* p) {
     std::lock_guard<std::mutex> lock(mu_);
-    return live_.count(const_cast<void*>(p)) != 0;
+    const auto it = held_.find(const_cast<void*>(p));
+    return it != held_.end() && it->second.live;
   }
-  int64_t bytes() {
+  int64_t reserved() {
     std::lock_guard<std::mutex> lock(mu_);
-    return bytes_;
+    return reserved_;
   }
+  int64_t in_use() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_use_;
+  }
+  int64_t allocations() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocations_;
+  }
+  // An exact-size block (the page locker's): not cached, given back at release.
+  static void* allocate_exact(size_t n) {
+    void* p = c10::alloc_cpu(n);
+    auto& a = get();
+    std::lock_guard<std::mutex> lock(a.mu_);
+    ++a.allocations_;
+    a.held_[p] = {n, true, true};
+    a.reserved_ += static_cast<int64_t>(n);
+    a.in_use_ += static_cast<int64_t>(n);
+    return p;
+  }
+  static void release_exact(void* p) { release(p); }
   static PinnedAllocator& get() {
     static PinnedAllocator a;
     return a;
@@ -145,19 +185,36 @@ class PinnedAllocator final : public c10::Allocator {
  private:
   static void release(void* p) {
     if (!p) return;
+    bool give_back = false;
     {
       auto& a = get();
       std::lock_guard<std::mutex> lock(a.mu_);
-      const auto it = a.live_.find(p);
-      TORCH_INTERNAL_ASSERT(it != a.live_.end(), "fake device: unknown pinned block");
-      a.bytes_ -= static_cast<int64_t>(it->second);
-      a.live_.erase(it);
+      const auto it = a.held_.find(p);
+      TORCH_INTERNAL_ASSERT(it != a.held_.end() && it->second.live,
+                            "fake device: unknown pinned block");
+      a.in_use_ -= static_cast<int64_t>(it->second.bytes);
+      if (it->second.exact) {
+        a.reserved_ -= static_cast<int64_t>(it->second.bytes);
+        a.held_.erase(it);
+        give_back = true;
+      } else {
+        it->second.live = false;
+        a.free_[it->second.bytes].push_back(p);
+      }
     }
-    c10::free_cpu(p);
+    if (give_back) c10::free_cpu(p);
   }
+  struct Block {
+    size_t bytes = 0;
+    bool live = false;
+    bool exact = false;
+  };
   std::mutex mu_;
-  std::unordered_map<void*, size_t> live_;
-  int64_t bytes_ = 0;
+  std::unordered_map<void*, Block> held_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  int64_t reserved_ = 0;
+  int64_t in_use_ = 0;
+  int64_t allocations_ = 0;
 };
 
 // ---- streams and events ----------------------------------------------------------------------
@@ -366,6 +423,8 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, FakeGuard);
 bool register_backend() {
   c10::register_privateuse1_backend("fake");
   c10::SetAllocator(kType, &CountingAllocator::get());
+  optim::register_page_locker(kType,
+                              {&PinnedAllocator::allocate_exact, &PinnedAllocator::release_exact});
   static FakeHooks hooks;
   at::RegisterPrivateUse1HooksInterface(&hooks);
   return true;
@@ -397,7 +456,9 @@ void reset_peak(int index) {
   CountingAllocator::get().resetPeakStats(static_cast<DeviceIndex>(index));
 }
 
-int64_t pinned_bytes() { return PinnedAllocator::get().bytes(); }
+int64_t pinned_bytes() { return PinnedAllocator::get().reserved(); }
+int64_t pinned_in_use_bytes() { return PinnedAllocator::get().in_use(); }
+int64_t pinned_allocations() { return PinnedAllocator::get().allocations(); }
 
 void set_event_delay(std::chrono::microseconds delay) { g_event_delay_us = delay.count(); }
 

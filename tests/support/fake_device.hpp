@@ -32,9 +32,16 @@ constexpr int kDevices = 8;
 int64_t allocated_bytes(int index);
 int64_t peak_bytes(int index);
 void reset_peak(int index);
-// Bytes the pinned host allocator (PrivateUse1HooksInterface::getPinnedMemoryAllocator, what
-// at::empty(..., pinned_memory(true)) uses once the backend is registered) holds now.
+// Page-locked host memory, modelled on CUDA's: the caching allocator behind
+// at::empty(..., pinned_memory(true)) (PrivateUse1HooksInterface::getPinnedMemoryAllocator)
+// rounds each block up to a power of two and keeps it when freed, as CachingHostAllocator does;
+// exact-size blocks come from the page locker the backend registers (optim::PageLocker, as
+// cudaHostAlloc). pinned_bytes: what both hold from the system now (cached free blocks
+// included); pinned_in_use_bytes: the blocks of live tensors, rounded as held.
 int64_t pinned_bytes();
+int64_t pinned_in_use_bytes();
+// Page-locked blocks handed out so far (a cached block handed out again counts again).
+int64_t pinned_allocations();
 
 // Events recorded from now on complete `delay` after they were recorded (zero: at once). A
 // delay widens the window between "queued" and "done" that the host side must respect.

@@ -35,6 +35,8 @@ MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
 }
 
 std::string format_bytes(int64_t bytes) {
+  // A difference may be negative: its magnitude in units, with the sign.
+  if (bytes < 0) return "-" + format_bytes(bytes == INT64_MIN ? INT64_MAX : -bytes);
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(bytes);
   int u = 0;
@@ -89,9 +91,15 @@ std::string format_memory_report(const MemoryReport& r) {
     }
   }
   if (!r.allocator.empty()) {
-    os << "  allocator (" << r.allocator << "): initialize added "
-       << format_bytes(r.allocator_delta) << "; the tensors above less the model's replaced "
-       << "parameters: " << format_bytes(r.measured.total() - r.replaced_param_bytes) << "\n";
+    // Negative when the engine's device buffers are smaller than the parameters it replaced
+    // (optimizer offload: the states live on the host): initialize then freed device memory.
+    const int64_t expected = r.measured.total() - r.replaced_param_bytes;
+    os << "  allocator (" << r.allocator << "): initialize "
+       << (r.allocator_delta >= 0 ? "added " : "freed ")
+       << format_bytes(r.allocator_delta >= 0 ? r.allocator_delta : -r.allocator_delta)
+       << (r.allocator_delta >= 0 ? "" : " net (the parameters it replaced held more)")
+       << "; the tensors above less the model's replaced parameters: " << format_bytes(expected)
+       << "\n";
   }
   const int64_t saved = r.stage0.total() - r.measured.total();
   if (r.stage0.total() > 0) {

@@ -1,0 +1,43 @@
+// Device memory peaks per phase of a training run (initialize, forward, backward, optimizer
+// step, checkpoint save), read from the allocator and set beside the planner's prediction for
+// each, for the --summary-json file. A run's peak is decided by its transients, which one
+// whole-run peak cannot place; the phases can.
+//
+// The allocator's peak is reset at each phase's start (reset_peak_memory: CUDA's caching
+// allocator, or a registered device's), so the whole run's peak is kept here (overall()), not
+// by the allocator. The host has no resettable allocator peak: on CPU nothing is measured.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <array>
+#include <cstdint>
+
+namespace zero::examples {
+
+enum class Phase { kInitialize, kForward, kBackward, kStep, kSave };
+constexpr int kPhases = 5;
+const char* phase_name(Phase p);
+
+class PhasePeaks {
+ public:
+  // Closes the initialize phase: the allocator's peak since the process started.
+  explicit PhasePeaks(c10::Device device);
+  bool available() const { return available_; }
+  // Starts a phase: a new peak window.
+  void begin();
+  // Ends phase `p`: its peak joins the most that phase has reached.
+  void end(Phase p);
+  // -1 when the allocator keeps no peak (CPU).
+  int64_t measured(Phase p) const { return measured_[static_cast<int>(p)]; }
+  // The most any phase reached.
+  int64_t overall() const { return overall_; }
+
+ private:
+  c10::Device device_;
+  bool available_ = false;
+  std::array<int64_t, kPhases> measured_;
+  int64_t overall_ = -1;
+};
+
+}  // namespace zero::examples
