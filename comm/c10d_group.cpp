@@ -153,6 +153,33 @@ Work C10dGroup::all_gather(at::Tensor& out, at::Tensor& in, const std::string& w
   return wrap(p_.backend->_allgather_base(out, in, o), what);
 }
 
+Work C10dGroup::all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) {
+  TORCH_CHECK(out.numel() == in.numel() && in.numel() % p_.size == 0, "zero: ", what,
+              ": all_to_all needs input and output of one size, a multiple of ", p_.size,
+              " ranks; got ", in.numel(), " and ", out.numel(), " elements");
+  if (p_.size == 1) {
+    out.copy_(in);
+    return {};
+  }
+  check_device(in, what);
+  check_device(out, what);
+  c10d::AllToAllOptions o;
+  o.timeout = p_.opts.timeout;
+  // Empty split sizes: equal chunks along the first dimension, so both go flat.
+  if (staged()) {
+    at::Tensor host_in = on_host(in).reshape({-1}),
+               host_out = at::empty({out.numel()}, out.options().device(at::kCPU));
+    std::vector<int64_t> none;
+    return wrap(p_.backend->alltoall_base(host_out, host_in, none, none, o), what)
+        .then([out, host_out, host_in]() mutable { out.view({-1}).copy_(host_out); });
+  }
+  TORCH_CHECK(in.is_contiguous() && out.is_contiguous(), "zero: ", what,
+              ": all_to_all needs contiguous tensors");
+  at::Tensor flat_in = in.view({-1}), flat_out = out.view({-1});
+  std::vector<int64_t> none;
+  return wrap(p_.backend->alltoall_base(flat_out, flat_in, none, none, o), what);
+}
+
 Work C10dGroup::broadcast(at::Tensor& t, int root, const std::string& what) {
   if (p_.size == 1) return {};
   check_device(t, what);

@@ -50,6 +50,7 @@ class C10dGroup final : public Group {
   Work all_reduce_sum(at::Tensor& t, const std::string& what) override;
   Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) override;
   Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) override;
+  Work all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) override;
   Work broadcast(at::Tensor& t, int root, const std::string& what) override;
   void barrier(const std::string& what) override;
   Work send(at::Tensor& t, int dst, const std::string& what, int tag) override;

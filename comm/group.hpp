@@ -100,6 +100,10 @@ class Group : public zero::Group {
   virtual Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) = 0;
   // out.numel() == in.numel() * size(); chunk r of out is rank r's in.
   virtual Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) = 0;
+  // Equal-split all-to-all: in.numel() == out.numel(), both a multiple of size(); chunk s of
+  // rank r's `in` becomes chunk r of rank s's `out` (compressed gradient reduction: each rank
+  // sends every other rank only the blocks of that rank's shard, zero/compress/).
+  virtual Work all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) = 0;
   virtual Work broadcast(at::Tensor& t, int root, const std::string& what) = 0;
   virtual void barrier(const std::string& what) = 0;
 

@@ -26,6 +26,9 @@ struct RunShape {
   int64_t grad_accum = 1;
   int64_t micro_batch = 1;
   int64_t buckets = 1;  // gradient buckets per reduction
+  // Bits per gradient element on the wire: 32 (fp32), 16 (communication_data_type bf16/fp16),
+  // 8 or 4 (zero_quantized_gradients).
+  int comm_bits = 32;
   bool checkpointing = false;
   bool cpu = false;             // utilisation is of CPU threads, not of an accelerator
   int64_t memory_used = 0;      // peak bytes (device allocator or RSS)

@@ -475,6 +475,11 @@ int run(int argc, char** argv) {
   run.cpu = device.is_cpu();
   run.memory_baseline = device.is_cuda() ? 0 : rss_before_model;
   {
+    const auto& q = c.zero_optimization.quantized_gradients;
+    const Dtype comm = c.communication_data_type.value_or(c.param_dtype());
+    run.comm_bits = q.enabled ? q.bits : comm == Dtype::kFloat32 ? 32 : 16;
+  }
+  {
     PlanInput pi;  // the planner's bucket order is the engine's
     pi.shape = {mc.layers, mc.dim, mc.heads, mc.ffn_dim(), mc.vocab, mc.tied};
     pi.num_params = mc.num_params();

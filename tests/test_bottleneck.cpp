@@ -65,6 +65,33 @@ TEST(Bottleneck, ExposedCommunicationIsCommunicationBound) {
   EXPECT_TRUE(has(v2.knob, "one gradient bucket")) << v2.knob;
 }
 
+// Issue 25: a communication-bound run is told to compress its gradients first, with the key to
+// set and what it costs; a run already at int8 is told int4; int4 and one rank get no such advice.
+TEST(Bottleneck, CommunicationBoundRecommendsQuantizedGradients) {
+  RunShape r = shape(2);
+  r.comm_bits = 16;
+  const Verdict v = diagnose(times(0.0, 0.1, 0.2, 0.6, 0.1), r);
+  EXPECT_EQ(v.kind, Bottleneck::kCommunication);
+  EXPECT_EQ(v.knob.rfind("zero_optimization.zero_quantized_gradients: true", 0), 0u) << v.knob;
+  EXPECT_TRUE(has(v.knob, "2.0x fewer gradient bytes than the 16 bits")) << v.knob;
+  EXPECT_TRUE(has(v.knob, "4 bytes per parameter of residual memory")) << v.knob;
+  EXPECT_TRUE(has(v.knob, "gradient_accumulation_steps")) << v.knob;  // the older advice stays
+  r.comm_bits = 32;
+  EXPECT_TRUE(has(diagnose(times(0.0, 0.1, 0.2, 0.6, 0.1), r).knob, "4.0x fewer")) << v.knob;
+  r.stage = 0;
+  EXPECT_TRUE(has(diagnose(times(0.0, 0.1, 0.2, 0.6, 0.1), r).knob,
+                  "zero_optimization.stage: 1 or 2 with zero_quantized_gradients: true"));
+  r.stage = 2;
+  r.comm_bits = 8;
+  EXPECT_TRUE(
+      has(diagnose(times(0.0, 0.1, 0.2, 0.6, 0.1), r).knob, "zero_quantized_gradients_bits: 4"));
+  r.comm_bits = 4;
+  EXPECT_FALSE(has(diagnose(times(0.0, 0.1, 0.2, 0.6, 0.1), r).knob, "zero_quantized"));
+  // Not communication-bound: no compression advice.
+  r.comm_bits = 32;
+  EXPECT_FALSE(has(diagnose(times(0.0, 0.4, 0.5, 0.05, 0.05), r).knob, "zero_quantized"));
+}
+
 TEST(Bottleneck, ASlowOptimizerStepIsMemoryBoundAndStage0ShouldShard) {
   const Verdict v = diagnose(times(0.0, 0.2, 0.4, 0.0, 0.4), shape(0));
   EXPECT_EQ(v.kind, Bottleneck::kMemory);

@@ -695,3 +695,44 @@ TEST(Config, AutoMeansUnset) {
       error_of([] { Config::from_string("zero_optimization: {stage: automatic}", "hf.json"); }),
       "'zero_optimization.stage' must be an integer, got 'automatic'");
 }
+
+namespace {
+
+// zero_quantized_gradients means ZeRO++'s quantized gradient reduction at stages 1 and 2 (no
+// longer a stage-3 no-op), with zero's companions for the bits, the block and error feedback.
+TEST(Config, QuantizedGradientsKeys) {
+  Config c = load(
+      "zero_optimization: {stage: 2, zero_quantized_gradients: true, "
+      "zero_quantized_gradients_bits: 4, zero_quantized_gradients_block: 256, "
+      "zero_quantized_gradients_error_feedback: false}\n");
+  const auto& q = c.zero_optimization.quantized_gradients;
+  EXPECT_TRUE(q.enabled);
+  EXPECT_EQ(q.bits, 4);
+  EXPECT_EQ(q.block, 256);
+  EXPECT_FALSE(q.error_feedback);
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
+  const Config d = load("zero_optimization: {stage: 1, zero_quantized_gradients: true}\n");
+  EXPECT_TRUE(d.zero_optimization.quantized_gradients.enabled);
+  EXPECT_EQ(d.zero_optimization.quantized_gradients.bits, 8);
+  EXPECT_TRUE(d.zero_optimization.quantized_gradients.error_feedback);
+
+  std::string m = load_error(
+      "zero_optimization: {stage: 2, zero_quantized_gradients: true, "
+      "zero_quantized_gradients_bits: 2}\n");
+  EXPECT_HAS(m, "zero_quantized_gradients_bits");
+  EXPECT_HAS(m, "8 (int8) or 4");
+  m = load_error(
+      "zero_optimization: {stage: 2, zero_quantized_gradients: true, "
+      "zero_quantized_gradients_block: 0}\n");
+  EXPECT_HAS(m, "zero_quantized_gradients_block");
+  m = load_error("zero_optimization: {stage: 0, zero_quantized_gradients: true}\n");
+  EXPECT_HAS(m, "stages 1 and 2");
+  EXPECT_HAS(m, "stage: 1 or 2");
+  m = load_error(
+      "zero_optimization: {stage: 2, zero_quantized_gradients: true, "
+      "zero_quantized_gradients_bits: 4, zero_quantized_gradients_block: 31}\n");
+  EXPECT_HAS(m, "is odd");
+  EXPECT_HAS(m, "32");
+}
+
+}  // namespace

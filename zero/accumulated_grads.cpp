@@ -33,7 +33,12 @@ class AccumulatedGrads final : public GradSync {
         // Stage 0 all-reduces in place in `in`: no `out` shard buffer.
         pipeline_(layout.buffer_numel(), sharded ? layout.chunk_numel() : 0,
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device),
-                  in_place(opts) ? 0 : 2) {
+                  in_place(opts) ? 0 : 2),
+        quant_(make_quantized_reduce(layout, group, opts, first_slot_)) {
+    TORCH_CHECK(sharded || !opts.compress.enabled,
+                "zero: zero_quantized_gradients compresses the reduce-scatter of ZeRO stages 1 "
+                "and 2; stage 0 all-reduces full gradients. Set zero_optimization.stage: 1 or 2, "
+                "or zero_quantized_gradients: false");
     const auto acc = at::TensorOptions().dtype(opts.accum_dtype).device(opts.device);
     full_ = at::zeros({layout.total_numel()}, acc);
     // Stage 0's shard is the whole buffer (the layout was built for one shard), so the reduced
@@ -96,7 +101,13 @@ class AccumulatedGrads final : public GradSync {
   }
 
   int64_t grad_bytes() const override { return full_.nbytes() + (sharded_ ? shard_.nbytes() : 0); }
-  int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
+  // The error-feedback residuals are declared with the bucket buffers (partitioned_grads.cpp).
+  int64_t comm_buffer_bytes() const override {
+    return pipeline_.bytes() + (quant_ ? quant_->bytes() : 0);
+  }
+  compress::ErrorFeedback* error_feedback() override {
+    return quant_ ? quant_->feedback() : nullptr;
+  }
   int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
   int64_t host_staging_pinned_bytes() const override {
     return to_host_ ? to_host_->pinned_bytes() : 0;
@@ -109,9 +120,11 @@ class AccumulatedGrads final : public GradSync {
 
  private:
   // fp32 gradients in an fp32 accumulator are reduced in place; other dtypes travel through a
-  // copy, and so do gradients whose shard is in host memory (offload).
+  // copy, and so do gradients whose shard is in host memory (offload) and compressed ones
+  // (their reduction lands in a buffer of its own).
   static bool in_place(const GradSyncOptions& o) {
-    return o.comm_dtype == at::kFloat && o.accum_dtype == at::kFloat && !o.host_shard;
+    return o.comm_dtype == at::kFloat && o.accum_dtype == at::kFloat && !o.host_shard &&
+           !o.compress.enabled;
   }
 
   void launch_ready() {
@@ -161,7 +174,11 @@ class AccumulatedGrads final : public GradSync {
       }
       at::Tensor reduced;
       comm::Work work;
-      if (!opts_.reduce_scatter) {
+      if (quant_) {
+        // zero_quantized_gradients: int8/int4 codes over one all-to-all, summed in fp32.
+        reduced = pipeline_.buffer(buf).out.narrow(0, 0, c.numel);
+        work = quant_->reduce_scatter(first_slot_[b] + k, reduced, in, what);
+      } else if (!opts_.reduce_scatter) {
         work = group_.all_reduce_sum(in, what);
         reduced = in.narrow(0, rank * c.numel, c.numel);
       } else {
@@ -194,6 +211,8 @@ class AccumulatedGrads final : public GradSync {
   at::Tensor shard_;
   std::unique_ptr<GradToHost> to_host_;  // optimizer offload only
   bool boundary_ = false;
+  std::vector<int> first_slot_;  // per bucket, its first error-feedback slot
+  std::unique_ptr<compress::QuantizedReduceScatter> quant_;  // zero_quantized_gradients only
 };
 
 }  // namespace

@@ -322,6 +322,8 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   so.device = impl->fp.flat.device();
   so.overlap = c.zero_optimization.overlap_comm;
   so.reduce_scatter = c.zero_optimization.reduce_scatter;
+  const auto& qg = c.zero_optimization.quantized_gradients;
+  so.compress = {qg.enabled, qg.bits, qg.block, qg.error_feedback};
   impl->make_sync();
   impl->order = std::make_unique<GradOrder>(impl->fp.params);
   impl->set_norm_groups();

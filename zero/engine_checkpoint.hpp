@@ -42,6 +42,14 @@ std::string current_dtype(const Engine::Impl& m);
 std::string rng_state(c10::Device device);
 void set_rng_state(const std::string& bytes, c10::Device device, const std::string& source);
 
+// zero_quantized_gradients' error-feedback residuals (engine_error_feedback.cpp): this rank's
+// file in `dir`, written when the run has them; read back on load, or zeroed (with a warning
+// from rank 0) when the checkpoint was saved by another world size, without them, or with other
+// quantization settings.
+std::string error_feedback_file(int rank, int world);
+void save_error_feedback(Engine::Impl& m, const std::string& dir);
+void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_world);
+
 // Key values of the config, for the manifest (humans read them; loading never does).
 std::vector<std::pair<std::string, std::string>> config_values(const Config& c);
 

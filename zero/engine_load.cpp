@@ -236,6 +236,10 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   // Everything is checked on every rank before anything of the engine changes.
   err = ckpt::attempt([&] { for_each_overlap(m, map, [](auto&&...) {}); });
   ckpt::agree(m, err, what);
+  // zero_quantized_gradients' residuals: checked in full before anything is copied, so a bad
+  // file leaves them as they were.
+  err = ckpt::attempt([&] { ckpt::load_error_feedback(m, tag_dir, man.world_size); });
+  ckpt::agree(m, err, what);
 
   // The generator states belong to ranks; a rank the saved run did not have keeps its own. If
   // any rank cannot restore its own, every rank puts its generators back.

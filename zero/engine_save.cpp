@@ -134,7 +134,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg,
   ckpt::agree(m, err, what);
 
   ckpt::WrittenFile written;
-  err = ckpt::attempt([&] { written = write_shard(m, tmp_dir); });
+  err = ckpt::attempt([&] {
+    written = write_shard(m, tmp_dir);
+    ckpt::save_error_feedback(m, tmp_dir.string());
+  });
   ckpt::agree(m, err, what);
 
   at::Tensor mine =

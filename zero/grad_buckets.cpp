@@ -1,5 +1,7 @@
 #include "zero/grad_buckets.hpp"
 
+#include "zero/grad_sync.hpp"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -14,6 +16,22 @@ std::vector<BucketChunk> bucket_chunks(const BucketSlot& bucket, int64_t chunk_n
   for (int64_t at = 0; at < S; at += chunk_numel)
     out.push_back({at, std::min(chunk_numel, S - at)});
   return out;
+}
+
+std::unique_ptr<compress::QuantizedReduceScatter> make_quantized_reduce(
+    const FlatLayout& layout, comm::Group& group, const GradSyncOptions& opts,
+    std::vector<int>& first_slot) {
+  first_slot.clear();
+  if (!opts.compress.enabled) return nullptr;
+  std::vector<int64_t> slots;
+  for (const BucketSlot& b : layout.buckets()) {
+    first_slot.push_back(static_cast<int>(slots.size()));
+    const std::vector<BucketChunk> chunks = bucket_chunks(b, layout.chunk_numel());
+    for (const BucketChunk& c : chunks) slots.push_back(layout.world() * c.numel);
+    if (chunks.empty()) slots.push_back(0);  // an empty shard is still one (empty) reduction
+  }
+  return std::make_unique<compress::QuantizedReduceScatter>(group, opts.compress, slots,
+                                                            opts.device);
 }
 
 namespace {

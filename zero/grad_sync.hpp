@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "zero/compress/quantized_reduce.hpp"
 #include "zero/shard_info.hpp"
 
 namespace zero {
@@ -30,6 +31,10 @@ struct GradSyncOptions {
   // with pin_memory); each bucket's reduced shard is copied there as its reduction completes.
   bool host_shard = false;
   bool pin_memory = false;
+  // zero_quantized_gradients (stages 1, 2): buckets are reduced by a quantized all-to-all
+  // (zero/compress/quantized_reduce.hpp) instead of reduce_scatter / all_reduce; the bucket
+  // buffers still hold the gradients in comm_dtype before they are quantized.
+  compress::Settings compress;
 };
 
 struct GradSyncCounters {
@@ -77,6 +82,8 @@ class GradSync {
   virtual at::Tensor device_squared_norm() const { return {}; }
   // The bucket pool: buffers it has, and the most held at once so far.
   virtual int bucket_buffers() const = 0;
+  // The error-feedback residuals of compressed reduction (checkpoints), or null.
+  virtual compress::ErrorFeedback* error_feedback() { return nullptr; }
   virtual int bucket_buffers_peak() const = 0;
   const GradSyncCounters& counters() const { return counters_; }
 
@@ -101,6 +108,13 @@ inline void accumulate(at::Tensor& acc, const at::Tensor& add, at::ScalarType ac
   acc.add_(add);
   if (accum_dtype != acc.scalar_type()) acc.copy_(acc.to(accum_dtype));
 }
+
+// The compressed reduction of `opts` (null when zero_quantized_gradients is off), with one
+// error-feedback slot per reduction a bucket goes through: a bucket no larger than a bucket
+// buffer is one, a larger one a slot per chunk (BucketChunk); first_slot[b] is bucket b's first.
+std::unique_ptr<compress::QuantizedReduceScatter> make_quantized_reduce(
+    const FlatLayout& layout, comm::Group& group, const GradSyncOptions& opts,
+    std::vector<int>& first_slot);
 
 // Stage 2, and stage 1 without accumulation.
 std::unique_ptr<GradSync> make_partitioned_grads(const FlatLayout& layout, comm::Group& group,

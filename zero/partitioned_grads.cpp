@@ -39,7 +39,8 @@ class PartitionedGrads final : public GradSync {
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers),
         bucket_buffer_(layout.buckets().size(), -1),
         deferred_(layout.params().size()),
-        late_(layout.params().size()) {
+        late_(layout.params().size()),
+        quant_(make_quantized_reduce(layout, group, opts, first_slot_)) {
     // In grad_accum_dtype (bf16: half of an fp32 shard), the values accumulate()'s rounding gives.
     shard_ =
         opts.host_shard
@@ -127,7 +128,14 @@ class PartitionedGrads final : public GradSync {
     }
   }
   int64_t grad_bytes() const override { return shard_.nbytes(); }
-  int64_t comm_buffer_bytes() const override { return pipeline_.bytes(); }
+  // The error-feedback residuals are declared with the bucket buffers: both exist for the
+  // reduction only.
+  int64_t comm_buffer_bytes() const override {
+    return pipeline_.bytes() + (quant_ ? quant_->bytes() : 0);
+  }
+  compress::ErrorFeedback* error_feedback() override {
+    return quant_ ? quant_->feedback() : nullptr;
+  }
   int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
   int64_t host_staging_pinned_bytes() const override {
     return to_host_ ? to_host_->pinned_bytes() : 0;
@@ -189,7 +197,7 @@ class PartitionedGrads final : public GradSync {
     }
     const int64_t S = bucket.shard.shard_numel();
     const int buf = bucket_buffer_[b];
-    reduce(b, buf, pipeline_.buffer(buf).in.narrow(0, 0, bucket.shard.padded_numel()),
+    reduce(b, slot(b), buf, pipeline_.buffer(buf).in.narrow(0, 0, bucket.shard.padded_numel()),
            shard_.narrow(0, bucket.shard_offset, S), "");
   }
 
@@ -226,7 +234,7 @@ class PartitionedGrads final : public GradSync {
             .add_(late_[param].reshape({-1}).to(in.scalar_type()));
         late_[param].reset();
       }
-      reduce(b, buf, in, shard_.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()),
+      reduce(b, slot(b), buf, in, shard_.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()),
              " (gradients after its first reduction)");
     }
   }
@@ -249,15 +257,19 @@ class PartitionedGrads final : public GradSync {
         pack_chunk(in, bucket, c, layout_.params()[param].flat_offset - bucket.flat_offset,
                    grads[param].reshape({-1}));
       }
-      reduce(b, buf, in, shard_.narrow(0, bucket.shard_offset + c.offset, c.numel),
+      reduce(b, slot(b) + static_cast<int>(k), buf, in,
+             shard_.narrow(0, bucket.shard_offset + c.offset, c.numel),
              " (chunk " + std::to_string(k) + ")");
     }
     for (int param : bucket.params) grads[param].reset();
   }
 
+  // The error-feedback slot of bucket b's first reduction (make_quantized_reduce).
+  int slot(int b) const { return quant_ ? first_slot_[b] : -1; }
+
   // Reduces `in` (world x mine.numel() elements, communication dtype) and adds this rank's
-  // part to `mine`.
-  void reduce(int b, int buf, at::Tensor in, at::Tensor mine, const std::string& part) {
+  // part to `mine`; `slot`: the reduction's error-feedback slot under compression.
+  void reduce(int b, int slot, int buf, at::Tensor in, at::Tensor mine, const std::string& part) {
     const int64_t S = mine.numel();
     at::Tensor out = pipeline_.buffer(buf).out.narrow(0, 0, S);
     const std::string what = "reduce_scatter of gradient bucket " + std::to_string(b) + part;
@@ -265,7 +277,10 @@ class PartitionedGrads final : public GradSync {
     const at::ScalarType acc = opts_.accum_dtype;
     at::Tensor reduced = out;
     comm::Work work;
-    if (opts_.reduce_scatter) {
+    if (quant_) {
+      // zero_quantized_gradients: int8/int4 codes over one all-to-all, summed in fp32.
+      work = quant_->reduce_scatter(slot, out, in, what);
+    } else if (opts_.reduce_scatter) {
       work = group_.reduce_scatter_sum(out, in, what);
     } else {
       work = group_.all_reduce_sum(in, what);
@@ -296,6 +311,8 @@ class PartitionedGrads final : public GradSync {
   bool agree_late_ = false;           // this pass ends with the late-gradient agreement
   at::Tensor shard_;
   std::unique_ptr<GradToHost> to_host_;  // optimizer offload only
+  std::vector<int> first_slot_;          // per bucket, its first error-feedback slot
+  std::unique_ptr<compress::QuantizedReduceScatter> quant_;  // zero_quantized_gradients only
 };
 
 }  // namespace

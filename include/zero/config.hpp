@@ -102,6 +102,17 @@ struct ZeroOptimizationConfig {
     // the ranks bound to disjoint cores (numactl --physcpubind, taskset).
     int threads = 0;
   } offload_optimizer;
+  // Quantized gradient reduction, stages 1 and 2 (ZeRO++'s qgZ; DeepSpeed reads
+  // zero_quantized_gradients at stage 3 only): each bucket is quantized blockwise (int8 or int4,
+  // one fp32 scale per block) and exchanged with one all-to-all, so every rank receives only
+  // its shard's blocks, dequantizes them and sums in fp32. Error feedback keeps each rank's
+  // quantization residual (fp32, one full gradient's worth) and adds it to the next step.
+  struct QuantizedGradientsConfig {
+    bool enabled = false;        // zero_quantized_gradients
+    int bits = 8;                // zero_quantized_gradients_bits: 8 or 4
+    int64_t block = 2048;        // zero_quantized_gradients_block: elements per scale
+    bool error_feedback = true;  // zero_quantized_gradients_error_feedback
+  } quantized_gradients;
 };
 
 struct Fp16Config {

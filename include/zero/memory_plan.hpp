@@ -82,6 +82,12 @@ struct PlanInput {
   int grad_accum_bytes = 4;  // accumulator and reduced shard (grad_accum_dtype): fp32 4, bf16 2
   int optimizer_states = 2;  // AdamW
   int comm_bytes = 2;        // gradients travel in the compute dtype (communication_data_type)
+  // zero_quantized_gradients (stages 1 and 2): gradients travel as `quantized_bits`-bit codes
+  // plus one fp32 scale per `quantized_block` elements (0: off, comm_bytes per element), and
+  // error feedback keeps an fp32 residual per gradient element beside the bucket buffers.
+  int quantized_bits = 0;
+  int64_t quantized_block = 2048;
+  bool error_feedback = true;
   int64_t bucket_elements = 500'000'000;  // zero_optimization.reduce_bucket_size
   int64_t accumulation = 1;               // gradient_accumulation_steps (stage 1's accumulator)
   bool overlap_comm = true;               // zero_optimization.overlap_comm (likewise)

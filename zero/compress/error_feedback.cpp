@@ -15,17 +15,36 @@ ErrorFeedback::ErrorFeedback(std::vector<int64_t> numels, int bits, int64_t bloc
   for (int64_t n : numels) residuals_.push_back(at::zeros({n}, options.dtype(at::kFloat)));
 }
 
-Quantized ErrorFeedback::compress(size_t i, const at::Tensor& g) {
+Quantized ErrorFeedback::compress_rows(size_t i, const at::Tensor& g, int64_t rows) {
+  check_buffer(i, g);
+  at::Tensor& r = residuals_[i];
+  TORCH_CHECK(rows > 0 && g.numel() % rows == 0, "zero: ErrorFeedback::compress_rows: ", g.numel(),
+              " elements are not ", rows, " equal rows");
+  const int64_t n = g.numel() / rows;
+  const at::Tensor corrected = g.reshape({rows, n}).to(at::kFloat).add(r.view({rows, n}));
+  Quantized q = blockwise_quantize_rows(corrected, bits_, block_);
+  at::Tensor rv = r.view({rows, n});
+  at::sub_out(rv, corrected, blockwise_dequantize_rows(q, rows, n));
+  r.nan_to_num_(0.0, 0.0, 0.0);
+  return q;
+}
+
+void ErrorFeedback::check_buffer(size_t i, const at::Tensor& g) const {
   if (i >= residuals_.size()) {
     throw std::invalid_argument("zero: ErrorFeedback::compress: buffer " + std::to_string(i) +
                                 " does not exist; there are " + std::to_string(residuals_.size()));
   }
-  at::Tensor& r = residuals_[i];
+  const at::Tensor& r = residuals_[i];
   if (g.numel() != r.numel()) {
     throw std::invalid_argument("zero: ErrorFeedback::compress: buffer " + std::to_string(i) +
                                 " has " + std::to_string(r.numel()) + " elements, gradient has " +
                                 std::to_string(g.numel()));
   }
+}
+
+Quantized ErrorFeedback::compress(size_t i, const at::Tensor& g) {
+  check_buffer(i, g);
+  at::Tensor& r = residuals_[i];
   const at::Tensor corrected = g.add(r);
   Quantized q = blockwise_quantize(corrected, bits_, block_);
   at::sub_out(r, corrected, blockwise_dequantize(q));

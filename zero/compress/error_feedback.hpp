@@ -30,6 +30,11 @@ class ErrorFeedback {
   // Quantizes g + residual[i] and keeps residual[i] = (g + residual[i]) - dequantize(result).
   // g: 1-D fp32 of numels[i] elements.
   Quantized compress(size_t i, const at::Tensor& g);
+  // The same for g viewed as [rows, numels[i] / rows], quantized row by row
+  // (blockwise_quantize_rows): the compressed reduce-scatter's layout. Non-finite residual
+  // elements (a gradient that overflowed under fp16 loss scaling, whose step is skipped) become
+  // 0, so one overflow does not poison every later step.
+  Quantized compress_rows(size_t i, const at::Tensor& g, int64_t rows);
 
   // Zeroes every residual: after a step the loss scaler skipped for overflow, whose non-finite
   // gradient left non-finite residuals.
@@ -49,6 +54,8 @@ class ErrorFeedback {
   void load_state(const State& s);
 
  private:
+  void check_buffer(size_t i, const at::Tensor& g) const;
+
   int bits_;
   int64_t block_;
   std::vector<at::Tensor> residuals_;

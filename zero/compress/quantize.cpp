@@ -102,4 +102,23 @@ at::Tensor blockwise_dequantize(const Quantized& q) {
   return out.view({-1}).narrow(0, 0, q.numel);
 }
 
+int64_t padded_row(int64_t n, int64_t block) { return num_blocks(n, block) * block; }
+
+Quantized blockwise_quantize_rows(const at::Tensor& x, int bits, int64_t block) {
+  check_quantize_params(bits, block, "blockwise_quantize_rows");
+  TORCH_CHECK(x.dim() == 2, "zero: blockwise_quantize_rows needs [rows, n], got ", x.sizes());
+  const int64_t rows = x.size(0), n = x.size(1), np = padded_row(n, block);
+  if (np == n) return blockwise_quantize(x.contiguous().view({-1}), bits, block);
+  at::Tensor padded = at::zeros({rows, np}, x.options());
+  padded.narrow(1, 0, n).copy_(x);
+  return blockwise_quantize(padded.view({-1}), bits, block);
+}
+
+at::Tensor blockwise_dequantize_rows(const Quantized& q, int64_t rows, int64_t n) {
+  const int64_t np = padded_row(n, q.block);
+  TORCH_CHECK(q.numel == rows * np, "zero: blockwise_dequantize_rows: ", q.numel,
+              " elements do not hold ", rows, " rows of ", n, " padded to ", np);
+  return blockwise_dequantize(q).view({rows, np}).narrow(1, 0, n);
+}
+
 }  // namespace zero::compress

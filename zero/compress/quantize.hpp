@@ -37,6 +37,16 @@ Quantized blockwise_quantize(const at::Tensor& x, int bits, int64_t block);
 // The fp32 tensor of q.numel elements that q encodes (padding dropped).
 at::Tensor blockwise_dequantize(const Quantized& q);
 
+// x: [rows, n] fp32, one row per destination rank. Each row is zero-padded to whole blocks
+// (padded_row(n, block) elements) and quantized on its own, so row r's codes and scales are
+// contiguous slices of the result: what rank r receives in a compressed reduce-scatter. The
+// result encodes rows * padded_row elements.
+Quantized blockwise_quantize_rows(const at::Tensor& x, int bits, int64_t block);
+// The [rows, n] fp32 tensor that blockwise_quantize_rows encoded into q.
+at::Tensor blockwise_dequantize_rows(const Quantized& q, int64_t rows, int64_t n);
+// Elements of one row padded to whole blocks.
+int64_t padded_row(int64_t n, int64_t block);
+
 // Bytes of q.codes plus q.scales for a tensor of `numel` elements: what one rank sends.
 int64_t wire_bytes(int64_t numel, int bits, int64_t block);
 

@@ -40,6 +40,10 @@ PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size) 
   in.accumulation = std::max<int64_t>(1, cfg.gradient_accumulation_steps);
   in.overlap_comm = cfg.zero_optimization.overlap_comm;
   in.offload_optimizer = cfg.zero_optimization.offload_optimizer.enabled;
+  const auto& q = cfg.zero_optimization.quantized_gradients;
+  in.quantized_bits = q.enabled ? q.bits : 0;
+  in.quantized_block = q.block;
+  in.error_feedback = q.error_feedback;
   return in;
 }
 

@@ -93,6 +93,28 @@ void check_offload_stage(const Loader& l, const Entry& s, const ZeroOptimization
   l.fail(s, msg);
 }
 
+// Quantized reduction replaces the reduce-scatter of stages 1 and 2; stage 0 all-reduces whole
+// gradients (1-bit Adam's territory, not implemented). int4 packs two codes per byte, so its
+// block must be even.
+void check_quantized_gradients(const Loader& l, const Entry& s, const ZeroOptimizationConfig& z) {
+  const auto& q = z.quantized_gradients;
+  const Entry* at = l.seen(s.path + ".zero_quantized_gradients");
+  if (!q.enabled || !at) return;
+  if (!z.stage_auto && z.stage == 0) {
+    l.fail_at_key(*at, "'" + at->path + "' compresses the gradient reduce-scatter of ZeRO stages " +
+                           "1 and 2, but " + s.path + ".stage is 0; set " + s.path +
+                           ".stage: 1 or 2, or zero_quantized_gradients: false");
+  }
+  if (q.bits == 4 && q.block % 2 != 0) {
+    const Entry* b = l.seen(s.path + ".zero_quantized_gradients_block");
+    l.fail_at_key(b ? *b : *at, "'" + s.path + ".zero_quantized_gradients_block' " +
+                                    std::to_string(q.block) +
+                                    " is odd, but int4 packs two codes per byte; use an even "
+                                    "block such as " +
+                                    std::to_string(q.block + 1));
+  }
+}
+
 void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   const auto bucket = [&l](int64_t& out) {
     return [&l, p = &out](const Entry& e) {
@@ -140,6 +162,20 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
        }},
   };
   load_offload_keys(l, f, z.offload_optimizer);
+  auto& q = z.quantized_gradients;
+  f.push_back({"zero_quantized_gradients", [&](const Entry& e) { q.enabled = l.boolean(e); }});
+  f.push_back({"zero_quantized_gradients_bits", [&](const Entry& e) {
+                 const int64_t v = l.integer(e);
+                 l.require(e, v == 8 || v == 4, "8 (int8) or 4 (int4 codes, two per byte)");
+                 q.bits = static_cast<int>(v);
+               }});
+  f.push_back({"zero_quantized_gradients_block", [&](const Entry& e) {
+                 q.block = l.integer(e);
+                 l.require(e, q.block > 0 && q.block <= (int64_t{1} << 24),
+                           "a positive number of elements per fp32 scale (e.g. 2048)");
+               }});
+  f.push_back({"zero_quantized_gradients_error_feedback",
+               [&](const Entry& e) { q.error_feedback = l.boolean(e); }});
   // Keys that only ZeRO stage 3 reads: DeepSpeed ignores them below stage 3 too, and zero
   // refuses stage 3 itself, so they can only be no-ops here.
   for (const std::string& k :
@@ -147,7 +183,7 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
              "model_persistence_threshold max_live_parameters max_reuse_distance "
              "gather_16bit_weights_on_model_save module_granularity_threshold "
              "use_all_reduce_for_fetch_params zero_hpz_partition_size zero_quantized_weights "
-             "zero_quantized_nontrainable_weights zero_quantized_gradients mics_shard_size "
+             "zero_quantized_nontrainable_weights mics_shard_size "
              "mics_hierarchical_params_gather memory_efficient_linear "
              "pipeline_loading_checkpoint override_module_apply log_trace_cache_warnings "
              "leaf_module")) {
@@ -174,6 +210,7 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   const size_t errors_before = l.error_count();
   l.walk(s, f);
   if (l.error_count() == errors_before) check_offload_stage(l, s, z);
+  if (l.error_count() == errors_before) check_quantized_gradients(l, s, z);
 }
 
 void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {

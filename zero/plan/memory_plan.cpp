@@ -155,13 +155,18 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   // Under optimizer offload the gradients always go through them, on their way to the host.
   const bool offload = in.offload_optimizer && stage > 0;
   const bool partitioned = !keeps_full_gradient(stage, in.accumulation, in.overlap_comm);
+  const bool quantized = stage > 0 && in.quantized_bits > 0;  // reduces out of place
   const int buffers =
-      (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4 || offload) ? 2 : 0;
+      (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4 || offload || quantized) ? 2
+                                                                                              : 0;
   const int64_t b = bucket_buffer_elements(in, stage);
   const int64_t out = stage == 0 ? 0 : b / in.world_size;
   mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + out);
   mi.offload = offload;
   if (offload) mi.comm_buffer_bytes += staging_bytes(in) + landing_ring_bytes(in, stage);
+  // zero_quantized_gradients' error feedback: an fp32 residual of every gradient element this
+  // rank sends (the whole gradient, not its shard), declared beside the bucket buffers.
+  if (quantized && in.error_feedback) mi.comm_buffer_bytes += 4 * in.num_params;
   return predict_model_states(mi);
 }
 

@@ -200,9 +200,16 @@ TimeEstimate predict_step_time(const PlanInput& in, const StepShape& step, const
   const std::vector<int64_t> buckets = bucket_sizes(in);
   t.buckets = static_cast<int64_t>(buckets.size());
   std::vector<double> comm;
+  // zero_quantized_gradients (stages 1, 2): an all-to-all of bits/8 bytes per element plus a
+  // scale per block, which sends (N-1)/N of it per rank as a reduce-scatter does; timed at the
+  // reduce-scatter's bus bandwidth. The quantize/dequantize passes are not modelled.
+  const bool quantized = step.stage > 0 && in.quantized_bits > 0;
+  const double per_element =
+      quantized ? in.quantized_bits / 8.0 + 4.0 / static_cast<double>(in.quantized_block)
+                : static_cast<double>(in.comm_bytes);
   for (int64_t b : buckets) {
-    const double bytes = static_cast<double>(b) * in.comm_bytes;
-    const bool rs = step.stage > 0 && step.reduce_scatter;
+    const double bytes = static_cast<double>(b) * per_element;
+    const bool rs = step.stage > 0 && (step.reduce_scatter || quantized);
     comm.push_back(rs ? reduce_scatter_s(bytes, n, hw) : all_reduce_s(bytes, n, hw));
   }
   const int64_t reducing = step.stage == 2 ? ga : 1;
