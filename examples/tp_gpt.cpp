@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <map>
 #include <stdexcept>
 
@@ -11,6 +12,7 @@
 namespace zero::examples {
 
 namespace tp = zero::tensor_parallel;
+using tp::NamedPlacement;
 
 namespace {
 
@@ -180,6 +182,54 @@ void TpGptImpl::load_full(const GptImpl& full) {
 
 std::vector<std::pair<std::string, at::Tensor>> TpGptImpl::gather_full() const {
   return tp::gather_full(placements(), *group);
+}
+
+void init_like_gpt(TpGptImpl& model, at::Generator gen) {
+  const GptConfig& c = model.cfg;
+  const int64_t kv_dim = c.kv_heads_count() * c.head_dim();
+  torch::NoGradGuard no_grad;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  // 1. What GptImpl's submodules draw when constructed (then overwritten below, but the
+  //    generator moves past them): nn::Embedding's normal_, each nn::Linear's
+  //    kaiming_uniform_(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)) and its bias's uniform_.
+  auto linear_draws = [&](int64_t in, int64_t out, bool bias) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    at::empty({out, in}, f32).uniform_(-bound, bound, gen);
+    if (bias) at::empty({out}, f32).uniform_(-bound, bound, gen);
+  };
+  at::empty({c.vocab, c.dim}, f32).normal_(0.0, 1.0, gen);
+  for (int64_t i = 0; i < c.layers; ++i) {
+    linear_draws(c.dim, c.dim, c.qkv_bias);
+    linear_draws(c.dim, kv_dim, c.qkv_bias);
+    linear_draws(c.dim, kv_dim, c.qkv_bias);
+    linear_draws(c.dim, c.dim, c.o_bias);
+    linear_draws(c.dim, c.ffn_dim(), false);
+    linear_draws(c.dim, c.ffn_dim(), false);
+    linear_draws(c.ffn_dim(), c.dim, false);
+  }
+  if (!c.tied) linear_draws(c.dim, c.vocab, false);
+  // 2. GptImpl's own init over named_parameters(), which lists the same names in the same order
+  //    here: matrices ~ N(0, 0.02), residual projections scaled by depth; norms 1, biases 0.
+  const double std = 0.02, resid = 0.02 / std::sqrt(2.0 * c.layers);
+  const auto params = model.placements();
+  tensor_parallel::load_full(
+      params,
+      [&](const std::string& name) {
+        const NamedPlacement* p = nullptr;
+        for (const auto& q : params) {
+          if (q.name == name) p = &q;
+        }
+        std::vector<int64_t> full = p->param.sizes().vec();
+        if (p->placement.sharded) full[p->placement.partition_dim] *= model.group->size();
+        if (full.size() < 2) {
+          return name.find(".bias") != std::string::npos ? at::zeros(full, f32)
+                                                         : at::ones(full, f32);
+        }
+        const bool residual =
+            name.find("wo.") != std::string::npos || name.find("w_down.") != std::string::npos;
+        return at::empty(full, f32).normal_(0.0, residual ? resid : std, gen);
+      },
+      *model.group);
 }
 
 }  // namespace zero::examples

@@ -16,6 +16,7 @@
 // model's weights split onto it (load_full) and its shards gather back (gather_full) by name.
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 
@@ -76,5 +77,13 @@ struct TpGptImpl : torch::nn::Module {
   CheckpointPolicy checkpointing;  // recompute blocks in backward (collectives included)
 };
 TORCH_MODULE(TpGpt);
+
+// Gives `model` exactly the weights GptImpl(model.cfg) would draw from `gen` (the same draws in
+// the same order: the embedding's and linears' constructor initialisations, then the GPT-2
+// normal init, each full tensor drawn and this rank's part kept), without building the full
+// model: the transient memory is one full tensor. `gen` advances as the plain constructor
+// advances it. zero-train calls it with the default generator after at::manual_seed(seed), so a
+// tensor-parallel run starts from the weights of the tp 1 run of the same seed.
+void init_like_gpt(TpGptImpl& model, at::Generator gen);
 
 }  // namespace zero::examples

@@ -4,6 +4,7 @@
 //   torchrun --no-python --nproc-per-node 2 build/examples/zero-train \
 //       --config configs/zero2.yaml --summary-json out/summary.json
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 #include <boost/program_options.hpp>
 
@@ -205,10 +206,18 @@ int run(int argc, char** argv) {
   const int tp_size = cfg.tensor_parallel.autotp_size;
   const int64_t rss_before_model = rss_bytes();
   at::manual_seed(cfg.seed);
-  Gpt model(mc);
-  // Every rank reads the weights (ZeRO-1/2 replicate parameters), each tensor alone.
-  if (!hf_dir.empty()) load_hf_llama(*model, hf_dir);
-  if (tp_size == 1) model->to(device);
+  // The generator as the plain model's constructor finds it: a tensor-parallel model draws the
+  // very same weights from a copy of it (init_like_gpt), one full tensor at a time, without the
+  // full model.
+  const at::Generator init_gen = at::detail::getDefaultCPUGenerator().clone();
+  Gpt model{nullptr};
+  if (tp_size == 1 || !hf_dir.empty()) {
+    model = Gpt(mc);
+    // Every rank reads the weights (ZeRO-1/2 replicate parameters), each tensor alone; under
+    // tensor parallelism each then keeps its part.
+    if (!hf_dir.empty()) load_hf_llama(*model, hf_dir);
+    if (tp_size == 1) model->to(device);
+  }
   CheckpointPolicy policy;
   policy.cpu_offload = cfg.extra_bool("activation_checkpointing.cpu_checkpointing");
   std::string ckpt = cfg.extra_string("trainer.activation_checkpointing");
@@ -221,8 +230,8 @@ int run(int argc, char** argv) {
   // before anything is sharded; the group is made here so the ranks can agree on a budget.
   auto group = process_group_from_env(cfg, device.type());
   // Tensor parallelism: the tp x dp groups (tensor-parallel ranks adjacent, Megatron's order),
-  // then each rank keeps its part of the full model built above (the same seed or HF weights
-  // on every rank, so tp T starts from exactly the weights tp 1 does) and the full one goes.
+  // then each rank keeps its part of the weights tp 1 starts from (the HF model read above, or
+  // the seed's draws), so tp T starts from exactly the weights tp 1 does.
   tensor_parallel::Groups layout;
   std::shared_ptr<Group> engine_group = group;
   TpGpt tp_model{nullptr};
@@ -230,8 +239,12 @@ int run(int argc, char** argv) {
     layout = tensor_parallel_layout(cfg, group, mc, seq, config_path);
     engine_group = engine_groups(cfg, layout, config_path);
     tp_model = TpGpt(layout.tp, mc, cfg.tensor_parallel.sequence_parallel);
-    tp_model->load_full(*model);
-    model = Gpt(nullptr);
+    if (model) {
+      tp_model->load_full(*model);
+      model = Gpt(nullptr);
+    } else {
+      init_like_gpt(*tp_model, init_gen);
+    }
     tp_model->to(device);
   }
   torch::nn::Module& trained = tp_model ? static_cast<torch::nn::Module&>(*tp_model) : *model;

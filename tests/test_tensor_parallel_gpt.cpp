@@ -183,6 +183,32 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelGptModel,
                                   (std::get<2>(info.param) ? "_tied" : "_untied");
                          });
 
+// init_like_gpt draws, shard by shard, exactly the weights the plain Gpt's constructor draws
+// from a generator in the same state (zero-train's tp T starts where tp 1 does).
+TEST(TensorParallelGpt, InitLikeGptDrawsThePlainGptsWeights) {
+  for (bool variant : {false, true}) {
+    examples::GptConfig c = examples::gpt_preset("tiny");
+    c.tied = !variant;  // untied, with q/k/v and o biases, grouped-query attention
+    c.qkv_bias = c.o_bias = variant;
+    c.kv_heads = variant ? 2 : 0;
+    // The default generator's state as the plain constructor finds it: each rank thread replays
+    // it on a generator of its own (never the shared global one).
+    const at::Generator before = at::detail::getDefaultCPUGenerator().clone();
+    examples::Gpt gpt(c);
+    std::map<std::string, at::Tensor> want;
+    for (const auto& p : gpt->named_parameters()) want[p.key()] = p.value().detach();
+    run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+      examples::TpGpt model(g, c);
+      examples::init_like_gpt(*model, before.clone());
+      const auto full = model->gather_full();
+      ASSERT_EQ(full.size(), want.size());
+      for (const auto& [name, value] : full) {
+        EXPECT_TRUE(at::equal(value, want.at(name))) << name << " variant " << variant;
+      }
+    });
+  }
+}
+
 TEST(TensorParallelGpt, VocabularyNotDivisibleNamesTheNumbers) {
   examples::GptConfig c = examples::gpt_preset("tiny");
   c.vocab = 255;
