@@ -12,9 +12,10 @@ set_target_properties(zero_config PROPERTIES EXPORT_NAME config)
 set_target_properties(zero_checkpoint PROPERTIES EXPORT_NAME checkpoint)
 set_target_properties(zero_plan PROPERTIES EXPORT_NAME plan)
 set_target_properties(zero_compress PROPERTIES EXPORT_NAME compress)
+set_target_properties(zero_tensor_parallel PROPERTIES EXPORT_NAME tensor_parallel)
 set_target_properties(zero_torch PROPERTIES EXPORT_NAME torch)
-install(TARGETS zero zero_config zero_checkpoint zero_plan zero_comm zero_compress zero_optim
-                zero_offload zero_torch
+install(TARGETS zero zero_config zero_checkpoint zero_plan zero_tensor_parallel zero_comm
+                zero_compress zero_optim zero_offload zero_torch
         EXPORT zeroTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

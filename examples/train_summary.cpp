@@ -102,13 +102,15 @@ void TrainSummary::record_phases(const Engine& engine, const PhasePeaks& phases,
   phase_overall_ = phases.overall();
 }
 
-void TrainSummary::finish(const Engine& engine, GptImpl& model, const CheckpointPolicy& policy,
-                          const std::string& data_description, double loader_wait_s, RunShape run) {
+void TrainSummary::finish(const Engine& engine, torch::nn::Module& model,
+                          const zero::ActivationOffloader* offloader,
+                          const CheckpointPolicy& policy, const std::string& data_description,
+                          double loader_wait_s, RunShape run) {
   // Every rank's peak, not rank 0's alone: ranks differ (rank 0 serves the store, shards and
   // buckets are uneven), and what must fit is the largest.
   peak_rss_per_rank = engine.all_gather_values(examples::peak_rss_bytes());
   peak_rss_bytes = *std::max_element(peak_rss_per_rank.begin(), peak_rss_per_rank.end());
-  offload_peak_host_bytes = model.offloader ? model.offloader->stats().peak_host_bytes : 0;
+  offload_peak_host_bytes = offloader ? offloader->stats().peak_host_bytes : 0;
   const auto params = model.parameters();
   if (!params.empty()) {
     const DeviceMemory m = device_memory(params.front().device());

@@ -46,7 +46,10 @@ struct TrainSummary {
   // Collective: reads the memory peaks first (so no end-of-run temporary shows in them), then
   // the full parameters (every rank holds them after a step), one at a time. `run` says what
   // the verdict's advice depends on; its memory_used is filled in here.
-  void finish(const Engine& engine, GptImpl& model, const CheckpointPolicy& policy,
+  // `model`: the trained module (under tensor parallelism this rank's shards: the checksum and
+  // norm are then tensor-parallel rank 0's part); `offloader`: the activation offloader, if any.
+  void finish(const Engine& engine, torch::nn::Module& model,
+              const zero::ActivationOffloader* offloader, const CheckpointPolicy& policy,
               const std::string& data_description, double loader_wait_s, RunShape run);
   // Means over the steps after the first.
   StepTimes mean_times() const;

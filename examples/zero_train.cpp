@@ -4,6 +4,7 @@
 //   torchrun --no-python --nproc-per-node 2 build/examples/zero-train \
 //       --config configs/zero2.yaml --summary-json out/summary.json
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 #include <boost/program_options.hpp>
 
@@ -25,12 +26,15 @@
 #include "metrics.hpp"
 #include "monitor.hpp"
 #include "phase_peaks.hpp"
+#include "tp_gpt.hpp"
+#include "tp_trainer.hpp"
 #include "train_summary.hpp"
 #include "utilisation.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/memory_plan.hpp"
+#include "zero/tensor_parallel.hpp"
 #include "zero/time_plan.hpp"
 #include "zero/zero.hpp"
 
@@ -202,12 +206,21 @@ int run(int argc, char** argv) {
           : c10::Device(c10::kCPU);
   set_current_device(device);
 
+  const int tp_size = cfg.tensor_parallel.autotp_size;
   const int64_t rss_before_model = rss_bytes();
   at::manual_seed(cfg.seed);
-  Gpt model(mc);
-  // Every rank reads the weights (ZeRO-1/2 replicate parameters), each tensor alone.
-  if (!hf_dir.empty()) load_hf_llama(*model, hf_dir);
-  model->to(device);
+  // The generator as the plain model's constructor finds it: a tensor-parallel model draws the
+  // very same weights from a copy of it (init_like_gpt), one full tensor at a time, without the
+  // full model.
+  const at::Generator init_gen = at::detail::getDefaultCPUGenerator().clone();
+  Gpt model{nullptr};
+  if (tp_size == 1 || !hf_dir.empty()) {
+    model = Gpt(mc);
+    // Every rank reads the weights (ZeRO-1/2 replicate parameters), each tensor alone; under
+    // tensor parallelism each then keeps its part.
+    if (!hf_dir.empty()) load_hf_llama(*model, hf_dir);
+    if (tp_size == 1) model->to(device);
+  }
   CheckpointPolicy policy;
   policy.cpu_offload = cfg.extra_bool("activation_checkpointing.cpu_checkpointing");
   std::string ckpt = cfg.extra_string("trainer.activation_checkpointing");
@@ -219,32 +232,68 @@ int run(int argc, char** argv) {
   // "auto" values (stage, micro-batch, checkpointing) are planned for this model's shape
   // before anything is sharded; the group is made here so the ranks can agree on a budget.
   auto group = process_group_from_env(cfg, device.type());
+  // Tensor parallelism: the tp x dp groups (tensor-parallel ranks adjacent, Megatron's order),
+  // then each rank keeps its part of the weights tp 1 starts from (the HF model read above, or
+  // the seed's draws), so tp T starts from exactly the weights tp 1 does.
+  tensor_parallel::Groups layout;
+  std::shared_ptr<Group> engine_group = group;
+  TpGpt tp_model{nullptr};
+  if (tp_size > 1) {
+    layout = tensor_parallel_layout(cfg, group, mc, seq, config_path);
+    engine_group = engine_groups(cfg, layout, config_path);
+    tp_model = TpGpt(layout.tp, mc, cfg.tensor_parallel.sequence_parallel);
+    if (model) {
+      tp_model->load_full(*model);
+      model = Gpt(nullptr);
+    } else {
+      init_like_gpt(*tp_model, init_gen);
+    }
+    tp_model->to(device);
+  }
+  torch::nn::Module& trained = tp_model ? static_cast<torch::nn::Module&>(*tp_model) : *model;
   AutoTarget target;
   target.shape = {mc.layers, mc.dim, mc.heads, mc.ffn_dim(), mc.vocab, mc.tied};
-  target.num_params = mc.num_params();
+  // Under tensor parallelism the planner sees each rank's share of the parameters (its
+  // activation model knows nothing of the split: it over-counts them).
+  target.num_params = mc.num_params() / tp_size;
   target.seq_len = seq;
   target.cpu_offload = policy.cpu_offload;
   if (ckpt != "auto") target.checkpointing = ckpt == "true";
   target.device = device;
   if (device.is_cuda()) {
-    for (const auto& p : model->parameters()) target.held_bytes += p.nbytes();
+    for (const auto& p : trained.parameters()) target.held_bytes += p.nbytes();
   }
-  resolve_auto(cfg, target, *group);
+  resolve_auto(cfg, target, *engine_group);
   policy.enabled = target.checkpointing.value_or(false);
   if (policy.cpu_offload && !policy.enabled && ckpt != "auto") {
     throw ConfigError(config_path +
                       ": activation_checkpointing.cpu_checkpointing offloads what checkpointing "
                       "keeps; also set trainer.activation_checkpointing: true");
   }
-  apply_activation_checkpointing(model, policy);
-  Engine engine = initialize(model.ptr(), cfg, group);
+  if (tp_model) {
+    if (policy.cpu_offload) {
+      throw ConfigError(config_path +
+                        ": activation_checkpointing.cpu_checkpointing is not implemented for the "
+                        "tensor-parallel model; set it false (checkpointing itself works)");
+    }
+    tp_model->checkpointing = policy;
+  } else {
+    apply_activation_checkpointing(model, policy);
+  }
+  std::shared_ptr<torch::nn::Module> trained_ptr =
+      tp_model ? std::shared_ptr<torch::nn::Module>(tp_model.ptr()) : model.ptr();
+  Engine engine = initialize(trained_ptr, cfg, engine_group);
   const int64_t startup_peak = peak_rss_bytes(), after_initialize = rss_bytes();
   PhasePeaks phases(device);          // closes "initialize": the allocator's peak so far
-  const Config& c = engine.config();  // batch sizes resolved for the world size
-  const int rank = engine.rank(), world = engine.world_size();
+  const Config& c = engine.config();  // batch sizes resolved for the data-parallel size
+  // rank and world: every process (rank 0 prints and writes); the engine's: the data-parallel
+  // group, which the data is split over (the tensor-parallel ranks of a group share a batch).
+  const int rank = group->rank(), world = group->size();
+  const int dp_rank = engine.rank(), dp_size = engine.world_size();
   const int64_t micro = c.train_micro_batch_size_per_gpu;
   const int64_t ga = c.gradient_accumulation_steps;
-  BatchLoader loader(data, DistributedSampler(data->size(), rank, world, cfg.seed), micro);
+  BatchLoader loader(data, DistributedSampler(data->size(), dp_rank, dp_size, cfg.seed), micro);
+  const std::string layout_text = tp_model ? " (" + layout.describe() + ")" : "";
 
   const auto reports = engine.gather_memory_reports();
   const std::string dev_name = device_name(device);
@@ -252,22 +301,30 @@ int run(int argc, char** argv) {
   if (peak <= 0) peak = known_peak_flops(dev_name);
   if (rank == 0) {
     std::printf(
-        "zero-train: %s (%lld parameters), %d ranks on %s, ZeRO stage %d%s, %s%s, micro-batch "
-        "%lld x accumulation %lld x %d ranks = %lld sequences of %lld tokens, data: %s\n",
-        preset.c_str(), (long long)mc.num_params(), world, dev_name.c_str(), engine.stage(),
+        "zero-train: %s (%lld parameters), %d ranks%s on %s, ZeRO stage %d%s, %s%s, micro-batch "
+        "%lld x accumulation %lld x %d %sranks = %lld sequences of %lld tokens, data: %s\n",
+        preset.c_str(), (long long)mc.num_params(), world, layout_text.c_str(), dev_name.c_str(),
+        engine.stage(),
         c.zero_optimization.offload_optimizer.enabled ? " (optimizer offloaded to CPU)" : "",
         c.bf16 ? "bf16" : (c.fp16.enabled ? "fp16" : "fp32"),
         policy.enabled ? (policy.cpu_offload ? ", checkpointing + CPU offload" : ", checkpointing")
                        : "",
-        (long long)micro, (long long)ga, world, (long long)c.train_batch_size, (long long)seq,
-        data->describe().c_str());
+        (long long)micro, (long long)ga, dp_size, tp_model ? "data-parallel " : "",
+        (long long)c.train_batch_size, (long long)seq, data->describe().c_str());
     std::printf("%s", format_memory_reports(reports).c_str());
     std::fflush(stdout);
   }
 
   // Checkpoints. Resuming replays the loader to the saved step, so the run sees the batches the
   // interrupted one would have seen next (the same global batches on another world size).
-  const std::string save_dir = cfg.extra_string("trainer.save_dir");
+  // Under tensor parallelism each tensor-parallel rank's engine checkpoints its own shards
+  // (parameters under their full names, each rank its part) over its data-parallel group, in
+  // save_dir/tp<r>/: a checkpoint of the same autotp_size resumes; consolidating one subdirectory
+  // gives that rank's shards, not the full model.
+  const std::string save_root = cfg.extra_string("trainer.save_dir");
+  const std::string save_dir = tp_model && !save_root.empty()
+                                   ? save_root + "/tp" + std::to_string(layout.tp_rank())
+                                   : save_root;
   const int64_t save_interval = cfg.extra_int("trainer.save_interval");
   const int keep_last = static_cast<int>(cfg.extra_int("trainer.keep_last"));
   const std::string resume = cfg.extra_string("trainer.resume");
@@ -282,7 +339,7 @@ int run(int argc, char** argv) {
     for (const auto& f : std::filesystem::directory_iterator(save_dir + "/" + tag)) {
       bytes += f.file_size();
     }
-    const double mb = static_cast<double>(bytes) / world / 1e6;
+    const double mb = static_cast<double>(bytes) / dp_size / 1e6;
     std::printf("checkpoint: %s %s/%s in %.3f s: %.1f MB per rank, %.1f MB/s per rank\n", verb,
                 save_dir.c_str(), tag.c_str(), seconds, mb, mb / std::max(seconds, 1e-9));
     std::fflush(stdout);
@@ -307,7 +364,12 @@ int run(int argc, char** argv) {
     } catch (const std::exception& e) {
       problem = e.what();
     }
-    const double failed = engine.all_reduce_mean(problem.empty() ? 0.0 : 1.0);
+    // Over every process, not the engine's group (one data-parallel group under tensor
+    // parallelism): reduce_from_region is an all-reduce over any group.
+    const double failed =
+        tensor_parallel::reduce_from_region(
+            at::full({1}, problem.empty() ? 0.0 : 1.0, at::TensorOptions().device(device)), group)
+            .item<double>();
     if (!problem.empty()) throw ConfigError(problem);
     if (failed > 0) {
       throw ConfigError(
@@ -359,8 +421,9 @@ int run(int argc, char** argv) {
       // host-to-device copy would synchronise the stream.
       at::Tensor tokens = cuda ? batch.tokens.pin_memory() : batch.tokens;
       at::Tensor targets = cuda ? batch.targets.pin_memory() : batch.targets;
-      at::Tensor loss =
-          model->loss(tokens.to(device, /*non_blocking=*/cuda), targets.to(device, cuda));
+      tokens = tokens.to(device, /*non_blocking=*/cuda);
+      targets = targets.to(device, cuda);
+      at::Tensor loss = tp_model ? tp_model->loss(tokens, targets) : model->loss(tokens, targets);
       loss_sum += loss.detach().to(at::kFloat);
       rec.forward_s += since(t);
       phases.end(Phase::kForward);
@@ -453,7 +516,7 @@ int run(int argc, char** argv) {
     window_losses.clear();
     if (rank == 0) {
       std::printf("%s\n", format_progress(rec).c_str());
-      if (step == 0 && model->offloader) {
+      if (step == 0 && model && model->offloader) {
         // What checkpointing kept between forward and backward went to host memory.
         const OffloadStats os = model->offloader->stats();
         std::printf(
@@ -504,7 +567,8 @@ int run(int argc, char** argv) {
   }
   const DeviceMemory dm = device_memory(device);
   run.memory_budget = dm.total > 0 ? dm.total : c.zero_optimization.auto_device_memory;
-  sum.finish(engine, *model, policy, data->describe(), loader.wait_seconds(), run);
+  sum.finish(engine, trained, model ? model->offloader.get() : nullptr, policy, data->describe(),
+             loader.wait_seconds(), run);
   if (rank == 0) {
     std::printf("done: loss %.4f -> %.4f, parameter L2 norm %.6f, median step %.3f s\n",
                 sum.first_loss, sum.final_loss, sum.param_norm, sum.median_step_s());

@@ -736,3 +736,33 @@ TEST(Config, QuantizedGradientsKeys) {
 }
 
 }  // namespace
+
+// tensor_parallel: DeepSpeed's autotp_size, the YAML alias size, Megatron's sequence_parallel.
+TEST(Config, TensorParallelSizeAndAlias) {
+  EXPECT_EQ(Config().tensor_parallel.autotp_size, 1);
+  const auto ext = trainer_ext();
+  EXPECT_EQ(Config::from_string("tensor_parallel: {autotp_size: 2}\n", "t", {}, &ext)
+                .tensor_parallel.autotp_size,
+            2);
+  const Config c = Config::from_string("tensor_parallel:\n  size: 4\n  sequence_parallel: true\n",
+                                       "t", {}, &ext);
+  EXPECT_EQ(c.tensor_parallel.autotp_size, 4);
+  EXPECT_TRUE(c.tensor_parallel.sequence_parallel);
+  // DeepSpeed's 0: no tensor parallelism.
+  EXPECT_EQ(Config::from_string("{\"tensor_parallel\": {\"autotp_size\": 0}}", "ds.json", {}, &ext)
+                .tensor_parallel.autotp_size,
+            1);
+  EXPECT_EQ(
+      Config::from_string("", "t", {"tensor_parallel.size=2"}, &ext).tensor_parallel.autotp_size,
+      2);
+}
+
+TEST(Config, TensorParallelBadValuesNameTheKey) {
+  EXPECT_HAS(load_error("tensor_parallel: {autotp_size: -2}\n"),
+             "'tensor_parallel.autotp_size' must be the number of ranks per tensor-parallel group");
+  EXPECT_HAS(load_error("tensor_parallel: {size: two}\n"),
+             "'tensor_parallel.size' must be an integer, got 'two'");
+  EXPECT_HAS(load_error("tensor_parallel: {autotp_size: 2, size: 2}\n"),
+             "'tensor_parallel.size' is the YAML alias of 'tensor_parallel.autotp_size'; give one");
+  EXPECT_HAS(load_error("tensor_parallel: {autotp_sise: 2}\n"), "autotp_size");
+}

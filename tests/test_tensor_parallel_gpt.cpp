@@ -6,8 +6,9 @@
 // and of every weight (each rank's shard against the same part) within 1e-6 relative, with
 // grouped-query attention (kv heads split across ranks as well).
 //
-// The block lives in this test for now: examples link only the public zero target, and the
-// tensor-parallel layers have no public header yet (they take the private comm::Group).
+// And the whole model, examples::TpGpt (tiny preset, T = 2 and 4, with and without sequence
+// parallelism, tied and untied head) against examples::Gpt with the same weights: the loss and
+// every gathered gradient within 1e-5 relative.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -20,97 +21,28 @@
 #include "gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
-#include "zero/tensor_parallel/linear.hpp"
-#include "zero/tensor_parallel/placement.hpp"
-#include "zero/tensor_parallel/shard.hpp"
+#include "tp_gpt.hpp"
+#include "zero/tensor_parallel.hpp"
 
 namespace zero::tensor_parallel {
 namespace {
+
+using examples::BlockImpl;
+using examples::TpBlock;
+using examples::TpBlockImpl;
 
 using testing::run_ranks;
 
 constexpr double kTol = 1e-6;
 
-class TpBlockImpl : public torch::nn::Module {
- public:
-  TpBlockImpl(GroupPtr g, const examples::GptConfig& c, bool sp)
-      : heads(divide(c.heads, g->size(), "heads")),
-        kv_heads(divide(c.kv_heads_count(), g->size(), "kv_heads")),
-        head_dim(c.head_dim()),
-        sp(sp) {
-    const int64_t kv_dim = c.kv_heads_count() * c.head_dim();
-    auto column = [&](int64_t in, int64_t out) {
-      return ColumnParallelLinear(
-          g,
-          ColumnParallelLinearOptions(in, out).bias(false).gather_output(false).sequence_parallel(
-              sp));
-    };
-    auto row = [&](int64_t in, int64_t out) {
-      return RowParallelLinear(
-          g,
-          RowParallelLinearOptions(in, out).bias(false).input_is_parallel(true).sequence_parallel(
-              sp));
-    };
-    wq = register_module("wq", column(c.dim, c.dim));
-    wk = register_module("wk", column(c.dim, kv_dim));
-    wv = register_module("wv", column(c.dim, kv_dim));
-    wo = register_module("wo", row(c.dim, c.dim));
-    w_gate = register_module("w_gate", column(c.dim, c.ffn_dim()));
-    w_up = register_module("w_up", column(c.dim, c.ffn_dim()));
-    w_down = register_module("w_down", row(c.ffn_dim(), c.dim));
-    attn_norm = register_module("attn_norm", examples::RMSNorm(c.dim, c.norm_eps));
-    mlp_norm = register_module("mlp_norm", examples::RMSNorm(c.dim, c.norm_eps));
-  }
-
-  // x: [B, S, D], or under sequence parallelism this rank's [B, S / T, D]; cos/sin: [S, hd].
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    auto h = attn_norm->forward(x);
-    auto split = [&](const at::Tensor& t, int64_t n) {
-      return t.view({t.size(0), t.size(1), n, head_dim}).transpose(1, 2);
-    };
-    // After the column layers the sequence is whole (gathered under SP) and the heads are this
-    // rank's: query head j reads key/value head j / (heads / kv_heads) of the same rank.
-    auto q = rope(split(wq->forward(h), heads), cos, sin);
-    auto k = rope(split(wk->forward(h), kv_heads), cos, sin);
-    auto v = split(wv->forward(h), kv_heads);
-    if (kv_heads != heads) {
-      k = k.repeat_interleave(heads / kv_heads, 1);
-      v = v.repeat_interleave(heads / kv_heads, 1);
-    }
-    auto a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-    auto out = x + wo->forward(a.transpose(1, 2).flatten(2));
-    auto m = mlp_norm->forward(out);
-    return out + w_down->forward(at::silu(w_gate->forward(m)) * w_up->forward(m));
-  }
-
-  void load_full(const examples::BlockImpl& full) {
-    wq->load_full(full.wq->weight);
-    wk->load_full(full.wk->weight);
-    wv->load_full(full.wv->weight);
-    w_gate->load_full(full.w_gate->weight);
-    w_up->load_full(full.w_up->weight);
-    wo->load_full(full.wo->weight);
-    w_down->load_full(full.w_down->weight);
-    torch::NoGradGuard no_grad;
-    attn_norm->weight.copy_(full.attn_norm->weight);
-    mlp_norm->weight.copy_(full.mlp_norm->weight);
-  }
-
-  int64_t heads, kv_heads, head_dim;
-  bool sp;
-  examples::RMSNorm attn_norm{nullptr}, mlp_norm{nullptr};
-  ColumnParallelLinear wq{nullptr}, wk{nullptr}, wv{nullptr}, w_gate{nullptr}, w_up{nullptr};
-  RowParallelLinear wo{nullptr}, w_down{nullptr};
-
- private:
-  // examples/gpt.cpp's rotate-half RoPE.
-  static at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    const int64_t half = x.size(-1) / 2;
-    auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-    return x * cos + rotated * sin;
-  }
-};
-TORCH_MODULE(TpBlock);
+// examples::TpBlock with the weights of a plain examples::Block.
+void load_block(TpBlockImpl& block, const BlockImpl& full, bool sp) {
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& p : full.named_parameters()) by_name[p.key()] = p.value().detach();
+  load_full(
+      placements(block, sp), [&](const std::string& n) { return by_name.at(n); },
+      *block.wq->group());
+}
 
 TEST(TensorParallelGpt, BlockEqualsExampleBlock) {
   examples::GptConfig c;
@@ -148,7 +80,7 @@ TEST(TensorParallelGpt, BlockEqualsExampleBlock) {
         const bool print = g->rank() == 0;
         if (print) std::printf("T=%d sequence_parallel=%d\n", world, sp);
         TpBlock block(g, c, sp);
-        block->load_full(*full);
+        load_block(*block, *full, sp);
         auto part = [&](const at::Tensor& t, int64_t dim) {
           return t.chunk(g->size(), dim)[g->rank()];
         };
@@ -183,12 +115,111 @@ TEST(TensorParallelGpt, HeadsNotDivisibleNameTheNumbers) {
       TpBlock(g, c, false);
       ADD_FAILURE() << "no error";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("heads = 3 is not divisible by the tensor-parallel "
-                                           "size 2"),
+      EXPECT_NE(std::string(e.what()).find("heads (heads) = 3 is not divisible by the "
+                                           "tensor-parallel size tensor_parallel.autotp_size = 2"),
                 std::string::npos)
           << e.what();
     }
   });
+}
+
+// The whole model: TpGpt holding a plain Gpt's weights computes the same loss and, gathered,
+// the same gradients.
+class TensorParallelGptModel : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
+
+TEST_P(TensorParallelGptModel, LossAndGradientsEqualPlainGpt) {
+  const auto [world, sp, tied] = GetParam();
+  examples::GptConfig c = examples::gpt_preset("tiny");
+  c.tied = tied;
+  constexpr int64_t B = 2, S = 8;
+  examples::Gpt gpt(c);
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  {  // norms that are not all ones, so their gradients matter
+    torch::NoGradGuard no_grad;
+    for (auto& p : gpt->named_parameters()) {
+      if (p.key().find("norm") != std::string::npos)
+        p.value().copy_(1 + 0.1 * at::randn({c.dim}, gen));
+    }
+  }
+  const at::Tensor tokens = at::randint(c.vocab, {B, S}, gen);
+  const at::Tensor targets = at::randint(c.vocab, {B, S}, gen);
+  const at::Tensor loss_ref = gpt->loss(tokens, targets);
+  loss_ref.backward();
+  std::map<std::string, at::Tensor> grads;
+  for (const auto& p : gpt->named_parameters()) grads[p.key()] = p.value().grad();
+
+  run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
+    const bool print = g->rank() == 0;
+    examples::TpGpt model(g, c, sp);
+    model->load_full(*gpt);
+    const at::Tensor loss = model->loss(tokens, targets);
+    loss.backward();
+    const auto params = model->placements();
+    all_reduce_partial_grads(params, *g);
+    if (print) {
+      std::printf("T=%d sp=%d tied=%d loss %.8f reference %.8f\n", world, sp, tied,
+                  loss.item<double>(), loss_ref.item<double>());
+    }
+    EXPECT_NEAR(loss.item<double>(), loss_ref.item<double>(), 1e-6 * loss_ref.item<double>());
+    // Gathered to full shapes by name: every parameter of the plain model, each once.
+    std::vector<NamedPlacement> with_grads;
+    for (const auto& p : params) {
+      with_grads.push_back({p.name, p.param.grad(), p.placement});
+    }
+    const auto full_grads = gather_full(with_grads, *g);
+    ASSERT_EQ(full_grads.size(), grads.size());
+    for (const auto& [name, grad] : full_grads) {
+      testing::expect_rel_close(grad, grads.at(name), 1e-5, "gradient of " + name, print);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelGptModel,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Bool(),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return "T" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_sequence_parallel" : "") +
+                                  (std::get<2>(info.param) ? "_tied" : "_untied");
+                         });
+
+// init_like_gpt draws, shard by shard, exactly the weights the plain Gpt's constructor draws
+// from a generator in the same state (zero-train's tp T starts where tp 1 does).
+TEST(TensorParallelGpt, InitLikeGptDrawsThePlainGptsWeights) {
+  for (bool variant : {false, true}) {
+    examples::GptConfig c = examples::gpt_preset("tiny");
+    c.tied = !variant;  // untied, with q/k/v and o biases, grouped-query attention
+    c.qkv_bias = c.o_bias = variant;
+    c.kv_heads = variant ? 2 : 0;
+    // The default generator's state as the plain constructor finds it: each rank thread replays
+    // it on a generator of its own (never the shared global one).
+    const at::Generator before = at::detail::getDefaultCPUGenerator().clone();
+    examples::Gpt gpt(c);
+    std::map<std::string, at::Tensor> want;
+    for (const auto& p : gpt->named_parameters()) want[p.key()] = p.value().detach();
+    run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+      examples::TpGpt model(g, c);
+      examples::init_like_gpt(*model, before.clone());
+      const auto full = model->gather_full();
+      ASSERT_EQ(full.size(), want.size());
+      for (const auto& [name, value] : full) {
+        EXPECT_TRUE(at::equal(value, want.at(name))) << name << " variant " << variant;
+      }
+    });
+  }
+}
+
+TEST(TensorParallelGpt, VocabularyNotDivisibleNamesTheNumbers) {
+  examples::GptConfig c = examples::gpt_preset("tiny");
+  c.vocab = 255;
+  try {
+    examples::check_tensor_parallel_shape(c, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("vocabulary (vocab) = 255 is not divisible"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -124,6 +124,17 @@ struct Fp16Config {
   double min_loss_scale = 1.0;
 };
 
+// tensor_parallel: DeepSpeed's AutoTP section (tensor_parallel.autotp_size) and Megatron's
+// sequence parallelism. The layers and the tp x dp groups: zero/tensor_parallel.hpp.
+struct TensorParallelConfig {
+  // Ranks per tensor-parallel group (YAML alias: tensor_parallel.size). 1 (DeepSpeed's 0 means
+  // the same): no tensor parallelism. Must divide the world size; the data-parallel size is
+  // world size / autotp_size.
+  int autotp_size = 1;
+  // Megatron-SP: activations outside attention and the MLP split along the sequence.
+  bool sequence_parallel = false;
+};
+
 struct Config {
   // Batch triple: 0 means "derive from the other two and the world size" (see resolve_batch).
   int64_t train_batch_size = 0;
@@ -145,6 +156,7 @@ struct Config {
   ZeroOptimizationConfig zero_optimization;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
+  TensorParallelConfig tensor_parallel;
   int steps_per_print = 10;  // logging only (DeepSpeed: unset, no periodic print)
 
   // Dtype gradients travel in; defaults to the model's compute dtype.

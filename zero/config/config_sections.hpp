@@ -31,5 +31,7 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z);
 void load_activation_checkpointing(Loader& l, const Entry& s, Config& c);
 void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o);
 void load_scheduler(Loader& l, const Entry& s, SchedulerConfig& sc);
+void load_tensor_parallel(Loader& l, const Entry& s,
+                          TensorParallelConfig& t);  // config_tensor_parallel.cpp
 
 }  // namespace zero::config_detail

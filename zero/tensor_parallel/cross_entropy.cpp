@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/collectives.hpp"
 
 namespace zero::tensor_parallel {
 
@@ -40,7 +41,7 @@ void check_target(const at::Tensor& logits, const at::Tensor& target, int64_t vo
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& target, const GroupPtr& group, int64_t ignore_index) {
-    auto& g = *group;
+    auto& g = comm::of(*group);
     const int64_t part = logits.size(-1);
     const int64_t start = part * g.rank();
     check_target(logits, target, part * g.size(), ignore_index);

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/collectives.hpp"
 #include "zero/tensor_parallel/init.hpp"
 #include "zero/tensor_parallel/shard.hpp"
 
@@ -49,9 +50,7 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
              : reduce_from_region(out, group_);
 }
 
-int64_t VocabParallelEmbeddingImpl::vocab_start() const {
-  return weight.size(0) * group_->rank();
-}
+int64_t VocabParallelEmbeddingImpl::vocab_start() const { return weight.size(0) * group_->rank(); }
 
 void VocabParallelEmbeddingImpl::load_full(const at::Tensor& w) {
   if (!w.defined() || w.dim() != 2 || w.size(0) != options_.vocab() ||
@@ -67,7 +66,8 @@ void VocabParallelEmbeddingImpl::load_full(const at::Tensor& w) {
 }
 
 at::Tensor VocabParallelEmbeddingImpl::gather_full() const {
-  return all_gather_along(weight.detach(), 0, *group_, "VocabParallelEmbedding gather_full");
+  return all_gather_along(weight.detach(), 0, comm::of(*group_),
+                          "VocabParallelEmbedding gather_full");
 }
 
 Placement VocabParallelEmbeddingImpl::placement(const std::string&) const {

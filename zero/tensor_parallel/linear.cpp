@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/collectives.hpp"
 #include "zero/tensor_parallel/shard.hpp"
 
 namespace zero::tensor_parallel {
@@ -71,7 +72,7 @@ void ColumnParallelLinearImpl::load_full(const at::Tensor& w, const at::Tensor& 
 }
 
 FullLinear ColumnParallelLinearImpl::gather_full() const {
-  auto& g = *group_;
+  auto& g = comm::of(*group_);
   FullLinear full;
   const at::Tensor w = weight.detach();
   full.weight = all_gather_along(w, 0, g, "ColumnParallelLinear gather_full weight");
@@ -126,8 +127,8 @@ void RowParallelLinearImpl::load_full(const at::Tensor& w, const at::Tensor& b) 
 
 FullLinear RowParallelLinearImpl::gather_full() const {
   FullLinear full;
-  full.weight =
-      all_gather_along(weight.detach(), 1, *group_, "RowParallelLinear gather_full weight");
+  full.weight = all_gather_along(weight.detach(), 1, comm::of(*group_),
+                                 "RowParallelLinear gather_full weight");
   if (options_.bias()) full.bias = bias.detach().clone();
   return full;
 }

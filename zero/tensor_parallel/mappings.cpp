@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/collectives.hpp"
 #include "zero/tensor_parallel/shard.hpp"
 
 namespace zero::tensor_parallel {
@@ -74,7 +75,7 @@ void save_group(AutogradContext* ctx, const GroupPtr& group) {
 comm::Group& group_of(AutogradContext* ctx) {
   auto holder =
       c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data.at("group").toCapsule());
-  return *holder->group;
+  return comm::of(*holder->group);
 }
 
 struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
@@ -90,7 +91,7 @@ struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
 
 struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& x, const GroupPtr& group) {
-    return all_reduce(x, *group, "tensor-parallel all-reduce (reduce_from_region)");
+    return all_reduce(x, comm::of(*group), "tensor-parallel all-reduce (reduce_from_region)");
   }
   static variable_list backward(AutogradContext*, variable_list grads) {
     return {grads[0], at::Tensor()};
@@ -100,7 +101,7 @@ struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
 struct ScatterToRegion : torch::autograd::Function<ScatterToRegion> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
     save_group(ctx, group);
-    return split_along(x, -1, *group, "scatter_to_region (last dimension)");
+    return split_along(x, -1, comm::of(*group), "scatter_to_region (last dimension)");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {all_gather_along(grads[0], -1, group_of(ctx),
@@ -112,7 +113,8 @@ struct ScatterToRegion : torch::autograd::Function<ScatterToRegion> {
 struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
     save_group(ctx, group);
-    return all_gather_along(x, -1, *group, "tensor-parallel all-gather (gather_from_region)");
+    return all_gather_along(x, -1, comm::of(*group),
+                            "tensor-parallel all-gather (gather_from_region)");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {split_along(grads[0], -1, group_of(ctx), "gather_from_region backward"), at::Tensor()};
@@ -124,7 +126,7 @@ struct ScatterToSequenceRegion : torch::autograd::Function<ScatterToSequenceRegi
                             int64_t dim) {
     save_group(ctx, group);
     ctx->saved_data["dim"] = dim;
-    return split_along(x, dim, *group, "scatter_to_sequence_region (sequence dimension)");
+    return split_along(x, dim, comm::of(*group), "scatter_to_sequence_region (sequence dimension)");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {all_gather_along(grads[0], ctx->saved_data["dim"].toInt(), group_of(ctx),
@@ -139,7 +141,7 @@ struct GatherFromSequenceRegion : torch::autograd::Function<GatherFromSequenceRe
     save_group(ctx, group);
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["grad_is_parallel"] = grad_is_parallel;
-    return all_gather_along(x, dim, *group,
+    return all_gather_along(x, dim, comm::of(*group),
                             "sequence-parallel all-gather (gather_from_sequence_region)");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -160,7 +162,8 @@ struct ReduceScatterToSequenceRegion : torch::autograd::Function<ReduceScatterTo
     save_group(ctx, group);
     ctx->saved_data["dim"] = dim;
     return reduce_scatter_along(
-        x, dim, *group, "sequence-parallel reduce-scatter (reduce_scatter_to_sequence_region)");
+        x, dim, comm::of(*group),
+        "sequence-parallel reduce-scatter (reduce_scatter_to_sequence_region)");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {all_gather_along(

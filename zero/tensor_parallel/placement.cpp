@@ -3,7 +3,12 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include <sstream>
+#include <stdexcept>
+
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/collectives.hpp"
+#include "zero/tensor_parallel/shard.hpp"
 
 namespace zero::tensor_parallel {
 
@@ -34,7 +39,8 @@ std::vector<NamedPlacement> placements(const torch::nn::Module& model, bool sequ
   return out;
 }
 
-void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, comm::Group& group) {
+void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, zero::Group& tp) {
+  comm::Group& group = comm::of(tp);
   std::vector<at::Tensor> grads;
   std::vector<at::Tensor> targets;
   for (const auto& p : params) {
@@ -61,7 +67,8 @@ void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, comm::G
   }
 }
 
-double grad_norm_sq(const std::vector<NamedPlacement>& params, comm::Group& group) {
+double grad_norm_sq(const std::vector<NamedPlacement>& params, zero::Group& tp) {
+  comm::Group& group = comm::of(tp);
   double replicated = 0.0;
   at::Tensor sharded;  // fp64 on the parameters' device: what the group moves
   for (const auto& p : params) {
@@ -83,6 +90,45 @@ double grad_norm_sq(const std::vector<NamedPlacement>& params, comm::Group& grou
   sharded = sharded.reshape({1}).contiguous();
   group.all_reduce_sum(sharded, "tensor-parallel all-reduce of the gradient norm").wait();
   return sharded.item<double>() + replicated;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> gather_full(
+    const std::vector<NamedPlacement>& params, zero::Group& tp) {
+  comm::Group& group = comm::of(tp);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(params.size());
+  for (const auto& p : params) {
+    const at::Tensor v = p.param.detach();
+    out.emplace_back(p.name, p.placement.sharded
+                                 ? all_gather_along(v, p.placement.partition_dim, group,
+                                                    "tensor-parallel gather_full")
+                                 : v.clone());
+  }
+  return out;
+}
+
+void load_full(const std::vector<NamedPlacement>& params,
+               const std::function<at::Tensor(const std::string& name)>& full,
+               const zero::Group& group) {
+  torch::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    const at::Tensor whole = full(p.name);
+    std::vector<int64_t> want = p.param.sizes().vec();
+    if (p.placement.sharded) want[p.placement.partition_dim] *= group.size();
+    if (!whole.defined() || whole.sizes() != at::IntArrayRef(want)) {
+      std::ostringstream msg;
+      msg << "zero: tensor-parallel load_full: parameter " << p.name << " needs a full tensor of "
+          << "shape " << at::IntArrayRef(want) << ", got "
+          << (whole.defined() ? whole.sizes() : at::IntArrayRef{})
+          << (whole.defined() ? "" : " (none)");
+      throw std::invalid_argument(msg.str());
+    }
+    const at::Tensor part = p.placement.sharded
+                                ? shard_of(whole, p.placement.partition_dim, group.rank(),
+                                           group.size(), "parameter " + p.name)
+                                : whole;
+    p.param.copy_(part);
+  }
 }
 
 }  // namespace zero::tensor_parallel

@@ -22,13 +22,12 @@
 #include <cstdint>
 #include <memory>
 
-namespace zero::comm {
-class Group;
-}
+#include "zero/group.hpp"
 
 namespace zero::tensor_parallel {
 
-using GroupPtr = std::shared_ptr<comm::Group>;
+// The tensor-parallel group: a mesh's "tp" dimension (zero/tensor_parallel/groups.hpp).
+using GroupPtr = std::shared_ptr<zero::Group>;
 
 at::Tensor copy_to_region(const at::Tensor& x, const GroupPtr& group);
 at::Tensor reduce_from_region(const at::Tensor& x, const GroupPtr& group);
@@ -43,14 +42,5 @@ at::Tensor gather_from_sequence_region(const at::Tensor& x, const GroupPtr& grou
                                        bool grad_is_parallel = true);
 at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x, const GroupPtr& group,
                                              int64_t dim);
-
-// The collectives themselves, without autograd (the layers' and cross-entropy's own backward use
-// them). Each returns a new contiguous tensor.
-at::Tensor all_reduce(const at::Tensor& x, comm::Group& group, const char* what);
-at::Tensor all_gather_along(const at::Tensor& x, int64_t dim, comm::Group& group, const char* what);
-at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, comm::Group& group,
-                                const char* what);
-at::Tensor split_along(const at::Tensor& x, int64_t dim, const comm::Group& group,
-                       const char* what);
 
 }  // namespace zero::tensor_parallel

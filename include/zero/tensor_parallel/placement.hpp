@@ -12,12 +12,12 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
-namespace zero::comm {
-class Group;
-}
+#include "zero/group.hpp"
 
 namespace zero::tensor_parallel {
 
@@ -48,12 +48,27 @@ std::vector<NamedPlacement> placements(const torch::nn::Module& model, bool sequ
 // All-reduces (sums), over the tensor-parallel `group`, the gradients of the parameters whose
 // placement says grad_needs_all_reduce, in one collective; a parameter without a gradient counts
 // as zero. Every rank of the group calls it after backward and before the optimizer step.
-void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, comm::Group& group);
+void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, zero::Group& group);
 
 // The squared L2 norm of the whole (unsplit) model's gradient, the same on every rank: the
 // sharded parameters' squares summed over the tensor-parallel group, each replicated parameter
 // counted once (not once per rank). Call after all_reduce_partial_grads. A collective. With data
 // parallelism too, this is the tensor-parallel half: sum the data-parallel shards first.
-double grad_norm_sq(const std::vector<NamedPlacement>& params, comm::Group& group);
+double grad_norm_sq(const std::vector<NamedPlacement>& params, zero::Group& group);
+
+// Every parameter at its full (unsplit) shape, by name, in `params` order: the sharded ones
+// all-gathered over the tensor-parallel `group` along their partition_dim, the replicated ones
+// copied. A collective (every rank of the group calls it); for export, checkpoint consolidation
+// and tests.
+std::vector<std::pair<std::string, at::Tensor>> gather_full(
+    const std::vector<NamedPlacement>& params, zero::Group& group);
+
+// The inverse: copies into each parameter this rank's part of the full tensor `full(name)`
+// returns (the same full tensors on every rank), keeping the parameter's device and dtype. Throws
+// std::invalid_argument naming the parameter when `full` returns an undefined tensor or one of
+// the wrong shape. No communication.
+void load_full(const std::vector<NamedPlacement>& params,
+               const std::function<at::Tensor(const std::string& name)>& full,
+               const zero::Group& group);
 
 }  // namespace zero::tensor_parallel

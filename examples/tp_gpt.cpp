@@ -1,0 +1,235 @@
+#include "tp_gpt.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include "rope.hpp"
+
+namespace zero::examples {
+
+namespace tp = zero::tensor_parallel;
+using tp::NamedPlacement;
+
+namespace {
+
+void require_divisible(int64_t total, int tp_size, const std::string& what) {
+  if (total % tp_size != 0) {
+    throw std::invalid_argument(
+        "zero: the model's " + what + " = " + std::to_string(total) +
+        " is not divisible by the tensor-parallel size tensor_parallel.autotp_size = " +
+        std::to_string(tp_size) + " (each rank holds an equal part); choose a size that divides " +
+        std::to_string(total));
+  }
+}
+
+// gpt.cpp's rotate-half RoPE.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+void check_tensor_parallel_shape(const GptConfig& c, int tp_size) {
+  if (tp_size < 1) {
+    throw std::invalid_argument("zero: tensor_parallel.autotp_size = " + std::to_string(tp_size) +
+                                " must be >= 1");
+  }
+  require_divisible(c.heads, tp_size, "attention heads (heads)");
+  require_divisible(c.kv_heads_count(), tp_size, "key/value heads (kv_heads)");
+  require_divisible(c.ffn_dim(), tp_size, "MLP width (ffn)");
+  require_divisible(c.vocab, tp_size, "vocabulary (vocab)");
+}
+
+TpBlockImpl::TpBlockImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
+    : heads(c.heads / g->size()), kv_heads(c.kv_heads_count() / g->size()), head_dim(c.head_dim()) {
+  check_tensor_parallel_shape(c, g->size());
+  const int64_t kv_dim = c.kv_heads_count() * c.head_dim();
+  // Column rows are head-major (head h's rows are [h * hd, (h + 1) * hd)), so rank r's
+  // contiguous part of them is its heads.
+  auto column = [&](int64_t in, int64_t out, bool bias) {
+    return tp::ColumnParallelLinear(
+        g,
+        tp::ColumnParallelLinearOptions(in, out).bias(bias).gather_output(false).sequence_parallel(
+            sp));
+  };
+  auto row = [&](int64_t in, int64_t out, bool bias) {
+    return tp::RowParallelLinear(
+        g,
+        tp::RowParallelLinearOptions(in, out).bias(bias).input_is_parallel(true).sequence_parallel(
+            sp));
+  };
+  // gpt.cpp's registration order, so named_parameters() lists the same names in the same order.
+  wq = register_module("wq", column(c.dim, c.dim, c.qkv_bias));
+  wk = register_module("wk", column(c.dim, kv_dim, c.qkv_bias));
+  wv = register_module("wv", column(c.dim, kv_dim, c.qkv_bias));
+  wo = register_module("wo", row(c.dim, c.dim, c.o_bias));
+  w_gate = register_module("w_gate", column(c.dim, c.ffn_dim(), false));
+  w_up = register_module("w_up", column(c.dim, c.ffn_dim(), false));
+  w_down = register_module("w_down", row(c.ffn_dim(), c.dim, false));
+  attn_norm = register_module("attn_norm", RMSNorm(c.dim, c.norm_eps));
+  mlp_norm = register_module("mlp_norm", RMSNorm(c.dim, c.norm_eps));
+}
+
+at::Tensor TpBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  auto h = attn_norm->forward(x);
+  auto split = [&](const at::Tensor& t, int64_t n) {
+    return t.view({t.size(0), t.size(1), n, head_dim}).transpose(1, 2);
+  };
+  // After the column layers the sequence is whole (all-gathered under SP) and the heads are this
+  // rank's: its query head j reads its key/value head j / (heads / kv_heads), as in the full
+  // model, since both are split into the same number of contiguous groups.
+  auto q = apply_rope(split(wq->forward(h), heads), cos, sin);
+  auto k = apply_rope(split(wk->forward(h), kv_heads), cos, sin);
+  auto v = split(wv->forward(h), kv_heads);
+  if (kv_heads != heads) {
+    k = k.repeat_interleave(heads / kv_heads, 1);
+    v = v.repeat_interleave(heads / kv_heads, 1);
+  }
+  auto a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  auto out = x + wo->forward(a.transpose(1, 2).flatten(2));
+  auto m = mlp_norm->forward(out);
+  return out + w_down->forward(at::silu(w_gate->forward(m)) * w_up->forward(m));
+}
+
+TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
+    : cfg(c), group(std::move(g)), sequence_parallel(sp) {
+  TORCH_CHECK(group, "zero: TpGpt needs the tensor-parallel process group");
+  if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0) {
+    throw std::invalid_argument("model dim must split into heads of an even size");
+  }
+  if (c.kv_heads < 0 || c.heads % c.kv_heads_count() != 0) {
+    throw std::invalid_argument("kv_heads must divide heads");
+  }
+  check_tensor_parallel_shape(c, group->size());
+  embed = register_module(
+      "embed", tp::VocabParallelEmbedding(
+                   group, tp::VocabParallelEmbeddingOptions(c.vocab, c.dim).sequence_parallel(sp)));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(TpBlock(group, c, sp));
+  norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
+  if (!c.tied) {
+    head = register_module(
+        "head", tp::ColumnParallelLinear(group, tp::ColumnParallelLinearOptions(c.dim, c.vocab)
+                                                    .bias(false)
+                                                    .gather_output(false)
+                                                    .sequence_parallel(sp)));
+  }
+  auto [cos, sin] = rope_tables(c);
+  rope_cos = register_buffer("rope_cos", cos);
+  rope_sin = register_buffer("rope_sin", sin);
+}
+
+at::Tensor TpGptImpl::forward(const at::Tensor& tokens) {
+  const int64_t S = tokens.size(1);
+  if (S > cfg.max_seq) throw std::invalid_argument("sequence longer than the model's max_seq");
+  if (sequence_parallel && S % group->size() != 0) {
+    throw std::invalid_argument("zero: sequence parallelism splits the sequence over the " +
+                                std::to_string(group->size()) +
+                                " tensor-parallel ranks: seq_len = " + std::to_string(S) +
+                                " must be a multiple of " + std::to_string(group->size()));
+  }
+  auto x = embed->forward(tokens);  // [B, S, D], or [B, S / T, D] under SP
+  const auto dtype = x.scalar_type();
+  auto cos = rope_cos.narrow(0, 0, S).to(dtype);
+  auto sin = rope_sin.narrow(0, 0, S).to(dtype);
+  zero::CheckpointOptions opts;
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto* block = (*blocks)[i]->as<TpBlockImpl>();
+    if (checkpointing.enabled && static_cast<int64_t>(i) % checkpointing.every == 0) {
+      // Recomputed in backward, collectives included: every rank recomputes the same blocks.
+      x = zero::checkpoint(
+          [block, cos, sin](const at::Tensor& in) { return block->forward(in, cos, sin); }, x,
+          opts);
+    } else {
+      x = block->forward(x, cos, sin);
+    }
+  }
+  x = norm->forward(x);
+  if (head) return head->forward(x);
+  // Tied: the embedding's vocabulary shard is this rank's part of the head (Megatron's
+  // parallel_lm_logits). The input enters the region: all-gathered along the sequence under SP
+  // (backward reduce-scatters the partial gradients), otherwise copied (backward all-reduces).
+  const at::Tensor in = sequence_parallel ? tp::gather_from_sequence_region(x, group, /*dim=*/1)
+                                          : tp::copy_to_region(x, group);
+  return at::linear(in, embed->weight);
+}
+
+at::Tensor TpGptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
+  return tp::vocab_parallel_cross_entropy(forward(tokens), targets, group).mean();
+}
+
+std::vector<tp::NamedPlacement> TpGptImpl::placements() const {
+  return tp::placements(*this, sequence_parallel);
+}
+
+void TpGptImpl::load_full(const GptImpl& full) {
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& p : full.named_parameters()) by_name[p.key()] = p.value().detach();
+  tp::load_full(
+      placements(),
+      [&](const std::string& name) {
+        auto it = by_name.find(name);
+        return it == by_name.end() ? at::Tensor() : it->second;
+      },
+      *group);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> TpGptImpl::gather_full() const {
+  return tp::gather_full(placements(), *group);
+}
+
+void init_like_gpt(TpGptImpl& model, at::Generator gen) {
+  const GptConfig& c = model.cfg;
+  const int64_t kv_dim = c.kv_heads_count() * c.head_dim();
+  torch::NoGradGuard no_grad;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  // 1. What GptImpl's submodules draw when constructed (then overwritten below, but the
+  //    generator moves past them): nn::Embedding's normal_, each nn::Linear's
+  //    kaiming_uniform_(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)) and its bias's uniform_.
+  auto linear_draws = [&](int64_t in, int64_t out, bool bias) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    at::empty({out, in}, f32).uniform_(-bound, bound, gen);
+    if (bias) at::empty({out}, f32).uniform_(-bound, bound, gen);
+  };
+  at::empty({c.vocab, c.dim}, f32).normal_(0.0, 1.0, gen);
+  for (int64_t i = 0; i < c.layers; ++i) {
+    linear_draws(c.dim, c.dim, c.qkv_bias);
+    linear_draws(c.dim, kv_dim, c.qkv_bias);
+    linear_draws(c.dim, kv_dim, c.qkv_bias);
+    linear_draws(c.dim, c.dim, c.o_bias);
+    linear_draws(c.dim, c.ffn_dim(), false);
+    linear_draws(c.dim, c.ffn_dim(), false);
+    linear_draws(c.ffn_dim(), c.dim, false);
+  }
+  if (!c.tied) linear_draws(c.dim, c.vocab, false);
+  // 2. GptImpl's own init over named_parameters(), which lists the same names in the same order
+  //    here: matrices ~ N(0, 0.02), residual projections scaled by depth; norms 1, biases 0.
+  const double std = 0.02, resid = 0.02 / std::sqrt(2.0 * c.layers);
+  const auto params = model.placements();
+  tensor_parallel::load_full(
+      params,
+      [&](const std::string& name) {
+        const NamedPlacement* p = nullptr;
+        for (const auto& q : params) {
+          if (q.name == name) p = &q;
+        }
+        std::vector<int64_t> full = p->param.sizes().vec();
+        if (p->placement.sharded) full[p->placement.partition_dim] *= model.group->size();
+        if (full.size() < 2) {
+          return name.find(".bias") != std::string::npos ? at::zeros(full, f32)
+                                                         : at::ones(full, f32);
+        }
+        const bool residual =
+            name.find("wo.") != std::string::npos || name.find("w_down.") != std::string::npos;
+        return at::empty(full, f32).normal_(0.0, residual ? resid : std, gen);
+      },
+      *model.group);
+}
+
+}  // namespace zero::examples
