@@ -524,6 +524,9 @@ class BoundGroup final : public comm::Group {
   comm::Work all_gather(at::Tensor& o, at::Tensor& i, const std::string& w) override {
     return g_->all_gather(o, i, w);
   }
+  comm::Work all_to_all(at::Tensor& o, at::Tensor& i, const std::string& w) override {
+    return g_->all_to_all(o, i, w);
+  }
   comm::Work broadcast(at::Tensor& t, int root, const std::string& w) override {
     return g_->broadcast(t, root, w);
   }

@@ -67,7 +67,7 @@ TEST_P(ScriptedArrivals, PartitionedGradsLaunchInReleaseOrder) {
   }
   for (int pass = 0; pass < 2; ++pass) {  // the shard is emptied between passes (a step)
     group.clear();
-    sync->begin_backward(/*boundary=*/true, {});
+    sync->begin_backward(/*boundary=*/true, {}, /*counting=*/false);
     std::vector<int> delivered;
     for (int p : s.arrivals) {
       sync->on_grad(p, grad_of(p, pass));
@@ -108,7 +108,7 @@ TEST(ScriptedArrivals, MissingGradientIsReducedAfterBackward) {
   const FlatLayout layout = four_buckets();
   FakeGroup group(0, 2);
   auto sync = make_partitioned_grads(layout, group, {});
-  sync->begin_backward(true, {});
+  sync->begin_backward(true, {}, /*counting=*/false);
   for (int p : {0, 2, 3}) sync->on_grad(p, grad_of(p));
   EXPECT_EQ(group.launched("reduce_scatter").size(), 1u) << "bucket 1 is missing";
   sync->end_backward();
@@ -130,7 +130,7 @@ TEST(ScriptedArrivals, AccumulatedGradsReduceOnlyAtTheBoundary) {
   const std::vector<std::vector<int>> passes{{2, 1, 0}, {0, 2, 1}};
   for (size_t pass = 0; pass < passes.size(); ++pass) {
     const bool boundary = pass + 1 == passes.size();
-    sync->begin_backward(boundary, {});
+    sync->begin_backward(boundary, {}, /*counting=*/false);
     for (int p : passes[pass]) sync->on_grad(p, grad_of(p, static_cast<int>(pass)));
     sync->end_backward();
     if (!boundary) EXPECT_TRUE(group.calls().empty()) << "nothing leaves a rank mid-window";

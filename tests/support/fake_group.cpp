@@ -54,6 +54,20 @@ comm::Work FakeGroup::all_gather(at::Tensor& out, at::Tensor& in, const std::str
   });
 }
 
+// Every peer holds what this rank holds (as in all_gather): chunk `rank` of each peer's input
+// is this rank's own chunk `rank`.
+comm::Work FakeGroup::all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) {
+  TORCH_CHECK(out.numel() == in.numel() && in.numel() % size_ == 0, "FakeGroup: all_to_all of ",
+              in.numel(), " into ", out.numel(), " over ", size_);
+  at::Tensor o = out, i = in;
+  const int n = size_, r = rank_;
+  return record("all_to_all", what, in.numel(), [o, i, n, r]() mutable {
+    const int64_t chunk = i.numel() / n;
+    const at::Tensor mine = i.narrow(0, r * chunk, chunk).clone();
+    for (int s = 0; s < n; ++s) o.narrow(0, s * chunk, chunk).copy_(mine);
+  });
+}
+
 comm::Work FakeGroup::broadcast(at::Tensor& t, int /*root*/, const std::string& what) {
   return record("broadcast", what, t.numel(), [] {});
 }

@@ -41,6 +41,7 @@ class FakeGroup final : public comm::Group {
   comm::Work all_reduce_sum(at::Tensor& t, const std::string& what) override;
   comm::Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) override;
   comm::Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) override;
+  comm::Work all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) override;
   comm::Work broadcast(at::Tensor& t, int root, const std::string& what) override;
   void barrier(const std::string& what) override;
   comm::Work send(at::Tensor& t, int dst, const std::string& what, int tag) override;
