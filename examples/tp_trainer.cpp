@@ -29,28 +29,29 @@ tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_pt
   return groups;
 }
 
-std::shared_ptr<Group> engine_groups(const Config& cfg, const tensor_parallel::Groups& groups,
-                                     const std::string& source) {
+Groups engine_groups(const Config& cfg, const tensor_parallel::Groups& groups,
+                     const std::vector<tensor_parallel::NamedPlacement>& placements,
+                     const std::string& source) {
   const std::string tp = std::to_string(groups.tp->size());
   if (cfg.tensor_parallel.sequence_parallel) {
     throw ConfigError(source +
                       ": tensor_parallel.sequence_parallel needs the engine to all-reduce "
-                      "the norms' gradients over the tensor-parallel group, which it does not "
-                      "yet; set tensor_parallel.sequence_parallel: false");
-  }
-  if (cfg.gradient_clipping > 0) {
-    throw ConfigError(source + ": gradient_clipping = " + std::to_string(cfg.gradient_clipping) +
-                      " with tensor_parallel.autotp_size = " + tp +
-                      ": the engine's gradient norm does not count the other tensor-parallel "
-                      "ranks' shards yet (each rank would clip by another factor); set "
-                      "gradient_clipping: 0 (DeepSpeed's default is 1.0)");
+                      "the norms' gradients over the tensor-parallel group inside backward, "
+                      "which it does not yet; set tensor_parallel.sequence_parallel: false");
   }
   if (cfg.fp16.enabled) {
     throw ConfigError(source + ": fp16 with tensor_parallel.autotp_size = " + tp +
-                      ": the engine's overflow check does not span the tensor-parallel ranks "
-                      "yet (one could skip a step another takes); use bf16");
+                      ": the loss scaler's overflow verdict under tensor parallelism is not "
+                      "tested yet; use bf16");
   }
-  return groups.dp;
+  // The norm sums over dp and then over tp; a replicated parameter (the norms) is the same on
+  // every tp rank and counts once (Megatron's get_grad_norm_fp32 and DeepSpeed count it on
+  // tensor-parallel rank 0 only).
+  NormGroup tp_norm{groups.tp, {}};
+  for (const auto& p : placements) {
+    if (!p.placement.sharded) tp_norm.replicated.push_back(p.name);
+  }
+  return Groups{groups.dp, {std::move(tp_norm)}};
 }
 
 }  // namespace zero::examples

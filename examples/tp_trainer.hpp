@@ -4,10 +4,13 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpt_config.hpp"
+#include "zero/groups.hpp"
 #include "zero/config.hpp"
 #include "zero/tensor_parallel/groups.hpp"
+#include "zero/tensor_parallel/placement.hpp"
 
 namespace zero::examples {
 
@@ -19,15 +22,15 @@ tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_pt
                                                const GptConfig& mc, int64_t seq_len,
                                                const std::string& source);
 
-// The one place that says what the engine shards and reduces over under tensor parallelism:
-// the data-parallel group. That is exact when no gradient needs a tensor-parallel all-reduce and
-// no step depends on a norm over the whole model, so `engine_groups` refuses (ConfigError naming
-// the key) sequence parallelism (the norms' gradients are partial sums over the tensor-parallel
-// ranks), gradient clipping (the engine's norm would count this rank's shards only, each
-// tensor-parallel rank would clip by another factor and the replicated norms would drift apart)
-// and fp16 (the overflow check likewise). An engine that takes the tensor-parallel group too
-// (its replicated parameters and its norm) is given it here, and these refusals go.
-std::shared_ptr<Group> engine_groups(const Config& cfg, const tensor_parallel::Groups& groups,
-                                     const std::string& source);
+// The one place that says what the engine is handed under tensor parallelism: it shards and
+// reduces over the data-parallel group, and its gradient norm (clipping, the progress line's
+// grad_norm) sums over dp and then over the tensor-parallel group, with the parameters that are
+// not split (the norms) counted once. Refused (ConfigError naming the key): sequence
+// parallelism (the norms' gradients are partial sums over the tensor-parallel ranks, to be
+// all-reduced inside backward) and fp16 (its overflow verdict under tensor parallelism is
+// untested).
+Groups engine_groups(const Config& cfg, const tensor_parallel::Groups& groups,
+                     const std::vector<tensor_parallel::NamedPlacement>& placements,
+                     const std::string& source);
 
 }  // namespace zero::examples

@@ -236,12 +236,12 @@ int run(int argc, char** argv) {
   // then each rank keeps its part of the weights tp 1 starts from (the HF model read above, or
   // the seed's draws), so tp T starts from exactly the weights tp 1 does.
   tensor_parallel::Groups layout;
-  std::shared_ptr<Group> engine_group = group;
+  Groups engine_groups_of_run{group};
   TpGpt tp_model{nullptr};
   if (tp_size > 1) {
     layout = tensor_parallel_layout(cfg, group, mc, seq, config_path);
-    engine_group = engine_groups(cfg, layout, config_path);
     tp_model = TpGpt(layout.tp, mc, cfg.tensor_parallel.sequence_parallel);
+    engine_groups_of_run = engine_groups(cfg, layout, tp_model->placements(), config_path);
     if (model) {
       tp_model->load_full(*model);
       model = Gpt(nullptr);
@@ -263,7 +263,7 @@ int run(int argc, char** argv) {
   if (device.is_cuda()) {
     for (const auto& p : trained.parameters()) target.held_bytes += p.nbytes();
   }
-  resolve_auto(cfg, target, *engine_group);
+  resolve_auto(cfg, target, *engine_groups_of_run.dp);
   policy.enabled = target.checkpointing.value_or(false);
   if (policy.cpu_offload && !policy.enabled && ckpt != "auto") {
     throw ConfigError(config_path +
@@ -282,7 +282,7 @@ int run(int argc, char** argv) {
   }
   std::shared_ptr<torch::nn::Module> trained_ptr =
       tp_model ? std::shared_ptr<torch::nn::Module>(tp_model.ptr()) : model.ptr();
-  Engine engine = initialize(trained_ptr, cfg, engine_group);
+  Engine engine = initialize(trained_ptr, cfg, engine_groups_of_run);
   const int64_t startup_peak = peak_rss_bytes(), after_initialize = rss_bytes();
   PhasePeaks phases(device);          // closes "initialize": the allocator's peak so far
   const Config& c = engine.config();  // batch sizes resolved for the data-parallel size
