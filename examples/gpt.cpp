@@ -117,17 +117,7 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   auto sin = rope_sin.narrow(0, 0, T).to(dtype);
   zero::CheckpointOptions opts;
   opts.offload = offloader.get();
-  for (size_t i = 0; i < blocks->size(); ++i) {
-    auto* block = (*blocks)[i]->as<BlockImpl>();
-    if (checkpointing.enabled && static_cast<int64_t>(i) % checkpointing.every == 0) {
-      // The closure outlives this call (backward re-runs it): capture by value.
-      x = zero::checkpoint(
-          [block, cos, sin](const at::Tensor& in) { return block->forward(in, cos, sin); }, x,
-          opts);
-    } else {
-      x = block->forward(x, cos, sin);
-    }
-  }
+  x = run_blocks<BlockImpl>(blocks, x, cos, sin, checkpointing, opts);
   x = norm->forward(x);
   return head ? head->forward(x) : at::linear(x, embed->weight);
 }

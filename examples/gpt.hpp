@@ -42,6 +42,27 @@ struct CheckpointPolicy {
   int64_t every = 1;  // checkpoint blocks 0, every, 2*every, ...
 };
 
+// The blocks in order, every policy.every-th one recomputed in backward (zero::checkpoint): the
+// plain model's and the tensor-parallel one's forward (a recomputed tensor-parallel block runs its
+// collectives again, on every rank alike). The closure outlives the call (backward re-runs it),
+// so it captures by value.
+template <class Block>
+at::Tensor run_blocks(torch::nn::ModuleList& blocks, at::Tensor x, const at::Tensor& cos,
+                      const at::Tensor& sin, const CheckpointPolicy& policy,
+                      const zero::CheckpointOptions& opts) {
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto* block = (*blocks)[i]->template as<Block>();
+    if (policy.enabled && static_cast<int64_t>(i) % policy.every == 0) {
+      x = zero::checkpoint(
+          [block, cos, sin](const at::Tensor& in) { return block->forward(in, cos, sin); }, x,
+          opts);
+    } else {
+      x = block->forward(x, cos, sin);
+    }
+  }
+  return x;
+}
+
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& c);
   // tokens [batch, seq] int64 -> logits [batch, seq, vocab]

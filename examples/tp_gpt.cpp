@@ -139,17 +139,7 @@ at::Tensor TpGptImpl::forward(const at::Tensor& tokens) {
   auto cos = rope_cos.narrow(0, 0, S).to(dtype);
   auto sin = rope_sin.narrow(0, 0, S).to(dtype);
   zero::CheckpointOptions opts;
-  for (size_t i = 0; i < blocks->size(); ++i) {
-    auto* block = (*blocks)[i]->as<TpBlockImpl>();
-    if (checkpointing.enabled && static_cast<int64_t>(i) % checkpointing.every == 0) {
-      // Recomputed in backward, collectives included: every rank recomputes the same blocks.
-      x = zero::checkpoint(
-          [block, cos, sin](const at::Tensor& in) { return block->forward(in, cos, sin); }, x,
-          opts);
-    } else {
-      x = block->forward(x, cos, sin);
-    }
-  }
+  x = run_blocks<TpBlockImpl>(blocks, x, cos, sin, checkpointing, opts);
   x = norm->forward(x);
   if (head) return head->forward(x);
   // Tied: the embedding's vocabulary shard is this rank's part of the head (Megatron's

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "gpt_config.hpp"
-#include "zero/groups.hpp"
 #include "zero/config.hpp"
+#include "zero/groups.hpp"
 #include "zero/tensor_parallel/groups.hpp"
 #include "zero/tensor_parallel/placement.hpp"
 
