@@ -1,0 +1,65 @@
+#include "gpt_layers.hpp"
+
+#include <ATen/ATen.h>
+
+namespace zero::examples {
+
+GptHeadImpl::GptHeadImpl(RMSNorm n, torch::nn::Linear h, at::Tensor tied) {
+  norm = register_module("norm", std::move(n));
+  if (h) {
+    head = register_module("head", std::move(h));
+  } else {
+    // Registered here as well as on the embedding, so that the last stage's optimizer and the
+    // partition's parameter count see it.
+    tied_weight = register_parameter("tied_weight", std::move(tied));
+  }
+}
+
+at::Tensor GptHeadImpl::forward(const at::Tensor& x) {
+  auto h = norm->forward(x);
+  return head ? head->forward(h) : at::linear(h, tied_weight);
+}
+
+std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model) {
+  std::vector<zero::pipeline::Layer> layers;
+  auto embed = model->embed;
+  zero::pipeline::Layer first{
+      "embed",
+      embed.ptr(),
+      [embed](const at::Tensor& tokens) mutable { return embed->forward(tokens); },
+      {}};
+  if (model->cfg.tied) first.tied["embed"] = embed->weight;
+  layers.push_back(std::move(first));
+
+  const int64_t max_seq = model->cfg.max_seq;
+  at::Tensor cos_table = model->rope_cos, sin_table = model->rope_sin;
+  for (size_t i = 0; i < model->blocks->size(); ++i) {
+    auto block = model->blocks->ptr<BlockImpl>(i);
+    layers.push_back({"block " + std::to_string(i),
+                      block,
+                      [block, cos_table, sin_table, max_seq](const at::Tensor& x) {
+                        // As GptImpl::forward: the first T rows of the tables, in x's dtype.
+                        const int64_t t = x.size(1);
+                        if (t > max_seq)
+                          throw std::invalid_argument("sequence longer than the model's max_seq");
+                        auto cos = cos_table.narrow(0, 0, t).to(x.scalar_type());
+                        auto sin = sin_table.narrow(0, 0, t).to(x.scalar_type());
+                        return block->forward(x, cos, sin);
+                      },
+                      {}});
+  }
+
+  auto head = GptHead(model->norm, model->head, model->cfg.tied ? embed->weight : at::Tensor());
+  zero::pipeline::Layer last{
+      "head", head.ptr(), [head](const at::Tensor& x) mutable { return head->forward(x); }, {}};
+  if (model->cfg.tied) last.tied["embed"] = embed->weight;
+  layers.push_back(std::move(last));
+  return layers;
+}
+
+at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                targets.reshape({-1}));
+}
+
+}  // namespace zero::examples

@@ -1,0 +1,32 @@
+// The example GPT as a pipeline's list of layers (include/zero/pipeline.hpp): the embedding, each
+// block, then the final norm with the head; the loss (gpt_loss) on the last stage. The layers
+// share the model's modules, so training them trains the model's parameters. A tied head names
+// the embedding's weight under the key "embed" in both the first and the last layer, so a
+// pipeline that puts them on different stages sums their gradients (DeepSpeed's TiedLayerSpec).
+#pragma once
+
+#include <vector>
+
+#include "gpt.hpp"
+#include "zero/pipeline.hpp"
+
+namespace zero::examples {
+
+// The final RMSNorm and the head (a Linear, or the tied embedding's weight) as one module.
+struct GptHeadImpl : torch::nn::Module {
+  GptHeadImpl(RMSNorm norm, torch::nn::Linear head, at::Tensor tied_weight);
+  at::Tensor forward(const at::Tensor& x);  // [batch, seq, dim] -> logits [batch, seq, vocab]
+  RMSNorm norm{nullptr};
+  torch::nn::Linear head{nullptr};  // null when tied
+  at::Tensor tied_weight;           // the embedding's weight when tied
+};
+TORCH_MODULE(GptHead);
+
+// 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head".
+std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model);
+
+// The last stage's loss: mean next-token cross-entropy of logits [batch, seq, vocab] against
+// targets [batch, seq], as GptImpl::loss computes it.
+at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+}  // namespace zero::examples

@@ -1,0 +1,329 @@
+// The pipeline runtime (zero/pipeline/runtime/): the example GPT cut into P stages (embedding on
+// the first, blocks partitioned, final norm + head + loss on the last), each stage a gloo rank,
+// activations and gradients sent between them, trained for several steps with SGD and AdamW.
+// The references are independent: the whole model in one process with plain autograd and the
+// same torch optimizer, (a) on the whole batch (the micro-batches concatenated) and (b) on the
+// micro-batches one after another (gradient accumulation). Losses per step agree with (a) within
+// 1e-5 relative in fp32; every parameter afterwards with (b) within 1e-6 and with (a) within
+// 1e-5 (AdamW: or twice what (b) itself differs from (a), see run_case), for GPipe and 1F1B,
+// P = 2, 3 and 4, tied and untied head, SGD with momentum and AdamW. A stage that stops answering
+// makes its neighbours fail within comm_timeout_s, naming the stage and the silent rank. And the
+// partition methods against DeepSpeed's rules.
+#include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "comm/group.hpp"
+#include "gpt.hpp"
+#include "gpt_layers.hpp"
+#include "support/thread_group.hpp"
+#include "support/tp_compare.hpp"
+#include "zero/comm_errors.hpp"
+#include "zero/pipeline/partition.hpp"
+#include "zero/pipeline/runtime/runtime.hpp"
+
+namespace zero::pipeline {
+namespace {
+
+using examples::Gpt;
+using examples::GptConfig;
+
+constexpr double kTol = 1e-5;       // against the whole batch in one process
+constexpr double kAccumTol = 1e-6;  // against single-process gradient accumulation
+
+// ---- partition: DeepSpeed's ds_utils.partition_uniform / partition_balanced ----------------
+
+TEST(PipelinePartition, UniformGivesTheFirstStagesTheRemainder) {
+  EXPECT_EQ(partition_uniform(8, 4), (std::vector<int>{0, 2, 4, 6, 8}));
+  EXPECT_EQ(partition_uniform(10, 4), (std::vector<int>{0, 3, 6, 8, 10}));
+  EXPECT_EQ(partition_uniform(4, 4), (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_THROW(partition_uniform(3, 4), std::invalid_argument);
+  EXPECT_THROW(partition_uniform(3, 0), std::invalid_argument);
+}
+
+// The largest part is as small as any contiguous cut allows (checked against every cut).
+TEST(PipelinePartition, ParametersMinimisesTheLargestStage) {
+  const std::vector<std::vector<int64_t>> cases{
+      {1, 1, 1, 1}, {1, 2, 1}, {5, 1, 1, 1, 1, 5}, {100, 7, 7, 7, 7, 7, 7, 100}, {0, 3, 0, 3, 0}};
+  for (const auto& w : cases) {
+    for (int parts = 1; parts <= static_cast<int>(w.size()); ++parts) {
+      auto b = partition_balanced(w, parts);
+      ASSERT_EQ(b.size(), size_t(parts + 1));
+      ASSERT_EQ(b.front(), 0);
+      ASSERT_EQ(b.back(), static_cast<int>(w.size()));
+      int64_t worst = 0;
+      for (int p = 0; p < parts; ++p) {
+        ASSERT_LT(b[p], b[p + 1]) << "empty stage " << p;
+        int64_t sum = 0;
+        for (int i = b[p]; i < b[p + 1]; ++i) sum += w[i];
+        worst = std::max(worst, sum);
+      }
+      // Brute force over every cut into `parts` non-empty runs.
+      int64_t best = INT64_MAX;
+      const int n = static_cast<int>(w.size());
+      for (int mask = 0; mask < (1 << (n - 1)); ++mask) {
+        if (__builtin_popcount(mask) != parts - 1) continue;
+        int64_t sum = 0, mx = 0;
+        for (int i = 0; i < n; ++i) {
+          sum += w[i];
+          if (i == n - 1 || (mask >> i & 1)) {
+            mx = std::max(mx, sum);
+            sum = 0;
+          }
+        }
+        best = std::min(best, mx);
+      }
+      EXPECT_EQ(worst, best) << "parts " << parts;
+    }
+  }
+  EXPECT_EQ(parse_partition_method("parameters"), PartitionMethod::Parameters);
+  EXPECT_EQ(parse_partition_method("uniform"), PartitionMethod::Uniform);
+  try {
+    parse_partition_method("type:transformer");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline.partition"), std::string::npos);
+  }
+}
+
+// ---- training equivalence ------------------------------------------------------------------
+
+enum class Opt { SGD, AdamW };
+
+std::unique_ptr<torch::optim::Optimizer> make_opt(Opt o, std::vector<at::Tensor> params) {
+  if (o == Opt::SGD)
+    return std::make_unique<torch::optim::SGD>(std::move(params),
+                                               torch::optim::SGDOptions(0.1).momentum(0.9));
+  return std::make_unique<torch::optim::AdamW>(std::move(params),
+                                               torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+}
+
+struct Batch {
+  at::Tensor inputs, targets;  // [m * mb, seq]
+};
+
+std::vector<Batch> make_batches(const GptConfig& c, int steps, int rows, int seq, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  std::vector<Batch> out;
+  for (int s = 0; s < steps; ++s) {
+    at::Tensor t = at::randint(c.vocab, {rows, seq + 1}, gen, at::kLong);
+    out.push_back({t.narrow(1, 0, seq).contiguous(), t.narrow(1, 1, seq).contiguous()});
+  }
+  return out;
+}
+
+struct Trained {
+  std::vector<float> losses;
+  std::map<std::string, at::Tensor> params;
+};
+
+std::map<std::string, at::Tensor> snapshot(const Gpt& m) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : m->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+void load(Gpt& m, const std::map<std::string, at::Tensor>& state) {
+  at::NoGradGuard g;
+  for (auto& p : m->named_parameters()) p.value().copy_(state.at(p.key()));
+}
+
+// The reference: the whole model in one process, one optimizer. accumulate == 1: the whole batch
+// in one backward; more: the batch's micro-batches one after another, each loss divided by their
+// number (plain gradient accumulation: the same sums in another order).
+Trained reference(const GptConfig& c, const std::map<std::string, at::Tensor>& init,
+                  const std::vector<Batch>& batches, Opt o, int accumulate = 1) {
+  Gpt model(c);
+  load(model, init);
+  auto opt = make_opt(o, model->parameters());
+  Trained out;
+  for (const auto& b : batches) {
+    auto in = b.inputs.chunk(accumulate, 0);
+    auto tg = b.targets.chunk(accumulate, 0);
+    double loss = 0;
+    for (int i = 0; i < accumulate; ++i) {
+      at::Tensor l = model->loss(in[i], tg[i]) / accumulate;
+      l.backward();
+      loss += l.item<double>();
+    }
+    opt->step();
+    opt->zero_grad();
+    out.losses.push_back(static_cast<float>(loss));
+  }
+  out.params = snapshot(model);
+  return out;
+}
+
+struct Case {
+  int stages;
+  ScheduleKind schedule;
+  Opt opt;
+  bool tied;
+  PartitionMethod partition = PartitionMethod::Parameters;
+  int micro_batches = 4;
+  int layers = 2;  // the tiny preset's
+};
+
+std::string name(const Case& k) {
+  return "P=" + std::to_string(k.stages) + " " + std::string(schedule_name(k.schedule)) + " " +
+         (k.opt == Opt::SGD ? "SGD" : "AdamW") + (k.tied ? " tied" : " untied") +
+         " m=" + std::to_string(k.micro_batches) + " " +
+         std::string(partition_method_name(k.partition));
+}
+
+void run_case(const Case& k) {
+  SCOPED_TRACE(name(k));
+  GptConfig c = examples::gpt_preset("tiny");
+  c.tied = k.tied;
+  c.layers = k.layers;
+  const int steps = 4, rows_per_mb = 2, seq = 16;
+  at::manual_seed(1234);  // the main thread's draw of the initial weights, before any rank runs
+  std::map<std::string, at::Tensor> init = snapshot(Gpt(c));
+  auto batches = make_batches(c, steps, rows_per_mb * k.micro_batches, seq, 99);
+  Trained ref = reference(c, init, batches, k.opt);
+  Trained acc = reference(c, init, batches, k.opt, k.micro_batches);
+
+  std::vector<std::vector<float>> losses(k.stages);
+  std::vector<std::map<std::string, at::Tensor>> params(k.stages);
+  testing::run_ranks(k.stages, [&](std::shared_ptr<comm::Group> pp) {
+    const int stage = pp->rank();
+    Gpt model(c);  // every rank's copy starts from the reference's weights
+    load(model, init);
+    StageLayers layers(examples::gpt_pipeline_layers(model), k.partition, k.stages, stage);
+    std::set<const void*> mine;
+    for (const auto& p : layers.parameters()) mine.insert(p.unsafeGetTensorImpl());
+    auto opt = std::make_unique<TorchStageOptimizer>(make_opt(k.opt, layers.parameters()));
+    RuntimeOptions opts{k.schedule, k.micro_batches};
+    PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt), opts);
+    for (const auto& b : batches) {
+      auto in = b.inputs.chunk(k.micro_batches, 0);
+      auto tg = b.targets.chunk(k.micro_batches, 0);
+      losses[stage].push_back(rt.train_batch(in, tg));
+    }
+    for (const auto& p : model->named_parameters())
+      if (mine.count(p.value().unsafeGetTensorImpl())) params[stage][p.key()] = p.value().detach();
+  });
+
+  std::set<std::string> covered;
+  for (int s = 0; s < k.stages; ++s) {
+    ASSERT_EQ(losses[s].size(), ref.losses.size());
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      EXPECT_NEAR(losses[s][i], ref.losses[i], kTol * std::abs(ref.losses[i]))
+          << "stage " << s << " step " << i;
+    for (const auto& [key, t] : params[s]) {
+      const std::string what = "stage " + std::to_string(s) + " " + key;
+      // A tied weight's gradient is summed in another order here (the embedding's m parts on the
+      // first stage, the head's on the last, then the two) than in one process (the two parts
+      // of each micro-batch in turn); AdamW magnifies that rounding into every later step.
+      const double acc_tol = k.tied && k.opt == Opt::AdamW ? kTol : kAccumTol;
+      testing::expect_rel_close(t, acc.params.at(key), acc_tol, what + " (vs accumulation)");
+      // SGD's update is proportional to the gradient: the whole batch's sums in another order
+      // move the parameters by a rounding. AdamW divides by sqrt(v): where a gradient is ~0 it
+      // magnifies that rounding, by as much as the single-process accumulation shows.
+      double tol = kTol;
+      if (k.opt == Opt::AdamW)
+        tol = std::max(tol, 2 * testing::max_rel_err(acc.params.at(key), ref.params.at(key)));
+      testing::expect_rel_close(t, ref.params.at(key), tol, what + " (vs whole batch)");
+      covered.insert(key);
+    }
+  }
+  EXPECT_EQ(covered.size(), ref.params.size()) << "some parameter is on no stage";
+  std::printf("  %s: losses %.6f .. %.6f (reference %.6f .. %.6f)\n", name(k).c_str(),
+              losses[0].front(), losses[0].back(), ref.losses.front(), ref.losses.back());
+}
+
+TEST(PipelineRuntime, TwoStagesMatchSingleProcessTraining) {
+  for (auto schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    for (auto opt : {Opt::SGD, Opt::AdamW}) run_case({2, schedule, opt, /*tied=*/false});
+}
+
+TEST(PipelineRuntime, FourStagesMatchSingleProcessTraining) {
+  for (auto schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    for (auto opt : {Opt::SGD, Opt::AdamW}) run_case({4, schedule, opt, /*tied=*/false});
+}
+
+// Fewer micro-batches than stages (1F1B's warm-up is cut short), one micro-batch, and uniform
+// partition of a deeper model.
+TEST(PipelineRuntime, MicroBatchCountsAndUniformPartition) {
+  run_case({4, ScheduleKind::OneFOneB, Opt::AdamW, false, PartitionMethod::Parameters, 2});
+  run_case({2, ScheduleKind::OneFOneB, Opt::SGD, false, PartitionMethod::Parameters, 1});
+  run_case({3, ScheduleKind::GPipe, Opt::AdamW, false, PartitionMethod::Uniform, 3, 5});
+}
+
+// The tied embedding and head on the first and last stage: their gradients summed between the
+// two stages, against single-process training of the tied model (one weight, one gradient).
+TEST(PipelineRuntime, TiedEmbeddingAndHeadAcrossStages) {
+  for (auto schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    for (auto opt : {Opt::SGD, Opt::AdamW}) {
+      run_case({2, schedule, opt, /*tied=*/true});
+      run_case({4, schedule, opt, /*tied=*/true});
+    }
+}
+
+// ---- a dead stage ------------------------------------------------------------------------
+
+// Stage 1 of 3 builds its runtime, then never runs a step (hung, not exited: the bound, not a
+// closed connection, must end its neighbours' waits). Stage 0 waits for a gradient from it,
+// stage 2 for an activation; both fail within comm_timeout_s naming their stage and rank 1.
+TEST(PipelineRuntime, DeadStageFailsItsNeighboursWithinTheTimeout) {
+  GptConfig c = examples::gpt_preset("tiny");
+  c.layers = 2;
+  at::manual_seed(7);
+  auto init = snapshot(Gpt(c));
+  auto batch = make_batches(c, 1, 4, 8, 5)[0];
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  std::vector<std::string> messages(3);
+  std::vector<double> waited(3, 0);
+  testing::run_ranks(
+      3,
+      [&](std::shared_ptr<comm::Group> pp) {
+        const int stage = pp->rank();
+        Gpt model(c);
+        load(model, init);
+        StageLayers layers(examples::gpt_pipeline_layers(model), PartitionMethod::Uniform, 3,
+                           stage);
+        auto opt = std::make_unique<TorchStageOptimizer>(make_opt(Opt::SGD, layers.parameters()));
+        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt),
+                           {ScheduleKind::OneFOneB, 2});
+        if (stage == 1) {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait_for(lock, std::chrono::seconds(60), [&] { return finished == 2; });
+          return;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          rt.train_batch(batch.inputs.chunk(2, 0), batch.targets.chunk(2, 0));
+        } catch (const CommError& e) {
+          messages[stage] = e.what();
+        }
+        waited[stage] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(mu);
+        ++finished;
+        cv.notify_all();
+      },
+      std::chrono::milliseconds(2000));
+  for (int s : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(s) + ": " + messages[s]);
+    EXPECT_NE(messages[s].find("pipeline stage " + std::to_string(s) + " of 3"), std::string::npos);
+    EXPECT_NE(messages[s].find("from stage 1 (recv from rank 1"), std::string::npos);
+    EXPECT_GE(waited[s], 1.5);
+    EXPECT_LT(waited[s], 20.0);
+    std::printf("  stage %d failed after %.1f s: %s\n", s, waited[s], messages[s].c_str());
+  }
+}
+
+}  // namespace
+}  // namespace zero::pipeline

@@ -1,0 +1,87 @@
+// Runs one pipeline stage: its instruction list from zero/pipeline/schedule.hpp (GPipe or 1F1B),
+// with each micro-batch's activations sent to the next stage and their gradients back over
+// comm::Group send/recv on the pipeline group (rank s = stage s), as DeepSpeed's PipelineEngine
+// executes its PipeSchedule.
+//
+//   StageLayers layers(gpt_layers, PartitionMethod::Parameters, pp->size(), pp->rank());
+//   PipelineRuntime rt(std::move(layers), loss_fn, pp, std::move(stage_optimizer), opts);
+//   float loss = rt.train_batch(micro_inputs, micro_targets);  // the same on every stage
+//
+// Sends are posted without waiting (their buffers kept until the step's ReduceGrads), receives
+// are waited on: a schedule whose receives are acyclic then cannot deadlock, whatever the
+// transport does with an unmatched send. Every wait is bounded by the group's comm_timeout_s,
+// and its error names this stage, the instruction and the peer stage and rank.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/pipeline/runtime/layers.hpp"
+#include "zero/pipeline/runtime/stage_optimizer.hpp"
+#include "zero/pipeline/schedule.hpp"
+
+namespace zero::comm {
+class Group;
+class Work;
+}  // namespace zero::comm
+
+namespace zero::pipeline {
+
+struct RuntimeOptions {
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  int micro_batches = 1;  // gradient_accumulation_steps, as in DeepSpeed's pipeline engine
+};
+
+// Last stage: its output and the micro-batch's target -> that micro-batch's mean loss.
+using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+class PipelineRuntime {
+ public:
+  // pp: the pipeline group, pp->size() == layers.stages() and pp->rank() == layers.stage().
+  // dp (optional): this stage's data-parallel group; the reported loss is averaged over it (the
+  // gradients are the optimizer's business). Collective over pp: tied weights get their groups.
+  PipelineRuntime(StageLayers layers, LossFn loss, std::shared_ptr<comm::Group> pp,
+                  std::unique_ptr<StageOptimizer> optimizer, RuntimeOptions opts,
+                  std::shared_ptr<comm::Group> dp = nullptr);
+  ~PipelineRuntime();
+
+  // One optimizer step over opts.micro_batches micro-batches: `inputs` is read on the first
+  // stage, `targets` on the last (other stages may pass empty lists). Each micro-batch's loss is
+  // divided by their number, so the gradients are those of the mean loss over the whole batch.
+  // Returns that mean loss (averaged over data-parallel replicas too) on every stage.
+  float train_batch(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
+
+  const StageLayers& layers() const { return layers_; }
+  StageOptimizer& optimizer() { return *optimizer_; }
+  const std::vector<Instruction>& instructions() const { return instructions_; }
+
+ private:
+  struct Tie {
+    std::string key;
+    std::shared_ptr<comm::Group> group;  // the stages holding this key's weight
+    std::vector<at::Tensor> weights;     // this stage's copies (once each)
+  };
+  struct Pending;
+
+  std::string where(const std::string& what) const;
+  at::Tensor recv_activation(int mb);
+  void send_activation(int mb, const at::Tensor& y);
+  void reduce_tied_grads();
+  void wait_sends();
+
+  StageLayers layers_;
+  LossFn loss_;
+  std::shared_ptr<comm::Group> pp_, dp_;
+  std::unique_ptr<StageOptimizer> optimizer_;
+  RuntimeOptions opts_;
+  int stage_, stages_;
+  std::vector<Instruction> instructions_;
+  std::vector<Tie> ties_;
+  std::vector<std::unique_ptr<Pending>> sends_;  // posted this step, waited at ReduceGrads
+  std::vector<int64_t> recv_shape_;              // the activation's shape from the previous stage
+  c10::ScalarType recv_dtype_ = c10::ScalarType::Float;
+};
+
+}  // namespace zero::pipeline
