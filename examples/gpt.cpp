@@ -52,22 +52,31 @@ BlockImpl::BlockImpl(const GptConfig& c) : heads(c.heads), kv_heads(c.kv_heads_c
   mlp_norm = register_module("mlp_norm", RMSNorm(c.dim, c.norm_eps));
 }
 
-at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), hd = D / heads;
-  auto h = attn_norm->forward(x);
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            int64_t heads, int64_t kv_heads, int64_t head_dim,
+                            const at::Tensor& cos, const at::Tensor& sin) {
   auto split = [&](const at::Tensor& t, int64_t n) {
-    return t.view({B, T, n, hd}).transpose(1, 2);
+    return t.view({t.size(0), t.size(1), n, head_dim}).transpose(1, 2);
   };
-  auto q = apply_rope(split(wq->forward(h), heads), cos, sin);
-  auto k = apply_rope(split(wk->forward(h), kv_heads), cos, sin);
-  auto v = split(wv->forward(h), kv_heads);
+  auto qh = apply_rope(split(q, heads), cos, sin);
+  auto kh = apply_rope(split(k, kv_heads), cos, sin);
+  auto vh = split(v, kv_heads);
   if (kv_heads != heads) {
     // Grouped-query attention: query head i reads key/value head i / (heads / kv_heads).
-    k = k.repeat_interleave(heads / kv_heads, 1);
-    v = v.repeat_interleave(heads / kv_heads, 1);
+    kh = kh.repeat_interleave(heads / kv_heads, 1);
+    vh = vh.repeat_interleave(heads / kv_heads, 1);
   }
-  auto a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-  auto out = x + wo->forward(a.transpose(1, 2).reshape({B, T, D}));
+  return at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, /*is_causal=*/true)
+      .transpose(1, 2)
+      .flatten(2);
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t hd = x.size(2) / heads;
+  auto h = attn_norm->forward(x);
+  const at::Tensor a = causal_attention(wq->forward(h), wk->forward(h), wv->forward(h), heads,
+                                        kv_heads, hd, cos, sin);
+  auto out = x + wo->forward(a);
   auto m = mlp_norm->forward(out);
   return out + w_down->forward(at::silu(w_gate->forward(m)) * w_up->forward(m));
 }

@@ -24,6 +24,13 @@ struct RMSNormImpl : torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// Causal self-attention on projected q [B, T, heads * head_dim] and k, v [B, T, kv_heads *
+// head_dim] (RoPE applied, grouped-query heads repeated): [B, T, heads * head_dim], before the
+// output projection. The plain block's and the tensor-parallel one's (on this rank's heads).
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            int64_t heads, int64_t kv_heads, int64_t head_dim,
+                            const at::Tensor& cos, const at::Tensor& sin);
+
 struct BlockImpl : torch::nn::Module {
   BlockImpl(const GptConfig& c);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

@@ -26,13 +26,6 @@ void require_divisible(int64_t total, int tp_size, const std::string& what) {
   }
 }
 
-// gpt.cpp's rotate-half RoPE.
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
-}
-
 }  // namespace
 
 void check_tensor_parallel_shape(const GptConfig& c, int tp_size) {
@@ -78,21 +71,12 @@ TpBlockImpl::TpBlockImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
 
 at::Tensor TpBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   auto h = attn_norm->forward(x);
-  auto split = [&](const at::Tensor& t, int64_t n) {
-    return t.view({t.size(0), t.size(1), n, head_dim}).transpose(1, 2);
-  };
   // After the column layers the sequence is whole (all-gathered under SP) and the heads are this
   // rank's: its query head j reads its key/value head j / (heads / kv_heads), as in the full
   // model, since both are split into the same number of contiguous groups.
-  auto q = apply_rope(split(wq->forward(h), heads), cos, sin);
-  auto k = apply_rope(split(wk->forward(h), kv_heads), cos, sin);
-  auto v = split(wv->forward(h), kv_heads);
-  if (kv_heads != heads) {
-    k = k.repeat_interleave(heads / kv_heads, 1);
-    v = v.repeat_interleave(heads / kv_heads, 1);
-  }
-  auto a = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-  auto out = x + wo->forward(a.transpose(1, 2).flatten(2));
+  const at::Tensor a = causal_attention(wq->forward(h), wk->forward(h), wv->forward(h), heads,
+                                        kv_heads, head_dim, cos, sin);
+  auto out = x + wo->forward(a);
   auto m = mlp_norm->forward(out);
   return out + w_down->forward(at::silu(w_gate->forward(m)) * w_up->forward(m));
 }
