@@ -400,8 +400,6 @@ TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
              "'data_types.grad_accum_dtype' fp16 needs fp16 parameters (the model is bf16)");
   EXPECT_EQ(load("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: bf16}\n").accum_dtype(),
             Dtype::kBFloat16);
-  EXPECT_HAS(load_error("pipeline: {stages: 2}\n"),
-             "'pipeline' is a DeepSpeed option zero does not implement; remove it");
   EXPECT_HAS(load_error("zero_optimization: {allgather_partitions: false}\n"),
              "only true is supported");
   // Gradient pre-division is supported (tests/test_mixed_precision.cpp), with checked values.
@@ -765,4 +763,61 @@ TEST(Config, TensorParallelBadValuesNameTheKey) {
   EXPECT_HAS(load_error("tensor_parallel: {autotp_size: 2, size: 2}\n"),
              "'tensor_parallel.size' is the YAML alias of 'tensor_parallel.autotp_size'; give one");
   EXPECT_HAS(load_error("tensor_parallel: {autotp_sise: 2}\n"), "autotp_size");
+}
+
+// DeepSpeed's `pipeline` section and zero's pipeline.schedule: the same keys from YAML and
+// --set, DeepSpeed's defaults, and errors that name the key and the fix.
+TEST(Config, PipelineSection) {
+  Config c = load("");
+  EXPECT_EQ(c.pipeline.stages, 1);
+  EXPECT_EQ(c.pipeline.partition, "parameters");
+  EXPECT_EQ(c.pipeline.activation_checkpoint_interval, 0);
+  EXPECT_EQ(c.pipeline.schedule, "1f1b");
+
+  c = load(
+      "pipeline: {stages: 4, partition: uniform, activation_checkpoint_interval: 2, "
+      "schedule: gpipe}\n");
+  EXPECT_EQ(c.pipeline.stages, 4);
+  EXPECT_EQ(c.pipeline.partition, "uniform");
+  EXPECT_EQ(c.pipeline.activation_checkpoint_interval, 2);
+  EXPECT_EQ(c.pipeline.schedule, "gpipe");
+
+  c = load("pipeline: {stages: 4}\n",
+           {"pipeline.stages=2", "pipeline.schedule=gpipe", "pipeline.partition=uniform"});
+  EXPECT_EQ(c.pipeline.stages, 2);
+  EXPECT_EQ(c.pipeline.schedule, "gpipe");
+  EXPECT_EQ(c.pipeline.partition, "uniform");
+
+  // DeepSpeed's config defaults (stages "auto", partition "best") load, with a note each.
+  c = load(
+      "pipeline: {stages: auto, partition: best, seed_layers: false, pipe_partitioned: true, "
+      "grad_partitioned: true}\n");
+  EXPECT_EQ(c.pipeline.stages, 1);
+  EXPECT_EQ(c.pipeline.partition, "parameters");
+
+  EXPECT_HAS(load_error("pipeline: {stages: 0}\n"), "'pipeline.stages' must be an integer >= 1");
+  EXPECT_HAS(load_error("", {"pipeline.schedule=zb"}),
+             "--set pipeline.schedule=zb: 'pipeline.schedule' is 'zb'; use 1f1b (the default) or "
+             "gpipe");
+  EXPECT_HAS(load_error("pipeline: {schedule: interleaved}\n"),
+             "virtual stages are simulated (zero/pipeline/) but not run yet; use 1f1b or gpipe");
+  EXPECT_HAS(load_error("pipeline: {partition: 'type:Block'}\n"),
+             "partitioning by layer class name is not implemented; use parameters or uniform");
+  EXPECT_HAS(load_error("pipeline: {partition: balanced}\n"),
+             "'pipeline.partition' is 'balanced'; use parameters or uniform");
+  EXPECT_HAS(load_error("pipeline: {activation_checkpoint_interval: -1}\n"),
+             "'pipeline.activation_checkpoint_interval' must be an integer >= 0");
+
+  // ZeRO-1 composes with a pipeline (each stage's data-parallel group); ZeRO-2 is refused with
+  // what it would cost, as DeepSpeed refuses it.
+  EXPECT_EQ(load("pipeline: {stages: 2}\nzero_optimization: {stage: 1}\n").zero_optimization.stage,
+            1);
+  const std::string m = load_error("pipeline: {stages: 2}\nzero_optimization: {stage: 2}\n");
+  EXPECT_HAS(m, "'zero_optimization.stage' 2 with pipeline.stages 2 is not supported");
+  EXPECT_HAS(m, "gradient_accumulation_steps times the gradient traffic of ZeRO-1");
+  EXPECT_HAS(m, "Use stage 1");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2}\n", {"pipeline.stages=4"}),
+             "with pipeline.stages 4 is not supported");
+  EXPECT_HAS(load_error("pipeline: {stages: 2}\nzero_optimization: {stage: auto}\n"),
+             "the planner does not model pipeline stages yet; set 0 or 1");
 }

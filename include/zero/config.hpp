@@ -135,6 +135,17 @@ struct TensorParallelConfig {
   bool sequence_parallel = false;
 };
 
+// DeepSpeed's `pipeline` section (stages, partition, activation_checkpoint_interval) and
+// zero's pipeline.schedule. stages 1: no pipeline. The runtime is zero/pipeline/runtime/.
+struct PipelineConfig {
+  int stages = 1;  // P; "auto" (DeepSpeed's default): 1
+  // How the layers are cut: "parameters" (DeepSpeed PipelineModule's default: balanced by
+  // parameter count) or "uniform" (the same number of layers per stage).
+  std::string partition = "parameters";
+  int activation_checkpoint_interval = 0;  // 0: off; n: runs of n layers recomputed in backward
+  std::string schedule = "1f1b";           // "1f1b" (PipeDream-Flush) or "gpipe"
+};
+
 struct Config {
   // Batch triple: 0 means "derive from the other two and the world size" (see resolve_batch).
   int64_t train_batch_size = 0;
@@ -157,6 +168,7 @@ struct Config {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   TensorParallelConfig tensor_parallel;
+  PipelineConfig pipeline;
   int steps_per_print = 10;  // logging only (DeepSpeed: unset, no periodic print)
 
   // Dtype gradients travel in; defaults to the model's compute dtype.

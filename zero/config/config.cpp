@@ -92,6 +92,7 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
       {"optimizer", [&](const Entry& e) { load_optimizer(l, e, c.optimizer); }},
       {"scheduler", [&](const Entry& e) { load_scheduler(l, e, c.scheduler); }},
       {"tensor_parallel", [&](const Entry& e) { load_tensor_parallel(l, e, c.tensor_parallel); }},
+      {"pipeline", [&](const Entry& e) { load_pipeline(l, e, c.pipeline); }},
       {"communication_data_type", dtype(c.communication_data_type)},
       {"data_types",
        [&](const Entry& s) {
@@ -148,7 +149,7 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
     f.push_back(l.diagnostic(k));
   }
   for (const std::string& k :
-       words("amp sparse_gradients pipeline curriculum_learning "
+       words("amp sparse_gradients curriculum_learning "
              "data_efficiency compression_training elasticity autotuning checkpoint "
              "aio sparse_attention eigenvalue progressive_layer_drop "
              "quantize_training nebula hybrid_engine weight_quantization compile "
@@ -197,6 +198,7 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
                "): gradients accumulate in fp32 or in the model dtype; set fp32, enable " +
                (*c.grad_accum_dtype == Dtype::kBFloat16 ? "bf16" : "fp16") + " or remove it");
   }
+  check_pipeline(l, c);
   const Entry* torch_adam = l.seen("optimizer.params.torch_adam");
   if (torch_adam && c.optimizer.torch_adam && c.zero_optimization.offload_optimizer.enabled) {
     l.warn(*torch_adam,
