@@ -8,6 +8,7 @@ set_target_properties(zero PROPERTIES EXPORT_NAME zero)
 set_target_properties(zero_comm PROPERTIES EXPORT_NAME comm)
 set_target_properties(zero_optim PROPERTIES EXPORT_NAME optim)
 set_target_properties(zero_offload PROPERTIES EXPORT_NAME offload)
+set_target_properties(zero_device PROPERTIES EXPORT_NAME device)
 set_target_properties(zero_config PROPERTIES EXPORT_NAME config)
 set_target_properties(zero_checkpoint PROPERTIES EXPORT_NAME checkpoint)
 set_target_properties(zero_plan PROPERTIES EXPORT_NAME plan)
@@ -15,7 +16,7 @@ set_target_properties(zero_compress PROPERTIES EXPORT_NAME compress)
 set_target_properties(zero_tensor_parallel PROPERTIES EXPORT_NAME tensor_parallel)
 set_target_properties(zero_torch PROPERTIES EXPORT_NAME torch)
 install(TARGETS zero zero_config zero_checkpoint zero_plan zero_tensor_parallel zero_comm
-                zero_compress zero_optim zero_offload zero_torch
+                zero_compress zero_optim zero_offload zero_device zero_torch
         EXPORT zeroTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

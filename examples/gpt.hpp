@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gpt_config.hpp"
-#include "zero/checkpoint.hpp"
+#include "zero/activation_checkpointing.hpp"
 
 namespace zero::examples {
 

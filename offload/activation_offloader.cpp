@@ -6,13 +6,13 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "offload/copy_engine.hpp"
-#include "zero/checkpoint.hpp"
+#include "device/copy_engine.hpp"
+#include "zero/activation_checkpointing.hpp"
 
 namespace zero {
 
-using offload_detail::CopyEngine;
-using offload_detail::Ticket;
+using device::CopyEngine;
+using device::Ticket;
 
 struct ActivationOffloader::Impl {
   struct Slot {
@@ -46,7 +46,7 @@ struct ActivationOffloader::Impl {
   CopyEngine* engine_for(c10::Device device) {
     auto it = engines.find(device);
     if (it == engines.end()) {
-      it = engines.emplace(device, offload_detail::make_copy_engine(device)).first;
+      it = engines.emplace(device, device::make_copy_engine(device)).first;
     }
     return it->second.get();
   }
@@ -64,7 +64,7 @@ struct ActivationOffloader::Impl {
   void start_fetch(Entry& e) {
     for (Slot& s : e.slots) {
       if (!s.host.defined()) continue;
-      offload_detail::Copy c = s.engine->to_device_async(s.host);
+      device::Copy c = s.engine->to_device_async(s.host);
       s.fetched = std::move(c.dst);
       s.fetch_ticket = std::move(c.ticket);
     }
@@ -104,7 +104,7 @@ int64_t ActivationOffloader::offload(const std::vector<at::Tensor>& inputs) {
     const at::Tensor src = inputs[i].detach();
     Impl::Slot& s = e.slots[i];
     s.engine = m.engine_for(src.device());
-    offload_detail::Copy c = s.engine->to_host_async(src);
+    device::Copy c = s.engine->to_host_async(src);
     s.host = std::move(c.dst);
     const int64_t bytes = static_cast<int64_t>(s.host.nbytes());
     e.bytes += bytes;

@@ -245,7 +245,7 @@ class HostOptimizerBase : public HostShardOptimizer {
                            double lr, float grad_scale, std::optional<double> weight_decay,
                            void* out) = 0;
 
-  at::Tensor state_zeros() const { return host_zeros(numel(), pin_); }
+  at::Tensor state_zeros() const { return device::host_zeros(numel(), pin_); }
 
  private:
   // Splits [b, e) into pieces of at least kGrain elements, run in parallel: with threads_ > 0

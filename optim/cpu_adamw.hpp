@@ -21,8 +21,8 @@
 #include <memory>
 #include <vector>
 
+#include "device/pinned_host.hpp"
 #include "optim/adamw.hpp"
-#include "optim/pinned_host.hpp"
 #include "optim/sgd.hpp"
 #include "optim/shard_optimizer.hpp"
 

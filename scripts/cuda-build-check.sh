@@ -2,7 +2,8 @@
 # Compile-and-link check of the CUDA variant, on a machine without a GPU: a CUDA build of torch
 # (torch==2.14.1 with CUDA 13, ~5.5 GB in its own venv) plus the machine's nvcc/CUDA headers let
 # CMake build the NCCL process group (comm/nccl.cpp), the CUDA device queries
-# (zero/device_cuda.cpp) and the offload copy stream (offload/device_copy.cpp, device-generic, so
+# (device/cuda/memory.cpp), page-locked host memory (device/cuda/page_lock.cpp) and the copy
+# stream (device/device_copy.cpp, device-generic, so
 # the CPU build compiles it too and the tests' fake accelerator runs it). The CPU tests then
 # run on that build too; the CUDA-gated ones skip.
 set -euo pipefail
@@ -21,8 +22,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 ninja -C "$build" -j "${ZERO_JOBS:-2}"
 # The evidence: the device-specific objects exist, and the binaries link the CUDA runtime,
 # torch_cuda and NCCL.
-for obj in comm/CMakeFiles/zero_comm.dir/nccl.cpp.o zero/CMakeFiles/zero.dir/device_cuda.cpp.o \
-  offload/CMakeFiles/zero_offload.dir/device_copy.cpp.o; do
+for obj in comm/CMakeFiles/zero_comm.dir/nccl.cpp.o device/CMakeFiles/zero_device.dir/cuda/memory.cpp.o \
+  device/CMakeFiles/zero_device.dir/cuda/page_lock.cpp.o device/CMakeFiles/zero_device.dir/device_copy.cpp.o; do
   test -s "$build/$obj" || { echo "cuda-check: $obj missing" >&2; exit 1; }
   echo "cuda-check: compiled $obj ($(stat -c %s "$build/$obj") bytes)"
 done

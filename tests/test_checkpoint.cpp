@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "support/block_mlp.hpp"
-#include "zero/checkpoint.hpp"
+#include "zero/activation_checkpointing.hpp"
 
 namespace zero::testing {
 namespace {

@@ -12,7 +12,7 @@
 #include <mutex>
 
 #include "support/thread_group.hpp"
-#include "zero/checkpoint.hpp"
+#include "zero/activation_checkpointing.hpp"
 #include "zero/engine.hpp"
 
 namespace zero::testing {

@@ -13,8 +13,8 @@
 
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
-#include "zero/deepspeed_norm.hpp"
-#include "zero/flat_params.hpp"
+#include "zero/params/flat_params.hpp"
+#include "zero/step/deepspeed_norm.hpp"
 
 namespace zero::testing {
 namespace {

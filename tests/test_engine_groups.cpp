@@ -158,7 +158,7 @@ MiniRef train_mini_reference(const Config& cfg, uint64_t seed) {
 struct TpCase {
   int stage;
   bool sgd;
-  bool torch_adam;  // DeepSpeed's norm arithmetic (zero/deepspeed_norm.cpp)
+  bool torch_adam;  // DeepSpeed's norm arithmetic (zero/step/deepspeed_norm.cpp)
 };
 
 class DataTimesTensor : public ::testing::TestWithParam<TpCase> {};

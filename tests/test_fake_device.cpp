@@ -13,14 +13,14 @@
 #include <mutex>
 #include <optional>
 
-#include "offload/event_wait.hpp"
-#include "optim/pinned_host.hpp"
+#include "device/event_wait.hpp"
+#include "device/pinned_host.hpp"
 #include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
-#include "zero/checkpoint.hpp"
+#include "zero/activation_checkpointing.hpp"
 #include "zero/engine.hpp"
-#include "zero/grad_to_host.hpp"
+#include "zero/grads/grad_to_host.hpp"
 
 namespace zero::testing {
 namespace {
@@ -249,7 +249,7 @@ Forward checkpointed(ActivationOffloader& offloader) {
 }
 
 // Activation checkpointing on the device, its saved inputs offloaded to the host through the
-// copy engine's stream and events (offload/device_copy.cpp, the CUDA path's code).
+// copy engine's stream and events (device/device_copy.cpp, the CUDA path's code).
 TEST(FakeDeviceCheckpointing, RecomputedTrainingMatchesSingleProcessTraining) {
   const Config cfg = config(2, "AdamW");
   ActivationOffloader offloader;
@@ -279,7 +279,7 @@ TEST(FakeDeviceSlowEvents, OffloadAndCheckpointingMatchTrainingWhenCopiesFinishL
 // TinyNet's modules registered head first: the engine lays parameters out in reverse
 // registration order, so head's gradients (the first to arrive) land in the last bucket and,
 // from the second step on, the engine releases its buckets in the observed arrival order
-// (zero/release_order.cpp), on the device and under offload.
+// (zero/engine/release_order.cpp), on the device and under offload.
 struct HeadFirstImpl : torch::nn::Module {
   explicit HeadFirstImpl(std::shared_ptr<TinyNetImpl> t) : net(std::move(t)) {
     register_module("head", net->head);
@@ -451,7 +451,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(FakeDeviceGradToHost, NormOfTheShardIsSummedOnTheDevice) {
   const c10::Device d = fake::device(0);
   GradToHost to_host(d, /*slot_numel=*/5, at::kBFloat16, at::kFloat);
-  at::Tensor shard = optim::host_zeros(10, /*pin=*/true).fill_(7);  // last window's values
+  at::Tensor shard = device::host_zeros(10, /*pin=*/true).fill_(7);  // last window's values
   auto gen = at::detail::createCPUGenerator(5);
   const at::Tensor values = at::randn({10}, gen).to(at::kBFloat16);
   to_host.new_window();
@@ -495,7 +495,7 @@ TEST(FakeDeviceEvents, HostWaitForAnEventSleeps) {
   };
   const auto wall0 = std::chrono::steady_clock::now();
   const auto cpu0 = cpu_now();
-  offload_detail::wait_for_event(event);
+  device::wait_for_event(event);
   const auto wall = std::chrono::steady_clock::now() - wall0;
   const auto cpu = cpu_now() - cpu0;
   EXPECT_TRUE(event.query());
@@ -621,11 +621,11 @@ TEST_P(FakeDeviceHostMemory, PinnedHostMemoryIsTheDeclaredOffloadBuffers) {
     // Each rank's buffers, each up to a page over: master, 2 moments, gradient shard, the
     // compute-dtype copy and 3 ring slots.
     buffers += 8;
-    EXPECT_LE(rep.host_pinned, rep.host_measured + 8 * optim::kHostPageBytes)
+    EXPECT_LE(rep.host_pinned, rep.host_measured + 8 * device::kHostPageBytes)
         << "the memory report's pinned figure";
   }
   ASSERT_GT(declared, 2 * 5 * 3'000'000) << "the buffers are large enough to be rounded";
-  const int64_t bound = declared + buffers * optim::kHostPageBytes;
+  const int64_t bound = declared + buffers * device::kHostPageBytes;
   std::printf("%s: declared host buffers %lld B; pinned held %lld B, in use %lld B\n",
               bf16 ? "bf16" : "fp32", static_cast<long long>(declared),
               static_cast<long long>(held[0]), static_cast<long long>(in_use[0]));

@@ -3,8 +3,8 @@
 // guess one gradient per hidden parameter, a later gradient of it then reported as late.
 #include <gtest/gtest.h>
 
-#include "zero/grad_buckets.hpp"
-#include "zero/shard_info.hpp"
+#include "zero/grads/grad_buckets.hpp"
+#include "zero/params/shard_info.hpp"
 
 namespace zero::testing {
 namespace {

@@ -1,4 +1,4 @@
-// The gradient paths (zero/grad_sync.hpp) over a FakeGroup (support/fake_group.hpp), with the
+// The gradient paths (zero/grads/grad_sync.hpp) over a FakeGroup (support/fake_group.hpp), with the
 // gradients arriving in scripted orders: reductions launch in the release order as soon as their
 // bucket and every bucket before it in that order are complete, at most two are in flight (the
 // pool's two buffers), and the shard holds the reduced gradients whatever the arrival order.
@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "support/fake_group.hpp"
-#include "zero/grad_sync.hpp"
+#include "zero/grads/grad_sync.hpp"
 
 namespace zero::testing {
 namespace {

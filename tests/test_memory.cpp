@@ -15,7 +15,7 @@
 #include "support/tiny_net_layout.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
-#include "zero/shard_info.hpp"
+#include "zero/params/shard_info.hpp"
 
 namespace zero::testing {
 namespace {

@@ -15,7 +15,7 @@
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
-#include "zero/loss_scaler.hpp"
+#include "zero/step/loss_scaler.hpp"
 
 namespace zero::testing {
 namespace {

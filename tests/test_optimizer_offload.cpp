@@ -25,10 +25,10 @@
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
-#include "zero/grad_buckets.hpp"
-#include "zero/grad_to_host.hpp"
-#include "zero/optimizer_offload.hpp"
-#include "zero/shard_info.hpp"
+#include "zero/grads/grad_buckets.hpp"
+#include "zero/grads/grad_to_host.hpp"
+#include "zero/params/shard_info.hpp"
+#include "zero/step/optimizer_offload.hpp"
 
 namespace zero::testing {
 namespace {
@@ -479,8 +479,8 @@ TEST(OffloadConfig, StageZeroSetInCodeIsRefusedAtInitialize) {
   }
 }
 
-// The gradient shard's trip to the host (zero/grad_to_host.hpp), on the host copy engine. In an
-// accumulation window the first piece to reach a range of the shard overwrites it (the old
+// The gradient shard's trip to the host (zero/grads/grad_to_host.hpp), on the host copy engine. In
+// an accumulation window the first piece to reach a range of the shard overwrites it (the old
 // values count as zeros: zero_grad leaves the shard alone), later ones add through the ring of
 // slots (more pieces than slots: it wraps), the source may be rewritten once the ticket was
 // waited for, and finish() zeroes what no piece wrote.

@@ -18,7 +18,7 @@
 
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
-#include "zero/checkpoint.hpp"
+#include "zero/activation_checkpointing.hpp"
 #include "zero/engine.hpp"
 
 namespace zero::testing {

@@ -3,7 +3,7 @@
 
 #include <numeric>
 
-#include "zero/shard_info.hpp"
+#include "zero/params/shard_info.hpp"
 
 namespace zero {
 namespace {

@@ -1,8 +1,8 @@
 // What the accelerator says about itself: its name (for the peak-FLOP/s table behind MFU) and
 // the caching allocator's memory counters. One implementation per device family, picked by
-// CMake (zero/device_cuda.cpp or zero/device_cpu.cpp), so callers need no #ifdef. Any other
+// CMake (device/cuda/memory.cpp or device/none/memory.cpp), so callers need no #ifdef. Any other
 // device type (a backend registered as PrivateUse1) is read through the allocator registered
-// for it, when that is a c10::DeviceAllocator (zero/device_allocator.hpp).
+// for it, when that is a c10::DeviceAllocator (device/registered_allocator.hpp).
 #pragma once
 
 #include <c10/core/Device.h>

@@ -137,12 +137,11 @@ class Engine {
   // of the result is one bucket's fp32 values.
   StateDict state_dict(const StateDictOptions& opts = {}) const;
 
-  // Checkpoints (zero/engine_save.cpp, engine_load.cpp; the on-disk format is zero/checkpoint/,
-  // consolidation checkpoint_io.hpp).
-  // Both are collectives: every rank calls them, and a failure throws zero::CheckpointError on
-  // every rank. save_checkpoint writes dir/tag/ (tag "" = "step<optimizer_steps>") atomically,
-  // then points dir/latest at it and, with keep_last > 0, deletes older checkpoints. Call it
-  // right after a step() that returned true.
+  // Checkpoints (zero/engine/engine_save.cpp, engine_load.cpp; the on-disk format is
+  // zero/checkpoint/, consolidation checkpoint_io.hpp). Both are collectives: every rank calls
+  // them, and a failure throws zero::CheckpointError on every rank. save_checkpoint writes dir/tag/
+  // (tag "" = "step<optimizer_steps>") atomically, then points dir/latest at it and, with keep_last
+  // > 0, deletes older checkpoints. Call it right after a step() that returned true.
   void save_checkpoint(const std::string& dir, const std::string& tag = "", int keep_last = 0);
   // Restores parameters, optimizer states and step counters from dir/tag (tag "" = the one
   // dir/latest names; returns the tag), on any number of ranks and any stage: the files hold

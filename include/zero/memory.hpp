@@ -72,7 +72,7 @@ struct MemoryReport {
   int64_t host_measured = 0;
   int64_t host_predicted = 0;
   // What those host buffers really hold: page-locked ones (pin_memory on a CUDA build) of 1 MiB
-  // and more are exact-size blocks rounded to a page (optim/pinned_host.hpp); smaller ones take a
+  // and more are exact-size blocks rounded to a page (device/pinned_host.hpp); smaller ones take a
   // block of the caching host allocator, which rounds each request up to a power of two.
   // Equal to host_measured when nothing is pinned (CPU-only builds, pin_memory: false).
   int64_t host_pinned = 0;

@@ -35,9 +35,9 @@
 // Optimizer offload (zero_optimization.offload_optimizer, stages 1 and 2; in.offload_optimizer):
 // per rank the fp32 master shard 4Ψ/N, the K optimizer states 4KΨ/N, the fp32 gradient shard
 // 4Ψ/N and the compute-dtype copy of the shard the CPU step writes pΨ/N live in host memory,
-// (8 + 4K + p)Ψ/N as the engine's memory report counts them (zero/engine.cpp); the device keeps
-// the compute-dtype parameters pΨ, stage 1's full fp32 accumulator where it keeps one, and two
-// pairs of bucket buffers (the gradients always go through them, to be copied to the host). The
+// (8 + 4K + p)Ψ/N as the engine's memory report counts them (zero/engine/engine.cpp); the device
+// keeps the compute-dtype parameters pΨ, stage 1's full fp32 accumulator where it keeps one, and
+// two pairs of bucket buffers (the gradients always go through them, to be copied to the host). The
 // planner recommends it only when nothing fits without: it adds a CPU step and two PCIe copies
 // of the shard per step. A node's host memory holds ranks_per_node times the host part (with
 // the offloaded activation checkpoints): the plan says when it does not.

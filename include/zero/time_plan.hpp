@@ -10,8 +10,8 @@
 //
 // Communication (NCCL's ring model, nccl-tests' "bus bandwidth" B): for a payload of S bytes
 // on N ranks, reduce-scatter and all-gather move (N-1)/N·S per rank, all-reduce 2(N-1)/N·S;
-// time = that / B + one latency per call. The engine (zero/accumulated_grads.cpp,
-// zero/partitioned_grads.cpp, zero/engine.cpp) does, per optimizer step:
+// time = that / B + one latency per call. The engine (zero/grads/accumulated_grads.cpp,
+// zero/grads/partitioned_grads.cpp, zero/engine/engine.cpp) does, per optimizer step:
 //   stage 0  all-reduce of every gradient bucket, on the last micro-step only
 //   stage 1  reduce-scatter of every bucket, on the last micro-step only; all-gather of the
 //            updated parameters after the optimizer step

@@ -1,8 +1,8 @@
 // Everything a training program needs: #include <zero/zero.hpp>.
 #pragma once
 
+#include "zero/activation_checkpointing.hpp"
 #include "zero/auto_strategy.hpp"
-#include "zero/checkpoint.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/config.hpp"
 #include "zero/device.hpp"

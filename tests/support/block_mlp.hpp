@@ -11,7 +11,7 @@
 
 #include <vector>
 
-#include "zero/checkpoint.hpp"
+#include "zero/activation_checkpointing.hpp"
 
 namespace zero::testing {
 

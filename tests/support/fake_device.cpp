@@ -25,7 +25,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "optim/pinned_host.hpp"
+#include "device/pinned_host.hpp"
 
 namespace zero::testing::fake {
 namespace {
@@ -119,7 +119,7 @@ class CountingAllocator final : public c10::DeviceAllocator {
 // Page-locked host memory, modelled on CUDA's: at::empty(..., pinned_memory(true)) reaches a
 // caching allocator that rounds each request up to a power of two and keeps freed blocks for
 // reuse (CachingHostAllocator's rule), and exact-size blocks are made on request, as
-// cudaHostAlloc makes them (the engine's page locker, optim/pinned_host.hpp). Both are ordinary
+// cudaHostAlloc makes them (the engine's page locker, device/pinned_host.hpp). Both are ordinary
 // host memory, counted, and known by address for is_pinned().
 class PinnedAllocator final : public c10::Allocator {
  public:
@@ -423,8 +423,8 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, FakeGuard);
 bool register_backend() {
   c10::register_privateuse1_backend("fake");
   c10::SetAllocator(kType, &CountingAllocator::get());
-  optim::register_page_locker(kType,
-                              {&PinnedAllocator::allocate_exact, &PinnedAllocator::release_exact});
+  device::register_page_locker(kType,
+                               {&PinnedAllocator::allocate_exact, &PinnedAllocator::release_exact});
   static FakeHooks hooks;
   at::RegisterPrivateUse1HooksInterface(&hooks);
   return true;

@@ -35,7 +35,7 @@ void reset_peak(int index);
 // Page-locked host memory, modelled on CUDA's: the caching allocator behind
 // at::empty(..., pinned_memory(true)) (PrivateUse1HooksInterface::getPinnedMemoryAllocator)
 // rounds each block up to a power of two and keeps it when freed, as CachingHostAllocator does;
-// exact-size blocks come from the page locker the backend registers (optim::PageLocker, as
+// exact-size blocks come from the page locker the backend registers (device::PageLocker, as
 // cudaHostAlloc). pinned_bytes: what both hold from the system now (cached free blocks
 // included); pinned_in_use_bytes: the blocks of live tensors, rounded as held.
 int64_t pinned_bytes();

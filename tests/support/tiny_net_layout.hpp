@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "zero/shard_info.hpp"
+#include "zero/params/shard_info.hpp"
 
 namespace zero::testing {
 

@@ -13,7 +13,7 @@
 //     reduces during backward as stage 2 does and holds the same bytes, so it wins the tie.)
 #include "zero/memory_plan.hpp"
 
-#include "zero/shard_info.hpp"
+#include "zero/params/shard_info.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -4,7 +4,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "zero/checkpoint.hpp"
+#include "zero/activation_checkpointing.hpp"
 
 namespace zero::pipeline {
 

@@ -1,8 +1,0 @@
-#include "optim/page_lock.hpp"
-
-namespace zero::optim::detail {
-
-// No accelerator of this build's own: only registered backends page-lock exactly.
-std::optional<PageLocker> builtin_page_locker(c10::DeviceType) { return std::nullopt; }
-
-}  // namespace zero::optim::detail

@@ -1,0 +1,73 @@
+// The error-feedback residuals of zero_quantized_gradients in checkpoints: each rank writes its
+// own (they are what that rank's quantization dropped, in its bucket layout) to
+// error_feedback.rank<r>_of_<N>.pt beside its shard file, and reads it back on resume, so a
+// resumed run sends exactly what the uninterrupted one would have.
+//
+// Resharding drops them: a residual is laid out as the world x shard rows of each bucket of the
+// saved world size, and what it holds (at most half a quantization step per element, summed
+// over ranks) is not worth a redistribution that would have to read every saved rank's file.
+// The first steps after such a load then carry one step's quantization error, as the first
+// steps of a run do; rank 0 says so.
+#include <torch/serialize.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "zero/engine/engine_checkpoint.hpp"
+
+namespace zero::ckpt {
+namespace fs = std::filesystem;
+
+std::string error_feedback_file(int rank, int world) {
+  return "error_feedback.rank" + std::to_string(rank) + "_of_" + std::to_string(world) + ".pt";
+}
+
+void save_error_feedback(Engine::Impl& m, const std::string& dir) {
+  compress::ErrorFeedback* ef = m.sync->error_feedback();
+  if (!ef) return;
+  const compress::ErrorFeedback::State s = ef->state();
+  std::vector<at::Tensor> out{at::tensor({static_cast<int64_t>(s.bits), s.block}, at::kLong)};
+  for (const at::Tensor& r : s.residuals) out.push_back(r.cpu());
+  const fs::path path = fs::path(dir) / error_feedback_file(m.group->rank(), m.group->size());
+  torch::save(out, path.string());
+}
+
+void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_world) {
+  compress::ErrorFeedback* ef = m.sync->error_feedback();
+  if (!ef) return;
+  const int rank = m.group->rank(), world = m.group->size();
+  const fs::path path = fs::path(tag_dir) / error_feedback_file(rank, world);
+  auto drop = [&](const std::string& why) {
+    ef->reset();
+    if (rank == 0) {
+      std::cerr << "zero: warning: " << tag_dir << ": the error-feedback residuals start at zero ("
+                << why << "); the next step carries one step's quantization error\n";
+    }
+  };
+  if (saved_world != world) {
+    drop("the checkpoint was saved by " + std::to_string(saved_world) + " ranks, this run has " +
+         std::to_string(world) + ": resharding drops them");
+    return;
+  }
+  if (!fs::exists(path)) {
+    drop("the checkpoint has none: it was saved without zero_quantized_gradients error feedback");
+    return;
+  }
+  std::vector<at::Tensor> in;
+  torch::load(in, path.string());
+  TORCH_CHECK(!in.empty() && in[0].numel() == 2, "zero: ", path.string(),
+              " is not an error-feedback file");
+  compress::ErrorFeedback::State s;
+  s.bits = static_cast<int>(in[0][0].item<int64_t>());
+  s.block = in[0][1].item<int64_t>();
+  if (s.bits != ef->bits() || s.block != ef->block()) {
+    drop("saved with zero_quantized_gradients_bits " + std::to_string(s.bits) + ", block " +
+         std::to_string(s.block) + "; this run uses " + std::to_string(ef->bits()) + ", " +
+         std::to_string(ef->block()));
+    return;
+  }
+  s.residuals.assign(in.begin() + 1, in.end());
+  ef->load_state(s);  // checks every buffer's size before it copies any
+}
+
+}  // namespace zero::ckpt

@@ -1,0 +1,105 @@
+// Engine::Impl, the engine's state, shared by the files that implement Engine's members
+// (engine.cpp: backward and step; checkpoint files: save and load). Private to zero/.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+
+#include "comm/group.hpp"
+#include "device/host_readback.hpp"
+#include "zero/engine.hpp"
+#include "zero/grads/grad_hooks.hpp"
+#include "zero/grads/grad_order.hpp"
+#include "zero/grads/grad_sync.hpp"
+#include "zero/params/flat_params.hpp"
+#include "zero/params/sharding.hpp"
+#include "zero/step/loss_scaler.hpp"
+#include "zero/step/optimizer_factory.hpp"
+#include "zero/step/optimizer_offload.hpp"
+
+namespace zero {
+
+at::ScalarType to_scalar_type(Dtype d);
+
+struct Engine::Impl {
+  Config cfg;
+  std::shared_ptr<torch::nn::Module> module;
+  Groups groups;                       // as handed to initialize
+  std::shared_ptr<comm::Group> group;  // groups.dp: what the engine shards and averages over
+  Sharding sharding;                   // what the stage shards (zero/params/sharding.hpp)
+  // groups.norm's groups, and per layout parameter whether this rank counts it in the gradient
+  // norm (not when it is replicated across a norm group whose rank 0 this rank is not). Both
+  // empty without norm groups: the one-group norm, as it always was.
+  std::vector<std::shared_ptr<comm::Group>> norm_groups;
+  std::vector<char> norm_counted;
+  int64_t accumulation = 1;
+  at::ScalarType param_dtype = at::kFloat;
+  FlattenOptions flat_opts;
+  FlatParams fp;
+  GradSyncOptions sync_opts;
+  std::unique_ptr<GradSync> sync;
+  std::vector<int> bucket_order;  // the buckets' release order once agreed; empty: index order
+  std::unique_ptr<GradOrder> order;
+  GradHooks hooks;
+  OptimizerBundle opt;
+  EngineStats stats;
+  DeviceLossScaler scaler;  // active under fp16 only
+  // Optimizer offload (zero/step/optimizer_offload.hpp); null without it.
+  std::unique_ptr<OptimizerOffload> offload;
+  // gradient_predivide_factor as resolved for this run (Config says how).
+  double predivide = 1;
+  bool in_backward = false;
+  // The last step's {grad norm, found_inf, loss scale before, after}, on its way to the host.
+  HostReadback verdict;
+  bool awaiting_step = false;   // a backward ran and its step() has not
+  bool taken_over = false;      // a later zero::initialize on the same model owns the hooks now
+  std::string deferred_error;   // a non-finite norm seen by settle(), thrown by the next step()
+  int64_t allocator_delta = 0;  // allocated_bytes() over initialize
+  int64_t replaced_param_bytes = 0;  // the model's trainable parameters before initialize
+
+  ~Impl();
+
+  // Takes in the last step's verdict: the norm for stats, and for an overflow the skipped-step
+  // bookkeeping (the device already left the weights alone). On CUDA this waits only for the
+  // work queued up to that step's end, which is normally long done.
+  void settle();
+
+  // Called by the post-accumulate-grad hook of parameter `index` (layout index).
+  void on_grad(int index, const at::Tensor& param);
+  // The optimizer step on the master shard, and the updated values into the model: copied
+  // (stage 0) or all-gathered bucket by bucket as each bucket's update is queued (stages 1, 2).
+  void update_and_publish(const at::Tensor& grad, double lr,
+                          const optim::ShardOptimizer::Scalars& scalars);
+  // Copies (stage 0) or all-gathers (stages 1, 2) the master shards into the model; `before`
+  // runs for each bucket just before its gather is launched.
+  void publish_parameters(const std::function<void(const BucketSlot&)>& before = {});
+  // The same with each bucket's shard values, in the compute dtype on the device, from `source`
+  // (which may update them first).
+  void publish_from(const std::function<at::Tensor(const BucketSlot&)>& source);
+  // This rank's part of bucket b's all-gather output in the flat buffer. Under offload the new
+  // values are uploaded straight there and the gather runs in place (its input inside its
+  // output at the rank's offset, which NCCL and gloo both accept): no device temporary.
+  at::Tensor own_part(const BucketSlot& b) const;
+
+  // One micro-step's backward: walks `roots`' graph for the parameters it reaches, runs `run`
+  // (autograd) with the hooks armed, finishes the reductions; on failure discards the window.
+  void run_backward(const std::vector<at::Tensor>& roots, const std::function<void()>& run);
+  // The squared global gradient norm, a one-element fp32 tensor on the device: over dp, then
+  // each norm group.
+  at::Tensor squared_grad_norm();
+  // From groups.norm: norm_groups and norm_counted (zero/engine/grad_norm.cpp).
+  void set_norm_groups();
+
+  // The gradient path for the current layout (zero/engine/engine.cpp).
+  void make_sync();
+  // After a backward that threw: discards the accumulation window (zero/engine/engine.cpp).
+  void discard_window();
+  // Between the first two accumulation windows: agrees on the first pass's arrival order and
+  // from then on reduces buckets in the order they completed in it; the layout stays
+  // (zero/engine/release_order.cpp).
+  void apply_arrival_order();
+};
+
+}  // namespace zero

@@ -1,0 +1,164 @@
+// Engine::save_checkpoint: every rank writes its pieces into dir/tag.tmp/, rank 0 adds the
+// manifest, renames the directory to dir/tag and only then points dir/latest at it. A crash at
+// any point leaves the previous checkpoint and `latest` as they were.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "device/pinned_host.hpp"
+#include "zero/engine/engine_checkpoint.hpp"
+
+namespace zero {
+namespace fs = std::filesystem;
+namespace {
+
+ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
+  const FlatLayout& L = m.fp.layout;
+  const int rank = m.group->rank(), world = m.group->size();
+  // Stage 0 keeps every value on every rank: rank 0 writes them, the others only their RNG.
+  std::vector<OwnedPiece> pieces;
+  if (m.sharding.optimizer) {
+    pieces = L.owned_pieces(m.sharding.owner);
+  } else if (rank == 0) {
+    pieces = L.owned_pieces(0);
+  }
+  ckpt::ShardIndex index;
+  index.rank = rank;
+  index.world = world;
+  index.rng_state = ckpt::rng_state(m.fp.flat.device());
+  const auto states = m.opt.optimizer->state();
+  for (const auto& s : states) index.state_names.push_back(s.first);
+  for (const OwnedPiece& p : pieces) {
+    const ParamSlot& slot = L.params()[p.param];
+    index.entries.push_back({slot.name, slot.numel, p.param_offset, p.numel, 0});
+  }
+  ckpt::assign_payload_offsets(index);
+  ckpt::ShardWriter w((tmp_dir / ckpt::shard_file_name(rank, world)).string(), index);
+  // Piece by piece from the master and the states where they are (sharded fp32: the master is
+  // this rank's slot of each bucket of the flat buffer), through a host buffer of at most one
+  // bucket's shard for states outside host memory: a save holds no copy of a whole shard.
+  const int64_t chunk = std::max<int64_t>(L.chunk_numel(), 1);
+  at::Tensor staging;
+  for (const OwnedPiece& p : pieces) {
+    std::vector<at::Tensor> from{m.fp.master_window(L.buckets()[L.params()[p.param].bucket])};
+    for (const auto& s : states) from.push_back(s.second);
+    for (const at::Tensor& t : from) {
+      for (int64_t at = 0; at < p.numel; at += chunk) {
+        const int64_t n = std::min(chunk, p.numel - at);
+        const at::Tensor piece = t.narrow(0, p.shard_offset + at, n);
+        if (piece.is_cpu()) {
+          w.append(piece.data_ptr<float>(), n);
+          continue;
+        }
+        // Page-locked: a device-to-host copy into pageable memory goes through the driver's own
+        // bounce buffer at a fraction of the bandwidth.
+        if (!staging.defined()) staging = device::host_zeros(chunk, /*pin=*/true);
+        staging.narrow(0, 0, n).copy_(piece);
+        w.append(staging.data_ptr<float>(), n);
+      }
+    }
+  }
+  return w.finish();
+}
+
+ckpt::Manifest make_manifest(const Engine::Impl& m, const std::string& tag,
+                             const at::Tensor& file_stats) {
+  ckpt::Manifest man;
+  man.tag = tag;
+  man.world_size = m.group->size();
+  man.stage = m.sharding.stage();
+  man.param_dtype = ckpt::current_dtype(m);
+  man.params = ckpt::current_params(m);
+  man.fingerprint = ckpt::run_fingerprint(man.params, man.param_dtype);
+  man.optimizer = m.opt.optimizer->name();
+  for (const auto& s : m.opt.optimizer->state()) man.state_names.push_back(s.first);
+  man.param_groups = param_groups_text(m.cfg.optimizer.param_groups);
+  man.optimizer_internal_steps = m.opt.optimizer->steps();
+  man.optimizer_steps = m.stats.optimizer_steps;
+  man.micro_steps = m.stats.micro_steps;
+  man.skipped_steps = m.stats.skipped_steps;
+  man.accumulation = m.accumulation;
+  man.last_grad_norm = m.stats.last_grad_norm;
+  const LossScaler::State s = m.scaler.state();
+  man.loss_scale = s.scale;
+  man.scaler_iter = s.iter;
+  man.scaler_last_overflow_iter = s.last_overflow_iter;
+  man.scaler_hysteresis_left = s.hysteresis_left;
+  man.config_source = m.cfg.source;
+  // The file as written (before --set overrides; `config` has the resolved values).
+  std::error_code ec;
+  if (fs::is_regular_file(m.cfg.source, ec) && fs::file_size(m.cfg.source, ec) < (1 << 20)) {
+    man.config_text = ckpt::read_text(m.cfg.source, "the config file");
+  }
+  man.config = ckpt::config_values(m.cfg);
+  const int64_t* v = file_stats.data_ptr<int64_t>();
+  for (int r = 0; r < man.world_size; ++r) {
+    man.files.push_back({ckpt::shard_file_name(r, man.world_size), static_cast<uint64_t>(v[2 * r]),
+                         static_cast<uint32_t>(v[2 * r + 1])});
+  }
+  return man;
+}
+
+}  // namespace
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg, int keep_last) {
+  auto& m = *impl_;
+  at::NoGradGuard no_grad;
+  m.settle();  // the counters below must include the last step's outcome
+  const std::string tag =
+      tag_arg.empty() ? "step" + std::to_string(m.stats.optimizer_steps) : tag_arg;
+  // Checks every rank makes alike, so they may throw before the first collective.
+  ckpt::check_tag(tag);
+  ZERO_CKPT_CHECK(!dir.empty(), "zero: save_checkpoint needs a directory (trainer.save_dir)");
+  ZERO_CKPT_CHECK(m.stats.micro_steps % m.accumulation == 0, "zero: save_checkpoint at micro-step ",
+                  m.stats.micro_steps, " is inside a gradient-accumulation window of ",
+                  m.accumulation,
+                  " micro-steps, whose gradients a checkpoint does not keep; save right after "
+                  "engine.step() returned true");
+  const std::string what = "save_checkpoint('" + dir + "', '" + tag + "')";
+  const fs::path root(dir);
+  const fs::path final_dir = root / tag;
+  const fs::path tmp_dir = root / (tag + ".tmp");
+  const int rank = m.group->rank(), world = m.group->size();
+
+  std::string err;
+  if (rank == 0) {
+    err = ckpt::attempt([&] {
+      fs::create_directories(root);
+      fs::remove_all(tmp_dir);  // left by a save that crashed
+      fs::create_directory(tmp_dir);
+    });
+  }
+  ckpt::agree(m, err, what);
+
+  ckpt::WrittenFile written;
+  err = ckpt::attempt([&] {
+    written = write_shard(m, tmp_dir);
+    ckpt::save_error_feedback(m, tmp_dir.string());
+  });
+  ckpt::agree(m, err, what);
+
+  at::Tensor mine =
+      at::tensor({static_cast<int64_t>(written.bytes), static_cast<int64_t>(written.payload_crc)},
+                 at::kLong)
+          .to(m.fp.flat.device());
+  at::Tensor all = at::empty({2 * world}, mine.options());
+  m.group->all_gather(all, mine, "all_gather of checkpoint file sizes").wait();
+  all = all.cpu();
+
+  if (rank == 0) {
+    err = ckpt::attempt([&] {
+      const ckpt::Manifest man = make_manifest(m, tag, all);
+      ckpt::write_file_atomic((tmp_dir / "manifest.json").string(), ckpt::manifest_to_json(man));
+      ckpt::fsync_dir(tmp_dir.string());
+      ckpt::publish_dir(tmp_dir.string(), final_dir.string());
+      ckpt::write_file_atomic((root / "latest").string(), tag + "\n");
+      prune_checkpoints(dir, keep_last);
+    });
+  }
+  ckpt::agree(m, err, what);
+}
+
+}  // namespace zero

@@ -1,0 +1,124 @@
+// The global gradient norm: this rank's sum of squares, summed over the data-parallel group and
+// then over each norm group (Groups::norm), with parameters replicated across a norm group
+// counted on its rank 0 only.
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <unordered_map>
+
+#include "zero/engine/engine_impl.hpp"
+#include "zero/step/deepspeed_norm.hpp"
+
+namespace zero {
+
+namespace {
+
+// The squared L2 norm of the gradient shard, in fp32, as a one-element tensor on its device.
+// An fp32 shard is reduced as it is; a narrower one bucket by bucket, each converted inside the
+// reduction (CUDA) or through one bucket's fp32 temporary (CPU), not a whole-shard copy.
+at::Tensor squared_norm(const at::Tensor& g, const FlatLayout& layout) {
+  if (g.scalar_type() == at::kFloat) return at::linalg_vector_norm(g, 2).square().reshape({1});
+  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kFloat));
+  for (const BucketSlot& b : layout.buckets()) {
+    sq.add_(at::linalg_vector_norm(g.narrow(0, b.shard_offset, b.shard.shard_numel()), 2, {}, false,
+                                   at::kFloat)
+                .square());
+  }
+  return sq;
+}
+
+// The same over the pieces of the shard whose parameter this rank counts.
+at::Tensor counted_squared_norm(const at::Tensor& g, const FlatLayout& layout, int owner,
+                                const std::vector<char>& counted) {
+  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kFloat));
+  for (const OwnedPiece& p : layout.owned_pieces(owner)) {
+    if (!counted[p.param]) continue;
+    sq.add_(at::linalg_vector_norm(g.narrow(0, p.shard_offset, p.numel), 2, {}, false, at::kFloat)
+                .square());
+  }
+  return sq;
+}
+
+}  // namespace
+
+void Engine::Impl::set_norm_groups() {
+  if (groups.norm.empty()) return;
+  std::unordered_map<const void*, int> layout_index;  // TensorImpl -> layout index
+  for (size_t li = 0; li < fp.params.size(); ++li) {
+    layout_index[fp.params[li].unsafeGetTensorImpl()] = static_cast<int>(li);
+  }
+  std::unordered_map<std::string, const void*> by_name;  // every name, tied ones included
+  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+    by_name[item.key()] = item.value().unsafeGetTensorImpl();
+  }
+  norm_counted.assign(fp.params.size(), 1);
+  // Every rank of dp must sit at the same rank of each norm group (a mesh's dimensions do): the
+  // ranks that sum their shards over dp must leave out the same replicated parameters.
+  const int n = static_cast<int>(groups.norm.size());
+  at::Tensor mine = at::empty({n}, at::TensorOptions().dtype(at::kLong));
+  for (int i = 0; i < n; ++i) {
+    TORCH_CHECK(groups.norm[i].group != groups.dp, "zero::initialize: groups.norm[", i,
+                "] is groups.dp; the norm always sums over dp, "
+                "list only the further groups (tensor, pipeline parallel) in groups.norm");
+    mine[i] = groups.norm[i].group->rank();
+  }
+  mine = mine.to(fp.flat.device());
+  at::Tensor all = at::empty({n * group->size()}, mine.options());
+  group->all_gather(all, mine, "all_gather of the norm groups' ranks").wait();
+  all = all.cpu().reshape({group->size(), n});
+  for (int i = 0; i < n; ++i) {
+    TORCH_CHECK(all.select(1, i).eq(all[0][i]).all().item<bool>(),
+                "zero::initialize: the ranks "
+                "of groups.dp are at different ranks of groups.norm[",
+                i, "] ('", groups.norm[i].group->name(),
+                "'); take dp and the norm groups from one mesh, "
+                "so that a dp group's ranks share their tensor/pipeline coordinates");
+  }
+  for (int i = 0; i < n; ++i) {
+    const NormGroup& ng = groups.norm[i];
+    norm_groups.push_back(comm::of(ng.group));
+    for (const std::string& name : ng.replicated) {
+      const auto it = by_name.find(name);
+      TORCH_CHECK(it != by_name.end(), "zero::initialize: groups.norm[", i, "].replicated names '",
+                  name, "', which the model does not have; use the names of ",
+                  "model->named_parameters()");
+      const auto li = layout_index.find(it->second);
+      // Frozen or empty parameters have no gradient to count.
+      if (li != layout_index.end() && ng.group->rank() != 0) norm_counted[li->second] = 0;
+    }
+  }
+}
+
+at::Tensor Engine::Impl::squared_grad_norm() {
+  at::Tensor& g = sync->grad_shard();
+  // In fp32 (no fp64 copy); the reduction accumulates in a tree.
+  at::Tensor sq;
+  if (opt.deepspeed_clip) {
+    sq = deepspeed_squared_norm(g, fp, sharding, *group, norm_counted);  // all of dp's already
+  } else {
+    // Offloaded: the shard is on the host, and its norm was summed on the device as the pieces
+    // left (grad_to_host.hpp) where it could be; otherwise it is the host's, and travels (the
+    // verdict stays on the device). From page-locked memory the upload is queued, not waited
+    // for (a pageable one would synchronise the stream).
+    if (offload && norm_counted.empty()) sq = sync->device_squared_norm();
+    if (!sq.defined()) {
+      sq = norm_counted.empty() ? squared_norm(g, fp.layout)
+                                : counted_squared_norm(g, fp.layout, sharding.owner, norm_counted);
+      if (offload && fp.flat.is_cuda()) {
+        sq = sq.pin_memory().to(fp.flat.device(), /*non_blocking=*/true);
+      } else if (offload) {
+        sq = sq.to(fp.flat.device());
+      }
+    }
+    // Unsharded, every rank holds the all-reduced gradient: its sum is dp's already.
+    if (sharding.optimizer) group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
+  }
+  // As DeepSpeed's get_grad_norm_direct: the fp32 total over dp, then over the model-parallel
+  // groups.
+  for (const auto& ng : norm_groups) {
+    ng->all_reduce_sum(sq, "all_reduce of the gradient norm over group " + ng->name()).wait();
+  }
+  return sq;
+}
+
+}  // namespace zero

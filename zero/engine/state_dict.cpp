@@ -1,0 +1,78 @@
+// Engine::state_dict: the full parameters by name, gathered from the ranks' master shards.
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "zero/engine/engine_impl.hpp"
+
+namespace zero {
+
+StateDict Engine::state_dict(const StateDictOptions& opts) const {
+  const Impl& im = *impl_;
+  const FlatParams& fp = im.fp;
+  const int rank = im.group->rank(), world = im.group->size();
+  TORCH_CHECK(opts.to_rank >= -1 && opts.to_rank < world, "zero: state_dict to_rank ", opts.to_rank,
+              " is not a rank of this ", world, "-rank group (use -1 for all)");
+  const bool keep = opts.to_rank < 0 || opts.to_rank == rank;
+  auto out_of = [&](const at::Tensor& t) {
+    at::Tensor c = opts.cpu && !t.device().is_cpu() ? t.cpu() : t.clone();
+    return opts.master ? c.to(at::kFloat) : c;
+  };
+
+  // The full flat master in fp32, one bucket at a time, when ranks hold only their shards;
+  // otherwise the values are right there (master, or the flat buffer it aliases).
+  const bool in_flat = fp.master_aliases_flat() || fp.master_in_flat();
+  const bool sharded = fp.layout.world() > 1 && !in_flat;
+  std::vector<at::Tensor> gathered;  // per layout parameter
+  if (opts.master && sharded) {
+    gathered.resize(fp.layout.params().size());
+    const auto& buckets = fp.layout.buckets();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const BucketSlot& bucket = buckets[b];
+      // Gathered where the group runs: an offloaded master is in host memory.
+      const at::Device dev = fp.flat.device();
+      at::Tensor in = fp.master.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()).to(dev);
+      at::Tensor full = at::empty({bucket.shard.padded_numel()},
+                                  at::TensorOptions().dtype(at::kFloat).device(dev));
+      im.group
+          ->all_gather(full, in,
+                       "all_gather of parameter bucket " + std::to_string(b) + " for state_dict")
+          .wait();
+      if (!keep) continue;
+      for (int pi : bucket.params) {
+        const ParamSlot& s = fp.layout.params()[pi];
+        gathered[pi] = out_of(full.narrow(0, s.flat_offset - bucket.flat_offset, s.numel));
+      }
+    }
+  }
+  StateDict out;
+  if (!keep) return out;
+
+  std::unordered_map<const void*, int> layout_of;  // distinct parameter -> layout index
+  for (size_t li = 0; li < fp.params.size(); ++li) {
+    layout_of[fp.params[li].unsafeGetTensorImpl()] = static_cast<int>(li);
+  }
+  std::unordered_set<const void*> seen;
+  for (const auto& item : im.module->named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied: first name only
+    const auto it = layout_of.find(p.unsafeGetTensorImpl());
+    at::Tensor v;
+    if (it == layout_of.end() || !opts.master) {
+      v = out_of(p.detach());  // frozen, empty, or the compute-dtype values every rank holds
+    } else if (sharded) {
+      v = gathered[it->second];
+    } else {
+      const ParamSlot& s = fp.layout.params()[it->second];
+      // Stage 0 holds the whole master; fp32 parameters are the master (published on every
+      // rank after each step), at the same offsets.
+      v = out_of((in_flat ? fp.flat : fp.master).narrow(0, s.flat_offset, s.numel));
+    }
+    out.emplace_back(item.key(), v.view(p.sizes()));
+  }
+  return out;
+}
+
+}  // namespace zero

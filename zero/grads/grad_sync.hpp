@@ -1,0 +1,123 @@
+// Where gradients go between autograd and the optimizer. One implementation per way of
+// keeping them: AccumulatedGrads (stage 0, and stage 1 under gradient accumulation: a full
+// gradient buffer, reduced once per accumulation window) and PartitionedGrads (stage 2, and
+// stage 1 without accumulation: only this rank's shard survives a micro-step; buckets are
+// reduce-scattered as backward produces them). Both keep gradients in grad_accum_dtype (see
+// GradSyncOptions::accum_dtype).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "comm/group.hpp"
+#include "zero/compress/quantized_reduce.hpp"
+#include "zero/params/shard_info.hpp"
+
+namespace zero {
+
+struct GradSyncOptions {
+  at::ScalarType comm_dtype = at::kFloat;  // dtype gradients travel in
+  // data_types.grad_accum_dtype: the dtype the accumulator and the reduced shard are kept in,
+  // as DeepSpeed keeps them (bf16: 2 bytes per element, not 4). The optimizer step converts
+  // one bucket at a time to fp32. Only the host shard of optimizer offload stays fp32 (the CPU
+  // optimizer reads fp32); its values are rounded to this dtype after every addition instead.
+  at::ScalarType accum_dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  bool overlap = true;         // launch a bucket's reduction as soon as it is complete
+  bool reduce_scatter = true;  // false: all-reduce and keep the own shard (DeepSpeed's option)
+  // Optimizer offload (stages 1, 2): the fp32 gradient shard lives in host memory (page-locked
+  // with pin_memory); each bucket's reduced shard is copied there as its reduction completes.
+  bool host_shard = false;
+  bool pin_memory = false;
+  // zero_quantized_gradients (stages 1, 2): buckets are reduced by a quantized all-to-all
+  // (zero/compress/quantized_reduce.hpp) instead of reduce_scatter / all_reduce; the bucket
+  // buffers still hold the gradients in comm_dtype before they are quantized.
+  compress::Settings compress;
+};
+
+struct GradSyncCounters {
+  int64_t launched_in_backward = 0;
+  int64_t launched_after_backward = 0;
+  double wait_seconds = 0;
+};
+
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  // A micro-step's backward starts; `boundary`: it closes an accumulation window, so this
+  // pass's gradients must be fully reduced when it ends. `expected`: gradients each parameter
+  // will deliver (layout order; see BucketTracker), empty: one each. `counting`: the pass on
+  // which every rank still learns those counts (GradOrder's first), the same on every rank; a
+  // rank may guess counts on it (a checkpointed block in its graph) while another does not.
+  virtual void begin_backward(bool boundary, const std::vector<int>& expected, bool counting) = 0;
+  // From the post-accumulate hook of parameter `param` (layout index) during backward. May be
+  // called more than once per pass for a parameter (checkpointed blocks sharing it): the
+  // gradients add up.
+  virtual void on_grad(int param, const at::Tensor& grad) = 0;
+  // After autograd returned: launches what is left and waits for all of it.
+  virtual void end_backward() = 0;
+  // From the next pass on, buckets are reduced in `order` (a permutation of the bucket indices,
+  // the same on every rank) instead of index order; the layout stays as it is.
+  virtual void set_release_order(const std::vector<int>& order) = 0;
+  // After a backward that failed: waits for the reductions in flight, returns their buffers and
+  // forgets every gradient of the current accumulation window (the next pass starts afresh).
+  virtual void abort() = 0;
+  // This rank's gradient shard (accum_dtype, or fp32 in host memory under offload): the sum
+  // over ranks (not yet averaged) once a boundary pass ended. Laid out like the master shard.
+  virtual at::Tensor& grad_shard() = 0;
+  // Forget the accumulated gradients (after the optimizer step).
+  virtual void zero_grad() = 0;
+  virtual int64_t grad_bytes() const = 0;
+  virtual int64_t comm_buffer_bytes() const = 0;
+  // Optimizer offload: the page-locked ring a reduced shard lands in on its way to the host
+  // shard (grad_to_host.hpp); host memory, a declared buffer beside comm_buffer_bytes.
+  virtual int64_t host_staging_bytes() const { return 0; }
+  // The same as the page-locked allocator holds it (device::host_bytes: page- or
+  // power-of-two-rounded).
+  virtual int64_t host_staging_pinned_bytes() const { return 0; }
+  // Optimizer offload: the squared norm of the host gradient shard, summed on the device as its
+  // pieces left (GradToHost::squared_norm); undefined when only the host shard has it.
+  virtual at::Tensor device_squared_norm() const { return {}; }
+  // The bucket pool: buffers it has, and the most held at once so far.
+  virtual int bucket_buffers() const = 0;
+  // The error-feedback residuals of compressed reduction (checkpoints), or null.
+  virtual compress::ErrorFeedback* error_feedback() { return nullptr; }
+  virtual int bucket_buffers_peak() const = 0;
+  const GradSyncCounters& counters() const { return counters_; }
+
+ protected:
+  GradSyncCounters counters_;
+};
+
+// Stage 0 (`sharded` false: all-reduce, every rank keeps the whole gradient) and stage 1 under
+// accumulation (`sharded` true: reduce-scatter into this rank's shard).
+std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
+                                                 bool sharded, const GradSyncOptions& opts);
+// The dtype gradient storage of `opts` is allocated in: accum_dtype, but fp32 for a shard in
+// host memory.
+inline at::ScalarType grad_storage_dtype(const GradSyncOptions& opts, bool host) {
+  return host ? at::kFloat : opts.accum_dtype;
+}
+
+// `acc` += `add` as a sum kept in `accum_dtype`: the addition runs in fp32 and is rounded once
+// to the accumulator's dtype; an fp32 accumulator holding a narrower sum (the offload host
+// shard) is rounded to `accum_dtype` after it, which gives the same values.
+inline void accumulate(at::Tensor& acc, const at::Tensor& add, at::ScalarType accum_dtype) {
+  acc.add_(add);
+  if (accum_dtype != acc.scalar_type()) acc.copy_(acc.to(accum_dtype));
+}
+
+// The compressed reduction of `opts` (null when zero_quantized_gradients is off), with one
+// error-feedback slot per reduction a bucket goes through: a bucket no larger than a bucket
+// buffer is one, a larger one a slot per chunk (BucketChunk); first_slot[b] is bucket b's first.
+std::unique_ptr<compress::QuantizedReduceScatter> make_quantized_reduce(
+    const FlatLayout& layout, comm::Group& group, const GradSyncOptions& opts,
+    std::vector<int>& first_slot);
+
+// Stage 2, and stage 1 without accumulation.
+std::unique_ptr<GradSync> make_partitioned_grads(const FlatLayout& layout, comm::Group& group,
+                                                 const GradSyncOptions& opts);
+
+}  // namespace zero

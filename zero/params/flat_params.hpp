@@ -1,0 +1,77 @@
+// Turning a module's parameters into views of one flat buffer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/group.hpp"
+#include "zero/params/shard_info.hpp"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace zero {
+
+struct FlatParams {
+  FlatLayout layout;
+  std::vector<at::Tensor> params;    // the module's trainable parameters, in layout order
+  std::vector<int> layout_of_named;  // layout index of the i-th distinct named parameter
+  at::Tensor flat;  // compute dtype, layout.total_numel(); params are views into it
+  // Where this rank's fp32 master shard lives (the accessors below hide which it is).
+  enum class MasterStorage {
+    // A device tensor of its own: bf16/fp16 parameters (the optimizer steps fp32 masters).
+    kOwnTensor,
+    // `flat` itself: fp32 parameters and one shard (stage 0, or one rank) - no second copy.
+    kAliasesFlat,
+    // fp32 parameters sharded over ranks: the master is this rank's shard of each bucket of
+    // `flat`, stepped in place by the optimizer and published by the all-gather (in place too:
+    // the input is the output's own slot), so no second fp32 copy of the shard exists;
+    // `master` is undefined.
+    kInFlat,
+    // Optimizer offload: host memory (page-locked with pin_memory), never aliasing `flat`.
+    kHost,
+  };
+  MasterStorage storage = MasterStorage::kOwnTensor;
+  at::Tensor master;  // undefined under kInFlat
+  bool master_aliases_flat() const { return storage == MasterStorage::kAliasesFlat; }
+  bool master_in_flat() const { return storage == MasterStorage::kInFlat; }
+  int shard_rank = 0;  // whose shard of each bucket is the master (0 when unsharded)
+
+  // Bucket b's part of the master (its shard_numel() elements).
+  at::Tensor bucket_master(const BucketSlot& b) const;
+  // A contiguous view of layout.shard_numel() elements, addressed like the master shard, whose
+  // elements are the real master over bucket b's window [b.shard_offset, + shard_numel()) (what
+  // the optimizer updates for that bucket; elsewhere it reads other parts of `flat`, which the
+  // update does not touch). The master itself when that is one tensor.
+  at::Tensor master_window(const BucketSlot& b) const;
+  // The whole master shard as one contiguous tensor (a copy under kInFlat: checkpoints
+  // and the layout rebuild read it) and the way back.
+  at::Tensor master_shard() const;
+  void set_master_shard(const at::Tensor& shard);
+  // Bytes of fp32 master held beside the parameters (0 when the parameters are the master).
+  int64_t master_bytes() const;
+};
+
+struct FlattenOptions {
+  at::ScalarType param_dtype = at::kFloat;
+  int64_t bucket_numel = 500'000'000;
+  int shards = 1;      // 1 for stage 0, the world size otherwise
+  int64_t align = 64;  // elements: keeps every shard 256-byte aligned for fp32
+  // Optimizer offload: the master shard lives in host memory (page-locked with pin_memory) and
+  // never aliases the flat buffer.
+  bool host_master = false;
+  bool pin_memory = false;
+};
+
+// Broadcasts rank 0's parameters and buffers, builds the flat layout (parameters in reverse
+// registration order, the order backward usually produces their gradients), takes this rank's
+// fp32 master shard from the broadcast values, and re-points each parameter at its slot of the
+// flat compute-dtype buffer. Works bucket by bucket, freeing the user's tensors as it goes: the
+// start-up peak is the final buffers plus one fp32 bucket, not a whole-model staging copy.
+FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
+                              const FlattenOptions& opts);
+
+}  // namespace zero
