@@ -133,15 +133,17 @@ void print_parallel_search(const PlanInput& in, const std::string& name, const P
     std::printf("  nothing fits, at any T, P, stage, checkpointing and micro-batch 1\n");
     return;
   }
-  std::printf("  %-26s %5s %-13s %5s %10s %9s %8s %6s\n", "layout", "ZeRO", "recompute", "micro",
-              "per rank", "step s", "bubble", "MFU");
+  std::printf("  %-26s %5s %-13s %5s %7s %10s %9s %8s %6s\n", "layout", "ZeRO", "recompute",
+              "micro", "batch", "per rank", "step s", "bubble", "MFU");
   int shown = 0;
   for (const ParallelCandidate& c : s.fits) {
     if (shown++ == top) break;
-    std::printf("  %-26s %5d %-13s %5lld %10s %9.3f %7.1f%% %5.1f%%\n",
-                layout_name(c.layout).c_str(), c.stage, short_recompute(c.recompute),
-                (long long)c.micro_batch, gb(c.memory.total()).c_str(), c.time.step_s,
-                100 * c.time.bubble_fraction, 100 * c.time.mfu);
+    // batch: sequences per step over all replicas, micro-batch x m x D.
+    std::printf(
+        "  %-26s %5d %-13s %5lld %7lld %10s %9.3f %7.1f%% %5.1f%%\n", layout_name(c.layout).c_str(),
+        c.stage, short_recompute(c.recompute), (long long)c.micro_batch,
+        (long long)(c.micro_batch * in.accumulation * c.layout.dp), gb(c.memory.total()).c_str(),
+        c.time.step_s, 100 * c.time.bubble_fraction, 100 * c.time.mfu);
   }
   if (static_cast<int>(s.fits.size()) > top) {
     std::printf("  (%zu more that fit; --top shows more)\n", s.fits.size() - top);

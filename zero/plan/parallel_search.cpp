@@ -34,6 +34,8 @@ ParallelSearch search_parallel(const PlanInput& in, const PlanLimits& limits,
             x.micro_batch = m.known() ? b : in.micro_batch;
             const RankPlan rp = plan_parallel_rank(x, stage, r);
             if (rp.total() > limits.budget()) break;
+            // Offloaded checkpoints: a node's ranks share its host memory.
+            if (limits.host_bytes > 0 && per_node * rp.act.host > limits.host_budget()) break;
             fits = true;
             c = {layout, stage, r, x.micro_batch, rp, {}};
           }
