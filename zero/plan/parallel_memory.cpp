@@ -17,10 +17,12 @@ ParallelLayout parallel_layout(const PlanInput& in) {
                                 ") and pipeline stages (" + std::to_string(p) + ") must be >= 1");
   }
   if (w % (t * p) != 0) {
-    throw std::invalid_argument("world size " + std::to_string(w) +
-                                " is not divisible by tensor_parallel x pipeline stages = " +
-                                std::to_string(t) + " x " + std::to_string(p) + " = " +
-                                std::to_string(t * p) + "; pick T and P whose product divides it");
+    throw std::invalid_argument(
+        "world size " + std::to_string(w) +
+        " is not divisible by tensor_parallel x pipeline stages = " + std::to_string(t) + " x " +
+        std::to_string(p) + " = " + std::to_string(t * p) +
+        "; pick T and P (tensor_parallel.autotp_size / --tp, "
+        "pipeline.stages / --pp) whose product divides it");
   }
   if (in.shape.known() && in.shape.layers % p != 0) {
     throw std::invalid_argument("pipeline stages " + std::to_string(p) + " do not divide the " +
