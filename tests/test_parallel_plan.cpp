@@ -137,6 +137,24 @@ TEST(ParallelMemory, PipelineFirstStageHoldsItsInFlightMicroBatches) {
   }
 }
 
+TEST(ParallelMemory, LastStageHoldsTheHeadAndTheVocabularyParallelLoss) {
+  const double s = 16, b = 2, h = 64, v = 100, p = 2;
+  for (auto kind : {PlanInput::Schedule::kOneFOneB, PlanInput::Schedule::kGPipe}) {
+    PlanInput in = small(8, 2, 4);
+    in.schedule = kind;
+    in.sequence_parallel = true;
+    // 1F1B: the last stage runs each micro-batch's backward right after its forward; GPipe
+    // keeps all 8, and the log-probabilities (4 bytes a logit) of all but the first backward's.
+    const double k = kind == PlanInput::Schedule::kGPipe ? 8 : 1;
+    EXPECT_EQ(in_flight_micro_batches(in, 3), k);
+    const ActivationEstimate a = predict_stage_activations(in, Recompute::kNone, 3);
+    const double head = k * ((s * b * h * (4 + p) + 4 * s * b) / 2 + p * s * b * h);
+    EXPECT_NEAR(static_cast<double>(a.head), head, k);
+    EXPECT_NEAR(static_cast<double>(a.loss), 12 * s * b * v / 2 + (k - 1) * 4 * s * b * v / 2, k);
+    EXPECT_NEAR(static_cast<double>(a.blocks), k * 2 * hand_block(2, true), 2 * k);
+  }
+}
+
 // Round numbers: 100 TFLOP/s at efficiency 1, 100 GB/s links, 1 us latency.
 ParallelHardware round_hardware() {
   Hardware hw;
@@ -210,6 +228,16 @@ TEST(ParallelTime, PipelineBubbleSendsAndMfu) {
     EXPECT_NEAR(got.step_s, busy / (1 - bubble) + optimizer, 1e-12);
     EXPECT_NEAR(got.mfu, s * b * m / got.step_s * flops / (4 * peak), 1e-12);
   }
+}
+
+TEST(ParallelTime, SequenceParallelSendsAShardBetweenStages) {
+  const double s = 16, b = 2, h = 64, p = 2, m = 8, bw = 100e9, lat = 1e-6;
+  PlanInput in = small(4, 2, 2);
+  in.sequence_parallel = true;
+  const ParallelTime got = predict_parallel_step_time(in, 1, Recompute::kNone, round_hardware());
+  EXPECT_NEAR(got.p2p_s, m * 2 * (s * b * h * p / 2 / bw + lat), 1e-15);
+  // 1F1B, P = 2, m = 8: a bubble of 1 / 9.
+  EXPECT_NEAR(got.bubble_fraction, 1.0 / 9.0, 1e-9);
 }
 
 TEST(ParallelTime, LinksFollowMegatronsRankOrder) {
