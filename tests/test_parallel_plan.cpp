@@ -186,6 +186,19 @@ TEST(ParallelTime, UnchangedWithoutModelParallelism) {
   }
 }
 
+TEST(ParallelTime, QuantizedGradientsUnchangedWithoutModelParallelism) {
+  PlanInput in = small(8, 1, 1);
+  in.quantized_bits = 8;
+  in.quantized_block = 256;
+  StepShape step;
+  step.stage = 2;
+  step.grad_accum = in.accumulation;
+  const TimeEstimate want = predict_step_time(in, step, round_hardware().dp);
+  const ParallelTime got = predict_parallel_step_time(in, 2, Recompute::kNone, round_hardware());
+  EXPECT_NEAR(got.grad_comm_s, want.grad_comm_s, 1e-15);
+  EXPECT_NEAR(got.step_s, want.step_s, 1e-12 * want.step_s);
+}
+
 TEST(ParallelTime, TensorParallelCollectivesPerBlock) {
   const double s = 16, b = 2, h = 64, p = 2, m = 8, layers = 8, bw = 100e9, lat = 1e-6;
   const double bytes = s * b * h * p;

@@ -79,9 +79,10 @@ RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
 // plus a reduce-scatter of the same bytes. None of it overlaps compute. Each stage boundary sends
 // s·b·h·p bytes (÷ T with SP) forward and the same gradient back per micro-batch, also on the
 // critical path. The pipeline step is m·(t_f + t_b) / (1 - bubble) with pipeline_figures' bubble.
-// The data-parallel gradient collectives run over D ranks on the worst stage's parameters, hidden
-// behind the last micro-batch's backward as time_plan.hpp models it, then the optimizer step and
-// (ZeRO 1-2) the parameter all-gather. MFU = model FLOPs per token x tokens/s / (world · peak).
+// The data-parallel gradient collectives run over D ranks on the parameters of the stage holding
+// the most, bucket by bucket behind the last micro-batch's backward as time_plan.hpp models it
+// (ZeRO 2: every micro-batch's), then the optimizer step and (ZeRO 1-2) the parameter all-gather.
+// MFU = model FLOPs per token x tokens/s / (world · peak). ZeRO 2 with P > 1 is an error.
 struct ParallelHardware {
   Hardware tp;   // the tensor-parallel group's link
   Hardware dp;   // the data-parallel group's
@@ -94,7 +95,7 @@ ParallelHardware parallel_hardware(const std::string& device, const std::string&
                                    const ParallelLayout& layout, int per_node = 8);
 
 struct ParallelTime {
-  // One rank of the worst stage, per step (m micro-batches), seconds.
+  // One rank, per step (m micro-batches), seconds; every stage computes the same.
   double forward_s = 0, backward_s = 0, recompute_s = 0;  // compute
   double tp_comm_s = 0;                                   // tensor-parallel collectives
   double p2p_s = 0;                                       // stage-boundary sends

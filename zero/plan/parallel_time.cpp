@@ -88,8 +88,13 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
   const std::vector<int64_t> buckets = bucket_sizes(y);
   std::vector<double> comm;
   double per_reduce = 0;
+  // zero_quantized_gradients (stages 1, 2): codes plus a scale per block, as time_plan.cpp.
+  const bool quantized = stage > 0 && in.quantized_bits > 0;
+  const double per_element =
+      quantized ? in.quantized_bits / 8.0 + 4.0 / static_cast<double>(in.quantized_block)
+                : static_cast<double>(in.comm_bytes);
   for (int64_t b : buckets) {
-    const double bytes = static_cast<double>(b) * in.comm_bytes;
+    const double bytes = static_cast<double>(b) * per_element;
     comm.push_back(stage > 0 ? reduce_scatter_s(bytes, l.dp, hw.dp)
                              : all_reduce_s(bytes, l.dp, hw.dp));
     per_reduce += comm.back();
