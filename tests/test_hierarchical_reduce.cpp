@@ -13,12 +13,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
+#include <mutex>
 
 #include "comm/counting_group.hpp"
 #include "support/thread_group.hpp"
+#include "support/tiny_net.hpp"
 #include "zero/compress/node_layout.hpp"
 #include "zero/compress/quantized_reduce.hpp"
+#include "zero/engine.hpp"
 
 namespace zero::testing {
 namespace {
@@ -249,6 +253,100 @@ TEST(NodeLayout, NodesFromGlobalRanks) {
                                           at::kCPU, kNodeOf);
     EXPECT_FALSE(flat.two_level().has_value());
   });
+}
+
+// Sets an environment variable for a scope (the engine reads LOCAL_WORLD_SIZE at initialize).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_.c_str(), old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+// The engine picks the hierarchical exchange by itself from LOCAL_WORLD_SIZE (2 ranks per node
+// of 4 thread ranks) and trains like single-process training within the bound error feedback
+// gives (SGD with momentum, stage 2): the last residuals of both stages, each at most half a
+// block scale, weighted by the momentum's 1 / (1 - beta).
+TEST(HierarchicalTraining, EngineTracksSingleProcessTraining) {
+  constexpr int kSteps = 30;
+  constexpr int64_t kRows = 48;
+  Config cfg = test_config(2, kRows / kWorld, 1, 0, /*bucket=*/64);
+  cfg.optimizer.type = "SGD";
+  cfg.optimizer.lr = 0.05;
+  cfg.optimizer.momentum = 0.9;
+  const ReferenceResult ref = train_reference(cfg, kSteps, kRows, /*seed=*/3);
+  auto& q = cfg.zero_optimization.quantized_gradients;
+  q.enabled = true;
+  q.bits = 8;
+  q.block = 32;
+  struct Out {
+    at::Tensor params;
+    int64_t comm_buffers = 0, padded = 0;
+    bool two_level = false;
+  };
+  const auto train = [&](const Config& c) {
+    ScopedEnv env("LOCAL_WORLD_SIZE", "2");
+    std::mutex mu;
+    Out out;
+    run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
+      auto net = make_tiny_net(3);
+      auto counted = std::make_shared<comm::CountingGroup>(group);
+      auto engine = initialize(net, c, counted);
+      const int r = group->rank();
+      for (int s = 0; s < kSteps; ++s) {
+        Batch b = rank_micro_batch(global_batch(s, kRows), r, kWorld, 0, 1);
+        engine.backward(mse(net->forward(b.x), b.y));
+        engine.step();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (r == 0) {
+        out.params = engine.flat_parameters();
+        out.comm_buffers = engine.memory_report().measured.comm_buffers;
+        out.padded = engine.memory_report().padded_params;
+        // The gradients went through the two subgroups, not an all-to-all of the dp group.
+        out.two_level = !counted->subgroups().empty() && counted->counts().count("all_to_all") == 0;
+      }
+    });
+    return out;
+  };
+  const Out hier = train(cfg);
+  q.hierarchical = false;
+  const Out flat = train(cfg);
+  q.hierarchical = true;
+  q.error_feedback = false;
+  const Out no_ef = train(cfg);
+  EXPECT_TRUE(hier.two_level);
+  EXPECT_FALSE(flat.two_level);
+  // Residuals: 4 bytes per gradient element sent within the node, plus 4 per element of the
+  // partial sums sent across nodes (1 / per_node of them).
+  EXPECT_EQ(hier.comm_buffers - no_ef.comm_buffers, 4 * hier.padded + 4 * hier.padded / kPerNode);
+  EXPECT_EQ(flat.comm_buffers - no_ef.comm_buffers, 4 * flat.padded);
+  double max_norm = 0;
+  for (double n : ref.grad_norms) max_norm = std::max(max_norm, n);
+  const auto diff = [&](const Out& o) {
+    return (o.params - ref.params).abs().max().item<double>();
+  };
+  std::printf(
+      "max |param - reference|: hierarchical int8+EF %.3g, flat int8+EF %.3g, "
+      "hierarchical without EF %.3g\n",
+      diff(hier), diff(flat), diff(no_ef));
+  // As QuantizedTraining's bound (tests/test_compressed_reduce.cpp), twice: two quantizations.
+  const double bound = 2 * 2 * 2 * cfg.optimizer.lr * (max_norm / 254) / (1 - 0.9);
+  EXPECT_LT(diff(hier), bound);
+  EXPECT_LT(diff(flat), bound);
+  EXPECT_GT((ref.params - flatten(*make_tiny_net(3))).abs().max().item<double>(), 1e-2);
 }
 
 }  // namespace
