@@ -96,9 +96,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     wire = subprocess.run([os.path.join(args.build, "bench", "compress-wire"), "--model", args.model,
-                           "--ranks", str(args.ranks), "--steps", "2", "--block", str(args.block)],
+                           "--ranks", str(args.ranks), "--steps", "2", "--block", str(args.block),
+                           "--nodes", str(args.nodes)],
                           capture_output=True, text=True, check=True)
-    wire_rows = [json.loads(l) for l in wire.stdout.splitlines() if l.startswith("{")]
+    lines = [json.loads(l) for l in wire.stdout.splitlines() if l.startswith("{")]
+    wire_rows = [w for w in lines if "padded_params" in w]
+    node_rows = [w for w in lines if "within_per_step" in w]
 
     train = args.train or os.path.join(args.build, "examples", "zero-train")
     by_name = {m[0]: m for m in MODES}
@@ -166,6 +169,18 @@ def main():
             f.write(f"| {w['mode']} | {w['padded_params']} | {w['reductions_per_step']:.0f} | "
                     f"{w['sent_per_step']} | {w['formula']} | {w['bytes_per_param']:.4f} | "
                     f"{w['sent_per_step'] / base:.3f} |\n")
+        if node_rows:
+            f.write(f"\nThe ranks as {args.nodes} nodes of {args.ranks // args.nodes} "
+                    "(LOCAL_WORLD_SIZE): the quantized modes go hierarchical; bytes one rank "
+                    "sends per step within its node and across nodes, counted on the two "
+                    "subgroups, against the formula and the flat exchange's bytes across "
+                    "nodes:\n\n")
+            f.write("| mode | within node | formula | across nodes | formula | flat across nodes "
+                    "|\n|---|---|---|---|---|---|\n")
+            for w in node_rows:
+                f.write(f"| {w['mode']} | {w['within_per_step']} | {w['within_formula']} | "
+                        f"{w['across_per_step']} | {w['across_formula']} | "
+                        f"{w['flat_across_formula']} |\n")
         if rows:
             ref = rows[0]
             f.write(f"\n## Convergence ({args.steps} steps, micro-batch {args.micro} x seq "
