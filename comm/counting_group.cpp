@@ -79,4 +79,18 @@ void CountingGroup::reset() {
   sent_by_what_.clear();
 }
 
+std::shared_ptr<Group> CountingGroup::split(int color, int key, const std::string& name) {
+  std::shared_ptr<Group> inner = inner_->split(color, key, name);
+  if (!inner) return nullptr;
+  auto counted = std::make_shared<CountingGroup>(std::move(inner));
+  std::lock_guard<std::mutex> lock(mu_);
+  subgroups_.push_back(counted);
+  return counted;
+}
+
+std::vector<std::shared_ptr<CountingGroup>> CountingGroup::subgroups() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return subgroups_;
+}
+
 }  // namespace zero::comm

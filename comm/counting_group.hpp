@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/group.hpp"
 
@@ -49,10 +50,10 @@ class CountingGroup final : public Group {
   void barrier(const std::string& what) override { inner_->barrier(what); }
   Work send(at::Tensor& t, int dst, const std::string& what, int tag) override;
   Work recv(at::Tensor& t, int src, const std::string& what, int tag) override;
-  // Subgroups are not counted: they are the inner group's.
-  std::shared_ptr<Group> split(int color, int key, const std::string& name) override {
-    return inner_->split(color, key, name);
-  }
+  // A subgroup is counted on its own: split() returns a CountingGroup around the inner group's
+  // split, kept in subgroups() (what this group counts stays this group's traffic only).
+  std::shared_ptr<Group> split(int color, int key, const std::string& name) override;
+  std::vector<std::shared_ptr<CountingGroup>> subgroups() const;
 
   // Per collective ("all_to_all", "reduce_scatter", ...), since construction or reset().
   std::map<std::string, Count> counts() const;
@@ -67,6 +68,7 @@ class CountingGroup final : public Group {
   mutable std::mutex mu_;
   std::map<std::string, Count> counts_;
   std::map<std::string, int64_t> sent_by_what_;
+  std::vector<std::shared_ptr<CountingGroup>> subgroups_;
 };
 
 }  // namespace zero::comm

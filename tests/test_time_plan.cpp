@@ -216,6 +216,34 @@ TEST(TimePlan, QuantizedGradientsShrinkTheReduceScatter) {
   EXPECT_EQ(plan_model_states(m, 2).comm_buffers, before);
 }
 
+// Hierarchical qgZ (zero_quantized_gradients_hierarchical, on by default): 8 ranks as 2 nodes of
+// 4; the within-node all-to-all sends 3/4 of a bucket's B' = 1 + 4/2048 bytes per element at the
+// intra-node bandwidth, the across-node one 1/2 of B'/4 at the inter-node one. Off, or without
+// a node size, one flat all-to-all sends 7/8 of B' over the slow link.
+TEST(TimePlan, HierarchicalQuantizedSplitsWithinAndAcrossNodes) {
+  PlanInput in = billion(8);
+  in.quantized_bits = 8;
+  Hardware hw = round_hw();  // 100 GB/s across nodes, no latency
+  const double per_element = 1 + 4.0 / 2048;
+  const double flat = 4 * 7.0 / 8 * 2.5e8 * per_element / 100e9;  // four buckets
+  EXPECT_NEAR(predict_step_time(in, {.stage = 2}, hw).grad_comm_s, flat, 1e-12);
+  hw.ranks_per_node = 4;
+  hw.intra_node_bw = 400e9;
+  const double within = 3.0 / 4 * 2.5e8 * per_element / 400e9;
+  const double across = 1.0 / 2 * 2.5e8 * per_element / 4 / 100e9;
+  EXPECT_NEAR(predict_step_time(in, {.stage = 2}, hw).grad_comm_s, 4 * (within + across), 1e-12);
+  in.quantized_hierarchical = false;
+  EXPECT_NEAR(predict_step_time(in, {.stage = 2}, hw).grad_comm_s, flat, 1e-12);
+  // One node: nothing to split.
+  in.quantized_hierarchical = true;
+  hw.ranks_per_node = 8;
+  EXPECT_NEAR(predict_step_time(in, {.stage = 2}, hw).grad_comm_s, flat, 1e-12);
+  // The presets know the node: h100 over ib100, 32 ranks as 4 x 8.
+  const Hardware ib = hardware_preset("h100", "ib100", 32);
+  EXPECT_EQ(ib.ranks_per_node, 8);
+  EXPECT_GT(ib.intra_node_bw, ib.reduce_scatter_bw);
+}
+
 // The case: LLaMA-7B on 4 nodes x 8 H100s over one 100 Gb/s NIC per GPU, stage 2, bf16.
 // Compression shortens the exposed gradient communication and raises MFU.
 TEST(TimePlan, Llama7bOver100GbpsWithAndWithoutCompression) {
@@ -231,6 +259,17 @@ TEST(TimePlan, Llama7bOver100GbpsWithAndWithoutCompression) {
   const TimeEstimate int8 = predict_step_time(in, {.stage = 2}, hw);
   in.quantized_bits = 4;
   const TimeEstimate int4 = predict_step_time(in, {.stage = 2}, hw);
+  // The flat exchange (zero_quantized_gradients_hierarchical: false): every byte over the NIC.
+  in.quantized_hierarchical = false;
+  const TimeEstimate int4_flat = predict_step_time(in, {.stage = 2}, hw);
+  in.quantized_bits = 8;
+  const TimeEstimate int8_flat = predict_step_time(in, {.stage = 2}, hw);
+  std::printf("flat: int8 %.3f s (%.3f, %.3f) MFU %.1f%%; int4 %.3f s (%.3f, %.3f) MFU %.1f%%\n",
+              int8_flat.step_s, int8_flat.grad_comm_s, int8_flat.grad_comm_exposed_s,
+              100 * int8_flat.mfu, int4_flat.step_s, int4_flat.grad_comm_s,
+              int4_flat.grad_comm_exposed_s, 100 * int4_flat.mfu);
+  EXPECT_LT(int8.grad_comm_s, int8_flat.grad_comm_s);
+  EXPECT_LT(int4.grad_comm_s, int4_flat.grad_comm_s);
   std::printf(
       "LLaMA-7B, 4x8 H100, ib100, stage 2: step %.3f s (grad comm %.3f, exposed %.3f), "
       "MFU %.1f%%; int8 %.3f s (%.3f, %.3f) MFU %.1f%%; int4 %.3f s (%.3f, %.3f) MFU "

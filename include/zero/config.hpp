@@ -112,6 +112,10 @@ struct ZeroOptimizationConfig {
     int bits = 8;                // zero_quantized_gradients_bits: 8 or 4
     int64_t block = 2048;        // zero_quantized_gradients_block: elements per scale
     bool error_feedback = true;  // zero_quantized_gradients_error_feedback
+    // zero_quantized_gradients_hierarchical: within the node first, then across nodes, when
+    // the data-parallel group spans several nodes with several ranks on each (as ZeRO++'s qgZ);
+    // false: one flat all-to-all.
+    bool hierarchical = true;
   } quantized_gradients;
 };
 

@@ -88,6 +88,7 @@ struct PlanInput {
   int quantized_bits = 0;
   int64_t quantized_block = 2048;
   bool error_feedback = true;
+  bool quantized_hierarchical = true;     // zero_quantized_gradients_hierarchical (time_plan.hpp)
   int64_t bucket_elements = 500'000'000;  // zero_optimization.reduce_bucket_size
   int64_t accumulation = 1;               // gradient_accumulation_steps (stage 1's accumulator)
   bool overlap_comm = true;               // zero_optimization.overlap_comm (likewise)

@@ -16,7 +16,11 @@
 //   stage 1  reduce-scatter of every bucket, on the last micro-step only; all-gather of the
 //            updated parameters after the optimizer step
 //   stage 2  reduce-scatter of every bucket on every micro-step; the same all-gather
-// (reduce_scatter: false turns the reduce-scatters into all-reduces.) Buckets are launched as
+// (reduce_scatter: false turns the reduce-scatters into all-reduces.) zero_quantized_gradients
+// replaces a reduce-scatter by an all-to-all of B' = bits/8 + 4/block bytes per element, which
+// also sends (N-1)/N·B'; hierarchical (N ranks on n nodes of L, hw.ranks_per_node = L): an
+// all-to-all within the node, (L-1)/L·B' at the intra-node bandwidth, then one across nodes
+// of the node's partial sums, (n-1)/n·B'/L at the inter-node bandwidth. Buckets are launched as
 // backward produces them, in the engine's order, one collective at a time; the part of the
 // last bucket's completion that falls after backward's end is exposed, the rest is hidden.
 // The parameter all-gather follows the step and is always exposed.
@@ -56,6 +60,12 @@ struct Hardware {
   double all_gather_bw = 0;
   double latency_s = 0;  // per collective call
   double host_bw = 0;    // device <-> host (PCIe), for activation offload
+  // Ranks per node and the bus bandwidth and latency within a node (NVLink), for the
+  // hierarchical compressed reduction, whose first all-to-all stays inside the node
+  // (0: unknown; the exchange is timed as one flat all-to-all).
+  int ranks_per_node = 0;
+  double intra_node_bw = 0;
+  double intra_node_latency_s = 0;
 };
 
 // Devices: "a100", "h100", "h200". Links: "nvlink" (the device's own, within a node),

@@ -8,20 +8,30 @@
 // variant (all_to_all_loco_quant_reduce, its error buffers) and 1-bit Adam do; plain qgZ sends
 // int4 without it.
 //
-// qgZ runs the all-to-all hierarchically (within a node, then across nodes, re-quantizing in
-// between) when a node holds several ranks; here it is one flat all-to-all over the
-// data-parallel group, so each value is quantized once.
+// Hierarchical (qgZ's layout, when the group spans several nodes with several ranks on each,
+// node_layout.hpp): a first all-to-all within the node hands local rank l the rows of every dp
+// rank that is local rank l of its node (one per node), summed over the node's ranks in fp32;
+// that partial sum is quantized again and a second all-to-all across nodes, among the ranks
+// with the same local index, hands each rank its own row from every node, summed in fp32. Per
+// rank, the slow link then carries (nodes-1)/nodes of 1/per_node of the bucket instead of
+// (world-per_node)/world of all of it: per_node times fewer bytes across nodes, for a second
+// quantization (two errors instead of one) and bytes over the fast link within the node. Error
+// feedback then keeps a second residual per slot, of the re-quantized partial sums (as
+// DeepSpeed's LoCo keeps an intra- and an inter-node error buffer), so the sum over steps stays
+// exact. `zero_quantized_gradients_hierarchical: false` forces the flat exchange.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/group.hpp"
 #include "zero/compress/error_feedback.hpp"
+#include "zero/compress/node_layout.hpp"
 
 namespace zero::compress {
 
@@ -31,18 +41,34 @@ struct Settings {
   int bits = 8;                // zero_quantized_gradients_bits: 8 or 4
   int64_t block = 2048;        // zero_quantized_gradients_block: elements per fp32 scale
   bool error_feedback = true;  // zero_quantized_gradients_error_feedback
+  // zero_quantized_gradients_hierarchical: two stages when the nodes allow (two_level()).
+  bool hierarchical = true;
 };
 
 // Bytes one rank hands the all-to-all for a reduce-scatter of world x n elements: each of the
 // `world` rows padded to whole blocks, its codes and its scales.
 int64_t all_to_all_bytes(int64_t n, int world, int bits, int64_t block);
 
+// Bytes one rank sends per reduce-scatter of world x n elements (the all-to-all keeps its own
+// row): flat, (world-1) rows; hierarchical, (per_node-1) x nodes rows within the node and
+// (nodes-1) rows across nodes. `across` is the part that leaves the node.
+struct SentBytes {
+  int64_t within = 0, across = 0;
+  int64_t total() const { return within + across; }
+};
+// Flat exchange over `node_of` (empty: one node).
+SentBytes flat_sent_bytes(int64_t n, const std::vector<int>& node_of, int bits, int64_t block);
+SentBytes hierarchical_sent_bytes(int64_t n, int nodes, int per_node, int bits, int64_t block);
+
 class QuantizedReduceScatter {
  public:
   // `slots`: the input elements (world x shard part) of each reduction the caller will run, one
-  // error-feedback residual each (fp32, on `device`), when s.error_feedback.
+  // error-feedback residual each (fp32, on `device`), when s.error_feedback (hierarchical: two,
+  // the second of nodes x shard part). `node_of`: the node of each rank of `group` (empty: one
+  // node); with s.hierarchical and a two-level layout, the constructor splits `group` into the
+  // node's group and the group across nodes (a collective: every rank constructs it together).
   QuantizedReduceScatter(comm::Group& group, const Settings& s, const std::vector<int64_t>& slots,
-                         const at::Device& device);
+                         const at::Device& device, const std::vector<int>& node_of = {});
 
   // `in`: world x out.numel() elements (any floating dtype) of reduction `slot`; returns a Work
   // whose wait() leaves in `out` the sum over ranks of their dequantized chunk of this rank
@@ -51,15 +77,25 @@ class QuantizedReduceScatter {
                             const std::string& what);
 
   const Settings& settings() const { return settings_; }
+  // The two-stage layout in use, or nullopt for the flat exchange.
+  const std::optional<TwoLevel>& two_level() const { return two_level_; }
   // The residuals (null without error feedback), for checkpoints.
   ErrorFeedback* feedback() { return feedback_.get(); }
   // Bytes held between steps: the residuals (the all-to-all buffers are per call).
   int64_t bytes() const { return feedback_ ? feedback_->bytes() : 0; }
 
  private:
+  comm::Work flat(size_t slot, at::Tensor out, const at::Tensor& in, const std::string& what);
+  comm::Work hierarchical(size_t slot, at::Tensor out, const at::Tensor& in,
+                          const std::string& what);
+
   comm::Group& group_;
   Settings settings_;
   std::unique_ptr<ErrorFeedback> feedback_;
+  size_t slots_ = 0;  // stage-2 residual of slot i: feedback_ buffer slots_ + i
+  std::optional<TwoLevel> two_level_;
+  std::shared_ptr<comm::Group> intra_, inter_;  // hierarchical only
+  at::Tensor order_;  // hierarchical: row k of the permuted bucket is dp rank order_[k]
 };
 
 }  // namespace zero::compress

@@ -70,6 +70,7 @@ PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size) 
   in.quantized_bits = q.enabled ? q.bits : 0;
   in.quantized_block = q.block;
   in.error_feedback = q.error_feedback;
+  in.quantized_hierarchical = q.hierarchical;
   return in;
 }
 

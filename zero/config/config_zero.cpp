@@ -176,6 +176,8 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
                }});
   f.push_back({"zero_quantized_gradients_error_feedback",
                [&](const Entry& e) { q.error_feedback = l.boolean(e); }});
+  f.push_back({"zero_quantized_gradients_hierarchical",
+               [&](const Entry& e) { q.hierarchical = l.boolean(e); }});
   // Keys that only ZeRO stage 3 reads: DeepSpeed ignores them below stage 3 too, and zero
   // refuses stage 3 itself, so they can only be no-ops here.
   for (const std::string& k :

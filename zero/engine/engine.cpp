@@ -16,6 +16,7 @@
 
 #include "comm/launcher_env.hpp"
 #include "zero/auto_strategy.hpp"
+#include "zero/compress/node_layout.hpp"
 #include "zero/device.hpp"
 #include "zero/engine/engine_impl.hpp"
 #include "zero/step/deepspeed_norm.hpp"
@@ -323,7 +324,12 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   so.overlap = c.zero_optimization.overlap_comm;
   so.reduce_scatter = c.zero_optimization.reduce_scatter;
   const auto& qg = c.zero_optimization.quantized_gradients;
-  so.compress = {qg.enabled, qg.bits, qg.block, qg.error_feedback};
+  so.compress = {qg.enabled, qg.bits, qg.block, qg.error_feedback, qg.hierarchical};
+  // The node of each data-parallel rank, from the launcher's ranks per node: the compressed
+  // reduction goes within the node first when the group spans nodes (node_layout.hpp).
+  if (qg.enabled && qg.hierarchical) {
+    so.node_of = compress::nodes_of(*impl->group, compress::local_world_size_from_env());
+  }
   impl->make_sync();
   impl->order = std::make_unique<GradOrder>(impl->fp.params);
   impl->set_norm_groups();

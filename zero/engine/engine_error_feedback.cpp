@@ -67,6 +67,14 @@ void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_
     return;
   }
   s.residuals.assign(in.begin() + 1, in.end());
+  if (s.residuals.size() != ef->buffers()) {
+    // The hierarchical exchange keeps a second residual per reduction, in another row order.
+    drop("saved with " + std::to_string(s.residuals.size()) + " residual buffers, this run has " +
+         std::to_string(ef->buffers()) +
+         ": the exchange changed between flat and hierarchical (zero_quantized_gradients_"
+         "hierarchical, or the ranks per node)");
+    return;
+  }
   ef->load_state(s);  // checks every buffer's size before it copies any
 }
 

@@ -31,7 +31,7 @@ std::unique_ptr<compress::QuantizedReduceScatter> make_quantized_reduce(
     if (chunks.empty()) slots.push_back(0);  // an empty shard is still one (empty) reduction
   }
   return std::make_unique<compress::QuantizedReduceScatter>(group, opts.compress, slots,
-                                                            opts.device);
+                                                            opts.device, opts.node_of);
 }
 
 namespace {

@@ -35,6 +35,8 @@ struct GradSyncOptions {
   // (zero/compress/quantized_reduce.hpp) instead of reduce_scatter / all_reduce; the bucket
   // buffers still hold the gradients in comm_dtype before they are quantized.
   compress::Settings compress;
+  // The node of each rank of the group (empty: one node), for the hierarchical exchange.
+  std::vector<int> node_of;
 };
 
 struct GradSyncCounters {

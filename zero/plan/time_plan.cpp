@@ -79,6 +79,9 @@ Hardware hardware_preset(const std::string& device, const std::string& inter_lin
   const double bus = spans ? l->gbit / 8 * 1e9 * kNicEff : d->nvlink_bw * kNvlinkEff;
   hw.all_reduce_bw = hw.reduce_scatter_bw = hw.all_gather_bw = bus;
   hw.latency_s = spans ? kNicLatency : kNvlinkLatency;
+  hw.ranks_per_node = per_node;
+  hw.intra_node_bw = d->nvlink_bw * kNvlinkEff;
+  hw.intra_node_latency_s = kNvlinkLatency;
   hw.name = std::string(d->name) + (spans ? std::string(" + ") + l->name : " + nvlink");
   return hw;
 }
@@ -202,15 +205,28 @@ TimeEstimate predict_step_time(const PlanInput& in, const StepShape& step, const
   std::vector<double> comm;
   // zero_quantized_gradients (stages 1, 2): an all-to-all of bits/8 bytes per element plus a
   // scale per block, which sends (N-1)/N of it per rank as a reduce-scatter does; timed at the
-  // reduce-scatter's bus bandwidth. The quantize/dequantize passes are not modelled.
+  // reduce-scatter's bus bandwidth. Hierarchical (the engine's choice when the group spans
+  // nodes of several ranks each): within the node at its bandwidth, then 1/L of it across
+  // nodes. The quantize/dequantize passes are not modelled.
   const bool quantized = step.stage > 0 && in.quantized_bits > 0;
   const double per_element =
       quantized ? in.quantized_bits / 8.0 + 4.0 / static_cast<double>(in.quantized_block)
                 : static_cast<double>(in.comm_bytes);
+  const int per_node = hw.ranks_per_node;
+  const bool two_level = quantized && in.quantized_hierarchical && per_node > 1 && n > per_node &&
+                         n % per_node == 0 && hw.intra_node_bw > 0;
+  Hardware intra = hw;
+  intra.reduce_scatter_bw = hw.intra_node_bw;
+  intra.latency_s = hw.intra_node_latency_s;
   for (int64_t b : buckets) {
     const double bytes = static_cast<double>(b) * per_element;
     const bool rs = step.stage > 0 && (step.reduce_scatter || quantized);
-    comm.push_back(rs ? reduce_scatter_s(bytes, n, hw) : all_reduce_s(bytes, n, hw));
+    if (two_level) {
+      comm.push_back(reduce_scatter_s(bytes, per_node, intra) +
+                     reduce_scatter_s(bytes / per_node, n / per_node, hw));
+    } else {
+      comm.push_back(rs ? reduce_scatter_s(bytes, n, hw) : all_reduce_s(bytes, n, hw));
+    }
   }
   const int64_t reducing = step.stage == 2 ? ga : 1;
   const double micro_backward = (t.backward_s + t.recompute_s) / static_cast<double>(ga);
