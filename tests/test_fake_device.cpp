@@ -355,6 +355,12 @@ TEST_P(FakeDeviceCheckpoint, SaveLoadRoundTripResumesTraining) {
         // The pieces on the device travel through a page-locked staging buffer (a pageable one
         // makes the driver stage every copy itself); under offload they are host memory already.
         if (!offload) EXPECT_GT(fake::pinned_allocations(), pinned_before) << "rank " << r;
+        // A later save reuses that buffer: page-locking memory per save is slow, and freeing
+        // it (cudaFreeHost) synchronises the device. Both ranks made theirs in the first save
+        // (its collectives come after write_shard), so no other thread allocates meanwhile.
+        const int64_t pinned_after_first = fake::pinned_allocations();
+        engine.save_checkpoint(dir, "again");
+        EXPECT_EQ(fake::pinned_allocations(), pinned_after_first) << "rank " << r;
         saved[r] = masters(engine);
         train_steps(engine, *net, r, 2, 4);
         straight[r] = masters(engine);
