@@ -8,6 +8,7 @@
 #include <c10/util/llvmMathExtras.h>
 #include <torch/version.h>
 
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -69,13 +70,34 @@ at::Tensor exact_block(int64_t numel, at::ScalarType dtype, const PageLocker& lo
   void* p = locker.allocate(bytes);
   TORCH_CHECK(p != nullptr, "pinned_host: the page locker returned no memory for ", bytes,
               " bytes");
+  // Owned here until the registry knows it (the insert may throw bad_alloc): page-locked memory
+  // that leaks stays locked for the life of the process.
+  std::unique_ptr<void, void (*)(void*)> owned(p, locker.release);
+  Registry& r = registry();
   {
-    Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.blocks[p] = {bytes, locker.release};
+    r.blocks.emplace(p, ExactBlock{bytes, locker.release});
     r.live_bytes += static_cast<int64_t>(bytes);
   }
-  return at::from_blob(p, {numel}, &release_exact, at::TensorOptions().dtype(dtype));
+  owned.release();
+  try {
+    return at::from_blob(p, {numel}, &release_exact, at::TensorOptions().dtype(dtype));
+  } catch (...) {
+    // from_blob failed before its DataPtr took the block (or after the DataPtr already gave
+    // it back through release_exact): release it here only if it is still registered.
+    void (*release)(void*) = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      const auto it = r.blocks.find(p);
+      if (it != r.blocks.end()) {
+        release = it->second.release;
+        r.live_bytes -= static_cast<int64_t>(it->second.bytes);
+        r.blocks.erase(it);
+      }
+    }
+    if (release != nullptr) release(p);
+    throw;
+  }
 }
 
 }  // namespace

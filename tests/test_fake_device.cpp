@@ -355,6 +355,12 @@ TEST_P(FakeDeviceCheckpoint, SaveLoadRoundTripResumesTraining) {
         // The pieces on the device travel through a page-locked staging buffer (a pageable one
         // makes the driver stage every copy itself); under offload they are host memory already.
         if (!offload) EXPECT_GT(fake::pinned_allocations(), pinned_before) << "rank " << r;
+        // A later save reuses that buffer: page-locking memory per save is slow, and freeing
+        // it (cudaFreeHost) synchronises the device. Both ranks made theirs in the first save
+        // (its collectives come after write_shard), so no other thread allocates meanwhile.
+        const int64_t pinned_after_first = fake::pinned_allocations();
+        engine.save_checkpoint(dir, "again");
+        EXPECT_EQ(fake::pinned_allocations(), pinned_after_first) << "rank " << r;
         saved[r] = masters(engine);
         train_steps(engine, *net, r, 2, 4);
         straight[r] = masters(engine);
@@ -475,6 +481,36 @@ TEST(FakeDeviceGradToHost, NormOfTheShardIsSummedOnTheDevice) {
   on_host.new_window();
   on_host.send(values.narrow(0, 0, 5), shard.narrow(0, 0, 5), /*add=*/true);
   EXPECT_FALSE(on_host.squared_norm().defined());
+}
+
+// Direct copies (a range's first piece) and slot copies (a later piece, summed on the host) share
+// one queue: with every slot busy and direct copies older than them, the next later piece must
+// land copies until a slot is free, not just the oldest (a direct one, which frees none). Three
+// ranges first get one piece each (three direct copies in flight), then four more rounds of
+// pieces go through the three slots; the events finish late, so nothing lands early.
+TEST(FakeDeviceGradToHost, LaterPiecesFindASlotBehindDirectCopies) {
+  fake::set_event_delay(std::chrono::milliseconds(2));
+  struct Restore {
+    ~Restore() { fake::set_event_delay(std::chrono::microseconds(0)); }
+  } restore;
+  const c10::Device d = fake::device(0);
+  constexpr int kRanges = 3, kRounds = 5, kNumel = 4;
+  GradToHost to_host(d, kNumel, at::kFloat, at::kFloat);
+  at::Tensor shard = device::host_zeros(kRanges * kNumel, /*pin=*/true).fill_(7);
+  auto gen = at::detail::createCPUGenerator(11);
+  const at::Tensor pieces = at::randn({kRounds, kRanges * kNumel}, gen);
+  to_host.new_window();
+  for (int round = 0; round < kRounds; ++round) {
+    for (int r = 0; r < kRanges; ++r) {
+      const at::Tensor piece = pieces[round].narrow(0, r * kNumel, kNumel).to(d);
+      to_host.wait(to_host.send(piece, shard.narrow(0, r * kNumel, kNumel), /*add=*/true));
+    }
+  }
+  to_host.finish(shard);
+  // The reference: the pieces summed in fp32 in the order they were sent.
+  at::Tensor want = at::zeros({kRanges * kNumel});
+  for (int round = 0; round < kRounds; ++round) want.add_(pieces[round]);
+  EXPECT_TRUE(at::allclose(shard, want, 1e-6, 1e-6));
 }
 
 // The host's wait for a device event polls and sleeps instead of spinning (cudaEventSynchronize

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "device/pinned_host.hpp"
 #include "zero/engine/engine_checkpoint.hpp"
 
 namespace zero::ckpt {
@@ -43,6 +44,12 @@ void agree(Engine::Impl& m, const std::string& error, const std::string& what) {
   const std::string text = broadcast_string(m, error, root);
   throw CheckpointError("zero: " + what + " failed on rank " + std::to_string(root) + " of " +
                         std::to_string(n) + " (every rank stops): " + text);
+}
+
+at::Tensor checkpoint_staging(Engine::Impl& m, int64_t numel) {
+  at::Tensor& s = m.checkpoint_staging;
+  if (!s.defined() || s.numel() < numel) s = device::host_zeros(numel, /*pin=*/true);
+  return s;
 }
 
 std::string broadcast_string(Engine::Impl& m, const std::string& text, int root) {

@@ -30,6 +30,9 @@ std::string attempt(Fn&& fn) {
 // A collective: throws CheckpointError on every rank when `error` is non-empty on any rank,
 // with the message of the lowest such rank. `what` names the operation ("load_checkpoint").
 void agree(Engine::Impl& m, const std::string& error, const std::string& what);
+// The page-locked host buffer (at least `numel` fp32 elements) that checkpoint pieces of device
+// states pass through; made once and kept in `m` (Engine::Impl::checkpoint_staging).
+at::Tensor checkpoint_staging(Engine::Impl& m, int64_t numel);
 // A collective: `root`'s `text` on every rank.
 std::string broadcast_string(Engine::Impl& m, const std::string& text, int root);
 

@@ -58,6 +58,10 @@ struct Engine::Impl {
   std::string deferred_error;   // a non-finite norm seen by settle(), thrown by the next step()
   int64_t allocator_delta = 0;  // allocated_bytes() over initialize
   int64_t replaced_param_bytes = 0;  // the model's trainable parameters before initialize
+  // Page-locked host buffer of save/load_checkpoint for states on the device (one bucket's
+  // shard), kept from one checkpoint to the next: allocating and freeing page-locked memory
+  // each time costs cudaHostAlloc's page locking and cudaFreeHost's device synchronisation.
+  at::Tensor checkpoint_staging;
 
   ~Impl();
 

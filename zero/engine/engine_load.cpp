@@ -18,7 +18,6 @@
 #include <iostream>
 #include <map>
 
-#include "device/pinned_host.hpp"
 #include "zero/engine/engine_checkpoint.hpp"
 
 namespace zero {
@@ -154,7 +153,7 @@ void read_into_states(Engine::Impl& m, const ckpt::Manifest& man,
               continue;
             }
             // Page-locked, as the save's: a copy from pageable memory is staged by the driver.
-            if (!staging.defined()) staging = device::host_zeros(chunk, /*pin=*/true);
+            if (!staging.defined()) staging = ckpt::checkpoint_staging(m, chunk);
             readers[ref.file].read(*ref.entry, static_cast<int>(t), at - ref.entry->param_offset, n,
                                    staging.data_ptr<float>());
             slot.copy_(staging.narrow(0, 0, n));

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "device/pinned_host.hpp"
 #include "zero/engine/engine_checkpoint.hpp"
 
 namespace zero {
@@ -54,7 +53,7 @@ ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
         }
         // Page-locked: a device-to-host copy into pageable memory goes through the driver's own
         // bounce buffer at a fraction of the bandwidth.
-        if (!staging.defined()) staging = device::host_zeros(chunk, /*pin=*/true);
+        if (!staging.defined()) staging = ckpt::checkpoint_staging(m, chunk);
         staging.narrow(0, 0, n).copy_(piece);
         w.append(staging.data_ptr<float>(), n);
       }

@@ -35,7 +35,9 @@ GradToHost::Ticket GradToHost::send(const at::Tensor& reduced, const at::Tensor&
   TORCH_INTERNAL_ASSERT(range->second == n, "zero: a gradient piece overlaps another");
   if (!add || first) return send_direct(reduced, dst, add);
   norm_complete_ = false;  // the range's value is summed on the host
-  if (free_.empty()) land_oldest();
+  // The oldest copy in flight may be a direct one, which frees no slot: land until one is free
+  // (every slot not free is in pending_, so this ends).
+  while (free_.empty()) land_oldest();
   const int slot = free_.back();
   free_.pop_back();
   Ticket t = engine_->copy_into_host(slots_[slot].narrow(0, 0, n), reduced);

@@ -27,8 +27,10 @@ void check_target(const at::Tensor& logits, const at::Tensor& target, int64_t vo
   }
   if (target.numel() == 0) return;
   auto [lo, hi] = at::aminmax(target.masked_fill(target == ignore_index, 0));
-  const int64_t min_id = lo.item<int64_t>();
-  const int64_t max_id = hi.item<int64_t>();
+  // One read of the device for both bounds (each item() would synchronise the host).
+  const at::Tensor bounds = at::stack({lo, hi}).cpu();
+  const int64_t min_id = bounds[0].item<int64_t>();
+  const int64_t max_id = bounds[1].item<int64_t>();
   if (min_id < 0 || max_id >= vocab) {
     std::ostringstream msg;
     msg << "zero: vocab_parallel_cross_entropy: target id " << (min_id < 0 ? min_id : max_id)

@@ -25,8 +25,10 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(GroupPtr group,
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   if (ids.numel() > 0) {
     auto [lo, hi] = at::aminmax(ids);
-    const int64_t min_id = lo.item<int64_t>();
-    const int64_t max_id = hi.item<int64_t>();
+    // One read of the device for both bounds (each item() would synchronise the host).
+    const at::Tensor bounds = at::stack({lo, hi}).cpu();
+    const int64_t min_id = bounds[0].item<int64_t>();
+    const int64_t max_id = bounds[1].item<int64_t>();
     if (min_id < 0 || max_id >= options_.vocab()) {
       std::ostringstream msg;
       msg << "zero: VocabParallelEmbedding got token id " << (min_id < 0 ? min_id : max_id)

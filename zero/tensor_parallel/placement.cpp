@@ -69,17 +69,16 @@ void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, zero::G
 
 double grad_norm_sq(const std::vector<NamedPlacement>& params, zero::Group& tp) {
   comm::Group& group = comm::of(tp);
-  double replicated = 0.0;
-  at::Tensor sharded;  // fp64 on the parameters' device: what the group moves
+  // Both sums stay on the parameters' device (fp64) until the one read at the end: a read per
+  // replicated parameter would synchronise the host with the device once per parameter.
+  at::Tensor replicated;
+  at::Tensor sharded;  // what the group moves
   for (const auto& p : params) {
     const at::Tensor g = p.param.grad();
     if (!g.defined()) continue;
     const at::Tensor sq = g.to(at::kDouble).square().sum();
-    if (p.placement.sharded) {
-      sharded = sharded.defined() ? sharded + sq : sq;
-    } else {
-      replicated += sq.item<double>();
-    }
+    at::Tensor& sum = p.placement.sharded ? sharded : replicated;
+    sum = sum.defined() ? sum + sq : sq;
   }
   if (!sharded.defined()) {
     // Every rank must join the collective, also one whose parameters have no gradient.
@@ -89,7 +88,8 @@ double grad_norm_sq(const std::vector<NamedPlacement>& params, zero::Group& tp) 
   }
   sharded = sharded.reshape({1}).contiguous();
   group.all_reduce_sum(sharded, "tensor-parallel all-reduce of the gradient norm").wait();
-  return sharded.item<double>() + replicated;
+  if (replicated.defined()) sharded = sharded + replicated.to(sharded.device());
+  return sharded.item<double>();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> gather_full(
