@@ -16,6 +16,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -247,6 +249,64 @@ TEST(PipelineEngine, GPipeEqualsOneFOneB) {
       EXPECT_NEAR(g.losses[r][i], f.losses[r][i], 1e-6 * std::abs(f.losses[r][i]));
     for (const auto& [key, t] : g.params[r])
       testing::expect_rel_close(t, f.params[r].at(key), 1e-6, key);
+  }
+}
+
+// fp16: the overflow check reads the global norm (summed over dp, then over the stages), so an
+// overflow on one stage skips the step on every stage. The first stage's gradients are poisoned
+// (inf) on the first step only: every rank skips that step, the last stage's parameters are
+// untouched by it, and the next steps are applied everywhere.
+TEST(PipelineEngine, Fp16OverflowOnOneStageSkipsTheStepOnEveryStage) {
+  GptConfig c = examples::gpt_preset("tiny");
+  at::manual_seed(1234);
+  const Params init = snapshot(Gpt(c));
+  const auto batches = make_batches(c, 2 * kMicroBatches * kRowsPerMicroBatch);
+  std::vector<std::vector<int>> applied(4);
+  std::vector<int64_t> skipped(4);
+  std::vector<double> max_change_after_skip(4);
+  testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
+    comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
+    const int rank = w->rank(), d = mesh.coord("dp");
+    Gpt model(c);
+    load(model, init);
+    auto layers = examples::gpt_pipeline_layers(model);
+    bool poison = true;
+    auto embed = layers[0].forward;
+    layers[0].forward = [embed, &poison](const at::Tensor& t) {
+      at::Tensor y = embed(t);
+      if (poison)
+        y.register_hook(
+            [](const at::Tensor& g) { return g * std::numeric_limits<float>::infinity(); });
+      return y;
+    };
+    Config cfg = engine_config(Opt::SGD, 1, 2, ScheduleKind::OneFOneB);
+    cfg.fp16.enabled = true;
+    PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
+    const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
+    for (const auto& b : batches) {
+      const Params before = snapshot(model);
+      auto in = b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
+      auto tg = b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
+      const float loss = pipe.train_batch(in, tg);
+      EXPECT_TRUE(std::isfinite(loss));
+      applied[rank].push_back(pipe.last_step_applied());
+      if (poison) {
+        double change = 0;
+        for (const auto& [key, t] : snapshot(model))
+          change = std::max(
+              change,
+              (t.to(at::kFloat) - before.at(key).to(at::kFloat)).abs().max().item<double>());
+        max_change_after_skip[rank] = change;
+      }
+      poison = false;
+    }
+    skipped[rank] = pipe.engine().stats().skipped_steps;
+  });
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(applied[r], (std::vector<int>{0, 1, 1, 1}));
+    EXPECT_EQ(skipped[r], 1);
+    EXPECT_EQ(max_change_after_skip[r], 0.0) << "the skipped step moved a parameter";
   }
 }
 
