@@ -8,7 +8,7 @@
 // every rank, and every parameter afterwards within 1e-5 (AdamW: or twice what single-process
 // gradient accumulation itself differs from the whole batch, as test_pipeline_runtime.cpp
 // explains), for GPipe and 1F1B, SGD with momentum and AdamW, tied and untied head; GPipe and 1F1B
-// agree with each other.
+// agree with each other; under fp16 an overflow on one stage skips the step on every stage.
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
