@@ -26,6 +26,7 @@
 #include "metrics.hpp"
 #include "monitor.hpp"
 #include "phase_peaks.hpp"
+#include "pp_trainer.hpp"
 #include "tp_gpt.hpp"
 #include "tp_trainer.hpp"
 #include "train_summary.hpp"
@@ -205,6 +206,12 @@ int run(int argc, char** argv) {
                         static_cast<c10::DeviceIndex>(local_rank ? std::atoi(local_rank) : 0))
           : c10::Device(c10::kCPU);
   set_current_device(device);
+
+  // Pipeline parallelism has a loop of its own (examples/pp_trainer.cpp).
+  if (cfg.pipeline.stages > 1) {
+    return train_pipeline(
+        {cfg, config_path, mc, preset, hf_dir, data, steps, seq, device, summary_path});
+  }
 
   const int tp_size = cfg.tensor_parallel.autotp_size;
   const int64_t rss_before_model = rss_bytes();

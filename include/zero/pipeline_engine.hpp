@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "zero/config.hpp"
@@ -26,6 +27,16 @@
 #include "zero/pipeline.hpp"
 
 namespace zero::pipeline {
+
+// Megatron's rank order over `world` with tensor parallelism 1: data parallel inner, pipeline
+// outer (stage = rank / (world / stages)). A collective over `world`; std::invalid_argument
+// naming the numbers when `stages` does not divide its size.
+struct PipelineGrid {
+  std::shared_ptr<Group> pp, dp;
+  int stage = 0, dp_rank = 0;
+  std::string describe() const;  // "pp 2 x dp 2 x tp 1"
+};
+PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages);
 
 class PipelineEngine {
  public:
