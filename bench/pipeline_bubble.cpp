@@ -4,8 +4,9 @@
 // takes t_b = 2 t_f of wall time (a sleep, not arithmetic: P threads on a small CPU would
 // otherwise share cores and the measured idle time would be the scheduler's, not the
 // pipeline's). What is measured is the runtime itself: its instruction lists, the real send/recv
-// between stages, the waits. Bubble = 1 - m (t_f + t_b) / (step wall time), over 3 steps after
-// one warm-up, against the textbook (P - 1) / (m + P - 1) and zero/pipeline/simulate.hpp's.
+// between stages, the waits. Bubble = 1 - (time a stage spent in its forwards and backwards) /
+// (its step's wall time), averaged over stages, over 3 steps after one warm-up, against the
+// textbook (P - 1) / (m + P - 1) and zero/pipeline/simulate.hpp's.
 //
 // Activations: each layer's forward saves one buffer of known size for its backward, allocated
 // with a deleter that counts it out when autograd frees it: the peak per stage is the number of
@@ -33,8 +34,18 @@ namespace {
 
 constexpr int64_t kRows = 4, kDim = 256;  // one saved buffer: 4 KiB in fp32
 
+// Nap for `ms` and count the time actually slept (a loaded machine oversleeps: that is busy
+// time, not bubble).
+void nap(double ms, std::atomic<int64_t>* busy_us) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+  *busy_us +=
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+}
+
 struct Counter {
-  std::atomic<int64_t> live{0}, peak{0};
+  std::atomic<int64_t> live{0}, peak{0}, busy_us{0};
   void add(int64_t n) {
     const int64_t now = live += n;
     int64_t p = peak.load();
@@ -43,7 +54,7 @@ struct Counter {
   }
 };
 
-// One layer: y = x * keep (keep saved for backward, counted), t_f asleep in forward, t_b in
+// One layer: y = x + keep * w (keep saved for backward, counted), t_f asleep in forward, t_b in
 // backward (a hook on the output's gradient).
 Layer sleep_layer(double tf_ms, Counter* counter) {
   auto m = std::make_shared<torch::nn::Module>();
@@ -54,7 +65,7 @@ Layer sleep_layer(double tf_ms, Counter* counter) {
   l.module = m;
   l.forward = [w, tf_ms, counter](const at::Tensor& in) {
     at::Tensor x = in.is_floating_point() ? in : at::ones({kRows, kDim});
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(tf_ms));
+    nap(tf_ms, &counter->busy_us);
     const int64_t bytes = kRows * kDim * 4;
     float* data = static_cast<float*>(std::malloc(bytes));
     for (int64_t i = 0; i < kRows * kDim; ++i) data[i] = 1.0f;
@@ -66,9 +77,9 @@ Layer sleep_layer(double tf_ms, Counter* counter) {
           counter->add(-1);
         },
         at::kFloat);
-    at::Tensor y = x * keep * w;
-    y.register_hook([tf_ms](const at::Tensor& g) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(2 * tf_ms));
+    at::Tensor y = x + keep * w;  // keep is saved for w's gradient
+    y.register_hook([tf_ms, counter](const at::Tensor& g) {
+      nap(2 * tf_ms, &counter->busy_us);
       return g;
     });
     return y;
@@ -77,7 +88,8 @@ Layer sleep_layer(double tf_ms, Counter* counter) {
 }
 
 struct Result {
-  double bubble = 0;
+  double bubble = 0;  // 1 - busy / wall, averaged over stages
+  double step_ms = 0;
   std::vector<int64_t> peak;  // per stage, micro-batches held at once
 };
 
@@ -91,20 +103,23 @@ Result measure(int P, int m, ScheduleKind kind, double tf_ms) {
     StageLayers layers(std::move(all), PartitionMethod::Uniform, P, s);
     auto opt = std::make_unique<TorchStageOptimizer>(
         std::make_unique<torch::optim::SGD>(layers.parameters(), torch::optim::SGDOptions(0.0)));
-    PipelineRuntime rt(std::move(layers), [](const at::Tensor& y, const at::Tensor&) {
-      return y.mean();
-    }, pp, std::move(opt), {kind, m});
+    PipelineRuntime rt(std::move(layers),
+                       [](const at::Tensor& y, const at::Tensor&) { return y.mean(); }, pp,
+                       std::move(opt), {kind, m});
     std::vector<at::Tensor> in(m, at::zeros({kRows}, at::kLong)), tg(m, at::zeros({1}));
     rt.train_batch(in, tg);  // warm-up: connections, the shape message
+    counters[s].busy_us = 0;
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < 3; ++i) rt.train_batch(in, tg);
-    wall[s] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                  .count() / 3;
+    wall[s] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+        3;
   });
   Result r;
-  double step = 0;
-  for (double w : wall) step = std::max(step, w);
-  r.bubble = 1 - m * 3 * tf_ms / step;
+  for (int s = 0; s < P; ++s) {
+    r.bubble += (1 - counters[s].busy_us.load() / 3e3 / wall[s]) / P;
+    r.step_ms = std::max(r.step_ms, wall[s]);
+  }
   for (auto& c : counters) r.peak.push_back(c.peak.load());
   return r;
 }
@@ -118,16 +133,18 @@ int main(int argc, char** argv) {
   std::printf("t_f = %.0f ms, t_b = %.0f ms per stage and micro-batch; 3 steps after a warm-up\n\n",
               tf, 2 * tf);
   std::printf(
-      "| P | m | (P-1)/(m+P-1) | simulated 1F1B | measured 1F1B | measured GPipe | peak "
-      "activations stage 0, 1F1B | GPipe |\n|---|---|---|---|---|---|---|---|\n");
+      "| P | m | (P-1)/(m+P-1) | simulated 1F1B | measured 1F1B | measured GPipe | step ms "
+      "1F1B / GPipe | activations held on stage 0, 1F1B / GPipe (micro-batches) |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   for (int P : {2, 4}) {
     for (int m : {4, 8, 16}) {
       const double textbook = double(P - 1) / (m + P - 1);
       const double sim = simulate(make_schedule(ScheduleKind::OneFOneB, P, m)).bubble_fraction;
       const Result f = measure(P, m, ScheduleKind::OneFOneB, tf);
       const Result g = measure(P, m, ScheduleKind::GPipe, tf);
-      std::printf("| %d | %d | %.3f | %.3f | %.3f | %.3f | %lld micro-batches | %lld |\n", P, m,
-                  textbook, sim, f.bubble, g.bubble, (long long)f.peak[0], (long long)g.peak[0]);
+      std::printf("| %d | %d | %.3f | %.3f | %.3f | %.3f | %.0f / %.0f | %lld / %lld |\n", P, m,
+                  textbook, sim, f.bubble, g.bubble, f.step_ms, g.step_ms, (long long)f.peak[0],
+                  (long long)g.peak[0]);
       std::fflush(stdout);
     }
   }
