@@ -132,12 +132,14 @@ struct Case {
   Opt opt;
   int zero_stage;
   bool tied;
+  int checkpoint_interval = 0;  // pipeline.activation_checkpoint_interval
 };
 
 std::string name(const Case& k) {
   return "P=" + std::to_string(k.stages) + " x D=" + std::to_string(k.dp) + " " +
          std::string(schedule_name(k.schedule)) + " " + (k.opt == Opt::SGD ? "SGD" : "AdamW") +
-         " ZeRO-" + std::to_string(k.zero_stage) + (k.tied ? " tied" : " untied");
+         " ZeRO-" + std::to_string(k.zero_stage) + (k.tied ? " tied" : " untied") +
+         (k.checkpoint_interval ? " recompute " + std::to_string(k.checkpoint_interval) : "");
 }
 
 struct Trial {
@@ -158,9 +160,9 @@ Trial run_case(const Case& k, const GptConfig& c, const Params& init,
     Gpt model(c);  // every rank's copy starts from the reference's weights
     load(model, init);
     auto layers = examples::gpt_pipeline_layers(model);
-    PipelineEngine pipe(layers, examples::gpt_loss,
-                        engine_config(k.opt, k.zero_stage, k.stages, k.schedule), mesh["pp"],
-                        mesh["dp"]);
+    Config cfg = engine_config(k.opt, k.zero_stage, k.stages, k.schedule);
+    cfg.pipeline.activation_checkpoint_interval = k.checkpoint_interval;
+    PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
     ASSERT_EQ(pipe.stage(), mesh.coord("pp"));
     ASSERT_EQ(pipe.engine().world_size(), k.dp);
     std::set<const void*> mine;  // this stage's layers' parameters (a tied copy included)
@@ -234,6 +236,13 @@ TEST(PipelineEngine, TiedEmbeddingAndHeadAcrossStages) {
     check({2, 2, ScheduleKind::OneFOneB, opt, 1, true});
     check({2, 1, ScheduleKind::GPipe, opt, 0, true});
   }
+}
+
+// pipeline.activation_checkpoint_interval: each stage recomputes runs of layers in backward
+// (nested backward passes inside the engine's), with the same result.
+TEST(PipelineEngine, ActivationCheckpointingPerStage) {
+  check({2, 2, ScheduleKind::OneFOneB, Opt::SGD, 1, false, 1});
+  check({2, 1, ScheduleKind::GPipe, Opt::AdamW, 1, true, 2});
 }
 
 // GPipe and 1F1B run the same micro-batches in another order: the same training.
