@@ -55,6 +55,16 @@ class PipelineEngine {
   // every rank.
   float train_batch(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
 
+  // Checkpoints per stage: each stage's engine writes its own shards under dir/stage<s>/ (over
+  // its data-parallel group; every rank calls it). A checkpoint resumes at the same
+  // pipeline.stages and partition (the parameters are named by layer index); another P is not
+  // implemented. load_checkpoint returns the tag and sends the loaded tied weights to their
+  // copies on the other stages.
+  void save_checkpoint(const std::string& dir, const std::string& tag = "", int keep_last = 0);
+  std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+  // dir/stage<s>: where this stage's checkpoints go.
+  std::string stage_dir(const std::string& dir) const;
+
   int stage() const;
   int stages() const;
   int micro_batches() const;  // gradient_accumulation_steps

@@ -71,6 +71,21 @@ float PipelineEngine::train_batch(const std::vector<at::Tensor>& inputs,
   return impl_->runtime->train_batch(inputs, targets);
 }
 
+std::string PipelineEngine::stage_dir(const std::string& dir) const {
+  return dir + "/stage" + std::to_string(impl_->stage);
+}
+
+void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& tag,
+                                     int keep_last) {
+  engine().save_checkpoint(stage_dir(dir), tag, keep_last);
+}
+
+std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  std::string loaded = engine().load_checkpoint(stage_dir(dir), tag);
+  impl_->runtime->sync_tied_weights();
+  return loaded;
+}
+
 int PipelineEngine::stage() const { return impl_->stage; }
 int PipelineEngine::stages() const { return impl_->stages; }
 int PipelineEngine::micro_batches() const { return impl_->micro_batches; }

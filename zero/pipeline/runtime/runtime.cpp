@@ -202,6 +202,11 @@ std::vector<at::Tensor> PipelineRuntime::recv_tied_grads() {
   return sums;
 }
 
+void PipelineRuntime::sync_tied_weights() {
+  exchange_tied_weights();
+  wait_sends();
+}
+
 // The owner's values to every copy: at start-up, and after each optimizer step.
 void PipelineRuntime::exchange_tied_weights() {
   at::NoGradGuard no_grad;

@@ -54,6 +54,10 @@ class PipelineRuntime {
   // Returns that mean loss (averaged over data-parallel replicas too) on every stage.
   float train_batch(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
 
+  // Sends the tied weights' owners' values to the copies again (every stage calls it): after the
+  // owner's weight changed outside a step, e.g. loaded from a checkpoint.
+  void sync_tied_weights();
+
   const StageLayers& layers() const { return layers_; }
   StageOptimizer& optimizer() { return *optimizer_; }
   const std::vector<Instruction>& instructions() const { return instructions_; }
