@@ -11,6 +11,7 @@
 #include "gpt_layers.hpp"
 #include "hf_llama.hpp"
 #include "metrics.hpp"
+#include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
 #include "zero/pipeline_engine.hpp"
 
@@ -31,10 +32,6 @@ void refuse_unsupported(const PipelineTrainerArgs& a) {
     no(p +
        " with tensor_parallel.autotp_size = " + std::to_string(cfg.tensor_parallel.autotp_size) +
        ": pipeline x tensor parallelism is not built yet; use one of the two");
-  if (cfg.extra_int("trainer.save_interval") > 0 || cfg.extra_string("trainer.resume") != "false")
-    no(p +
-       ": checkpoints per pipeline stage are not implemented yet; unset "
-       "trainer.save_interval and trainer.resume");
   if (!a.summary_path.empty())
     no(p +
        ": --summary-json is not written for a pipeline yet; drop it (trainer.metrics_file "
@@ -99,11 +96,31 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     std::fflush(stdout);
   }
 
+  // Checkpoints per stage (save_dir/stage<s>/), resumed at the same pipeline.stages. Resuming
+  // replays the loader to the saved step, as the plain trainer does.
+  const std::string save_dir = cfg.extra_string("trainer.save_dir");
+  const int64_t save_interval = cfg.extra_int("trainer.save_interval");
+  const int keep_last = static_cast<int>(cfg.extra_int("trainer.keep_last"));
+  const std::string resume = cfg.extra_string("trainer.resume");
+  if ((save_interval > 0 || resume != "false") && save_dir.empty())
+    throw ConfigError(path + ": trainer.save_interval and trainer.resume need a trainer.save_dir");
+  int64_t start_step = 0;
+  if (resume != "false" &&
+      !(resume == "auto" && latest_checkpoint_tag(pipe->stage_dir(save_dir)).empty())) {
+    const std::string tag =
+        pipe->load_checkpoint(save_dir, resume == "true" || resume == "auto" ? "" : resume);
+    start_step = engine.stats().optimizer_steps;
+    if (rank == 0)
+      std::printf("checkpoint: loaded %s/stage*/%s (step %lld)\n", save_dir.c_str(), tag.c_str(),
+                  (long long)start_step);
+    for (int64_t i = 0; i < start_step * ga; ++i) loader.next();
+  }
+
   MetricsLog metrics(rank == 0 ? cfg.extra_string("trainer.metrics_file") : "");
   const double tokens_per_step = static_cast<double>(c.train_batch_size * a.seq_len);
   double first_loss = 0, last_loss = 0;
   const auto t0 = Clock::now();
-  for (int64_t step = 0; step < a.steps; ++step) {
+  for (int64_t step = start_step; step < a.steps; ++step) {
     const auto start = Clock::now();
     // Every rank draws its data-parallel share (the sampler stays in step); the first stage
     // reads the tokens, the last the targets.
@@ -125,12 +142,19 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     rec.step_s = std::chrono::duration<double>(Clock::now() - start).count();
     rec.forward_s = rec.step_s;  // one train_batch: forward and backward interleave
     rec.tokens_per_s = tokens_per_step / rec.step_s;
-    rec.eta_s = std::chrono::duration<double>(Clock::now() - t0).count() / rec.step *
+    rec.eta_s = std::chrono::duration<double>(Clock::now() - t0).count() /
+                static_cast<double>(rec.step - start_step) *
                 static_cast<double>(a.steps - rec.step);
     rec.memory_bytes = engine.memory_report().measured.total();
-    if (step == 0) first_loss = loss;
+    if (step == start_step) first_loss = loss;
     last_loss = loss;
     metrics.write(rec);
+    if (save_interval > 0 && rec.step % save_interval == 0) {
+      pipe->save_checkpoint(save_dir, "", keep_last);
+      if (rank == 0)
+        std::printf("checkpoint: saved %s/stage*/step%lld\n", save_dir.c_str(),
+                    (long long)rec.step);
+    }
     const bool log = rec.step % c.steps_per_print == 0 || step == 0 || rec.step == a.steps;
     if (rank == 0 && log) {
       std::printf("%s\n", format_progress(rec).c_str());
