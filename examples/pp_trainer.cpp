@@ -11,6 +11,7 @@
 #include "gpt_layers.hpp"
 #include "hf_llama.hpp"
 #include "metrics.hpp"
+#include "monitor.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
 #include "zero/pipeline_engine.hpp"
@@ -32,6 +33,11 @@ void refuse_unsupported(const PipelineTrainerArgs& a) {
     no(p +
        " with tensor_parallel.autotp_size = " + std::to_string(cfg.tensor_parallel.autotp_size) +
        ": pipeline x tensor parallelism is not built yet; use one of the two");
+  for (const char* section : {"tensorboard", "csv_monitor"})
+    if (monitor_config(cfg, section).enabled)
+      no(p + ": " + section +
+         ".enabled: the monitors are not written for a pipeline yet; set it false "
+         "(trainer.metrics_file has the losses)");
   if (!a.summary_path.empty())
     no(p +
        ": --summary-json is not written for a pipeline yet; drop it (trainer.metrics_file "
