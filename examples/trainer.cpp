@@ -163,6 +163,13 @@ at::Tensor Trainer::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   return tp_model_ ? tp_model_->loss(tokens, targets) : model_->loss(tokens, targets);
 }
 
+std::optional<PipelineTrainerArgs> Trainer::pipeline_args() const {
+  if (cfg_.pipeline.stages <= 1) return std::nullopt;
+  return PipelineTrainerArgs{
+      cfg_,    options_.config_path, mc_, preset_, hf_dir_, data_, steps_, seq_,
+      device_, options_.summary_path};
+}
+
 void Trainer::build() {
   const std::string& config_path = options_.config_path;
   const int tp_size = cfg_.tensor_parallel.autotp_size;

@@ -25,6 +25,7 @@
 #include "metrics.hpp"
 #include "monitor.hpp"
 #include "phase_peaks.hpp"
+#include "pp_trainer.hpp"
 #include "tp_gpt.hpp"
 #include "train_summary.hpp"
 #include "utilisation.hpp"
@@ -51,6 +52,10 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   ~Trainer();
+
+  // pipeline.stages > 1: what examples/pp_trainer.cpp's train_pipeline needs (the set-up
+  // above), to run instead of the phases below; nullopt otherwise.
+  std::optional<PipelineTrainerArgs> pipeline_args() const;
 
   void build();
   void prepare_outputs();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pp_trainer.hpp"
 #include "trainer.hpp"
 #include "zero/errors.hpp"
 #include "zero/zero.hpp"
@@ -53,6 +54,8 @@ int run(int argc, char** argv) {
     sets.push_back("zero_optimization.auto_device_memory=" + vm["device-memory"].as<std::string>());
   }
   Trainer trainer({config_path, summary_path, sets});
+  // Pipeline parallelism has a loop of its own (examples/pp_trainer.cpp).
+  if (auto pipeline = trainer.pipeline_args()) return train_pipeline(*pipeline);
   trainer.build();
   trainer.prepare_outputs();
   trainer.resume();

@@ -24,4 +24,7 @@ struct Layer {
   std::map<std::string, at::Tensor> tied;                // key -> this layer's tied weight
 };
 
+// Last stage: its output and the micro-batch's target -> that micro-batch's mean loss.
+using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
 }  // namespace zero::pipeline

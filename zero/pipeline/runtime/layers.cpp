@@ -7,6 +7,28 @@
 #include "zero/activation_checkpointing.hpp"
 
 namespace zero::pipeline {
+namespace {
+
+// `m` itself when it holds none of `drop`; otherwise a module of its parameters, buffers and
+// submodules (recursively the same) under their names, less those in `drop`. The parts are the
+// same tensors and modules: training them trains `m`'s.
+std::shared_ptr<torch::nn::Module> without(const std::shared_ptr<torch::nn::Module>& m,
+                                           const std::set<const void*>& drop) {
+  bool holds = false;
+  for (const auto& p : m->parameters()) holds = holds || drop.count(p.unsafeGetTensorImpl());
+  if (!holds) return m;
+  auto out = std::make_shared<torch::nn::Module>(m->name());
+  for (const auto& p : m->named_parameters(/*recurse=*/false)) {
+    if (!drop.count(p.value().unsafeGetTensorImpl()))
+      out->register_parameter(p.key(), p.value(), p.value().requires_grad());
+  }
+  for (const auto& b : m->named_buffers(/*recurse=*/false))
+    out->register_buffer(b.key(), b.value());
+  for (const auto& c : m->named_children()) out->register_module(c.key(), without(c.value(), drop));
+  return out;
+}
+
+}  // namespace
 
 StageLayers::StageLayers(std::vector<Layer> all, PartitionMethod method, int stages, int stage,
                          int activation_checkpoint_interval)
@@ -34,6 +56,14 @@ StageLayers::StageLayers(std::vector<Layer> all, PartitionMethod method, int sta
     }
   }
   for (int i = bounds_[stage]; i < bounds_[stage + 1]; ++i) layers_.push_back(std::move(all[i]));
+
+  std::set<const void*> foreign;
+  for (const auto& w : foreign_tied()) foreign.insert(w.unsafeGetTensorImpl());
+  module_ = std::make_shared<torch::nn::Module>("PipelineStage");
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    module_->register_module(std::to_string(bounds_[stage] + static_cast<int>(k)),
+                             without(layers_[k].module, foreign));
+  }
 }
 
 at::Tensor StageLayers::forward(const at::Tensor& x) const {
@@ -62,9 +92,24 @@ at::Tensor StageLayers::forward(const at::Tensor& x) const {
   return y;
 }
 
+std::vector<at::Tensor> StageLayers::foreign_tied() const {
+  std::vector<at::Tensor> out;
+  std::set<const void*> seen;
+  for (const auto& l : layers_) {
+    for (const auto& [key, w] : l.tied) {
+      if (tie_stages_.at(key).front() == stage_) continue;
+      if (seen.insert(w.unsafeGetTensorImpl()).second) out.push_back(w);
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<torch::nn::Module> StageLayers::module() const { return module_; }
+
 std::vector<at::Tensor> StageLayers::parameters() const {
   std::vector<at::Tensor> out;
   std::set<const void*> seen;
+  for (const auto& w : foreign_tied()) seen.insert(w.unsafeGetTensorImpl());
   for (const auto& l : layers_) {
     for (const auto& p : l.module->parameters()) {
       if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);

@@ -23,8 +23,18 @@ class StageLayers {
               int activation_checkpoint_interval = 0);
 
   at::Tensor forward(const at::Tensor& x) const;
-  // This stage's parameters, each once (a weight two of its layers tie appears once).
+  // The parameters this stage trains, each once (a weight two of its layers tie appears once).
+  // A tied weight belongs to the first stage holding it (its owner, as DeepSpeed's tied module
+  // lives with the first stage that builds it): a later stage's copy is left out here and
+  // follows the owner's values (PipelineRuntime sends the copy's gradient to the owner and the
+  // updated weight back).
   std::vector<at::Tensor> parameters() const;
+  // The same parameters as one module, for an engine to wrap (zero::initialize): each layer's
+  // module under its index in the whole list ("3.wq.weight"), or, for a layer holding a tied
+  // weight this stage does not own, a module of its parts without that weight.
+  std::shared_ptr<torch::nn::Module> module() const;
+  // This stage's copies of tied weights that another stage owns (each once).
+  std::vector<at::Tensor> foreign_tied() const;
   int stage() const { return stage_; }
   int stages() const { return stages_; }
   const std::vector<int>& bounds() const { return bounds_; }
@@ -39,6 +49,7 @@ class StageLayers {
   int stage_;
   int checkpoint_interval_;
   std::map<std::string, std::vector<int>> tie_stages_;
+  std::shared_ptr<torch::nn::Module> module_;
 };
 
 }  // namespace zero::pipeline

@@ -52,14 +52,12 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
   instructions_ = opts_.schedule == ScheduleKind::GPipe
                       ? gpipe_schedule(stages_, opts_.micro_batches, stage_)
                       : one_f_one_b_schedule(stages_, opts_.micro_batches, stage_);
-  // One group per tied key held by two stages or more, split by every pipeline rank in the
-  // same (key) order: the split is collective.
-  for (const auto& [key, owners] : layers_.tie_stages()) {
-    if (owners.size() < 2) continue;
-    const bool mine = std::find(owners.begin(), owners.end(), stage_) != owners.end();
-    auto g = pp_->split(mine ? 0 : -1, stage_, "tied " + key);
-    if (!mine) continue;
-    Tie tie{key, g, {}};
+  for (size_t i = 0; i < instructions_.size(); ++i)
+    if (instructions_[i].op == Op::Backward) last_backward_ = static_cast<int>(i);
+  for (const auto& [key, holders] : layers_.tie_stages()) {
+    if (holders.size() < 2) continue;
+    if (std::find(holders.begin(), holders.end(), stage_) == holders.end()) continue;
+    Tie tie{key, holders.front(), {holders.begin() + 1, holders.end()}, {}};
     for (const auto& l : layers_.layers()) {
       auto it = l.tied.find(key);
       if (it == l.tied.end()) continue;
@@ -68,15 +66,48 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
       });
       if (!seen) tie.weights.push_back(it->second);
     }
-    // The copies start equal: the first owner's values, as DeepSpeed's
-    // _synchronize_tied_weights (a program that seeds each stage differently stays correct).
-    at::NoGradGuard no_grad;
-    for (auto& w : tie.weights) {
-      at::Tensor d = w.detach();
-      tie.group->broadcast(d, 0, where("broadcast of tied weight '" + key + "'")).wait();
+    // Stages exchange the weight and its gradient one tensor per key: each stage's layers must
+    // name a key by one tensor (they share it).
+    if (tie.weights.size() != 1)
+      throw std::invalid_argument(where(
+          "the layers name the tied key '" + key + "' by " + std::to_string(tie.weights.size()) +
+          " different tensors; layers tying a weight must share one"));
+    // The owner adds the others' gradients in its last backward: theirs must be complete by
+    // then, which holds when every stage's list ends with the same micro-batch (GPipe, 1F1B).
+    const int mine = instructions_[last_backward_].micro_batch;
+    for (int t : holders) {
+      const auto other = opts_.schedule == ScheduleKind::GPipe
+                             ? gpipe_schedule(stages_, opts_.micro_batches, t)
+                             : one_f_one_b_schedule(stages_, opts_.micro_batches, t);
+      int theirs = -1;
+      for (const auto& ins : other)
+        if (ins.op == Op::Backward) theirs = ins.micro_batch;
+      if (theirs != mine)
+        throw std::logic_error(where("the schedule ends stage " + std::to_string(t) +
+                                     " with another micro-batch; tied weights need the same"));
     }
     ties_.push_back(std::move(tie));
   }
+  // A copy takes the dtype this stage computes in (an engine may have cast the stage's
+  // parameters to bf16), then the owner's values, as DeepSpeed's _synchronize_tied_weights (a
+  // program that seeds each stage differently stays correct).
+  at::ScalarType dtype = at::kFloat;
+  bool found = false;
+  for (const auto& p : layers_.parameters()) {
+    if (!found && p.is_floating_point()) {
+      dtype = p.scalar_type();
+      found = true;
+    }
+  }
+  for (auto& tie : ties_) {
+    if (tie.owner == stage_ || !found) continue;
+    for (auto& w : tie.weights) {
+      at::NoGradGuard no_grad;
+      if (w.scalar_type() != dtype) w.set_data(w.detach().to(dtype));
+    }
+  }
+  exchange_tied_weights();
+  wait_sends();
 }
 
 PipelineRuntime::~PipelineRuntime() = default;
@@ -130,16 +161,69 @@ void PipelineRuntime::wait_sends() {
   sends_.clear();
 }
 
-void PipelineRuntime::reduce_tied_grads() {
+void PipelineRuntime::post_send(at::Tensor t, int dst, const std::string& what) {
+  auto p = std::make_unique<Pending>();
+  p->buffer = std::move(t);
+  p->work = pp_->send(p->buffer, dst, where(what));
+  sends_.push_back(std::move(p));
+}
+
+// A stage holding a copy: after its last backward, the copy's gradient (this step's sum over
+// micro-batches, with whatever factor the loss's backward applied) goes to the owner.
+void PipelineRuntime::send_tied_grads() {
   for (auto& tie : ties_) {
-    for (auto& w : tie.weights) {
-      at::Tensor g = w.mutable_grad();
-      if (!g.defined()) {
-        w.mutable_grad() = at::zeros_like(w);
-        g = w.mutable_grad();
-      }
-      tie.group->all_reduce_sum(g, where("all-reduce of tied weight '" + tie.key + "'")).wait();
+    if (tie.owner == stage_) continue;
+    at::Tensor& w = tie.weights.front();
+    at::Tensor g = w.grad().defined() ? w.grad().contiguous() : at::zeros_like(w);
+    post_send(g, tie.owner,
+              "send of the gradient of tied weight '" + tie.key + "' to stage " +
+                  std::to_string(tie.owner));
+    w.mutable_grad() = at::Tensor();  // the next step starts afresh
+  }
+}
+
+// The owner, before its last backward: the other holders' gradients, summed.
+std::vector<at::Tensor> PipelineRuntime::recv_tied_grads() {
+  std::vector<at::Tensor> sums;
+  for (auto& tie : ties_) {
+    if (tie.owner != stage_) continue;
+    const at::Tensor& w = tie.weights.front();
+    at::Tensor sum = at::zeros_like(w, at::MemoryFormat::Contiguous);
+    for (int t : tie.others) {
+      at::Tensor g = at::empty_like(w, at::MemoryFormat::Contiguous);
+      pp_->recv(g, t,
+                where("recv of the gradient of tied weight '" + tie.key + "' from stage " +
+                      std::to_string(t)))
+          .wait();
+      sum.add_(g);
     }
+    sums.push_back(sum);
+  }
+  return sums;
+}
+
+void PipelineRuntime::sync_tied_weights() {
+  exchange_tied_weights();
+  wait_sends();
+}
+
+// The owner's values to every copy: at start-up, and after each optimizer step.
+void PipelineRuntime::exchange_tied_weights() {
+  at::NoGradGuard no_grad;
+  for (auto& tie : ties_) {
+    at::Tensor& w = tie.weights.front();
+    if (tie.owner == stage_) {
+      for (int t : tie.others)
+        post_send(w.detach().contiguous(), t,
+                  "send of tied weight '" + tie.key + "' to stage " + std::to_string(t));
+      continue;
+    }
+    at::Tensor v = at::empty_like(w, at::MemoryFormat::Contiguous);
+    pp_->recv(
+           v, tie.owner,
+           where("recv of tied weight '" + tie.key + "' from stage " + std::to_string(tie.owner)))
+        .wait();
+    w.detach().copy_(v);
   }
 }
 
@@ -158,7 +242,8 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
 
   std::vector<at::Tensor> in(m), out(m), grad_out(m);
   at::Tensor loss_sum = at::zeros({1}, at::kFloat);
-  for (const Instruction& ins : instructions_) {
+  for (size_t idx = 0; idx < instructions_.size(); ++idx) {
+    const Instruction& ins = instructions_[idx];
     const int mb = ins.micro_batch;
     switch (ins.op) {
       case Op::RecvActivation:
@@ -188,9 +273,21 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
       }
       case Op::Backward:
         if (last) {
-          (out[mb] / m).backward();
+          optimizer_->backward(out[mb], m);
         } else {
-          torch::autograd::backward({out[mb]}, {grad_out[mb]});
+          std::vector<at::Tensor> roots{out[mb]}, grads{grad_out[mb]};
+          if (static_cast<int>(idx) == last_backward_) {
+            // The owner of a tied weight: the other holders' gradients join this last
+            // backward as the weight's own root, so they are reduced and stepped with the rest.
+            auto sums = recv_tied_grads();
+            size_t k = 0;
+            for (auto& tie : ties_) {
+              if (tie.owner != stage_) continue;
+              roots.push_back(tie.weights.front());
+              grads.push_back(sums[k++]);
+            }
+          }
+          optimizer_->backward(roots, grads);
         }
         out[mb] = at::Tensor();  // the graph and this micro-batch's activations go now
         grad_out[mb] = at::Tensor();
@@ -203,15 +300,17 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
                                   "'s gradient to stage " + std::to_string(stage_ - 1)));
         sends_.push_back(std::move(p));
         in[mb] = at::Tensor();
+        // After the gradient of the last micro-batch: the owner receives in this order.
+        if (mb == instructions_[last_backward_].micro_batch) send_tied_grads();
         break;
       }
       case Op::ReduceGrads:
         wait_sends();
-        reduce_tied_grads();
         optimizer_->reduce_grads();
         break;
       case Op::OptimizerStep:
         optimizer_->step();
+        exchange_tied_weights();
         break;
     }
   }
@@ -225,6 +324,7 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   }
   if (stages_ > 1)
     pp_->broadcast(loss, stages_ - 1, where("broadcast of the loss from the last stage")).wait();
+  wait_sends();  // the tied weights sent after the step
   return loss.item<float>();
 }
 

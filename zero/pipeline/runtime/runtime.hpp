@@ -7,6 +7,10 @@
 //   PipelineRuntime rt(std::move(layers), loss_fn, pp, std::move(stage_optimizer), opts);
 //   float loss = rt.train_batch(micro_inputs, micro_targets);  // the same on every stage
 //
+// A tied weight's copies (embedding and head on the first and last stage) are kept equal: the
+// owner (first holder) trains it with the other holders' gradients added in, and sends them the
+// result after each step (see Tie).
+//
 // Sends are posted without waiting (their buffers kept until the step's ReduceGrads), receives
 // are waited on: a schedule whose receives are acyclic then cannot deadlock, whatever the
 // transport does with an unmatched send. Every wait is bounded by the group's comm_timeout_s,
@@ -34,9 +38,6 @@ struct RuntimeOptions {
   int micro_batches = 1;  // gradient_accumulation_steps, as in DeepSpeed's pipeline engine
 };
 
-// Last stage: its output and the micro-batch's target -> that micro-batch's mean loss.
-using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
-
 class PipelineRuntime {
  public:
   // pp: the pipeline group, pp->size() == layers.stages() and pp->rank() == layers.stage().
@@ -53,22 +54,35 @@ class PipelineRuntime {
   // Returns that mean loss (averaged over data-parallel replicas too) on every stage.
   float train_batch(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
 
+  // Sends the tied weights' owners' values to the copies again (every stage calls it): after the
+  // owner's weight changed outside a step, e.g. loaded from a checkpoint.
+  void sync_tied_weights();
+
   const StageLayers& layers() const { return layers_; }
   StageOptimizer& optimizer() { return *optimizer_; }
   const std::vector<Instruction>& instructions() const { return instructions_; }
 
  private:
+  // A weight tied across stages (DeepSpeed's TiedLayerSpec). The first stage holding it owns it:
+  // only its optimizer (engine) trains it, so the optimizer state and the gradient norm see it
+  // once. The other holders keep a copy: they send its gradient, summed over their
+  // micro-batches, to the owner after their last backward; the owner adds them in its own last
+  // backward (the weight as one more root), and sends the updated weight back after the step.
   struct Tie {
     std::string key;
-    std::shared_ptr<comm::Group> group;  // the stages holding this key's weight
-    std::vector<at::Tensor> weights;     // this stage's copies (once each)
+    int owner = 0;                    // the first stage holding it
+    std::vector<int> others;          // the later stages holding a copy
+    std::vector<at::Tensor> weights;  // this stage's copies (once each)
   };
   struct Pending;
 
   std::string where(const std::string& what) const;
   at::Tensor recv_activation(int mb);
   void send_activation(int mb, const at::Tensor& y);
-  void reduce_tied_grads();
+  void post_send(at::Tensor t, int dst, const std::string& what);
+  void send_tied_grads();
+  std::vector<at::Tensor> recv_tied_grads();
+  void exchange_tied_weights();
   void wait_sends();
 
   StageLayers layers_;
@@ -79,6 +93,7 @@ class PipelineRuntime {
   int stage_, stages_;
   std::vector<Instruction> instructions_;
   std::vector<Tie> ties_;
+  int last_backward_ = -1;  // index in instructions_ of this stage's last Backward
   std::vector<std::unique_ptr<Pending>> sends_;  // posted this step, waited at ReduceGrads
   std::vector<int64_t> recv_shape_;              // the activation's shape from the previous stage
   c10::ScalarType recv_dtype_ = c10::ScalarType::Float;

@@ -1,5 +1,7 @@
 #include "zero/pipeline/runtime/stage_optimizer.hpp"
 
+#include <torch/csrc/autograd/autograd.h>
+
 #include "comm/group.hpp"
 
 namespace zero::pipeline {
@@ -7,6 +9,15 @@ namespace zero::pipeline {
 TorchStageOptimizer::TorchStageOptimizer(std::unique_ptr<torch::optim::Optimizer> opt,
                                          std::shared_ptr<comm::Group> dp)
     : opt_(std::move(opt)), dp_(std::move(dp)) {}
+
+void TorchStageOptimizer::backward(const at::Tensor& loss, int micro_batches) {
+  (loss / micro_batches).backward();
+}
+
+void TorchStageOptimizer::backward(const std::vector<at::Tensor>& outputs,
+                                   const std::vector<at::Tensor>& grad_outputs) {
+  torch::autograd::backward(outputs, grad_outputs);
+}
 
 void TorchStageOptimizer::reduce_grads() {
   if (!dp_ || dp_->size() == 1) return;

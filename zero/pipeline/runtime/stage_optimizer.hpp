@@ -1,8 +1,9 @@
-// What a pipeline stage does with its gradients once a step's micro-batches are through: the
-// seam where the data-parallel reduction and the optimizer plug in. Today a torch::optim
-// optimizer over the stage's parameters (gradients averaged over the stage's data-parallel
-// group first); the ZeRO engine's backward(outputs, grad_outputs) can take its place later
-// (Op::ReduceGrads -> its reduction, Op::OptimizerStep -> its step).
+// What a pipeline stage does with a micro-batch's backward and with its gradients once a step's
+// micro-batches are through: the seam where the data-parallel reduction and the optimizer plug
+// in. TorchStageOptimizer: plain autograd and a torch::optim optimizer (gradients averaged over
+// the stage's data-parallel group). The ZeRO engine's backward(outputs, grad_outputs) and step()
+// are the other implementation (zero/pipeline/engine/engine_stage.hpp), kept apart so this
+// runtime does not depend on the engine.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -19,8 +20,16 @@ namespace zero::pipeline {
 class StageOptimizer {
  public:
   virtual ~StageOptimizer() = default;
-  // Op::ReduceGrads: the stage's gradients are complete on this rank (tied weights already summed
-  // across stages); reduce them across data-parallel replicas.
+  // Op::Backward on the last stage: `loss` is one micro-batch's mean loss, one of
+  // `micro_batches`; the gradients must come out as those of the mean over all of them.
+  virtual void backward(const at::Tensor& loss, int micro_batches) = 0;
+  // Op::Backward on the other stages: `outputs` back-propagated with the gradients the next
+  // stage sent (and, on the stage that owns a tied weight, that weight with the other stages'
+  // gradients for it). These carry whatever factor the last stage's backward applied.
+  virtual void backward(const std::vector<at::Tensor>& outputs,
+                        const std::vector<at::Tensor>& grad_outputs) = 0;
+  // Op::ReduceGrads: the stage's gradients are complete on this rank; reduce them across
+  // data-parallel replicas (or nothing, where backward already did).
   virtual void reduce_grads() = 0;
   // Op::OptimizerStep: apply the gradients and zero them for the next step.
   virtual void step() = 0;
@@ -32,6 +41,9 @@ class TorchStageOptimizer : public StageOptimizer {
  public:
   TorchStageOptimizer(std::unique_ptr<torch::optim::Optimizer> opt,
                       std::shared_ptr<comm::Group> dp = nullptr);
+  void backward(const at::Tensor& loss, int micro_batches) override;
+  void backward(const std::vector<at::Tensor>& outputs,
+                const std::vector<at::Tensor>& grad_outputs) override;
   void reduce_grads() override;
   void step() override;
   torch::optim::Optimizer& optimizer() { return *opt_; }

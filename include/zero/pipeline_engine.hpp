@@ -1,0 +1,86 @@
+// Pipeline parallelism trained by the ZeRO engine: this rank's stage of a model given as a list
+// of layers (pipeline.hpp), wrapped by zero::initialize at ZeRO stage 0 or 1 over the stage's
+// data-parallel group, its micro-batches run by the GPipe or 1F1B schedule (cfg.pipeline).
+//
+//   comm::Mesh mesh = comm::Mesh::megatron(world, /*tp=*/1, /*pp=*/2);
+//   zero::pipeline::PipelineEngine pipe(layers, loss_fn, cfg, mesh["pp"], mesh["dp"]);
+//   float loss = pipe.train_batch(micro_inputs, micro_targets);  // one optimizer step
+//
+// As DeepSpeed's PipelineEngine: micro-batches = gradient_accumulation_steps, the step after
+// the last one; only the last stage scales (its backward(loss)); every other stage
+// back-propagates what the next one sent with engine.backward(outputs, grad_outputs). The
+// gradient norm (clipping, fp16's overflow check, hence the skip decision and the loss scale)
+// is summed over dp, then over the pipeline group, so every stage clips by the same global
+// norm and skips the same steps; a tied weight counts once (its owner's). The loss is the
+// last stage's, averaged over micro-batches and data-parallel replicas, on every rank.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/config.hpp"
+#include "zero/engine.hpp"
+#include "zero/group.hpp"
+#include "zero/pipeline.hpp"
+
+namespace zero::pipeline {
+
+// Megatron's rank order over `world` with tensor parallelism 1: data parallel inner, pipeline
+// outer (stage = rank / (world / stages)). A collective over `world`; std::invalid_argument
+// naming the numbers when `stages` does not divide its size.
+struct PipelineGrid {
+  std::shared_ptr<Group> pp, dp;
+  int stage = 0, dp_rank = 0;
+  std::string describe() const;  // "pp 2 x dp 2 x tp 1"
+};
+PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages);
+
+class PipelineEngine {
+ public:
+  // `layers`: the whole model's (each rank passes the same list; only this stage's are kept).
+  // `pp`: the pipeline group (rank s = stage s, size cfg.pipeline.stages); `dp`: this stage's
+  // data-parallel group. Collective over both. Refuses ZeRO stage 2 and 3 (the step needs each
+  // micro-batch's gradients reduced, m times the traffic of stage 1: see config_pipeline.cpp).
+  PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, std::shared_ptr<Group> pp,
+                 std::shared_ptr<Group> dp);
+  PipelineEngine(PipelineEngine&&) noexcept;
+  PipelineEngine& operator=(PipelineEngine&&) noexcept;
+  ~PipelineEngine();
+
+  // One optimizer step over micro_batches() micro-batches: `inputs` read on the first stage,
+  // `targets` on the last (the others may pass empty lists). Returns the step's mean loss on
+  // every rank.
+  float train_batch(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
+
+  // Checkpoints per stage: each stage's engine writes its own shards under dir/stage<s>/ (over
+  // its data-parallel group; every rank calls it). A checkpoint resumes at the same
+  // pipeline.stages and partition (the parameters are named by layer index); another P is not
+  // implemented. load_checkpoint returns the tag and sends the loaded tied weights to their
+  // copies on the other stages.
+  void save_checkpoint(const std::string& dir, const std::string& tag = "", int keep_last = 0);
+  std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+  // dir/stage<s>: where this stage's checkpoints go.
+  std::string stage_dir(const std::string& dir) const;
+
+  int stage() const;
+  int stages() const;
+  int micro_batches() const;  // gradient_accumulation_steps
+  bool is_first_stage() const { return stage() == 0; }
+  bool is_last_stage() const { return stage() == stages() - 1; }
+  // Stage s holds layers bounds()[s] .. bounds()[s + 1] - 1 of the list.
+  const std::vector<int>& bounds() const;
+  // The engine of this stage (its parameters are named "<layer index>.<name in the layer>").
+  Engine& engine();
+  const Engine& engine() const;
+  // Whether the last step was applied (false: an fp16 overflow skipped it on every stage).
+  bool last_step_applied() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zero::pipeline

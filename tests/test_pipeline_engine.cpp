@@ -1,0 +1,415 @@
+// Pipeline x data parallelism with the ZeRO engine on every stage
+// (include/zero/pipeline_engine.hpp): the example GPT cut into P = 2 stages, each stage's layers
+// wrapped by zero::initialize at ZeRO stage 0 or 1 over its data-parallel group (D = 1 or 2; the
+// mesh's pp x dp, 2 or 4 gloo ranks as threads), micro-batches = gradient_accumulation_steps,
+// gradients clipped by the global norm. The reference is independent: the whole model in one
+// process with plain autograd, the same torch optimizer and torch's clip_grad_norm_ over all its
+// parameters, on the whole global batch in one backward. Losses per step within 1e-5 relative on
+// every rank, and every parameter afterwards within 1e-5 (AdamW: or twice what single-process
+// gradient accumulation itself differs from the whole batch, as test_pipeline_runtime.cpp
+// explains), for GPipe and 1F1B, SGD with momentum and AdamW, tied and untied head; GPipe and 1F1B
+// agree with each other; under fp16 an overflow on one stage skips the step on every stage.
+#include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "comm/mesh.hpp"
+#include "gpt.hpp"
+#include "gpt_layers.hpp"
+#include "support/thread_group.hpp"
+#include "support/tp_compare.hpp"
+#include "zero/pipeline/schedule.hpp"
+#include "zero/pipeline_engine.hpp"
+
+namespace zero::pipeline {
+namespace {
+
+using examples::Gpt;
+using examples::GptConfig;
+
+constexpr double kTol = 1e-5;
+constexpr double kClip = 0.5;
+constexpr int kSteps = 4, kRowsPerMicroBatch = 2, kSeq = 16, kMicroBatches = 4;
+
+enum class Opt { SGD, AdamW };
+
+std::unique_ptr<torch::optim::Optimizer> torch_opt(Opt o, std::vector<at::Tensor> params) {
+  if (o == Opt::SGD)
+    return std::make_unique<torch::optim::SGD>(std::move(params),
+                                               torch::optim::SGDOptions(0.1).momentum(0.9));
+  return std::make_unique<torch::optim::AdamW>(std::move(params),
+                                               torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+}
+
+Config engine_config(Opt o, int zero_stage, int stages, ScheduleKind schedule) {
+  Config c;
+  c.zero_optimization.stage = zero_stage;
+  c.train_micro_batch_size_per_gpu = kRowsPerMicroBatch;
+  c.gradient_accumulation_steps = kMicroBatches;
+  c.gradient_clipping = kClip;
+  c.optimizer.type = o == Opt::SGD ? "SGD" : "AdamW";
+  c.optimizer.lr = o == Opt::SGD ? 0.1 : 1e-2;
+  c.optimizer.momentum = o == Opt::SGD ? 0.9 : 0.0;
+  c.optimizer.weight_decay = o == Opt::SGD ? 0.0 : 0.1;
+  c.pipeline.stages = stages;
+  c.pipeline.schedule = std::string(schedule_name(schedule));
+  return c;
+}
+
+struct Batch {
+  at::Tensor inputs, targets;  // [D * m * rows, seq]
+};
+
+std::vector<Batch> make_batches(const GptConfig& c, int rows) {
+  auto gen = at::detail::createCPUGenerator(99);
+  std::vector<Batch> out;
+  for (int s = 0; s < kSteps; ++s) {
+    at::Tensor t = at::randint(c.vocab, {rows, kSeq + 1}, gen, at::kLong);
+    out.push_back({t.narrow(1, 0, kSeq).contiguous(), t.narrow(1, 1, kSeq).contiguous()});
+  }
+  return out;
+}
+
+using Params = std::map<std::string, at::Tensor>;
+
+Params snapshot(const Gpt& m) {
+  Params out;
+  for (const auto& p : m->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+void load(Gpt& m, const Params& state) {
+  at::NoGradGuard g;
+  for (auto& p : m->named_parameters()) p.value().copy_(state.at(p.key()));
+}
+
+struct Trained {
+  std::vector<float> losses;
+  Params params;
+  std::vector<double> norms;
+};
+
+// The whole model in one process: `accumulate` micro-batches one after another (1: the whole
+// batch in one backward), the global norm clipped by torch, one torch optimizer.
+Trained reference(const GptConfig& c, const Params& init, const std::vector<Batch>& batches, Opt o,
+                  int accumulate) {
+  Gpt model(c);
+  load(model, init);
+  auto opt = torch_opt(o, model->parameters());
+  Trained out;
+  for (const auto& b : batches) {
+    auto in = b.inputs.chunk(accumulate, 0);
+    auto tg = b.targets.chunk(accumulate, 0);
+    double loss = 0;
+    for (int i = 0; i < accumulate; ++i) {
+      at::Tensor l = model->loss(in[i], tg[i]) / accumulate;
+      l.backward();
+      loss += l.item<double>();
+    }
+    out.norms.push_back(torch::nn::utils::clip_grad_norm_(model->parameters(), kClip));
+    opt->step();
+    opt->zero_grad();
+    out.losses.push_back(static_cast<float>(loss));
+  }
+  out.params = snapshot(model);
+  return out;
+}
+
+struct Case {
+  int stages, dp;
+  ScheduleKind schedule;
+  Opt opt;
+  int zero_stage;
+  bool tied;
+  int checkpoint_interval = 0;  // pipeline.activation_checkpoint_interval
+};
+
+std::string name(const Case& k) {
+  return "P=" + std::to_string(k.stages) + " x D=" + std::to_string(k.dp) + " " +
+         std::string(schedule_name(k.schedule)) + " " + (k.opt == Opt::SGD ? "SGD" : "AdamW") +
+         " ZeRO-" + std::to_string(k.zero_stage) + (k.tied ? " tied" : " untied") +
+         (k.checkpoint_interval ? " recompute " + std::to_string(k.checkpoint_interval) : "");
+}
+
+struct Trial {
+  std::vector<std::vector<float>> losses;  // per world rank
+  std::vector<Params> params;              // per world rank: its stage's parameters
+  std::vector<double> norms;               // world rank 0's engine, per step
+};
+
+Trial run_case(const Case& k, const GptConfig& c, const Params& init,
+               const std::vector<Batch>& batches) {
+  const int world = k.stages * k.dp;
+  Trial run;
+  run.losses.resize(world);
+  run.params.resize(world);
+  testing::run_ranks(world, [&](std::shared_ptr<comm::Group> w) {
+    comm::Mesh mesh = comm::Mesh::megatron(w, /*tp=*/1, /*pp=*/k.stages);
+    const int rank = w->rank(), d = mesh.coord("dp");
+    Gpt model(c);  // every rank's copy starts from the reference's weights
+    load(model, init);
+    auto layers = examples::gpt_pipeline_layers(model);
+    Config cfg = engine_config(k.opt, k.zero_stage, k.stages, k.schedule);
+    cfg.pipeline.activation_checkpoint_interval = k.checkpoint_interval;
+    PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
+    ASSERT_EQ(pipe.stage(), mesh.coord("pp"));
+    ASSERT_EQ(pipe.engine().world_size(), k.dp);
+    std::set<const void*> mine;  // this stage's layers' parameters (a tied copy included)
+    for (int i = pipe.bounds()[pipe.stage()]; i < pipe.bounds()[pipe.stage() + 1]; ++i)
+      for (const auto& p : layers[i].module->parameters()) mine.insert(p.unsafeGetTensorImpl());
+    const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
+    for (const auto& b : batches) {
+      auto in = b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
+      auto tg = b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
+      run.losses[rank].push_back(pipe.train_batch(in, tg));
+      ASSERT_TRUE(pipe.last_step_applied());
+      if (rank == 0) run.norms.push_back(pipe.engine().stats().last_grad_norm);
+    }
+    for (const auto& p : model->named_parameters())
+      if (mine.count(p.value().unsafeGetTensorImpl()))
+        run.params[rank][p.key()] = p.value().detach().clone();
+  });
+  return run;
+}
+
+void check(const Case& k) {
+  SCOPED_TRACE(name(k));
+  GptConfig c = examples::gpt_preset("tiny");
+  c.tied = k.tied;
+  at::manual_seed(1234);  // the main thread's draw of the initial weights, before any rank runs
+  const Params init = snapshot(Gpt(c));
+  const auto batches = make_batches(c, k.dp * kMicroBatches * kRowsPerMicroBatch);
+  const Trained ref = reference(c, init, batches, k.opt, 1);
+  const Trained acc = reference(c, init, batches, k.opt, k.dp * kMicroBatches);
+  const Trial run = run_case(k, c, init, batches);
+
+  std::set<std::string> covered;
+  for (size_t r = 0; r < run.losses.size(); ++r) {
+    ASSERT_EQ(run.losses[r].size(), ref.losses.size());
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      EXPECT_NEAR(run.losses[r][i], ref.losses[i], kTol * std::abs(ref.losses[i]))
+          << "rank " << r << " step " << i;
+    for (const auto& [key, t] : run.params[r]) {
+      double tol = kTol;
+      if (k.opt == Opt::AdamW)
+        tol = std::max(tol, 2 * testing::max_rel_err(acc.params.at(key), ref.params.at(key)));
+      testing::expect_rel_close(t, ref.params.at(key), tol,
+                                "rank " + std::to_string(r) + " " + key);
+      covered.insert(key);
+    }
+  }
+  EXPECT_EQ(covered.size(), ref.params.size()) << "some parameter is on no stage";
+  // The engine clipped by the global norm over both stages (the reference's, before clipping).
+  for (size_t i = 0; i < ref.norms.size(); ++i)
+    EXPECT_NEAR(run.norms[i], ref.norms[i], kTol * ref.norms[i]) << "step " << i;
+  EXPECT_GT(ref.norms.front(), kClip) << "the test should clip";
+  std::printf("  %s: losses %.6f .. %.6f (reference %.6f .. %.6f), norm %.4f (reference %.4f)\n",
+              name(k).c_str(), run.losses[0].front(), run.losses[0].back(), ref.losses.front(),
+              ref.losses.back(), run.norms.front(), ref.norms.front());
+}
+
+TEST(PipelineEngine, TwoStagesMatchSingleProcessTraining) {
+  for (auto schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    for (auto opt : {Opt::SGD, Opt::AdamW}) check({2, 1, schedule, opt, 1, false});
+}
+
+TEST(PipelineEngine, TwoStagesTimesTwoReplicasMatchSingleProcessTraining) {
+  for (auto schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    for (auto opt : {Opt::SGD, Opt::AdamW}) check({2, 2, schedule, opt, 1, false});
+}
+
+// The tied embedding and head on the first and last stage: one weight, trained by the first
+// stage with the last stage's gradient added in, the last stage's copy following it; ZeRO-0.
+TEST(PipelineEngine, TiedEmbeddingAndHeadAcrossStages) {
+  for (auto opt : {Opt::SGD, Opt::AdamW}) {
+    check({2, 2, ScheduleKind::OneFOneB, opt, 1, true});
+    check({2, 1, ScheduleKind::GPipe, opt, 0, true});
+  }
+}
+
+// pipeline.activation_checkpoint_interval: each stage recomputes runs of layers in backward
+// (nested backward passes inside the engine's), with the same result.
+TEST(PipelineEngine, ActivationCheckpointingPerStage) {
+  check({2, 2, ScheduleKind::OneFOneB, Opt::SGD, 1, false, 1});
+  check({2, 1, ScheduleKind::GPipe, Opt::AdamW, 1, true, 2});
+}
+
+// GPipe and 1F1B run the same micro-batches in another order: the same training.
+TEST(PipelineEngine, GPipeEqualsOneFOneB) {
+  GptConfig c = examples::gpt_preset("tiny");
+  at::manual_seed(1234);
+  const Params init = snapshot(Gpt(c));
+  const auto batches = make_batches(c, 2 * kMicroBatches * kRowsPerMicroBatch);
+  const Trial g = run_case({2, 2, ScheduleKind::GPipe, Opt::SGD, 1, false}, c, init, batches);
+  const Trial f = run_case({2, 2, ScheduleKind::OneFOneB, Opt::SGD, 1, false}, c, init, batches);
+  for (size_t r = 0; r < g.losses.size(); ++r) {
+    for (size_t i = 0; i < g.losses[r].size(); ++i)
+      EXPECT_NEAR(g.losses[r][i], f.losses[r][i], 1e-6 * std::abs(f.losses[r][i]));
+    for (const auto& [key, t] : g.params[r])
+      testing::expect_rel_close(t, f.params[r].at(key), 1e-6, key);
+  }
+}
+
+// fp16: the overflow check reads the global norm (summed over dp, then over the stages), so an
+// overflow on one stage skips the step on every stage. The first stage's gradients are poisoned
+// (inf) on the first step only: every rank skips that step, the last stage's parameters are
+// untouched by it, and the next steps are applied everywhere.
+TEST(PipelineEngine, Fp16OverflowOnOneStageSkipsTheStepOnEveryStage) {
+  GptConfig c = examples::gpt_preset("tiny");
+  at::manual_seed(1234);
+  const Params init = snapshot(Gpt(c));
+  const auto batches = make_batches(c, 2 * kMicroBatches * kRowsPerMicroBatch);
+  std::vector<std::vector<int>> applied(4);
+  std::vector<int64_t> skipped(4);
+  std::vector<double> max_change_after_skip(4);
+  testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
+    comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
+    const int rank = w->rank(), d = mesh.coord("dp");
+    Gpt model(c);
+    load(model, init);
+    auto layers = examples::gpt_pipeline_layers(model);
+    bool poison = true;
+    auto embed = layers[0].forward;
+    layers[0].forward = [embed, &poison](const at::Tensor& t) {
+      at::Tensor y = embed(t);
+      if (poison)
+        y.register_hook(
+            [](const at::Tensor& g) { return g * std::numeric_limits<float>::infinity(); });
+      return y;
+    };
+    Config cfg = engine_config(Opt::SGD, 1, 2, ScheduleKind::OneFOneB);
+    cfg.fp16.enabled = true;
+    PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
+    const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
+    for (const auto& b : batches) {
+      const Params before = snapshot(model);
+      auto in = b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
+      auto tg = b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
+      const float loss = pipe.train_batch(in, tg);
+      EXPECT_TRUE(std::isfinite(loss));
+      applied[rank].push_back(pipe.last_step_applied());
+      if (poison) {
+        double change = 0;
+        for (const auto& [key, t] : snapshot(model))
+          change = std::max(
+              change,
+              (t.to(at::kFloat) - before.at(key).to(at::kFloat)).abs().max().item<double>());
+        max_change_after_skip[rank] = change;
+      }
+      poison = false;
+    }
+    skipped[rank] = pipe.engine().stats().skipped_steps;
+  });
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(applied[r], (std::vector<int>{0, 1, 1, 1}));
+    EXPECT_EQ(skipped[r], 1);
+    EXPECT_EQ(max_change_after_skip[r], 0.0) << "the skipped step moved a parameter";
+  }
+}
+
+// Checkpoints per stage: 2 steps, save (each stage under dir/stage<s>), then a fresh pipeline
+// built from other weights loads it and trains 2 more: the losses and parameters of the
+// uninterrupted 4 steps, the tied head's copy on the last stage included (it is not in that
+// stage's engine: the owner sends it after the load).
+TEST(PipelineEngine, CheckpointPerStageResumes) {
+  GptConfig c = examples::gpt_preset("tiny");
+  c.tied = true;
+  at::manual_seed(1234);
+  const Params init = snapshot(Gpt(c));
+  at::manual_seed(77);
+  const Params other = snapshot(Gpt(c));
+  const auto batches = make_batches(c, 2 * kMicroBatches * kRowsPerMicroBatch);
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zero_pp_ckpt_" + std::to_string(::getpid())))
+          .string();
+  std::filesystem::remove_all(dir);
+  std::vector<std::vector<float>> straight(4), resumed(4);
+  std::vector<Params> straight_params(4), resumed_params(4);
+  testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
+    comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
+    const int rank = w->rank(), d = mesh.coord("dp");
+    const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
+    const Config cfg = engine_config(Opt::AdamW, 1, 2, ScheduleKind::OneFOneB);
+    auto train = [&](PipelineEngine& pipe, size_t from, size_t to, std::vector<float>& out) {
+      for (size_t i = from; i < to; ++i) {
+        const auto& b = batches[i];
+        out.push_back(
+            pipe.train_batch(b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0),
+                             b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0)));
+      }
+    };
+    {
+      Gpt model(c);
+      load(model, init);
+      PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg, mesh["pp"],
+                          mesh["dp"]);
+      train(pipe, 0, 2, straight[rank]);
+      pipe.save_checkpoint(dir);
+      train(pipe, 2, 4, straight[rank]);
+      straight_params[rank] = snapshot(model);
+    }
+    Gpt model(c);
+    load(model, other);
+    PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg, mesh["pp"],
+                        mesh["dp"]);
+    EXPECT_EQ(pipe.load_checkpoint(dir), "step2");
+    train(pipe, 2, 4, resumed[rank]);
+    resumed_params[rank] = snapshot(model);
+  });
+  std::filesystem::remove_all(dir);
+  const int last_stage_rank = 2;  // Megatron order: ranks 2, 3 are stage 1
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(resumed[r].size(), 2u);
+    EXPECT_EQ(resumed[r][0], straight[r][2]);
+    EXPECT_EQ(resumed[r][1], straight[r][3]);
+  }
+  // The last stage's tied copy and its own layers; the first stage's embedding.
+  for (const auto& [key, t] : straight_params[last_stage_rank])
+    if (key.rfind("embed", 0) == 0 || key.rfind("norm", 0) == 0)
+      EXPECT_TRUE(at::equal(resumed_params[last_stage_rank].at(key), t)) << key;
+  EXPECT_TRUE(
+      at::equal(resumed_params[0].at("embed.weight"), straight_params[0].at("embed.weight")));
+}
+
+TEST(PipelineEngine, RefusesZeroStageTwoAndAMismatchedStageCount) {
+  GptConfig c = examples::gpt_preset("tiny");
+  testing::run_ranks(2, [&](std::shared_ptr<comm::Group> w) {
+    comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
+    Gpt model(c);
+    Config cfg = engine_config(Opt::SGD, 2, 2, ScheduleKind::OneFOneB);
+    try {
+      PipelineEngine(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg, mesh["pp"],
+                     mesh["dp"]);
+      ADD_FAILURE() << "ZeRO-2 accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("zero_optimization.stage 2"), std::string::npos);
+    }
+    cfg = engine_config(Opt::SGD, 1, 4, ScheduleKind::OneFOneB);
+    try {
+      PipelineEngine(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg, mesh["pp"],
+                     mesh["dp"]);
+      ADD_FAILURE() << "4 stages on a pipeline group of 2 accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("pipeline.stages is 4"), std::string::npos);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace zero::pipeline

@@ -1,0 +1,43 @@
+#include "zero/pipeline/engine/engine_stage.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace zero::pipeline {
+
+EngineStage::EngineStage(Engine engine) : engine_(std::move(engine)) {}
+
+void EngineStage::backward(const at::Tensor& loss, int micro_batches) {
+  if (micro_batches != engine_.config().gradient_accumulation_steps)
+    throw std::invalid_argument(
+        "pipeline: " + std::to_string(micro_batches) +
+        " micro-batches per step but the engine accumulates gradient_accumulation_steps = " +
+        std::to_string(engine_.config().gradient_accumulation_steps) + "; they must be equal");
+  const bool closes = engine_.is_gradient_accumulation_boundary();
+  // The engine divides by gradient_accumulation_steps (and applies fp16's loss scale).
+  engine_.backward(loss);
+  after_backward(closes);
+}
+
+void EngineStage::backward(const std::vector<at::Tensor>& outputs,
+                           const std::vector<at::Tensor>& grad_outputs) {
+  const bool closes = engine_.is_gradient_accumulation_boundary();
+  engine_.backward(outputs, grad_outputs);
+  after_backward(closes);
+}
+
+// A micro-step inside the window: step() only counts it (no collective). The window's last
+// waits for Op::OptimizerStep.
+void EngineStage::after_backward(bool closes) {
+  if (!closes) engine_.step();
+}
+
+void EngineStage::step() {
+  if (!engine_.is_gradient_accumulation_boundary())
+    throw std::logic_error(
+        "pipeline: the optimizer step came before the last micro-batch of the accumulation "
+        "window (the schedule ran fewer backward passes than gradient_accumulation_steps)");
+  applied_ = engine_.step();
+}
+
+}  // namespace zero::pipeline

@@ -1,0 +1,32 @@
+// The pipeline runtime's StageOptimizer seam backed by the ZeRO engine: a micro-batch's backward
+// is engine.backward (loss on the last stage, outputs with their received gradients elsewhere),
+// each followed by the engine's step() except the window's last, whose step() runs at
+// Op::OptimizerStep, after the stage's sends are through.
+#pragma once
+
+#include "zero/engine.hpp"
+#include "zero/pipeline/runtime/stage_optimizer.hpp"
+
+namespace zero::pipeline {
+
+class EngineStage : public StageOptimizer {
+ public:
+  explicit EngineStage(Engine engine);
+  void backward(const at::Tensor& loss, int micro_batches) override;
+  void backward(const std::vector<at::Tensor>& outputs,
+                const std::vector<at::Tensor>& grad_outputs) override;
+  // The engine reduced the gradients during the window's last backward: nothing left to do.
+  void reduce_grads() override {}
+  void step() override;
+
+  Engine& engine() { return engine_; }
+  bool last_step_applied() const { return applied_; }
+
+ private:
+  void after_backward(bool closes);
+
+  Engine engine_;
+  bool applied_ = false;
+};
+
+}  // namespace zero::pipeline

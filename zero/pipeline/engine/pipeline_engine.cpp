@@ -1,0 +1,97 @@
+// PipelineEngine (include/zero/pipeline_engine.hpp): the stage's layers cut from the list,
+// wrapped by the engine over dp with the pipeline group as a norm group, run by PipelineRuntime
+// with EngineStage as its optimizer.
+#include "zero/pipeline_engine.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "comm/group.hpp"
+#include "zero/pipeline/engine/engine_stage.hpp"
+#include "zero/pipeline/partition.hpp"
+#include "zero/pipeline/runtime/runtime.hpp"
+
+namespace zero::pipeline {
+
+struct PipelineEngine::Impl {
+  std::vector<int> bounds;
+  int stage = 0, stages = 1, micro_batches = 1;
+  EngineStage* engine = nullptr;  // owned by runtime
+  std::unique_ptr<PipelineRuntime> runtime;
+};
+
+namespace {
+
+void check(const Config& cfg, const Group& pp) {
+  if (cfg.pipeline.stages != pp.size())
+    throw std::invalid_argument(
+        "pipeline.stages is " + std::to_string(cfg.pipeline.stages) +
+        " but the pipeline group has " + std::to_string(pp.size()) +
+        " ranks; build the mesh with pp = pipeline.stages (comm::Mesh::megatron(world, tp, pp))");
+  if (cfg.zero_optimization.stage >= 2)
+    throw std::invalid_argument(
+        "zero_optimization.stage " + std::to_string(cfg.zero_optimization.stage) +
+        " with pipeline.stages > 1: each stage's gradients would be reduce-scattered after "
+        "every micro-batch (gradient_accumulation_steps times the traffic of stage 1), as "
+        "DeepSpeed also refuses; set zero_optimization.stage: 1 (or 0)");
+}
+
+}  // namespace
+
+PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
+                               std::shared_ptr<Group> pp, std::shared_ptr<Group> dp)
+    : impl_(std::make_unique<Impl>()) {
+  if (!pp || !dp) throw std::invalid_argument("pipeline: a pipeline and a data-parallel group");
+  check(cfg, *pp);
+  auto& m = *impl_;
+  m.stage = pp->rank();
+  m.stages = pp->size();
+  const ScheduleKind schedule = parse_schedule_kind(cfg.pipeline.schedule);
+  StageLayers stage(std::move(layers), parse_partition_method(cfg.pipeline.partition), m.stages,
+                    m.stage, cfg.pipeline.activation_checkpoint_interval);
+  m.bounds = stage.bounds();
+  // The norm (clipping, the fp16 overflow check) spans the stages: each holds its own layers,
+  // and a tied weight is trained by its owner alone, so nothing is replicated across them.
+  Groups groups{dp, {}};
+  if (m.stages > 1) groups.norm.push_back({pp, {}});
+  auto engine = std::make_unique<EngineStage>(initialize(stage.module(), std::move(cfg), groups));
+  m.micro_batches = static_cast<int>(engine->engine().config().gradient_accumulation_steps);
+  m.engine = engine.get();
+  m.runtime = std::make_unique<PipelineRuntime>(
+      std::move(stage), std::move(loss), comm::of(pp), std::move(engine),
+      RuntimeOptions{schedule, m.micro_batches}, comm::of(dp));
+}
+
+PipelineEngine::PipelineEngine(PipelineEngine&&) noexcept = default;
+PipelineEngine& PipelineEngine::operator=(PipelineEngine&&) noexcept = default;
+PipelineEngine::~PipelineEngine() = default;
+
+float PipelineEngine::train_batch(const std::vector<at::Tensor>& inputs,
+                                  const std::vector<at::Tensor>& targets) {
+  return impl_->runtime->train_batch(inputs, targets);
+}
+
+std::string PipelineEngine::stage_dir(const std::string& dir) const {
+  return dir + "/stage" + std::to_string(impl_->stage);
+}
+
+void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& tag,
+                                     int keep_last) {
+  engine().save_checkpoint(stage_dir(dir), tag, keep_last);
+}
+
+std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  std::string loaded = engine().load_checkpoint(stage_dir(dir), tag);
+  impl_->runtime->sync_tied_weights();
+  return loaded;
+}
+
+int PipelineEngine::stage() const { return impl_->stage; }
+int PipelineEngine::stages() const { return impl_->stages; }
+int PipelineEngine::micro_batches() const { return impl_->micro_batches; }
+const std::vector<int>& PipelineEngine::bounds() const { return impl_->bounds; }
+Engine& PipelineEngine::engine() { return impl_->engine->engine(); }
+const Engine& PipelineEngine::engine() const { return impl_->engine->engine(); }
+bool PipelineEngine::last_step_applied() const { return impl_->engine->last_step_applied(); }
+
+}  // namespace zero::pipeline
