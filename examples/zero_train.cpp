@@ -319,8 +319,11 @@ int run(int argc, char** argv) {
   // interrupted one would have seen next (the same global batches on another world size).
   // Under tensor parallelism each tensor-parallel rank's engine checkpoints its own shards
   // (parameters under their full names, each rank its part) over its data-parallel group, in
-  // save_dir/tp<r>/: a checkpoint of the same autotp_size resumes; consolidating one subdirectory
-  // gives that rank's shards, not the full model.
+  // save_dir/tp<r>/, recording where its blocks lie in the whole tensors. A resume reads the
+  // newest save wherever it lies (save_dir/ of a run without tensor parallelism, save_dir/tp*/
+  // of one with it), under whatever autotp_size saved it: each rank reads the blocks covering
+  // its own (checkpoint_dirs, Engine::load_checkpoint(dirs)). zero-consolidate --checkpoint
+  // save_dir puts the blocks together.
   const std::string save_root = cfg.extra_string("trainer.save_dir");
   const std::string save_dir = tp_model && !save_root.empty()
                                    ? save_root + "/tp" + std::to_string(layout.tp_rank())
@@ -333,15 +336,26 @@ int run(int argc, char** argv) {
                       ": trainer.save_interval and trainer.resume need a "
                       "trainer.save_dir");
   }
-  auto report_io = [&](const char* verb, const std::string& tag, double seconds) {
+  // The directories a resume reads (this rank's own first: its random-generator states), and
+  // whether there is anything to resume from.
+  auto resume_dirs = [&](const std::string& tag) {
+    std::vector<std::string> dirs = checkpoint_dirs(save_root, tag);
+    if (dirs.empty()) return std::vector<std::string>{save_dir};  // load_checkpoint says why
+    const auto own = std::find(dirs.begin(), dirs.end(), save_dir);
+    if (own != dirs.end()) std::rotate(dirs.begin(), own, own + 1);
+    return dirs;
+  };
+  auto nothing_to_resume = [&] { return save_root.empty() || checkpoint_dirs(save_root).empty(); };
+  auto report_io = [&](const char* verb, const std::string& dir, const std::string& tag,
+                       double seconds) {
     if (rank != 0) return;
     uintmax_t bytes = 0;  // the checkpoint's files, shared by the ranks that wrote or read them
-    for (const auto& f : std::filesystem::directory_iterator(save_dir + "/" + tag)) {
+    for (const auto& f : std::filesystem::directory_iterator(dir + "/" + tag)) {
       bytes += f.file_size();
     }
     const double mb = static_cast<double>(bytes) / dp_size / 1e6;
     std::printf("checkpoint: %s %s/%s in %.3f s: %.1f MB per rank, %.1f MB/s per rank\n", verb,
-                save_dir.c_str(), tag.c_str(), seconds, mb, mb / std::max(seconds, 1e-9));
+                dir.c_str(), tag.c_str(), seconds, mb, mb / std::max(seconds, 1e-9));
     std::fflush(stdout);
   };
   // Outputs are checked before training time is spent; every rank learns whether any failed.
@@ -358,7 +372,7 @@ int run(int argc, char** argv) {
                                                    monitor_config(c, "csv_monitor"), true);
         if (monitors->enabled()) std::printf("monitors: %s\n", monitors->describe().c_str());
       }
-      if (resume == "auto" && latest_checkpoint_tag(save_dir).empty()) {
+      if (resume == "auto" && nothing_to_resume()) {
         refuse_orphaned_checkpoints(save_dir, config_path);
       }
     } catch (const std::exception& e) {
@@ -378,11 +392,19 @@ int run(int argc, char** argv) {
     }
   }
   int64_t start_step = 0;
-  if (resume != "false" && !(resume == "auto" && latest_checkpoint_tag(save_dir).empty())) {
+  if (resume != "false" && !(resume == "auto" && nothing_to_resume())) {
     const auto t = Clock::now();
+    const std::vector<std::string> dirs =
+        resume_dirs(resume == "true" || resume == "auto" ? "" : resume);
     const std::string tag =
-        engine.load_checkpoint(save_dir, resume == "true" || resume == "auto" ? "" : resume);
-    report_io("loaded", tag, since(t));
+        engine.load_checkpoint(dirs, resume == "true" || resume == "auto" ? "" : resume);
+    report_io("loaded", dirs.front(), tag, since(t));
+    const size_t saved_tp = dirs.front() == save_root ? 1 : dirs.size();
+    if (rank == 0 && saved_tp != static_cast<size_t>(tp_size)) {
+      std::printf("checkpoint: resharded the save of autotp_size %zu to autotp_size %d\n",
+                  saved_tp, tp_size);
+      std::fflush(stdout);
+    }
     start_step = engine.stats().optimizer_steps;
     for (int64_t i = 0; i < start_step * ga; ++i) loader.next();
   }
@@ -458,7 +480,7 @@ int run(int argc, char** argv) {
       phases.begin();
       engine.save_checkpoint(save_dir, "", keep_last);
       phases.end(Phase::kSave);
-      report_io("saved", "step" + std::to_string(engine.stats().optimizer_steps), since(t));
+      report_io("saved", save_dir, "step" + std::to_string(engine.stats().optimizer_steps), since(t));
     }
     // Ranks whose launcher died would train on unsupervised (nobody would stop or restart
     // them): they agree to stop at the same step, after a last checkpoint when saving is on.

@@ -68,6 +68,21 @@ CheckpointInfo read_checkpoint_info(const std::string& dir, const std::string& t
 std::vector<std::pair<std::string, at::Tensor>> read_consolidated(
     const std::string& dir, const std::string& tag = "", const std::string& state = "master");
 
+// The same from several directories that together hold one save: the tensor-parallel ranks'
+// (dir/tp0, dir/tp1, ...), each holding blocks of the split parameters (CheckpointParam::offset
+// in global_shape). The blocks are put together into whole tensors, in dirs[0]'s parameter
+// order. Throws CheckpointError naming the parameter when the directories do not hold all of it.
+std::vector<std::pair<std::string, at::Tensor>> read_consolidated(
+    const std::vector<std::string>& dirs, const std::string& tag = "",
+    const std::string& state = "master");
+
+// The directories that hold the save `tag` ("" = the newest) of a trainer.save_dir `save_dir`:
+// {save_dir} when a run without tensor parallelism saved it (save_dir/<tag>), {save_dir/tp0, ...,
+// save_dir/tp<T-1>} when T tensor-parallel ranks did (each its own save_dir/tp<r>/<tag>). When
+// both hold it (a run resumed under another tensor-parallel size), the one with more optimizer
+// steps (tag ""), or the flat one. Empty when neither does. Reads manifests only.
+std::vector<std::string> checkpoint_dirs(const std::string& save_dir, const std::string& tag = "");
+
 // Writes `tensors` as a safetensors file (cast to `dtype`: at::kFloat or at::kBFloat16),
 // atomically. `metadata` lands in the header's "__metadata__".
 void write_safetensors(const std::string& path,
