@@ -6,7 +6,9 @@
 // same weights (the independent reference): so the masters and the optimizer states (AdamW's
 // exp_avg, exp_avg_sq; SGD has none) were resharded, not only the weights. The masters the
 // second run starts from must be bit-equal to what the first saved (read_consolidated of its
-// blocks, itself checked against the first run's gathered model).
+// blocks, itself checked against the first run's gathered model). Measured: every loss within
+// 2e-7 of the reference; with the optimizer states left at zero instead of loaded, T=2 -> T=1
+// AdamW is off by 3.6e-3 relative at the second step after the load.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
