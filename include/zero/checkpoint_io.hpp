@@ -2,7 +2,8 @@
 //
 // Engine::save_checkpoint(dir, tag) writes dir/tag/ with one shard file per rank and a
 // manifest; Engine::load_checkpoint(dir, tag) reads it back on any number of ranks (the files
-// hold each parameter's pieces by name, in logical element order, without padding). This header
+// hold each parameter's pieces by name, in logical element order, without padding), and
+// load_checkpoint(dirs, tag) the tensor-parallel ranks' saves under any tensor-parallel size. This header
 // is the part that needs no engine: consolidation into one safetensors file (tools/
 // zero-consolidate), inspection, and pruning old checkpoints.
 //
@@ -33,9 +34,10 @@ struct CheckpointParam {
   std::string name;
   std::vector<int64_t> shape;  // as the saving rank held it
   // Where that tensor sits in the model's whole parameter: its global shape and the index of
-  // its first element along each dimension. Today every rank holds parameters whole (shape,
-  // zeros); a tensor-parallel rank holds a part (a column block of a split weight), and the
-  // records say which, so that a checkpoint can be resharded later. Checkpoints written before
+  // its first element along each dimension. Without tensor parallelism every rank holds
+  // parameters whole (shape, zeros); a tensor-parallel rank holds a block of a split weight
+  // (Groups::parts), and the records say which, so that the save loads under another
+  // tensor-parallel size and consolidates (read_consolidated(dirs)). Checkpoints written before
   // these fields existed read as whole.
   std::vector<int64_t> global_shape;
   std::vector<int64_t> offset;
