@@ -74,10 +74,16 @@ std::vector<std::pair<std::string, at::Tensor>> read_consolidated(
 std::vector<std::string> checkpoint_dirs(const std::string& save_dir, const std::string& tag) {
   std::error_code ec;
   // A layout qualifies when its first directory holds the tag (or a latest); its steps decide.
+  // One that cannot be read (a damaged latest or manifest) qualifies with 0 steps: the load
+  // that follows names what is wrong with it.
   auto steps_of = [&](const std::string& dir) -> int64_t {
-    const std::string t = tag.empty() ? latest_checkpoint_tag(dir) : tag;
-    if (t.empty() || !fs::exists(fs::path(dir) / t / "manifest.json", ec)) return -1;
-    return read_checkpoint_info(dir, t).optimizer_steps;
+    try {
+      const std::string t = tag.empty() ? latest_checkpoint_tag(dir) : tag;
+      if (t.empty() || !fs::exists(fs::path(dir) / t / "manifest.json", ec)) return -1;
+      return read_checkpoint_info(dir, t).optimizer_steps;
+    } catch (const std::exception&) {
+      return 0;
+    }
   };
   const std::string tp0 = (fs::path(save_dir) / "tp0").string();
   const int64_t flat = steps_of(save_dir);
@@ -86,7 +92,12 @@ std::vector<std::string> checkpoint_dirs(const std::string& save_dir, const std:
   if (split <= flat) return {save_dir};
   // How many tensor-parallel ranks saved it: the parts tp0 records say (a directory tp<r> left
   // over from a run with more ranks is not part of this save).
-  const CheckpointInfo info = read_checkpoint_info(tp0, tag);
+  CheckpointInfo info;
+  try {
+    info = read_checkpoint_info(tp0, tag);
+  } catch (const std::exception&) {
+    return {tp0};  // loading it says why it cannot be read
+  }
   int64_t ranks = 1;
   for (const CheckpointParam& p : info.params) {
     int64_t part = 1, whole = 1;
