@@ -401,8 +401,8 @@ int run(int argc, char** argv) {
     report_io("loaded", dirs.front(), tag, since(t));
     const size_t saved_tp = dirs.front() == save_root ? 1 : dirs.size();
     if (rank == 0 && saved_tp != static_cast<size_t>(tp_size)) {
-      std::printf("checkpoint: resharded the save of autotp_size %zu to autotp_size %d\n",
-                  saved_tp, tp_size);
+      std::printf("checkpoint: resharded the save of autotp_size %zu to autotp_size %d\n", saved_tp,
+                  tp_size);
       std::fflush(stdout);
     }
     start_step = engine.stats().optimizer_steps;
@@ -480,7 +480,8 @@ int run(int argc, char** argv) {
       phases.begin();
       engine.save_checkpoint(save_dir, "", keep_last);
       phases.end(Phase::kSave);
-      report_io("saved", save_dir, "step" + std::to_string(engine.stats().optimizer_steps), since(t));
+      report_io("saved", save_dir, "step" + std::to_string(engine.stats().optimizer_steps),
+                since(t));
     }
     // Ranks whose launcher died would train on unsupervised (nobody would stop or restart
     // them): they agree to stop at the same step, after a last checkpoint when saving is on.

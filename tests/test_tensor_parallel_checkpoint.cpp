@@ -89,8 +89,8 @@ std::vector<double> reference_losses(Opt opt, const examples::Gpt& init) {
   }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (opt == Opt::kSgd) {
-    optimizer = std::make_unique<torch::optim::SGD>(gpt->parameters(),
-                                                    torch::optim::SGDOptions(kSgdLr));
+    optimizer =
+        std::make_unique<torch::optim::SGD>(gpt->parameters(), torch::optim::SGDOptions(kSgdLr));
   } else {
     optimizer = std::make_unique<torch::optim::AdamW>(
         gpt->parameters(), torch::optim::AdamWOptions(kAdamLr).weight_decay(kWeightDecay));
@@ -186,8 +186,7 @@ RunResult run(Layout layout, Opt opt, int stage, const examples::Gpt& init, int 
     }
     if (!save_root.empty()) {
       const std::string dir =
-          layout.tp == 1 ? save_root
-                         : save_root + "/tp" + std::to_string(tp_group->rank());
+          layout.tp == 1 ? save_root : save_root + "/tp" + std::to_string(tp_group->rank());
       engine.save_checkpoint(dir, "t");
     }
     auto end = full_model();

@@ -81,9 +81,10 @@ int run(int argc, char** argv) {
   const zero::CheckpointInfo info = zero::read_checkpoint_info(dirs.front(), tag);
   const auto tensors = zero::read_consolidated(dirs, info.tag, state);
   if (dirs.size() > 1) {
-    std::printf("zero-consolidate: %zu tensor-parallel ranks' saves (%s ... %s), each of %d "
-                "data-parallel ranks\n",
-                dirs.size(), dirs.front().c_str(), dirs.back().c_str(), info.world_size);
+    std::printf(
+        "zero-consolidate: %zu tensor-parallel ranks' saves (%s ... %s), each of %d "
+        "data-parallel ranks\n",
+        dirs.size(), dirs.front().c_str(), dirs.back().c_str(), info.world_size);
   }
   int64_t numel = 0;
   for (const auto& t : tensors) numel += t.second.numel();

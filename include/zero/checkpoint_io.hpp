@@ -3,8 +3,8 @@
 // Engine::save_checkpoint(dir, tag) writes dir/tag/ with one shard file per rank and a
 // manifest; Engine::load_checkpoint(dir, tag) reads it back on any number of ranks (the files
 // hold each parameter's pieces by name, in logical element order, without padding), and
-// load_checkpoint(dirs, tag) the tensor-parallel ranks' saves under any tensor-parallel size. This header
-// is the part that needs no engine: consolidation into one safetensors file (tools/
+// load_checkpoint(dirs, tag) the tensor-parallel ranks' saves under any tensor-parallel size. This
+// header is the part that needs no engine: consolidation into one safetensors file (tools/
 // zero-consolidate), inspection, and pruning old checkpoints.
 //
 //   dir/latest                        the tag of the newest complete checkpoint (written last)

@@ -9,8 +9,8 @@
 // initialize(model, cfg, group) is Groups{group} (dp alone, no further norm groups).
 #pragma once
 
-#include <memory>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 

@@ -27,8 +27,9 @@ std::vector<std::pair<std::string, at::Tensor>> read_consolidated(
     const std::string tag_dir = (fs::path(dir) / t).string();
     const std::string path = tag_dir + "/manifest.json";
     sources.push_back(ckpt::open_source(
-        tag_dir, ckpt::parse_manifest(ckpt::read_text(path, "a save that did not finish writes "
-                                                            "no manifest; load another tag"),
+        tag_dir, ckpt::parse_manifest(ckpt::read_text(path,
+                                                      "a save that did not finish writes "
+                                                      "no manifest; load another tag"),
                                       path)));
     const ckpt::Source& src = sources.back();
     ZERO_CKPT_CHECK(src.man.optimizer_steps == sources.front().man.optimizer_steps, path,

@@ -220,9 +220,9 @@ std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
   at::NoGradGuard no_grad;
   const int rank = m.group->rank(), world = m.group->size();
   TORCH_CHECK(!dirs.empty(), "zero: load_checkpoint: no checkpoint directory given");
-  const std::string what = "load_checkpoint('" + dirs.front() + "'" +
-                           (dirs.size() > 1 ? " and " + std::to_string(dirs.size() - 1) + " more" : "") +
-                           ")";
+  const std::string what =
+      "load_checkpoint('" + dirs.front() + "'" +
+      (dirs.size() > 1 ? " and " + std::to_string(dirs.size() - 1) + " more" : "") + ")";
 
   std::string tag, err;
   std::vector<std::string> texts(dirs.size());
