@@ -12,10 +12,13 @@ set_target_properties(zero_device PROPERTIES EXPORT_NAME device)
 set_target_properties(zero_config PROPERTIES EXPORT_NAME config)
 set_target_properties(zero_checkpoint PROPERTIES EXPORT_NAME checkpoint)
 set_target_properties(zero_plan PROPERTIES EXPORT_NAME plan)
+# The planner reads the pipeline schedules' figures (bubble, in-flight micro-batches).
+set_target_properties(zero_pipeline_schedule PROPERTIES EXPORT_NAME pipeline_schedule)
 set_target_properties(zero_compress PROPERTIES EXPORT_NAME compress)
 set_target_properties(zero_tensor_parallel PROPERTIES EXPORT_NAME tensor_parallel)
 set_target_properties(zero_torch PROPERTIES EXPORT_NAME torch)
-install(TARGETS zero zero_config zero_checkpoint zero_plan zero_tensor_parallel zero_comm
+install(TARGETS zero zero_config zero_checkpoint zero_plan zero_pipeline_schedule
+                zero_tensor_parallel zero_comm
                 zero_compress zero_optim zero_offload zero_device zero_torch
         EXPORT zeroTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

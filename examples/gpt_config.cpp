@@ -32,6 +32,11 @@ GptConfig gpt_preset(const std::string& name) {
     c.vocab = 32000, c.dim = 640, c.layers = 12, c.heads = 10, c.max_seq = 1024, c.tied = false;
   } else if (name == "gpt-1.3b") {
     c.vocab = 32000, c.dim = 2048, c.layers = 24, c.heads = 16, c.max_seq = 2048, c.tied = false;
+  } else if (name == "llama-3b") {
+    // LLaMA-3.2-3B's shapes (3,212,749,824 parameters, tied embedding and head, grouped-query
+    // attention): the flat buffer holds more than 2^31 elements, which the GPU check needs.
+    c.vocab = 128256, c.dim = 3072, c.layers = 28, c.heads = 24, c.kv_heads = 8, c.ffn = 8192;
+    c.max_seq = 2048, c.rope_theta = 500000.0, c.tied = true;
   } else if (name == "llama-7b") {  // LLaMA-7B: 6,738,415,616 parameters
     c.vocab = 32000, c.dim = 4096, c.layers = 32, c.heads = 32, c.ffn = 11008, c.max_seq = 2048;
     c.tied = false;
@@ -44,7 +49,8 @@ GptConfig gpt_preset(const std::string& name) {
 }
 
 std::vector<std::string> gpt_preset_names() {
-  return {"tiny", "small", "gpt-25m", "gpt-50m", "gpt-100m", "gpt-1.3b", "llama-7b"};
+  return {"tiny",     "small",    "gpt-25m",  "gpt-50m",
+          "gpt-100m", "gpt-1.3b", "llama-3b", "llama-7b"};
 }
 
 }  // namespace zero::examples

@@ -74,8 +74,14 @@ at::Tensor TpBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, cons
   // After the column layers the sequence is whole (all-gathered under SP) and the heads are this
   // rank's: its query head j reads its key/value head j / (heads / kv_heads), as in the full
   // model, since both are split into the same number of contiguous groups.
-  const at::Tensor a = causal_attention(wq->forward(h), wk->forward(h), wv->forward(h), heads,
-                                        kv_heads, head_dim, cos, sin);
+  // q, k, v in this order, each its own statement (function arguments are evaluated in an
+  // unspecified order; GCC goes right to left): autograd sums h's gradient in the reverse order
+  // of the projections' creation, v + k + q, as for transformers' LlamaAttention, and bf16
+  // parity with DeepSpeed (bench/ds_parity.py) depends on that order bit for bit.
+  const at::Tensor q = wq->forward(h);
+  const at::Tensor k = wk->forward(h);
+  const at::Tensor v = wv->forward(h);
+  const at::Tensor a = causal_attention(q, k, v, heads, kv_heads, head_dim, cos, sin);
   auto out = x + wo->forward(a);
   auto m = mlp_norm->forward(out);
   return out + w_down->forward(at::silu(w_gate->forward(m)) * w_up->forward(m));

@@ -11,6 +11,8 @@
 #   4. benchmarks the example GPT at ~1.3 B parameters, bf16, sequence 2048, world size 1:
 #      ZeRO stage 0 and 2, each with and without activation checkpointing, next to the same
 #      model in PyTorch eager Python on the same GPU in the same run,
+#   4b. runs LLaMA-3.2-3B's shapes on one GPU in bf16 with the default buckets and checkpointing,
+#      with and without optimizer offload (a flat buffer over 2^31 elements, per-phase peaks),
 #   5. records the planner's predicted step time (tools/zero-memory's time model) next to it,
 # and writes logs, JSON and a markdown table under $OUT (default out/gpu-check).
 #
@@ -112,6 +114,25 @@ name="zero-s2-offload"
   --set trainer.metrics_file="$out/$name.jsonl" --summary-json "$out/$name.json" \
   > "$out/$name.log" 2>&1 || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
 stamp "$name"
+# 4b. LLaMA-3.2-3B's shapes on one GPU (issue 21): bf16, the default buckets (reduce_bucket_size
+# 5e8), activation checkpointing, 3 steps. The flat buffer holds 3.2 G elements (> 2^31: every
+# fused call and index over it), step 1 is the checkpointed first pass (late gradients), the
+# buckets are re-ordered after it, and the summary's per-phase peaks come from the allocator.
+# Then the same with the optimizer offloaded (host step, pinned shards, copy stream).
+for variant in device offload; do
+  name="llama3b-$variant"
+  extra=()
+  [[ $variant == offload ]] && extra=(--set zero_optimization.offload_optimizer.device=cpu
+    --set zero_optimization.offload_optimizer.pin_memory=true)
+  "$train" --config configs/zero2.yaml --set trainer.model=llama-3b --set trainer.seq_len=2048 \
+    --set trainer.steps=3 --set scheduler.params.total_num_steps=3 \
+    --set scheduler.params.warmup_num_steps=1 --set train_micro_batch_size_per_gpu=1 \
+    --set gradient_accumulation_steps=1 --set bf16.enabled=true --set trainer.device=cuda \
+    --set trainer.activation_checkpointing=true --set steps_per_print=1 "${extra[@]}" \
+    --summary-json "$out/$name.json" > "$out/$name.log" 2>&1 \
+    || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
+  stamp "$name"
+done
 eager_runs=("" --checkpointing)
 ((quick)) && eager_runs=()
 for ckpt in "${eager_runs[@]}"; do
@@ -192,6 +213,19 @@ for label, name in (("on the device", "zero-s2-ckpt-false"), ("optimizer offload
           f"{s.get('optimizer_s_mean', float('nan')):.3f} | "
           f"{s.get('device_peak_allocated_bytes', 0) / 2**30:.2f} | "
           f"{host / 2**30:.2f} / {host_p / 2**30:.2f} | {s.get('peak_rss_bytes', 0) / 2**30:.2f} |")
+print()
+print("| LLaMA-3B shapes, 1 GPU, bf16, checkpointing | median step (s) | device peak (GiB) | "
+      "phase peaks, measured / predicted (GiB) |")
+print("|---|---|---|---|")
+for name in ("llama3b-device", "llama3b-offload"):
+    s = load(name)
+    if not s:
+        print(f"| {name} | failed (see {name}.log) | | |"); continue
+    phases = "; ".join(
+        f"{k}: {(v.get('measured') or 0) / 2**30:.1f} / {(v.get('predicted') or 0) / 2**30:.1f}"
+        for k, v in (s.get("phase_peaks") or {}).items())
+    print(f"| {name} | {s.get('step_seconds_median', float('nan')):.3f} | "
+          f"{s.get('device_peak_allocated_bytes', 0) / 2**30:.1f} | {phases} |")
 on, off = load("zero-s2-offload"), load("zero-s2-ckpt-false")
 if on and off and off.get("step_seconds_median") and off.get("device_peak_allocated_bytes"):
     print(f"\noffload/device: step time {on['step_seconds_median'] / off['step_seconds_median']:.2f}x, "

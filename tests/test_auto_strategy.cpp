@@ -127,6 +127,24 @@ TEST(AutoStrategy, CheckpointingOnlyWhenNothingFitsWithout) {
   }
 }
 
+TEST(AutoStrategy, NothingFitsNamesModelParallelismWithoutApplyingIt) {
+  // LLaMA-7B on 8 x 20 GB: data parallelism alone needs about 30 GB per rank at stage 2 (every
+  // rank holds 2Ψ of bf16 parameters and a full bucket); split over 8 tensor/pipeline ranks it
+  // fits, and the error says so without choosing it.
+  const PlanInput in = llama7b(8);
+  PlanLimits lim;
+  lim.device_bytes = 20'000'000'000;
+  try {
+    choose_strategy(in, lim, AutoRequest{});
+    FAIL() << "nothing fits on data parallelism alone";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("nothing fits"), std::string::npos) << what;
+    EXPECT_NE(what.find("Model parallelism would fit: tensor_parallel"), std::string::npos) << what;
+    EXPECT_NE(what.find("auto does not change them"), std::string::npos) << what;
+  }
+}
+
 TEST(AutoStrategy, AllAutoIsThePlannersRecommendation) {
   const PlanInput in = llama7b(8);
   int checked = 0;

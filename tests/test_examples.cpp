@@ -60,6 +60,27 @@ TEST(GptPresets, Llama7bHasLlamasExactShapes) {
   EXPECT_EQ(c.num_params(), one.num_params() + 31 * layer);
 }
 
+// The GPU check's large-tensor run (scripts/gpu-check.sh): LLaMA-3.2-3B's shapes, whose flat
+// buffer exceeds 2^31 elements. The count is Hugging Face's for meta-llama/Llama-3.2-3B,
+// summed here from its config (not from the preset's formula): embedding (tied with the head),
+// 28 x (q, o: 3072^2; k, v: 3072 x 1024; gate, up, down: 3072 x 8192; two norms), final norm.
+TEST(GptPresets, Llama3bHasLlama32Shapes) {
+  const GptConfig c = gpt_preset("llama-3b");
+  const int64_t h = 3072, kv = 8 * (3072 / 24), f = 8192;
+  const int64_t hf_count = 128256 * h + 28 * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + h;
+  EXPECT_EQ(hf_count, 3'212'749'824);
+  EXPECT_EQ(c.num_params(), hf_count);
+  EXPECT_GT(c.num_params(), int64_t{1} << 31);
+  GptConfig one = c;
+  one.layers = 1;
+  one.vocab = 256;  // the 394 M-element table is not what this checks
+  Gpt m(one);
+  EXPECT_EQ(counted(*m), one.num_params());
+  auto* b = (*m->blocks)[0]->as<BlockImpl>();
+  EXPECT_EQ(b->wk->weight.sizes(), (std::vector<int64_t>{kv, h}));
+  EXPECT_EQ(b->w_up->weight.sizes(), (std::vector<int64_t>{f, h}));
+}
+
 TEST(GptPresets, UnknownPresetNamesTheKnownOnes) {
   try {
     gpt_preset("gpt-9");

@@ -6,6 +6,9 @@
 //   zero-memory --params 7e9 --layers 32 --hidden 4096 --gpus 8 --device-memory 24GiB
 //   zero-memory --model gpt-1.3b --gpus 4 --svg stages.svg
 //   zero-memory --model llama-7b --gpus 1 --device-memory 80GB --host-memory 512GB
+//   zero-memory --model llama-7b --gpus 16 --tp 4 --pp 2 --sp --schedule 1f1b --grad-accum 8
+//   zero-memory --params 78e9 --layers 80 --hidden 8192 --heads 64 --ffn 28672 --vocab 32000 \
+//               --gpus 64 --grad-accum 32 --parallel-search
 #include <boost/program_options.hpp>
 
 #include <cmath>
@@ -18,6 +21,7 @@
 #include "gpt_config.hpp"
 #include "zero/memory_plan.hpp"
 #include "zero/time_plan.hpp"
+#include "zero_memory_parallel.hpp"
 
 namespace po = boost::program_options;
 using namespace zero;
@@ -315,7 +319,8 @@ int run(int argc, char** argv) {
   std::string host_memory = "1TB";
   std::string bucket = "5e8";
   std::string gpu = "h100", link = "ib400", recompute = "none", time_svg;
-  int per_node = 8;
+  int per_node = 8, top = 10;
+  std::string schedule = "1f1b";
   double peak_tflops = 0, efficiency = 0, memory_bw = 0, bus_bw = 0, ar_bw = 0, rs_bw = 0,
          ag_bw = 0, latency_us = -1, host_bw = 0;
   PlanInput in;
@@ -366,7 +371,17 @@ int run(int argc, char** argv) {
       "latency-us", po::value(&latency_us), "override: latency per collective call, us")(
       "host-bw", po::value(&host_bw), "override: device-host bandwidth for offload, GB/s")(
       "time-svg", po::value(&time_svg), "also write a chart of the predicted step times here")(
-      "json", "print JSON instead of the report");
+      "json", "print JSON instead of the report")(
+      "tp", po::value(&in.tensor_parallel)->default_value(1),
+      "tensor-parallel ranks T (Megatron); the data-parallel size is --gpus / (T x P)")(
+      "pp", po::value(&in.pipeline_stages)->default_value(1), "pipeline stages P")(
+      "sp", "sequence parallelism (with --tp)")(
+      "schedule", po::value(&schedule),
+      "pipeline schedule over --grad-accum micro-batches: 1f1b "
+      "(default) or gpipe")("parallel-search",
+                            "also search T and P (done anyway when nothing fits at T = P = 1 "
+                            "without optimizer offload)")("top", po::value(&top),
+                                                          "layouts the search lists (10)");
   po::variables_map vm;
   // No positional arguments: a stray word is a typo, not something to ignore.
   po::store(po::command_line_parser(argc, argv).options(desc).positional({}).run(), vm);
@@ -442,12 +457,39 @@ int run(int argc, char** argv) {
   in.accumulation = ts.step.grad_accum;
   in.overlap_comm = ts.step.overlap_comm;
 
+  in.sequence_parallel = vm.count("sp") > 0;
+  in.schedule = parse_schedule(schedule);
+  // The links of a layout: the presets for each group's span, the compute overrides above.
+  const LayoutHardware hardware = [&](const ParallelLayout& l) {
+    ParallelHardware h = parallel_hardware(gpu, link, l, per_node);
+    for (Hardware* x : {&h.tp, &h.dp, &h.p2p}) {
+      x->peak_flops = ts.hw.peak_flops;
+      x->efficiency = ts.hw.efficiency;
+      x->memory_bw = ts.hw.memory_bw;
+      x->host_bw = ts.hw.host_bw;
+    }
+    return h;
+  };
+  const ParallelLayout layout = parallel_layout(in);  // checks T·P divides the ranks
+  if (layout.tp * layout.pp > 1) {
+    if (vm.count("json") || !svg.empty() || !time_svg.empty()) {
+      throw std::invalid_argument(
+          "--json, --svg and --time-svg describe T = P = 1: drop them "
+          "with --tp/--pp");
+    }
+    tools::print_parallel_report(in, name, lim, hardware, ts.step.recompute);
+    if (vm.count("parallel-search")) tools::print_parallel_search(in, name, lim, hardware, top);
+    return 0;
+  }
   const MemoryPlan plan = plan_memory(in, lim);
+  const bool search =
+      vm.count("parallel-search") > 0 || (in.shape.known() && (!plan.found || plan.best.offload));
   if (vm.count("json")) {
     print_json(in, plan, ts);
   } else {
     print_report(in, name, device, plan);
     print_time(in, ts, plan);
+    if (search) tools::print_parallel_search(in, name, lim, hardware, top);
   }
   if (!svg.empty()) write_svg(svg, in, name, plan);
   if (!time_svg.empty()) write_time_svg(time_svg, in, name, ts);

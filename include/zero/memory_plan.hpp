@@ -95,6 +95,14 @@ struct PlanInput {
   // model states is in host memory. plan_memory considers offload either way; set, it only
   // considers offload.
   bool offload_optimizer = false;
+  // Megatron-style model parallelism, planned by parallel_plan.hpp: T tensor-parallel ranks, P
+  // pipeline stages, sequence parallelism, and the pipeline schedule over `accumulation`
+  // micro-batches; the data-parallel size is world_size / (T·P). The functions of this header
+  // plan T = P = 1 and read none of these.
+  int tensor_parallel = 1;
+  int pipeline_stages = 1;
+  bool sequence_parallel = false;
+  enum class Schedule { kOneFOneB, kGPipe } schedule = Schedule::kOneFOneB;
 };
 
 struct ActivationEstimate {

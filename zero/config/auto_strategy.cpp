@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "zero/auto_strategy.hpp"
+#include "zero/parallel_plan.hpp"
 
 namespace zero {
 namespace {
@@ -20,6 +21,31 @@ int64_t peak_bytes(PlanInput in, int stage, Recompute r, int64_t micro) {
   in.micro_batch = micro;
   return plan_model_states(in, stage).total() - plan_host_states(in, stage) +
          predict_activations(in, r).peak();
+}
+
+// Where nothing fits on data parallelism alone: the least tensor/pipeline parallelism that would
+// (parallel_plan.hpp's search; among equals the highest MFU on H100s over 400 Gb/s InfiniBand).
+// A hint only: the engine runs the tensor_parallel and pipeline.stages it is configured with.
+std::string model_parallel_hint(const PlanInput& in, const PlanLimits& lim) {
+  if (!in.shape.known() || in.tensor_parallel * in.pipeline_stages > 1) return "";
+  const int per_node = lim.ranks_per_node > 0 ? lim.ranks_per_node : 8;
+  const ParallelSearch found = search_parallel(in, lim, [&](const ParallelLayout& l) {
+    return parallel_hardware("h100", "ib400", l, per_node);
+  });
+  const ParallelCandidate* least = nullptr;
+  for (const ParallelCandidate& c : found.fits) {
+    const int n = c.layout.tp * c.layout.pp;
+    if (n > 1 && (!least || n < least->layout.tp * least->layout.pp)) least = &c;
+  }
+  if (!least) return "";
+  return fmt(
+      ". Model parallelism would fit: tensor_parallel %d x pipeline stages %d x data-parallel %d, "
+      "ZeRO stage %d, %s, micro-batch %lld needs %s per rank (zero-memory --parallel-search "
+      "lists more); auto does not change them: set tensor_parallel.autotp_size and "
+      "pipeline.stages yourself",
+      least->layout.tp, least->layout.pp, least->layout.dp, least->stage,
+      recompute_name(least->recompute), (long long)least->micro_batch,
+      format_gb(least->memory.total()).c_str());
 }
 
 }  // namespace
@@ -149,6 +175,7 @@ AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const Aut
            (long long)micros.back(), format_gb(peak_bytes(in, s, r, micros.back())).c_str());
   m += ". Use more ranks, a smaller model or sequence, a larger "
        "zero_optimization.auto_device_memory, or fix fewer values";
+  m += model_parallel_hint(in, lim);
   throw ConfigError(m);
 }
 

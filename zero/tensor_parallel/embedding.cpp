@@ -1,7 +1,7 @@
 #include "zero/tensor_parallel/embedding.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
 
 #include <sstream>
 #include <stdexcept>
@@ -61,7 +61,7 @@ void VocabParallelEmbeddingImpl::load_full(const at::Tensor& w) {
         << (w.defined() ? w.sizes() : at::IntArrayRef{});
     throw std::invalid_argument(msg.str());
   }
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   weight.copy_(shard_of(w, 0, group_->rank(), group_->size(), "VocabParallelEmbedding vocab"));
 }
 

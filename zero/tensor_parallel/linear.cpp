@@ -1,7 +1,7 @@
 #include "zero/tensor_parallel/linear.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
 
 #include <sstream>
 #include <stdexcept>
@@ -34,7 +34,7 @@ void check_bias(const at::Tensor& bias, bool has_bias, int64_t size, const std::
 }
 
 void copy_into(at::Tensor& param, const at::Tensor& value) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   param.copy_(value);
 }
 

@@ -1,7 +1,7 @@
 #include "zero/tensor_parallel/placement.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
 
 #include <sstream>
 #include <stdexcept>
@@ -55,7 +55,7 @@ void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, zero::G
   at::Tensor flat = at::cat(grads);
   group.all_reduce_sum(flat, "tensor-parallel all-reduce of sequence-parallel gradients").wait();
   int64_t offset = 0;
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (auto& p : targets) {
     at::Tensor summed = flat.narrow(0, offset, p.numel()).view(p.sizes());
     offset += p.numel();
@@ -110,7 +110,7 @@ std::vector<std::pair<std::string, at::Tensor>> gather_full(
 void load_full(const std::vector<NamedPlacement>& params,
                const std::function<at::Tensor(const std::string& name)>& full,
                const zero::Group& group) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (const auto& p : params) {
     const at::Tensor whole = full(p.name);
     std::vector<int64_t> want = p.param.sizes().vec();

@@ -1,0 +1,142 @@
+// Planning with tensor (T) and pipeline (P) parallelism beside ZeRO's data parallelism (D):
+// per-rank memory and step time of a Megatron-style layout, and a search over (T, P) for what
+// fits. No torch here, as for memory_plan.hpp. T = P = 1 gives memory_plan.hpp's and
+// time_plan.hpp's figures exactly.
+//
+// Layout. world = T·P·D (an error names the numbers otherwise). Ranks are ordered as Megatron-LM
+// orders them: tensor-parallel innermost, then data-parallel, then pipeline, so a
+// tensor-parallel group is T consecutive ranks, a data-parallel group D ranks T apart, and the
+// next pipeline stage T·D ranks on.
+//
+// Parameters of one rank (Megatron's split of this block, examples/gpt.cpp): the matmul weights
+// of a block (Q, K, V, O: 4h², SwiGLU: 3hf) / T, the two RMSNorm weights 2h replicated; the
+// vocabulary-parallel embedding V·h / T on the first stage, the head V·h / T and the final norm h
+// on the last (a tied table is held by both first and last stage when P > 1, as Megatron's shared
+// word embeddings are); L / P blocks per stage (P must divide L). The model states of that rank
+// are memory_plan.hpp's over D data-parallel ranks of those parameters. The worst stage is the
+// plan.
+//
+// Activations per rank, Korthikanti et al. 2022 (§4.2.2: tensor parallelism divides the parts
+// inside attention and MLP by T; sequence parallelism divides the rest) applied to
+// memory_plan.hpp's count of this block:
+//   inside (÷ T)               Q, K, V, SDPA output 4p·sbh; SwiGLU 4p·sbf; log-sum-exp 4·a·s·b
+//   norm/residual (÷ T with SP) norm outputs 2p·sbh; RMSNorm upcasts and normalised tensors
+//                               2(4+p)·sbh; rsqrt 8·s·b
+// A checkpointed block keeps its p·sbh input, ÷ T with SP (Megatron keeps the sequence shard).
+// The head's input is gathered (p·sbh, full); the final norm's part ÷ T with SP; the
+// vocabulary-parallel cross-entropy holds 12·s·b·V / T at its peak.
+// Pipeline stage i holds k_i micro-batches of its L/P blocks at once: k_i is
+// pipeline::pipeline_figures' peak_activation_micro_batches (1F1B: P - i, at most P; GPipe: all
+// m); k = 1 without a pipeline. The last stage holds k micro-batches of head input, and under
+// GPipe the log-probabilities (4·s·b·V / T) of all but the one whose backward starts.
+//
+// ZeRO stage 2 with P > 1 is not offered: it reduce-scatters on every micro-step, and DeepSpeed
+// refuses ZeRO-2 and -3 with pipeline parallelism (Megatron's distributed optimizer is stage 1).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "zero/memory_plan.hpp"
+#include "zero/time_plan.hpp"
+
+namespace zero {
+
+struct ParallelLayout {
+  int tp = 1, pp = 1, dp = 1;
+};
+// world / (T·P), checked: T, P >= 1, T·P divides world_size, P divides the layers (with a shape).
+ParallelLayout parallel_layout(const PlanInput& in);
+const char* schedule_name(PlanInput::Schedule s);
+// "1f1b" or "gpipe"; std::invalid_argument names the choices.
+PlanInput::Schedule parse_schedule(const std::string& name);
+
+// Parameters one rank of pipeline stage `stage` holds (see above). Without a shape: Ψ / (T·P).
+int64_t rank_params(const PlanInput& in, int stage);
+// Micro-batches whose activations pipeline stage `stage` holds at its peak (1 without a pipeline).
+int in_flight_micro_batches(const PlanInput& in, int stage);
+// One block's saved bytes on one tensor-parallel rank (the formula above).
+int64_t block_activation_bytes_per_rank(const PlanInput& in);
+ActivationEstimate predict_stage_activations(const PlanInput& in, Recompute r, int stage);
+
+struct RankPlan {
+  int pipeline_stage = 0;  // the worst stage
+  int64_t params = 0;      // rank_params of it
+  MemoryBreakdown states;  // over D ranks
+  ActivationEstimate act;
+  int64_t total() const { return states.total() + act.peak(); }
+};
+// The most any rank needs: every pipeline stage planned, the largest kept. ZeRO `stage` 0-2
+// (no optimizer offload here).
+RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
+
+// Time. Per micro-batch and pipeline stage, compute is the model's FLOPs / (T·P) (the embedding
+// and head's imbalance between stages ignored). Tensor parallelism adds, per block and
+// micro-batch, Megatron's 2 all-reduces of s·b·h·p bytes in forward and 2 in backward (with
+// checkpointing 2 more for the re-run forward); under sequence parallelism each is an all-gather
+// plus a reduce-scatter of the same bytes. None of it overlaps compute. Each stage boundary sends
+// s·b·h·p bytes (÷ T with SP) forward and the same gradient back per micro-batch, also on the
+// critical path. The pipeline step is m·(t_f + t_b) / (1 - bubble) with pipeline_figures' bubble.
+// The data-parallel gradient collectives run over D ranks on the parameters of the stage holding
+// the most, bucket by bucket behind the last micro-batch's backward as time_plan.hpp models it
+// (ZeRO 2: every micro-batch's), then the optimizer step and (ZeRO 1-2) the parameter all-gather.
+// MFU = model FLOPs per token x tokens/s / (world · peak). ZeRO 2 with P > 1 is an error.
+struct ParallelHardware {
+  Hardware tp;   // the tensor-parallel group's link
+  Hardware dp;   // the data-parallel group's
+  Hardware p2p;  // between pipeline stages (all_gather_bw as the link's rate)
+};
+// NVLink within a node, `inter_link` where the group spans nodes: the tensor-parallel group when
+// T > per_node, the data-parallel group when T·D > per_node, the stage boundary when T·D >=
+// per_node.
+ParallelHardware parallel_hardware(const std::string& device, const std::string& inter_link,
+                                   const ParallelLayout& layout, int per_node = 8);
+
+struct ParallelTime {
+  // One rank, per step (m micro-batches), seconds; every stage computes the same.
+  double forward_s = 0, backward_s = 0, recompute_s = 0;  // compute
+  double tp_comm_s = 0;                                   // tensor-parallel collectives
+  double p2p_s = 0;                                       // stage-boundary sends
+  double bubble_fraction = 0, bubble_s = 0;               // pipeline idle time
+  double grad_comm_s = 0, grad_comm_exposed_s = 0;        // data-parallel gradients
+  double param_gather_s = 0;                              // ZeRO 1-2, after the step
+  double optimizer_s = 0;
+  double offload_exposed_s = 0;  // offloaded checkpoints' copies beyond the compute
+  double step_s = 0;
+  double tokens_per_s = 0;  // all ranks
+  double mfu = 0;
+  double model_flops_per_token = 0;
+};
+ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recompute r,
+                                        const ParallelHardware& hw);
+
+// The search: T ∈ {1, 2, 4, 8} (T <= ranks per node, T divides the heads and the world), P
+// dividing the layers with T·P dividing the world, ZeRO stage 0-2 (0-1 with P > 1), each
+// recompute, the largest power-of-two micro-batch that fits; the highest predicted MFU wins
+// (then the fewest model-parallel ranks). m = in.accumulation micro-batches per step. With
+// limits.host_bytes, offloaded checkpoints of a node's ranks must fit its host memory. Optimizer
+// offload is not searched. The micro-batch, and so the global batch, differs between layouts:
+// MFU compares them, the step time does not.
+struct ParallelCandidate {
+  ParallelLayout layout;
+  int stage = 0;
+  Recompute recompute = Recompute::kNone;
+  int64_t micro_batch = 1;
+  RankPlan memory;
+  ParallelTime time;
+};
+struct ParallelSearch {
+  std::vector<ParallelCandidate> fits;  // the best micro-batch per (T, P, stage, recompute),
+                                        // highest MFU first
+  bool found = false;
+  ParallelCandidate best;
+};
+// `hardware` gives the links of a layout (parallel_hardware, with any overrides); T stops at
+// limits.ranks_per_node (8 when 0).
+using LayoutHardware = std::function<ParallelHardware(const ParallelLayout&)>;
+ParallelSearch search_parallel(const PlanInput& in, const PlanLimits& limits,
+                               const LayoutHardware& hardware);
+
+}  // namespace zero

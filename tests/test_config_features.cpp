@@ -1,0 +1,250 @@
+// The config sections of what zero adds to plain ZeRO-1/2, and what it refuses: stage 3,
+// optimizer offload, unsupported DeepSpeed features, quantized gradients, tensor and pipeline
+// parallelism. Loading in general: test_config.cpp.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "support/config_helpers.hpp"
+#include "zero/config.hpp"
+
+using zero::Config;
+using zero::ConfigError;
+using zero::Dtype;
+using namespace zero::testing;
+
+TEST(Config, StageThreeIsNotImplemented) {
+  const std::string m = load_error("zero_optimization:\n  stage: 3\n");
+  EXPECT_HAS(m, "t.yaml:2:10: 'zero_optimization.stage' 3");
+  EXPECT_HAS(m, "not implemented");
+  EXPECT_HAS(m, "use 0, 1 or 2");
+}
+
+TEST(Config, OptimizerOffloadAtStagesOneAndTwo) {
+  Config c = load(
+      "zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: cpu\n"
+      "    pin_memory: false\n    threads: 4\n    buffer_count: 4\n");
+  EXPECT_TRUE(c.zero_optimization.offload_optimizer.enabled);
+  EXPECT_FALSE(c.zero_optimization.offload_optimizer.pin_memory);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.threads, 4);
+  // DeepSpeed 0.19's default pins; the legacy spelling and its pin key.
+  EXPECT_TRUE(load("zero_optimization: {stage: 1, offload_optimizer: {device: cpu}}\n")
+                  .zero_optimization.offload_optimizer.pin_memory);
+  c = load("zero_optimization: {stage: 1, cpu_offload: true, cpu_offload_use_pin_memory: false}\n");
+  EXPECT_TRUE(c.zero_optimization.offload_optimizer.enabled);
+  EXPECT_FALSE(c.zero_optimization.offload_optimizer.pin_memory);
+  EXPECT_FALSE(load("zero_optimization: {stage: 2, offload_optimizer: {device: none}}\n")
+                   .zero_optimization.offload_optimizer.enabled);
+  EXPECT_FALSE(load("zero_optimization: {stage: 0}\n").zero_optimization.offload_optimizer.enabled);
+}
+
+TEST(Config, OptimizerOffloadErrorsNameTheKeyAndTheFix) {
+  std::string m =
+      load_error("zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: nvme\n");
+  EXPECT_HAS(m, "t.yaml:4:13: 'zero_optimization.offload_optimizer.device' nvme");
+  EXPECT_HAS(m, "use device: cpu");
+  m = load_error("zero_optimization:\n  stage: 0\n  offload_optimizer:\n    device: cpu\n");
+  EXPECT_HAS(m,
+             "t.yaml:3:3: 'zero_optimization.offload_optimizer' offloads the optimizer of ZeRO "
+             "stage 1 or 2, but zero_optimization.stage is 0");
+  EXPECT_HAS(m, "set zero_optimization.stage: 2 (or 1)");
+  EXPECT_HAS(load_error("zero_optimization: {cpu_offload: true}\n"),
+             "'zero_optimization.cpu_offload' offloads the optimizer of ZeRO stage 1 or 2");
+  EXPECT_HAS(load_error("zero_optimization: {stage: auto, cpu_offload: true}\n"),
+             "zero_optimization.stage is \"auto\"");
+  EXPECT_HAS(
+      load_error("zero_optimization: {stage: 2, offload_optimizer: {device: cpu, ratio: 0.5}}\n"),
+      "'zero_optimization.offload_optimizer.ratio' must be 1.0");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2, offload_optimizer: {device: gpu}}\n"),
+             "must be cpu or none");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2, offload_optimizer: cpu}\n"),
+             "must be a section");
+  EXPECT_HAS(
+      load_error("zero_optimization: {stage: 2, offload_optimizer: {device: cpu, threads: -1}}\n"),
+      "'zero_optimization.offload_optimizer.threads' must be a thread count");
+}
+
+TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
+  EXPECT_HAS(load_error("zero_optimization: {offload_param: {device: nvme}}\n"),
+             "'zero_optimization.offload_param' is not implemented");
+  EXPECT_HAS(load_error("zero_optimization: {cpu_offload_params: true}\n"),
+             "offloads the parameters (ZeRO stage 3)");
+  EXPECT_HAS(load_error("fp16: {enabled: true, fp16_master_weights_and_grads: true}\n"),
+             "'fp16.fp16_master_weights_and_grads' keeps master weights in fp16");
+  EXPECT_HAS(load_error("optimizer: {type: AdamW, params: {max_grad_norm: 1.0}}\n"),
+             "use the top-level 'gradient_clipping' key instead");
+  // DeepSpeed accumulates in fp32 or in the model dtype (engine.py _do_optimizer_sanity_check).
+  EXPECT_HAS(load_error("data_types: {grad_accum_dtype: bf16}\n"),
+             "'data_types.grad_accum_dtype' bf16 needs bf16 parameters (the model is fp32): "
+             "gradients accumulate in fp32 or in the model dtype; set fp32, enable bf16 or "
+             "remove it");
+  EXPECT_HAS(load_error("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp16}\n"),
+             "'data_types.grad_accum_dtype' fp16 needs fp16 parameters (the model is bf16)");
+  EXPECT_EQ(load("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: bf16}\n").accum_dtype(),
+            Dtype::kBFloat16);
+  EXPECT_HAS(load_error("zero_optimization: {allgather_partitions: false}\n"),
+             "only true is supported");
+  // Gradient pre-division is supported (tests/test_mixed_precision.cpp), with checked values.
+  EXPECT_TRUE(load("prescale_gradients: true\n").prescale_gradients);
+  EXPECT_EQ(load("gradient_predivide_factor: 2\n").gradient_predivide_factor, 2.0);
+  EXPECT_FALSE(load("bf16: {enabled: true}\n").gradient_predivide_factor.has_value());
+  EXPECT_HAS(load_error("gradient_predivide_factor: 0\n"), "gradient_predivide_factor");
+  EXPECT_HAS(load_error("gradient_predivide_factor: -2\n"), "a positive number");
+  EXPECT_HAS(load_error("fp16: {enabled: true, auto_cast: true}\n"), "not supported yet");
+  EXPECT_HAS(load_error("optimizer: {type: Lamb}\n"),
+             "'optimizer.type' 'Lamb' is not supported by zero; use AdamW, Adam or SGD");
+  EXPECT_HAS(load_error("optimizer: {type: Adam, params: {adam_w_mode: false}}\n"),
+             "adam_w_mode: false");
+  EXPECT_HAS(load_error("optimizer: {type: SGD, params: {betas: [0.9, 0.9]}}\n"),
+             "'optimizer.params.betas' does not apply to optimizer type SGD");
+  std::string m = load_error("scheduler:\n  type: OneCycle\n");
+  EXPECT_HAS(m,
+             "'scheduler.type' 'OneCycle' is not supported by zero; supported: WarmupLR, "
+             "WarmupDecayLR, WarmupCosineLR");
+  EXPECT_HAS(load_error("scheduler: {type: WarmupCosineLR, params: {warmup_num_steps: 5}}\n"),
+             "'scheduler.params.total_num_steps' (> 0) is required for WarmupCosineLR");
+  EXPECT_HAS(load_error("scheduler: {type: WarmupDecayLR, params: {total_num_steps: 0}}\n"),
+             "'scheduler.params.total_num_steps' must be a positive integer for WarmupDecayLR");
+  EXPECT_HAS(load_error("scheduler: {type: WarmupLR, params: {cos_min_ratio: 0.1}}\n"),
+             "does not apply to scheduler type WarmupLR");
+}
+
+// Under optimizer offload zero's own CPU kernel steps: torch_adam's arithmetic is not what runs,
+// and the user is told so.
+TEST(Config, TorchAdamWithOffloadWarns) {
+  const Config c = load(
+      "optimizer: {type: AdamW, params: {torch_adam: true}}\n"
+      "zero_optimization: {stage: 2, offload_optimizer: {device: cpu}}\n");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_HAS(c.warnings[0], "'optimizer.params.torch_adam'");
+  EXPECT_HAS(c.warnings[0], "zero's one-pass CPU AdamW");
+}
+
+namespace {
+
+// zero_quantized_gradients means ZeRO++'s quantized gradient reduction at stages 1 and 2 (no
+// longer a stage-3 no-op), with zero's companions for the bits, the block and error feedback.
+TEST(Config, QuantizedGradientsKeys) {
+  Config c = load(
+      "zero_optimization: {stage: 2, zero_quantized_gradients: true, "
+      "zero_quantized_gradients_bits: 4, zero_quantized_gradients_block: 256, "
+      "zero_quantized_gradients_error_feedback: false}\n");
+  const auto& q = c.zero_optimization.quantized_gradients;
+  EXPECT_TRUE(q.enabled);
+  EXPECT_EQ(q.bits, 4);
+  EXPECT_EQ(q.block, 256);
+  EXPECT_FALSE(q.error_feedback);
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
+  const Config d = load("zero_optimization: {stage: 1, zero_quantized_gradients: true}\n");
+  EXPECT_TRUE(d.zero_optimization.quantized_gradients.enabled);
+  EXPECT_EQ(d.zero_optimization.quantized_gradients.bits, 8);
+  EXPECT_TRUE(d.zero_optimization.quantized_gradients.error_feedback);
+
+  std::string m = load_error(
+      "zero_optimization: {stage: 2, zero_quantized_gradients: true, "
+      "zero_quantized_gradients_bits: 2}\n");
+  EXPECT_HAS(m, "zero_quantized_gradients_bits");
+  EXPECT_HAS(m, "8 (int8) or 4");
+  m = load_error(
+      "zero_optimization: {stage: 2, zero_quantized_gradients: true, "
+      "zero_quantized_gradients_block: 0}\n");
+  EXPECT_HAS(m, "zero_quantized_gradients_block");
+  m = load_error("zero_optimization: {stage: 0, zero_quantized_gradients: true}\n");
+  EXPECT_HAS(m, "stages 1 and 2");
+  EXPECT_HAS(m, "stage: 1 or 2");
+  m = load_error(
+      "zero_optimization: {stage: 2, zero_quantized_gradients: true, "
+      "zero_quantized_gradients_bits: 4, zero_quantized_gradients_block: 31}\n");
+  EXPECT_HAS(m, "is odd");
+  EXPECT_HAS(m, "32");
+}
+
+}  // namespace
+
+// tensor_parallel: DeepSpeed's autotp_size, the YAML alias size, Megatron's sequence_parallel.
+TEST(Config, TensorParallelSizeAndAlias) {
+  EXPECT_EQ(Config().tensor_parallel.autotp_size, 1);
+  const auto ext = trainer_ext();
+  EXPECT_EQ(Config::from_string("tensor_parallel: {autotp_size: 2}\n", "t", {}, &ext)
+                .tensor_parallel.autotp_size,
+            2);
+  const Config c = Config::from_string("tensor_parallel:\n  size: 4\n  sequence_parallel: true\n",
+                                       "t", {}, &ext);
+  EXPECT_EQ(c.tensor_parallel.autotp_size, 4);
+  EXPECT_TRUE(c.tensor_parallel.sequence_parallel);
+  // DeepSpeed's 0: no tensor parallelism.
+  EXPECT_EQ(Config::from_string("{\"tensor_parallel\": {\"autotp_size\": 0}}", "ds.json", {}, &ext)
+                .tensor_parallel.autotp_size,
+            1);
+  EXPECT_EQ(
+      Config::from_string("", "t", {"tensor_parallel.size=2"}, &ext).tensor_parallel.autotp_size,
+      2);
+}
+
+TEST(Config, TensorParallelBadValuesNameTheKey) {
+  EXPECT_HAS(load_error("tensor_parallel: {autotp_size: -2}\n"),
+             "'tensor_parallel.autotp_size' must be the number of ranks per tensor-parallel group");
+  EXPECT_HAS(load_error("tensor_parallel: {size: two}\n"),
+             "'tensor_parallel.size' must be an integer, got 'two'");
+  EXPECT_HAS(load_error("tensor_parallel: {autotp_size: 2, size: 2}\n"),
+             "'tensor_parallel.size' is the YAML alias of 'tensor_parallel.autotp_size'; give one");
+  EXPECT_HAS(load_error("tensor_parallel: {autotp_sise: 2}\n"), "autotp_size");
+}
+
+// DeepSpeed's `pipeline` section and zero's pipeline.schedule: the same keys from YAML and
+// --set, DeepSpeed's defaults, and errors that name the key and the fix.
+TEST(Config, PipelineSection) {
+  Config c = load("");
+  EXPECT_EQ(c.pipeline.stages, 1);
+  EXPECT_EQ(c.pipeline.partition, "parameters");
+  EXPECT_EQ(c.pipeline.activation_checkpoint_interval, 0);
+  EXPECT_EQ(c.pipeline.schedule, "1f1b");
+
+  c = load(
+      "pipeline: {stages: 4, partition: uniform, activation_checkpoint_interval: 2, "
+      "schedule: gpipe}\n");
+  EXPECT_EQ(c.pipeline.stages, 4);
+  EXPECT_EQ(c.pipeline.partition, "uniform");
+  EXPECT_EQ(c.pipeline.activation_checkpoint_interval, 2);
+  EXPECT_EQ(c.pipeline.schedule, "gpipe");
+
+  c = load("pipeline: {stages: 4}\n",
+           {"pipeline.stages=2", "pipeline.schedule=gpipe", "pipeline.partition=uniform"});
+  EXPECT_EQ(c.pipeline.stages, 2);
+  EXPECT_EQ(c.pipeline.schedule, "gpipe");
+  EXPECT_EQ(c.pipeline.partition, "uniform");
+
+  // DeepSpeed's config defaults (stages "auto", partition "best") load, with a note each.
+  c = load(
+      "pipeline: {stages: auto, partition: best, seed_layers: false, pipe_partitioned: true, "
+      "grad_partitioned: true}\n");
+  EXPECT_EQ(c.pipeline.stages, 1);
+  EXPECT_EQ(c.pipeline.partition, "parameters");
+
+  EXPECT_HAS(load_error("pipeline: {stages: 0}\n"), "'pipeline.stages' must be an integer >= 1");
+  EXPECT_HAS(load_error("", {"pipeline.schedule=zb"}),
+             "--set pipeline.schedule=zb: 'pipeline.schedule' is 'zb'; use 1f1b (the default) or "
+             "gpipe");
+  EXPECT_HAS(load_error("pipeline: {schedule: interleaved}\n"),
+             "virtual stages are simulated (zero/pipeline/) but not run yet; use 1f1b or gpipe");
+  EXPECT_HAS(load_error("pipeline: {partition: 'type:Block'}\n"),
+             "partitioning by layer class name is not implemented; use parameters or uniform");
+  EXPECT_HAS(load_error("pipeline: {partition: balanced}\n"),
+             "'pipeline.partition' is 'balanced'; use parameters or uniform");
+  EXPECT_HAS(load_error("pipeline: {activation_checkpoint_interval: -1}\n"),
+             "'pipeline.activation_checkpoint_interval' must be an integer >= 0");
+
+  // ZeRO-1 composes with a pipeline (each stage's data-parallel group); ZeRO-2 is refused with
+  // what it would cost, as DeepSpeed refuses it.
+  EXPECT_EQ(load("pipeline: {stages: 2}\nzero_optimization: {stage: 1}\n").zero_optimization.stage,
+            1);
+  const std::string m = load_error("pipeline: {stages: 2}\nzero_optimization: {stage: 2}\n");
+  EXPECT_HAS(m, "'zero_optimization.stage' 2 with pipeline.stages 2 is not supported");
+  EXPECT_HAS(m, "gradient_accumulation_steps times the gradient traffic of ZeRO-1");
+  EXPECT_HAS(m, "Use stage 1");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2}\n", {"pipeline.stages=4"}),
+             "with pipeline.stages 4 is not supported");
+  EXPECT_HAS(load_error("pipeline: {stages: 2}\nzero_optimization: {stage: auto}\n"),
+             "the planner does not model pipeline stages yet; set 0 or 1");
+}

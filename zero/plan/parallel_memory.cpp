@@ -1,0 +1,151 @@
+// Per-rank memory under tensor and pipeline parallelism: formulas in
+// include/zero/parallel_plan.hpp.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "zero/parallel_plan.hpp"
+#include "zero/pipeline/figures.hpp"
+
+namespace zero {
+
+ParallelLayout parallel_layout(const PlanInput& in) {
+  const int t = in.tensor_parallel, p = in.pipeline_stages, w = in.world_size;
+  if (t < 1 || p < 1) {
+    throw std::invalid_argument("tensor_parallel (" + std::to_string(t) +
+                                ") and pipeline stages (" + std::to_string(p) + ") must be >= 1");
+  }
+  if (w % (t * p) != 0) {
+    throw std::invalid_argument(
+        "world size " + std::to_string(w) +
+        " is not divisible by tensor_parallel x pipeline stages = " + std::to_string(t) + " x " +
+        std::to_string(p) + " = " + std::to_string(t * p) +
+        "; pick T and P (tensor_parallel.autotp_size / --tp, "
+        "pipeline.stages / --pp) whose product divides it");
+  }
+  if (in.shape.known() && in.shape.layers % p != 0) {
+    throw std::invalid_argument("pipeline stages " + std::to_string(p) + " do not divide the " +
+                                std::to_string(in.shape.layers) + " layers; pick a divisor");
+  }
+  return {t, p, w / (t * p)};
+}
+
+const char* schedule_name(PlanInput::Schedule s) {
+  return s == PlanInput::Schedule::kGPipe ? "gpipe" : "1f1b";
+}
+
+PlanInput::Schedule parse_schedule(const std::string& name) {
+  if (name == "1f1b") return PlanInput::Schedule::kOneFOneB;
+  if (name == "gpipe") return PlanInput::Schedule::kGPipe;
+  throw std::invalid_argument("pipeline schedule '" + name + "': 1f1b or gpipe");
+}
+
+int64_t rank_params(const PlanInput& in, int stage) {
+  const ParallelLayout l = parallel_layout(in);
+  if (l.tp == 1 && l.pp == 1) return in.num_params;  // whatever count the user gave
+  const ModelShape& m = in.shape;
+  if (!m.known()) return in.num_params / (l.tp * l.pp);
+  const int64_t h = m.hidden, t = l.tp;
+  const int64_t block = (4 * h * h + 3 * h * m.ffn_dim()) / t + 2 * h;
+  int64_t n = m.layers / l.pp * block;
+  const bool first = stage == 0, last = stage == l.pp - 1;
+  const int64_t table = m.vocab * h / t;
+  if (first) n += table;  // embedding
+  // The head on the last stage; a tied table is the embedding itself with one stage, a copy
+  // kept in step with it on the last stage with several (Megatron's shared word embeddings).
+  if (last && (!first || !m.tied)) n += table;
+  if (last) n += h;  // final norm
+  return n;
+}
+
+int in_flight_micro_batches(const PlanInput& in, int stage) {
+  const ParallelLayout l = parallel_layout(in);
+  if (l.pp == 1) return 1;  // data parallelism runs each micro-batch's backward before the next
+  const auto kind = in.schedule == PlanInput::Schedule::kGPipe ? pipeline::ScheduleKind::GPipe
+                                                               : pipeline::ScheduleKind::OneFOneB;
+  const int m = static_cast<int>(std::max<int64_t>(1, in.accumulation));
+  const auto f = pipeline::pipeline_figures(kind, l.pp, m);
+  return static_cast<int>(std::ceil(f.peak_activation_micro_batches.at(stage)));
+}
+
+namespace {
+
+// The two parts of memory_plan.hpp's block count: inside attention/MLP, and around them.
+struct BlockParts {
+  int64_t inside = 0, around = 0;
+};
+
+BlockParts block_parts(const PlanInput& in) {
+  const ModelShape& m = in.shape;
+  const int64_t p = in.param_bytes, sb = in.seq_len * in.micro_batch, h = m.hidden;
+  return {4 * p * sb * h + 4 * p * sb * m.ffn_dim() + 4 * m.head_count() * sb,
+          2 * p * sb * h + 2 * (4 + p) * sb * h + 8 * sb};
+}
+
+}  // namespace
+
+int64_t block_activation_bytes_per_rank(const PlanInput& in) {
+  const int t = in.tensor_parallel;
+  const BlockParts b = block_parts(in);
+  return b.inside / t + b.around / (in.sequence_parallel ? t : 1);
+}
+
+ActivationEstimate predict_stage_activations(const PlanInput& in, Recompute r, int stage) {
+  const ParallelLayout l = parallel_layout(in);
+  if (l.tp == 1 && l.pp == 1) return predict_activations(in, r);
+  ActivationEstimate a;
+  const ModelShape& m = in.shape;
+  if (!m.known()) return a;
+  const int64_t t = l.tp, tsp = in.sequence_parallel ? t : 1;
+  const int64_t p = in.param_bytes, sb = in.seq_len * in.micro_batch, sbh = sb * m.hidden;
+  const int64_t k = in_flight_micro_batches(in, stage);
+  const int64_t layers = m.layers / l.pp;
+  const int64_t block = block_activation_bytes_per_rank(in);
+  const int64_t input = p * sbh / tsp;
+  const bool first = stage == 0, last = stage == l.pp - 1;
+  if (first) a.head += k * 8 * sb;  // token ids
+  if (last) {
+    // Final norm (÷ T with SP) and the gathered head input; the vocabulary-parallel loss.
+    a.head += k * ((sbh * (4 + p) + 4 * sb) / tsp + p * sbh);
+    a.loss = 12 * sb * m.vocab / t + (k - 1) * 4 * sb * m.vocab / t;
+  }
+  a.checkpointed = r != Recompute::kNone;
+  switch (r) {
+    case Recompute::kNone:
+      a.blocks = k * layers * block;
+      break;
+    case Recompute::kCheckpoint:
+      a.blocks = k * layers * input;
+      a.recompute = block;
+      break;
+    case Recompute::kCheckpointOffload:
+      a.blocks = std::min<int64_t>(k * layers, 2) * input;
+      a.host = k * layers * input;
+      a.recompute = block;
+      break;
+  }
+  return a;
+}
+
+RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r) {
+  const ParallelLayout l = parallel_layout(in);
+  RankPlan worst;
+  for (int s = 0; s < l.pp; ++s) {
+    // A middle stage holds no more than the first (no embedding, fewer in flight).
+    if (s > 0 && s < l.pp - 1) continue;
+    PlanInput x = in;
+    x.num_params = rank_params(in, s);
+    x.world_size = l.dp;
+    x.offload_optimizer = false;
+    RankPlan rp;
+    rp.pipeline_stage = s;
+    rp.params = x.num_params;
+    rp.states = plan_model_states(x, stage);
+    rp.act = predict_stage_activations(in, r, s);
+    if (s == 0 || rp.total() > worst.total()) worst = rp;
+  }
+  return worst;
+}
+
+}  // namespace zero

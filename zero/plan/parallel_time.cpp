@@ -1,0 +1,126 @@
+// Step time under tensor and pipeline parallelism: formulas in include/zero/parallel_plan.hpp.
+#include <algorithm>
+#include <stdexcept>
+
+#include "zero/parallel_plan.hpp"
+#include "zero/pipeline/figures.hpp"
+
+namespace zero {
+
+ParallelHardware parallel_hardware(const std::string& device, const std::string& inter_link,
+                                   const ParallelLayout& l, int per_node) {
+  // hardware_preset picks the inter-node link when its `world` exceeds per_node: give it the
+  // span of each group in ranks (Megatron's order: tp innermost, then dp, then pp).
+  ParallelHardware hw;
+  hw.tp = hardware_preset(device, inter_link, l.tp, per_node);
+  hw.dp = hardware_preset(device, inter_link, l.tp * l.dp, per_node);
+  // Ranks r and r + T·D are on different nodes once T·D reaches a node.
+  hw.p2p =
+      hardware_preset(device, inter_link, l.tp * l.dp >= per_node ? per_node + 1 : 1, per_node);
+  return hw;
+}
+
+ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recompute r,
+                                        const ParallelHardware& hw) {
+  const ParallelLayout l = parallel_layout(in);
+  if (l.pp > 1 && stage == 2) {
+    throw std::invalid_argument(
+        "ZeRO stage 2 with pipeline stages > 1: DeepSpeed refuses it (it reduce-scatters every "
+        "micro-step); use stage 0 or 1");
+  }
+  const Hardware& base = hw.dp;
+  if (base.peak_flops <= 0 || base.efficiency <= 0 || base.memory_bw <= 0) {
+    throw std::invalid_argument(
+        "the time model needs a positive peak FLOP/s, efficiency and "
+        "memory bandwidth");
+  }
+  ParallelTime t;
+  const double m = static_cast<double>(std::max<int64_t>(1, in.accumulation));
+  const double tokens = static_cast<double>(in.micro_batch * in.seq_len);  // per micro-batch
+  const double split = static_cast<double>(l.tp * l.pp);
+  const double rate = base.peak_flops * base.efficiency;
+  const bool recompute = r != Recompute::kNone;
+  t.model_flops_per_token = model_flops_per_token(in);
+  const double tf = tokens * t.model_flops_per_token / 3 / split / rate;
+  const double tb = 2 * tf;
+  const double trc = recompute ? tokens * recompute_flops_per_token(in) / split / rate : 0.0;
+
+  // Tensor parallelism: per block, 2 collectives in forward, 2 in backward, 2 in the re-run.
+  double tp_one = 0;
+  if (l.tp > 1 && in.shape.known()) {
+    const double bytes = tokens * static_cast<double>(in.shape.hidden) * in.param_bytes;
+    tp_one = in.sequence_parallel
+                 ? all_gather_s(bytes, l.tp, hw.tp) + reduce_scatter_s(bytes, l.tp, hw.tp)
+                 : all_reduce_s(bytes, l.tp, hw.tp);
+  }
+  const double layers = in.shape.known() ? static_cast<double>(in.shape.layers / l.pp) : 0.0;
+  const double tp_f = 2 * layers * tp_one, tp_b = (recompute ? 4 : 2) * layers * tp_one;
+  // Pipeline: one activation send forward and one gradient send back per micro-batch.
+  double p2p = 0;
+  if (l.pp > 1 && in.shape.known()) {
+    const double bytes = tokens * static_cast<double>(in.shape.hidden) * in.param_bytes /
+                         (in.sequence_parallel ? l.tp : 1);
+    if (hw.p2p.all_gather_bw <= 0) throw std::invalid_argument("the stage link needs a rate");
+    p2p = bytes / hw.p2p.all_gather_bw + hw.p2p.latency_s;
+  }
+  const double micro_f = tf + tp_f + p2p, micro_b = tb + trc + tp_b + p2p;
+  t.forward_s = m * tf;
+  t.backward_s = m * tb;
+  t.recompute_s = m * trc;
+  t.tp_comm_s = m * (tp_f + tp_b);
+  t.p2p_s = m * 2 * p2p;
+  const double busy = m * (micro_f + micro_b);
+  if (l.pp > 1) {
+    const auto kind = in.schedule == PlanInput::Schedule::kGPipe ? pipeline::ScheduleKind::GPipe
+                                                                 : pipeline::ScheduleKind::OneFOneB;
+    t.bubble_fraction =
+        pipeline::pipeline_figures(kind, l.pp, static_cast<int>(m), 1, micro_b / micro_f)
+            .bubble_fraction;
+    t.bubble_s = busy / (1 - t.bubble_fraction) - busy;
+  }
+
+  // Data parallelism over D ranks, on the parameters of the rank holding the most.
+  PlanInput y = in;
+  y.world_size = l.dp;
+  int64_t most = 0;
+  for (int s = 0; s < l.pp; ++s) most = std::max(most, rank_params(in, s));
+  y.num_params = most;
+  const std::vector<int64_t> buckets = bucket_sizes(y);
+  std::vector<double> comm;
+  double per_reduce = 0;
+  // zero_quantized_gradients (stages 1, 2): codes plus a scale per block, as time_plan.cpp.
+  const bool quantized = stage > 0 && in.quantized_bits > 0;
+  const double per_element =
+      quantized ? in.quantized_bits / 8.0 + 4.0 / static_cast<double>(in.quantized_block)
+                : static_cast<double>(in.comm_bytes);
+  for (int64_t b : buckets) {
+    const double bytes = static_cast<double>(b) * per_element;
+    comm.push_back(stage > 0 ? reduce_scatter_s(bytes, l.dp, hw.dp)
+                             : all_reduce_s(bytes, l.dp, hw.dp));
+    per_reduce += comm.back();
+  }
+  const double reducing = stage == 2 ? m : 1;
+  t.grad_comm_s = per_reduce * reducing;
+  t.grad_comm_exposed_s =
+      (in.overlap_comm ? exposed_after_backward(buckets, comm, tb + trc) : per_reduce) * reducing;
+  if (stage > 0) {
+    t.param_gather_s = all_gather_s(static_cast<double>(most) * in.param_bytes, l.dp, hw.dp) +
+                       all_reduce_s(4, l.dp, hw.dp);
+  }
+  t.optimizer_s = optimizer_bytes(y, stage) / base.memory_bw;
+  // Offloaded checkpoints: every kept block input to the host and back, under the compute.
+  if (r == Recompute::kCheckpointOffload && in.shape.known()) {
+    if (base.host_bw <= 0) throw std::invalid_argument("offload needs a host bandwidth");
+    const double bytes = 2.0 * layers * in.param_bytes * tokens * m *
+                         static_cast<double>(in.shape.hidden) / (in.sequence_parallel ? l.tp : 1);
+    t.offload_exposed_s =
+        std::max(0.0, bytes / base.host_bw - (t.forward_s + t.backward_s + t.recompute_s));
+  }
+  t.step_s = busy + t.bubble_s + t.grad_comm_exposed_s + t.param_gather_s + t.optimizer_s +
+             t.offload_exposed_s;
+  t.tokens_per_s = tokens * m * l.dp / t.step_s;
+  t.mfu = t.tokens_per_s * t.model_flops_per_token / (in.world_size * base.peak_flops);
+  return t;
+}
+
+}  // namespace zero
