@@ -51,7 +51,10 @@ Groups engine_groups(const Config& cfg, const tensor_parallel::Groups& groups,
   for (const auto& p : placements) {
     if (!p.placement.sharded) tp_norm.replicated.push_back(p.name);
   }
-  return Groups{groups.dp, {std::move(tp_norm)}};
+  // Checkpoints record each rank's block of the split weights: a save of one autotp_size loads
+  // under another and consolidates into whole tensors.
+  return Groups{
+      groups.dp, {std::move(tp_norm)}, tensor_parallel::checkpoint_parts(placements, *groups.tp)};
 }
 
 }  // namespace zero::examples

@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -286,12 +287,15 @@ void Trainer::prepare_outputs() {
   const Config& c = engine_->config();
   // Checkpoints. Under tensor parallelism each tensor-parallel rank's engine checkpoints its own
   // shards (parameters under their full names, each rank its part) over its data-parallel group,
-  // in save_dir/tp<r>/: a checkpoint of the same autotp_size resumes; consolidating one
-  // subdirectory gives that rank's shards, not the full model.
-  const std::string save_root = cfg_.extra_string("trainer.save_dir");
-  save_dir_ = tp_model_ && !save_root.empty()
-                  ? save_root + "/tp" + std::to_string(layout_.tp_rank())
-                  : save_root;
+  // in save_dir/tp<r>/, recording where its blocks lie in the whole tensors. A resume reads the
+  // newest save wherever it lies (save_dir/ of a run without tensor parallelism, save_dir/tp*/
+  // of one with it), under whatever autotp_size saved it: each rank reads the blocks covering
+  // its own (checkpoint_dirs, Engine::load_checkpoint(dirs)). zero-consolidate --checkpoint
+  // save_dir puts the blocks together.
+  save_root_ = cfg_.extra_string("trainer.save_dir");
+  save_dir_ = tp_model_ && !save_root_.empty()
+                  ? save_root_ + "/tp" + std::to_string(layout_.tp_rank())
+                  : save_root_;
   save_interval_ = cfg_.extra_int("trainer.save_interval");
   keep_last_ = static_cast<int>(cfg_.extra_int("trainer.keep_last"));
   resume_ = cfg_.extra_string("trainer.resume");
@@ -314,7 +318,7 @@ void Trainer::prepare_outputs() {
                                                   monitor_config(c, "csv_monitor"), true);
       if (monitors_->enabled()) std::printf("monitors: %s\n", monitors_->describe().c_str());
     }
-    if (resume_ == "auto" && latest_checkpoint_tag(save_dir_).empty()) {
+    if (resume_ == "auto" && nothing_to_resume()) {
       refuse_orphaned_checkpoints(save_dir_, config_path);
     }
   } catch (const std::exception& e) {
@@ -334,16 +338,32 @@ void Trainer::prepare_outputs() {
   }
 }
 
+bool Trainer::nothing_to_resume() const {
+  return save_root_.empty() || checkpoint_dirs(save_root_).empty();
+}
+
 void Trainer::resume() {
   // Resuming replays the loader to the saved step, so the run sees the batches the interrupted
   // one would have seen next (the same global batches on another world size).
-  if (resume_ == "false" || (resume_ == "auto" && latest_checkpoint_tag(save_dir_).empty())) {
+  if (resume_ == "false" || (resume_ == "auto" && nothing_to_resume())) {
     return;
   }
   const auto t = Clock::now();
-  const std::string tag =
-      engine_->load_checkpoint(save_dir_, resume_ == "true" || resume_ == "auto" ? "" : resume_);
-  report_io("loaded", tag, std::chrono::duration<double>(Clock::now() - t).count());
+  const std::string want = resume_ == "true" || resume_ == "auto" ? "" : resume_;
+  // The directories that hold the save, this rank's own first (its random-generator states).
+  std::vector<std::string> dirs = checkpoint_dirs(save_root_, want);
+  if (dirs.empty()) dirs = {save_dir_};  // load_checkpoint says what is missing
+  const auto own = std::find(dirs.begin(), dirs.end(), save_dir_);
+  if (own != dirs.end()) std::rotate(dirs.begin(), own, own + 1);
+  const std::string tag = engine_->load_checkpoint(dirs, want);
+  report_io("loaded", dirs.front(), tag, std::chrono::duration<double>(Clock::now() - t).count());
+  const size_t saved_tp = dirs.front() == save_root_ ? 1 : dirs.size();
+  const int tp_size = tp_model_ ? layout_.tp->size() : 1;
+  if (rank_ == 0 && saved_tp != static_cast<size_t>(tp_size)) {
+    std::printf("checkpoint: resharded the save of autotp_size %zu to autotp_size %d\n", saved_tp,
+                tp_size);
+    std::fflush(stdout);
+  }
   start_step_ = engine_->stats().optimizer_steps;
   for (int64_t i = 0; i < start_step_ * ga_; ++i) loader_->next();
 }

@@ -74,7 +74,11 @@ class Trainer {
   void check_launcher(const StepRecord& rec, bool log, bool saved);
   // Print step: the window's losses read back once, written to the metrics and monitors.
   void log_window();
-  void report_io(const char* verb, const std::string& tag, double seconds) const;
+  // `dir`/`tag`: the directory saved or loaded (a resume may read another layout's save).
+  void report_io(const char* verb, const std::string& dir, const std::string& tag,
+                 double seconds) const;
+  // No save to resume from under trainer.save_dir, in any tensor-parallel layout.
+  bool nothing_to_resume() const;
   torch::nn::Module& trained();
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
 
@@ -104,7 +108,7 @@ class Trainer {
   double peak_flops_ = 0;
 
   // Outputs and the loop.
-  std::string save_dir_, resume_;
+  std::string save_root_, save_dir_, resume_;  // trainer.save_dir; this rank's part of it
   int64_t save_interval_ = 0;
   int keep_last_ = 0;
   std::unique_ptr<MonitorWriter> monitors_;

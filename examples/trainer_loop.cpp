@@ -26,15 +26,16 @@ double since(Clock::time_point t) {
 
 }  // namespace
 
-void Trainer::report_io(const char* verb, const std::string& tag, double seconds) const {
+void Trainer::report_io(const char* verb, const std::string& dir, const std::string& tag,
+                        double seconds) const {
   if (rank_ != 0) return;
   uintmax_t bytes = 0;  // the checkpoint's files, shared by the ranks that wrote or read them
-  for (const auto& f : std::filesystem::directory_iterator(save_dir_ + "/" + tag)) {
+  for (const auto& f : std::filesystem::directory_iterator(dir + "/" + tag)) {
     bytes += f.file_size();
   }
   const double mb = static_cast<double>(bytes) / dp_size_ / 1e6;
   std::printf("checkpoint: %s %s/%s in %.3f s: %.1f MB per rank, %.1f MB/s per rank\n", verb,
-              save_dir_.c_str(), tag.c_str(), seconds, mb, mb / std::max(seconds, 1e-9));
+              dir.c_str(), tag.c_str(), seconds, mb, mb / std::max(seconds, 1e-9));
   std::fflush(stdout);
 }
 
@@ -119,7 +120,8 @@ bool Trainer::maybe_save(const StepRecord& rec) {
   phases_->begin();
   engine_->save_checkpoint(save_dir_, "", keep_last_);
   phases_->end(Phase::kSave);
-  report_io("saved", "step" + std::to_string(engine_->stats().optimizer_steps), since(t));
+  report_io("saved", save_dir_, "step" + std::to_string(engine_->stats().optimizer_steps),
+            since(t));
   return true;
 }
 

@@ -73,7 +73,10 @@ int run(int argc, char** argv) {
   if (!ckpt.empty()) {
     at::NoGradGuard no_grad;
     auto params = model->named_parameters();
-    const auto tensors = zero::read_consolidated(ckpt, tag);
+    // A tensor-parallel run's save (ckpt/tp0, tp1, ...) is put together from its blocks.
+    std::vector<std::string> dirs = zero::checkpoint_dirs(ckpt, tag);
+    if (dirs.empty()) dirs = {ckpt};
+    const auto tensors = zero::read_consolidated(dirs, tag);
     if (tensors.size() != params.size()) {
       throw zero::CheckpointError(ckpt + ": " + std::to_string(tensors.size()) +
                                   " parameters, the model has " + std::to_string(params.size()));

@@ -1,6 +1,7 @@
 // zero-consolidate: one safetensors file with the full model from a sharded checkpoint, read
 // straight from the shard files (no process group, any number of ranks wrote it); or, with
-// --format hf, the example GPT as a Hugging Face LlamaForCausalLM directory.
+// --format hf, the example GPT as a Hugging Face LlamaForCausalLM directory. A tensor-parallel
+// run's save (DIR/tp0, DIR/tp1, ...: each rank's blocks of the split weights) is put together.
 //
 //   zero-consolidate --checkpoint ckpt/ [--tag step200] --out model.safetensors [--dtype bf16]
 //   zero-consolidate --checkpoint ckpt/ --format hf --model hf:BASE_DIR --out hf_model/ \
@@ -74,8 +75,17 @@ int run(int argc, char** argv) {
         "--format hf needs --model hf:DIR (the Hugging Face model training started from) or a "
         "GPT preset name, and exports the parameters only (--state master)");
   }
-  const zero::CheckpointInfo info = zero::read_checkpoint_info(dir, tag);
-  const auto tensors = zero::read_consolidated(dir, info.tag, state);
+  // A tensor-parallel run's save lies in DIR/tp0, DIR/tp1, ...: their blocks are put together.
+  std::vector<std::string> dirs = zero::checkpoint_dirs(dir, tag);
+  if (dirs.empty()) dirs = {dir};  // read_checkpoint_info says what is missing
+  const zero::CheckpointInfo info = zero::read_checkpoint_info(dirs.front(), tag);
+  const auto tensors = zero::read_consolidated(dirs, info.tag, state);
+  if (dirs.size() > 1) {
+    std::printf(
+        "zero-consolidate: %zu tensor-parallel ranks' saves (%s ... %s), each of %d "
+        "data-parallel ranks\n",
+        dirs.size(), dirs.front().c_str(), dirs.back().c_str(), info.world_size);
+  }
   int64_t numel = 0;
   for (const auto& t : tensors) numel += t.second.numel();
   if (format == "hf") {

@@ -2,8 +2,9 @@
 //
 // Engine::save_checkpoint(dir, tag) writes dir/tag/ with one shard file per rank and a
 // manifest; Engine::load_checkpoint(dir, tag) reads it back on any number of ranks (the files
-// hold each parameter's pieces by name, in logical element order, without padding). This header
-// is the part that needs no engine: consolidation into one safetensors file (tools/
+// hold each parameter's pieces by name, in logical element order, without padding), and
+// load_checkpoint(dirs, tag) the tensor-parallel ranks' saves under any tensor-parallel size. This
+// header is the part that needs no engine: consolidation into one safetensors file (tools/
 // zero-consolidate), inspection, and pruning old checkpoints.
 //
 //   dir/latest                        the tag of the newest complete checkpoint (written last)
@@ -33,9 +34,10 @@ struct CheckpointParam {
   std::string name;
   std::vector<int64_t> shape;  // as the saving rank held it
   // Where that tensor sits in the model's whole parameter: its global shape and the index of
-  // its first element along each dimension. Today every rank holds parameters whole (shape,
-  // zeros); a tensor-parallel rank holds a part (a column block of a split weight), and the
-  // records say which, so that a checkpoint can be resharded later. Checkpoints written before
+  // its first element along each dimension. Without tensor parallelism every rank holds
+  // parameters whole (shape, zeros); a tensor-parallel rank holds a block of a split weight
+  // (Groups::parts), and the records say which, so that the save loads under another
+  // tensor-parallel size and consolidates (read_consolidated(dirs)). Checkpoints written before
   // these fields existed read as whole.
   std::vector<int64_t> global_shape;
   std::vector<int64_t> offset;
@@ -67,6 +69,21 @@ CheckpointInfo read_checkpoint_info(const std::string& dir, const std::string& t
 // Verifies every file's checksum. Throws CheckpointError naming the file on any mismatch.
 std::vector<std::pair<std::string, at::Tensor>> read_consolidated(
     const std::string& dir, const std::string& tag = "", const std::string& state = "master");
+
+// The same from several directories that together hold one save: the tensor-parallel ranks'
+// (dir/tp0, dir/tp1, ...), each holding blocks of the split parameters (CheckpointParam::offset
+// in global_shape). The blocks are put together into whole tensors, in dirs[0]'s parameter
+// order. Throws CheckpointError naming the parameter when the directories do not hold all of it.
+std::vector<std::pair<std::string, at::Tensor>> read_consolidated(
+    const std::vector<std::string>& dirs, const std::string& tag = "",
+    const std::string& state = "master");
+
+// The directories that hold the save `tag` ("" = the newest) of a trainer.save_dir `save_dir`:
+// {save_dir} when a run without tensor parallelism saved it (save_dir/<tag>), {save_dir/tp0, ...,
+// save_dir/tp<T-1>} when T tensor-parallel ranks did (each its own save_dir/tp<r>/<tag>). When
+// both hold it (a run resumed under another tensor-parallel size), the one with more optimizer
+// steps (tag ""), or the flat one. Empty when neither does. Reads manifests only.
+std::vector<std::string> checkpoint_dirs(const std::string& save_dir, const std::string& tag = "");
 
 // Writes `tensors` as a safetensors file (cast to `dtype`: at::kFloat or at::kBFloat16),
 // atomically. `metadata` lands in the header's "__metadata__".

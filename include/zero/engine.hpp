@@ -147,6 +147,15 @@ class Engine {
   // dir/latest names; returns the tag), on any number of ranks and any stage: the files hold
   // parameters by name, so a checkpoint of N ranks loads on M.
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+  // The same from several checkpoints that together hold the model: the saves of the
+  // tensor-parallel ranks of one run (dir/tp0, dir/tp1, ...; tensor_parallel_checkpoint_dirs in
+  // checkpoint_io.hpp lists them), each recording where its parameters' blocks lie in the whole
+  // tensors (Groups::parts). Every rank reads the blocks that cover its own part under its own
+  // Groups::parts, masters and optimizer states alike: a checkpoint saved under tensor-parallel
+  // size 2 loads under 1 or 4, and one of size 1 under 2. The step counters come from dirs[0],
+  // and so do this rank's random-generator states when dirs[0] holds the same blocks as this
+  // rank (else it keeps its own). `tag` ("" = dirs[0]/latest's) must exist in every directory.
+  std::string load_checkpoint(const std::vector<std::string>& dirs, const std::string& tag = "");
 
  private:
   std::unique_ptr<Impl> impl_;

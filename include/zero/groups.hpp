@@ -9,6 +9,7 @@
 // initialize(model, cfg, group) is Groups{group} (dp alone, no further norm groups).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,16 @@ struct NormGroup {
   std::vector<std::string> replicated;
 };
 
+// Where a parameter this rank holds lies in the whole model's tensor of that name: a
+// tensor-parallel rank holds a block of a split weight. Checkpoints record it, so that a
+// checkpoint saved under one tensor-parallel size loads under another (each rank reads the
+// blocks covering its own) and consolidates into whole tensors.
+struct TensorPart {
+  std::string name;                   // as in named_parameters()
+  std::vector<int64_t> global_shape;  // the whole tensor's shape
+  std::vector<int64_t> offset;        // this rank's block's first index along each dimension
+};
+
 struct Groups {
   // The data-parallel group: parameters start from its rank 0's values (broadcast within it
   // only), gradients are averaged over it, and the master weights, gradients and optimizer
@@ -40,6 +51,9 @@ struct Groups {
   // rank in each of them (a mesh's dimensions are): initialize checks both (one all_gather over
   // dp). Empty: dp alone, the one-dimension path, unchanged to the bit.
   std::vector<NormGroup> norm;
+  // The parameters this rank holds a part of (tensor_parallel::checkpoint_parts makes them from
+  // a model's placements); every other parameter is whole. Only checkpoints read them.
+  std::vector<TensorPart> parts;
 };
 
 }  // namespace zero

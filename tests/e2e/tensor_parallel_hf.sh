@@ -4,8 +4,9 @@
 # safetensors) is split on load over tp 2 (each rank keeps its heads, MLP columns and vocabulary
 # rows of the weights it read) and fine-tuned on 2 ranks; its losses must equal those of the same
 # weights trained as tp 1 x dp 2 within 1e-5 relative (the tolerance of tests/e2e/
-# tensor_parallel.sh: the same arithmetic in another order; measured 1.7e-7). Skipped (exit 77) without
-# transformers.
+# tensor_parallel.sh: the same arithmetic in another order; measured 1.7e-7). Then the tp 2 save
+# consolidates back to a Hugging Face directory that transformers loads with zero's logits.
+# Skipped (exit 77) without transformers.
 set -euo pipefail
 source "$2/tests/e2e/lib/hf.sh" "$@"  # train, src, helper, $out; skips without transformers
 port=$((35500 + RANDOM % 2000))
@@ -22,9 +23,11 @@ run() {
     --set "trainer.metrics_file=$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1 ||
     { cat "$out/$name.log"; return 1; }
 }
-check "tp 1 x dp 2 from the HF weights" run dp2 --set train_micro_batch_size_per_gpu=2
+check "tp 1 x dp 2 from the HF weights" run dp2 --set train_micro_batch_size_per_gpu=2 \
+  --set "trainer.save_dir=$out/ckpt_dp2" --set trainer.save_interval=6
 check "tp 2 x dp 1 from the same weights, split on load" run tp2 \
-  --set train_micro_batch_size_per_gpu=4 --set tensor_parallel.autotp_size=2
+  --set train_micro_batch_size_per_gpu=4 --set tensor_parallel.autotp_size=2 \
+  --set "trainer.save_dir=$out/ckpt_tp2" --set trainer.save_interval=6
 check "the start-up line says tp 2 x dp 1" grep -q "2 ranks (tp 2 x dp 1)" "$out/tp2.log"
 compare() {
   python3 - "$out" <<'PY'
@@ -41,4 +44,40 @@ sys.exit(0 if worst < 1e-5 else 1)
 PY
 }
 check "the losses agree" compare
+
+# Back to Hugging Face: zero-consolidate puts the tp 2 save's blocks (save_dir/tp0, tp1) together
+# into one safetensors file and into a LlamaForCausalLM directory. transformers loads the export
+# with the logits zero-logits computes from the same tp 2 save (within hf_llama.py's 1e-4, the
+# tolerance of the tp 1 round trip in hf_llama_roundtrip.sh), and with those of the tp 1 x dp 2
+# run's save within 1e-4 too (the two trained the same steps in another arithmetic order).
+# Measured: 0 (bit-equal) and 4.5e-6, logits up to 3.4.
+export_tp2() {
+  "$consolidate" --checkpoint "$out/ckpt_tp2" --out "$out/tp2.safetensors" &&
+    "$consolidate" --checkpoint "$out/ckpt_tp2" --format hf --model "hf:$out/base" \
+      --out "$out/tp2.export" --max-shard-size 100KB &&
+    "$logits" --model "hf:$out/base" --checkpoint "$out/ckpt_tp2" --tokens "$out/tokens.txt" \
+      --out "$out/tp2.trained.safetensors" &&
+    "$logits" --model "hf:$out/base" --checkpoint "$out/ckpt_dp2" --tokens "$out/tokens.txt" \
+      --out "$out/dp2.trained.safetensors"
+}
+check "zero-consolidate exports the tp 2 save (safetensors and HF LLaMA)" export_tp2
+whole_tensors() {
+  python3 - "$out" <<'PY'
+import sys
+from safetensors.torch import load_file
+out = sys.argv[1]
+t = load_file(f"{out}/tp2.safetensors")
+# The base model: vocab 256, dim 64, 4 query heads and 2 kv heads of 16, untied head.
+want = {"embed.weight": (256, 64), "head.weight": (256, 64), "blocks.0.wq.weight": (64, 64),
+        "blocks.0.wk.weight": (32, 64), "blocks.0.wo.weight": (64, 64)}
+bad = {k: tuple(t[k].shape) for k, s in want.items() if k not in t or tuple(t[k].shape) != s}
+print(len(t), "whole tensors" if not bad else f"wrong shapes {bad}")
+sys.exit(1 if bad else 0)
+PY
+}
+check "the consolidated tensors are whole" whole_tensors
+check "transformers' logits of the tp 2 export equal zero's of the tp 2 save" \
+  python3 "$helper" compare "$out/tp2.export" "$out/tokens.txt" "$out/tp2.trained.safetensors"
+check "... and zero's of the tp 1 x dp 2 save" \
+  python3 "$helper" compare "$out/tp2.export" "$out/tokens.txt" "$out/dp2.trained.safetensors"
 summary

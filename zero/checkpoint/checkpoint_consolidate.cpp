@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "zero/checkpoint/checkpoint_format.hpp"
+#include "zero/checkpoint/checkpoint_parts.hpp"
 
 namespace zero {
 namespace fs = std::filesystem;
@@ -13,12 +14,31 @@ namespace fs = std::filesystem;
 std::vector<std::pair<std::string, at::Tensor>> read_consolidated(const std::string& dir,
                                                                   const std::string& tag,
                                                                   const std::string& state) {
-  const std::string t = ckpt::resolve_tag(dir, tag);
-  const std::string tag_dir = (fs::path(dir) / t).string();
-  const std::string path = tag_dir + "/manifest.json";
-  const ckpt::Manifest man = ckpt::parse_manifest(
-      ckpt::read_text(path, "a save that did not finish writes no manifest; load another tag"),
-      path);
+  return read_consolidated(std::vector<std::string>{dir}, tag, state);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> read_consolidated(
+    const std::vector<std::string>& dirs, const std::string& tag, const std::string& state) {
+  ZERO_CKPT_CHECK(!dirs.empty(), "zero: read_consolidated: no checkpoint directory given");
+  const std::string t = ckpt::resolve_tag(dirs.front(), tag);
+  std::vector<ckpt::Source> sources;
+  sources.reserve(dirs.size());
+  for (const std::string& dir : dirs) {
+    const std::string tag_dir = (fs::path(dir) / t).string();
+    const std::string path = tag_dir + "/manifest.json";
+    sources.push_back(ckpt::open_source(
+        tag_dir, ckpt::parse_manifest(ckpt::read_text(path,
+                                                      "a save that did not finish writes "
+                                                      "no manifest; load another tag"),
+                                      path)));
+    const ckpt::Source& src = sources.back();
+    ZERO_CKPT_CHECK(src.man.optimizer_steps == sources.front().man.optimizer_steps, path,
+                    ": saved at optimizer step ", src.man.optimizer_steps, " but ",
+                    sources.front().tag_dir, " at step ", sources.front().man.optimizer_steps,
+                    " (the directories are not the tensor-parallel ranks of one save)");
+  }
+  const ckpt::Manifest& man = sources.front().man;
+  const std::string path = sources.front().tag_dir + "/manifest.json";
   int tensor = 0;
   if (state != "master") {
     const auto it = std::find(man.state_names.begin(), man.state_names.end(), state);
@@ -28,25 +48,67 @@ std::vector<std::pair<std::string, at::Tensor>> read_consolidated(const std::str
                     state, "'; it has: ", known);
     tensor = 1 + static_cast<int>(it - man.state_names.begin());
   }
-  std::vector<ckpt::ShardReader> readers;
-  readers.reserve(man.files.size());
-  for (const auto& f : man.files) readers.emplace_back(tag_dir + "/" + f.name);
-  const ckpt::PieceMap map = ckpt::build_piece_map(man, readers, tag_dir);
-  for (const auto& r : readers) r.verify_payload();
+  const ckpt::PartMap parts(sources);
+  for (const auto& src : sources) {
+    for (const auto& r : src.readers) r.verify_payload();
+  }
 
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const CheckpointParam& p : man.params) {
-    ZERO_CKPT_CHECK(p.whole(), path, ": parameter '", p.name,
-                    "' is saved as a part of a larger tensor (tensor parallel); consolidating "
-                    "parts is not supported yet");
+  for (const std::string& name : parts.names()) {
+    const std::vector<int64_t>& shape = parts.global_shape(name);
+    const CheckpointParam whole{name, shape, shape, std::vector<int64_t>(shape.size(), 0)};
     int64_t numel = 1;
-    for (int64_t d : p.shape) numel *= d;
+    for (int64_t d : shape) numel *= d;
     at::Tensor full = at::empty({numel}, at::kFloat);
-    for (const ckpt::PieceRef& ref : map.at(p.name)) {
-      readers[ref.file].read(*ref.entry, tensor, 0, ref.entry->count,
-                             full.data_ptr<float>() + ref.entry->param_offset);
+    const int64_t got = parts.read(whole, tensor, 0, numel, nullptr);
+    ZERO_CKPT_CHECK(got == numel, path, ": parameter '", name, "' ", c10::IntArrayRef(shape),
+                    ": the checkpoint holds ", got, " of its ", numel,
+                    " elements: it is split over tensor-parallel ranks; give every rank's "
+                    "directory (zero-consolidate --checkpoint SAVE_DIR finds SAVE_DIR/tp0, "
+                    "tp1, ...)");
+    parts.read(whole, tensor, 0, numel, full.data_ptr<float>());
+    out.emplace_back(name, full.view(shape));
+  }
+  return out;
+}
+
+std::vector<std::string> checkpoint_dirs(const std::string& save_dir, const std::string& tag) {
+  std::error_code ec;
+  // A layout qualifies when its first directory holds the tag (or a latest); its steps decide.
+  // One that cannot be read (a damaged latest or manifest) qualifies with 0 steps: the load
+  // that follows names what is wrong with it.
+  auto steps_of = [&](const std::string& dir) -> int64_t {
+    try {
+      const std::string t = tag.empty() ? latest_checkpoint_tag(dir) : tag;
+      if (t.empty() || !fs::exists(fs::path(dir) / t / "manifest.json", ec)) return -1;
+      return read_checkpoint_info(dir, t).optimizer_steps;
+    } catch (const std::exception&) {
+      return 0;
     }
-    out.emplace_back(p.name, full.view(p.shape));
+  };
+  const std::string tp0 = (fs::path(save_dir) / "tp0").string();
+  const int64_t flat = steps_of(save_dir);
+  const int64_t split = fs::is_directory(tp0, ec) ? steps_of(tp0) : -1;
+  if (flat < 0 && split < 0) return {};
+  if (split <= flat) return {save_dir};
+  // How many tensor-parallel ranks saved it: the parts tp0 records say (a directory tp<r> left
+  // over from a run with more ranks is not part of this save).
+  CheckpointInfo info;
+  try {
+    info = read_checkpoint_info(tp0, tag);
+  } catch (const std::exception&) {
+    return {tp0};  // loading it says why it cannot be read
+  }
+  int64_t ranks = 1;
+  for (const CheckpointParam& p : info.params) {
+    int64_t part = 1, whole = 1;
+    for (int64_t d : p.shape) part *= d;
+    for (int64_t d : p.global_shape) whole *= d;
+    if (part > 0) ranks = std::max(ranks, whole / part);
+  }
+  std::vector<std::string> out;
+  for (int64_t r = 0; r < ranks; ++r) {
+    out.push_back((fs::path(save_dir) / ("tp" + std::to_string(r))).string());
   }
   return out;
 }

@@ -2,6 +2,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -68,16 +69,37 @@ std::string broadcast_string(Engine::Impl& m, const std::string& text, int root)
 }
 
 std::vector<CheckpointParam> current_params(const Engine::Impl& m) {
+  std::map<std::string, const TensorPart*> parts;
+  for (const TensorPart& p : m.groups.parts) parts[p.name] = &p;
   std::vector<CheckpointParam> out;
   for (int li : m.fp.layout_of_named) {
     if (li < 0) continue;
     const auto sizes = m.fp.params[li].sizes();
     const std::vector<int64_t> shape(sizes.begin(), sizes.end());
-    // Whole: the engine holds every parameter whole (a tensor-parallel part would record its
-    // place in the global tensor here).
-    out.push_back(
-        {m.fp.layout.params()[li].name, shape, shape, std::vector<int64_t>(shape.size(), 0)});
+    const std::string& name = m.fp.layout.params()[li].name;
+    // Whole unless groups.parts says where this rank's block lies in the model's tensor.
+    CheckpointParam cp{name, shape, shape, std::vector<int64_t>(shape.size(), 0)};
+    const auto it = parts.find(name);
+    if (it != parts.end()) {
+      const TensorPart& part = *it->second;
+      bool inside = part.global_shape.size() == shape.size() && part.offset.size() == shape.size();
+      for (size_t d = 0; inside && d < shape.size(); ++d) {
+        inside = part.offset[d] >= 0 && part.offset[d] + shape[d] <= part.global_shape[d];
+      }
+      ZERO_CKPT_CHECK(inside, "zero: groups.parts: parameter '", name, "' of shape ",
+                      c10::IntArrayRef(shape), " does not fit at offset ",
+                      c10::IntArrayRef(part.offset), " into global shape ",
+                      c10::IntArrayRef(part.global_shape),
+                      "; make the parts with tensor_parallel::checkpoint_parts");
+      cp.global_shape = part.global_shape;
+      cp.offset = part.offset;
+      parts.erase(it);
+    }
+    out.push_back(std::move(cp));
   }
+  ZERO_CKPT_CHECK(parts.empty(), "zero: groups.parts names '",
+                  parts.empty() ? "" : parts.begin()->first,
+                  "', which is not a trainable parameter of the model");
   return out;
 }
 

@@ -51,7 +51,10 @@ void set_rng_state(const std::string& bytes, c10::Device device, const std::stri
 // quantization settings.
 std::string error_feedback_file(int rank, int world);
 void save_error_feedback(Engine::Impl& m, const std::string& dir);
-void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_world);
+// A non-empty `drop` zeroes them for that reason (a load that reshards the tensor-parallel
+// blocks: the residuals are laid out by the saved blocks' buckets).
+void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_world,
+                         const std::string& drop = "");
 
 // Key values of the config, for the manifest (humans read them; loading never does).
 std::vector<std::pair<std::string, std::string>> config_values(const Config& c);

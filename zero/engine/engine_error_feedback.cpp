@@ -32,7 +32,8 @@ void save_error_feedback(Engine::Impl& m, const std::string& dir) {
   torch::save(out, path.string());
 }
 
-void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_world) {
+void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_world,
+                         const std::string& drop_reason) {
   compress::ErrorFeedback* ef = m.sync->error_feedback();
   if (!ef) return;
   const int rank = m.group->rank(), world = m.group->size();
@@ -44,6 +45,10 @@ void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_
                 << why << "); the next step carries one step's quantization error\n";
     }
   };
+  if (!drop_reason.empty()) {
+    drop(drop_reason);
+    return;
+  }
   if (saved_world != world) {
     drop("the checkpoint was saved by " + std::to_string(saved_world) + " ranks, this run has " +
          std::to_string(world) + ": resharding drops them");

@@ -1,7 +1,9 @@
-// Engine::load_checkpoint: any number of ranks read a checkpoint saved by any number of ranks.
+// Engine::load_checkpoint: any number of ranks read a checkpoint saved by any number of ranks,
+// and, from the tensor-parallel ranks' directories of one save, under any tensor-parallel size
+// (each rank reads the saved blocks that cover its own: zero/checkpoint/checkpoint_parts.hpp).
 //
 // Phases, each ended by agree() so that a failure stops every rank together:
-//   1. rank 0 reads the manifest and checks it against this engine (model, dtype, optimizer);
+//   1. rank 0 reads the manifests and checks them against this engine (model, dtype, optimizer);
 //   2. every rank opens every shard file (header and index checks) and checksums its share of
 //      the files' data; nothing of the engine has changed yet, so a bad checkpoint leaves the
 //      run exactly as it was;
@@ -17,7 +19,9 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <memory>
 
+#include "zero/checkpoint/checkpoint_parts.hpp"
 #include "zero/engine/engine_checkpoint.hpp"
 
 namespace zero {
@@ -36,21 +40,35 @@ std::string list_text(const std::vector<std::string>& v) {
   return t + "]";
 }
 
-void check_compatible(const Engine::Impl& m, const ckpt::Manifest& man, const std::string& path) {
+std::string dirs_text(const std::vector<ckpt::Source>& sources) {
+  std::string t;
+  for (size_t i = 0; i < sources.size(); ++i) t += (i ? ", " : "") + sources[i].tag_dir;
+  return t;
+}
+
+// The model by name and whole (global) shape; the optimizer, its states and parameter groups
+// per directory; and, over several directories, that they are one save.
+void check_compatible(const Engine::Impl& m, const std::vector<ckpt::Manifest>& mans,
+                      const std::vector<std::string>& paths) {
   const auto cur = ckpt::current_params(m);
-  const std::string dtype = ckpt::current_dtype(m);
-  if (man.fingerprint != ckpt::run_fingerprint(cur, dtype)) {
+  // The fingerprint covers the blocks' shapes, not the whole tensors': compared by name always.
+  {
     const char* hint =
         " (load it into the model it was saved from; for a new model use another save_dir)";
+    const std::string& path = paths.front();
+    // Under tensor parallelism a rank holds a block of a parameter: the whole tensor's shape is
+    // what must agree, the blocks are read wherever they lie.
     std::map<std::string, std::vector<int64_t>> saved;
-    for (const auto& p : man.params) saved[p.name] = p.shape;
+    for (const auto& man : mans) {
+      for (const auto& p : man.params) saved.emplace(p.name, p.global_shape);
+    }
     for (const auto& p : cur) {
       auto it = saved.find(p.name);
       ZERO_CKPT_CHECK(it != saved.end(), path, ": a different model: this model's parameter '",
-                      p.name, "' ", shape_text(p.shape), " is not in the checkpoint", hint);
-      ZERO_CKPT_CHECK(it->second == p.shape, path, ": a different model: parameter '", p.name,
-                      "' has shape ", shape_text(it->second), " in the checkpoint but ",
-                      shape_text(p.shape), " in this model", hint);
+                      p.name, "' ", shape_text(p.global_shape), " is not in the checkpoint", hint);
+      ZERO_CKPT_CHECK(it->second == p.global_shape, path, ": a different model: parameter '",
+                      p.name, "' has shape ", shape_text(it->second), " in the checkpoint but ",
+                      shape_text(p.global_shape), " in this model", hint);
       saved.erase(it);
     }
     ZERO_CKPT_CHECK(saved.empty(), path, ": a different model: the checkpoint's parameter '",
@@ -58,70 +76,65 @@ void check_compatible(const Engine::Impl& m, const ckpt::Manifest& man, const st
     // Same names and shapes in another registration order, or another compute dtype: loading
     // goes by name, and the shards hold fp32 masters whatever the compute dtype was.
   }
-  // Pieces are read by name and element offset into the tensor as held: a part of a larger
-  // tensor (a tensor-parallel shard) loads only into the same part.
-  std::map<std::string, const CheckpointParam*> saved_part;
-  for (const auto& p : man.params) saved_part[p.name] = &p;
-  for (const auto& p : cur) {
-    const auto it = saved_part.find(p.name);
-    if (it == saved_part.end()) continue;
-    const CheckpointParam& s = *it->second;
-    ZERO_CKPT_CHECK(s.global_shape == p.global_shape && s.offset == p.offset, path, ": parameter '",
-                    p.name, "' was saved as the part at offset ", shape_text(s.offset), " of a ",
-                    shape_text(s.global_shape), " tensor, but this run holds the part at offset ",
-                    shape_text(p.offset), " of a ", shape_text(p.global_shape),
-                    " tensor; load it with the tensor-parallel layout it was saved with");
-  }
   std::vector<std::string> states;
   for (const auto& s : m.opt.optimizer->state()) states.push_back(s.first);
-  ZERO_CKPT_CHECK(man.optimizer == m.opt.optimizer->name() && man.state_names == states, path,
-                  ": saved with optimizer ", man.optimizer, " (states ", list_text(man.state_names),
-                  ") but this run uses ", m.opt.optimizer->name(), " (states ", list_text(states),
-                  "); set optimizer.type (and SGD momentum) as "
-                  "in the run that saved it");
-  // The states would load, but each parameter would resume under another lr scale or weight
-  // decay than it trained with: a silent change of the run.
   const std::string groups = param_groups_text(m.cfg.optimizer.param_groups);
-  ZERO_CKPT_CHECK(man.param_groups == groups, path, ": saved with optimizer.param_groups ",
-                  man.param_groups.empty() ? "(none)" : man.param_groups, " but this run has ",
-                  groups.empty() ? "(none)" : groups,
-                  "; resume with the groups that run used (change them in a fresh run, or "
-                  "start from the consolidated weights with zero-consolidate)");
-}
-
-// Calls f(piece, ref, lo, hi) for every overlap of a checkpoint entry with a piece of what this
-// rank owns under the current layout (lo..hi: elements of the parameter); checks that the
-// checkpoint covers every piece whole.
-template <class F>
-void for_each_overlap(const Engine::Impl& m, const ckpt::PieceMap& map, F f) {
-  const FlatLayout& L = m.fp.layout;
-  for (const OwnedPiece& p : L.owned_pieces(m.sharding.owner)) {
-    const std::string& name = L.params()[p.param].name;
-    const auto it = map.find(name);
-    ZERO_CKPT_CHECK(it != map.end(), "zero: parameter '", name, "' is not in the checkpoint");
-    const int64_t begin = p.param_offset, end = p.param_offset + p.numel;
-    int64_t covered = 0;
-    for (const ckpt::PieceRef& ref : it->second) {
-      const int64_t eb = ref.entry->param_offset, ee = eb + ref.entry->count;
-      if (eb >= end) break;  // sorted by offset
-      const int64_t lo = std::max(begin, eb), hi = std::min(end, ee);
-      if (lo >= hi) continue;
-      f(p, ref, lo, hi);
-      covered += hi - lo;
-    }
-    ZERO_CKPT_CHECK(covered == p.numel, "zero: parameter '", name, "' elements ", begin, "..", end,
-                    " are only partly in the checkpoint");
+  for (size_t i = 0; i < mans.size(); ++i) {
+    const ckpt::Manifest& man = mans[i];
+    const std::string& path = paths[i];
+    ZERO_CKPT_CHECK(man.optimizer == m.opt.optimizer->name() && man.state_names == states, path,
+                    ": saved with optimizer ", man.optimizer, " (states ",
+                    list_text(man.state_names), ") but this run uses ", m.opt.optimizer->name(),
+                    " (states ", list_text(states),
+                    "); set optimizer.type (and SGD momentum) as "
+                    "in the run that saved it");
+    // The states would load, but each parameter would resume under another lr scale or weight
+    // decay than it trained with: a silent change of the run.
+    ZERO_CKPT_CHECK(man.param_groups == groups, path, ": saved with optimizer.param_groups ",
+                    man.param_groups.empty() ? "(none)" : man.param_groups, " but this run has ",
+                    groups.empty() ? "(none)" : groups,
+                    "; resume with the groups that run used (change them in a fresh run, or "
+                    "start from the consolidated weights with zero-consolidate)");
+    ZERO_CKPT_CHECK(man.optimizer_steps == mans.front().optimizer_steps &&
+                        man.optimizer_internal_steps == mans.front().optimizer_internal_steps,
+                    path, ": saved at optimizer step ", man.optimizer_steps, " but ", paths.front(),
+                    " at step ", mans.front().optimizer_steps,
+                    " (the directories are not the tensor-parallel ranks of one save)");
   }
 }
 
-// Reads the pieces of the checkpoint that overlap what this rank owns under the current layout
+// Calls f(piece, want) for every piece of what this rank owns under the current layout, `want`
+// its parameter's block in the whole tensor (CheckpointParam), after checking that the
+// checkpoints' blocks cover the piece.
+template <class F>
+void for_each_owned(const Engine::Impl& m, const ckpt::PartMap& parts, bool several, F f) {
+  const FlatLayout& L = m.fp.layout;
+  std::map<std::string, CheckpointParam> blocks;
+  for (auto& p : ckpt::current_params(m)) blocks.emplace(p.name, std::move(p));
+  for (const OwnedPiece& p : L.owned_pieces(m.sharding.owner)) {
+    const std::string& name = L.params()[p.param].name;
+    ZERO_CKPT_CHECK(parts.has(name), "zero: parameter '", name, "' is not in the checkpoint");
+    const CheckpointParam& want = blocks.at(name);
+    const int64_t begin = p.param_offset, end = p.param_offset + p.numel;
+    const int64_t covered = parts.read(want, 0, begin, end, nullptr);
+    ZERO_CKPT_CHECK(covered == p.numel, "zero: parameter '", name, "' elements ", begin, "..", end,
+                    " are only partly in the checkpoint",
+                    several || !want.whole() || parts.split(name)
+                        ? " (its blocks at this tensor-parallel layout need every tensor-parallel "
+                          "rank's directory of the save: dir/tp0, dir/tp1, ...)"
+                        : "");
+    f(p, want);
+  }
+}
+
+// Reads the blocks of the checkpoints that cover what this rank owns under the current layout
 // straight into the master shard and the optimizer states (state() names), piece by piece: a
 // load holds no second copy of the states, only, for states outside host memory, a host buffer
 // of at most one bucket's shard. Padding is zeroed, as in a fresh engine. Runs once everything
 // that can be checked was (the files' checksums, the coverage, the generator states); a read
 // that fails now leaves the states partly overwritten, which the error says.
-void read_into_states(Engine::Impl& m, const ckpt::Manifest& man,
-                      const std::vector<ckpt::ShardReader>& readers, const ckpt::PieceMap& map) {
+void read_into_states(Engine::Impl& m, const ckpt::Manifest& man, const ckpt::PartMap& parts,
+                      bool several) {
   const FlatLayout& L = m.fp.layout;
   const auto states = m.opt.optimizer->state();
   std::vector<at::Tensor> targets;  // per checkpoint tensor: master, then the states it names
@@ -136,30 +149,27 @@ void read_into_states(Engine::Impl& m, const ckpt::Manifest& man,
   for (const BucketSlot& b : L.buckets()) m.fp.bucket_master(b).zero_();
   for (const auto& s : states) s.second.zero_();
   at::Tensor staging;  // host, for targets that are not
-  for_each_overlap(
-      m, map, [&](const OwnedPiece& p, const ckpt::PieceRef& ref, int64_t lo, int64_t hi) {
-        const BucketSlot& b = L.buckets()[L.params()[p.param].bucket];
-        const int64_t dst = p.shard_offset + (lo - p.param_offset);
-        for (size_t t = 0; t < targets.size(); ++t) {
-          at::Tensor to = t == 0 ? m.fp.master_window(b) : targets[t];
-          if (!to.defined()) continue;
-          const int64_t chunk = std::max<int64_t>(L.chunk_numel(), 1);
-          for (int64_t at = lo; at < hi; at += chunk) {
-            const int64_t n = std::min(chunk, hi - at);
-            at::Tensor slot = to.narrow(0, dst + (at - lo), n);
-            if (slot.is_cpu()) {
-              readers[ref.file].read(*ref.entry, static_cast<int>(t), at - ref.entry->param_offset,
-                                     n, slot.data_ptr<float>());
-              continue;
-            }
-            // Page-locked, as the save's: a copy from pageable memory is staged by the driver.
-            if (!staging.defined()) staging = ckpt::checkpoint_staging(m, chunk);
-            readers[ref.file].read(*ref.entry, static_cast<int>(t), at - ref.entry->param_offset, n,
-                                   staging.data_ptr<float>());
-            slot.copy_(staging.narrow(0, 0, n));
-          }
+  for_each_owned(m, parts, several, [&](const OwnedPiece& p, const CheckpointParam& want) {
+    const BucketSlot& b = L.buckets()[L.params()[p.param].bucket];
+    const int64_t lo = p.param_offset, hi = p.param_offset + p.numel;
+    for (size_t t = 0; t < targets.size(); ++t) {
+      at::Tensor to = t == 0 ? m.fp.master_window(b) : targets[t];
+      if (!to.defined()) continue;
+      const int64_t chunk = std::max<int64_t>(L.chunk_numel(), 1);
+      for (int64_t at = lo; at < hi; at += chunk) {
+        const int64_t n = std::min(chunk, hi - at);
+        at::Tensor slot = to.narrow(0, p.shard_offset + (at - lo), n);
+        if (slot.is_cpu()) {
+          parts.read(want, static_cast<int>(t), at, at + n, slot.data_ptr<float>());
+          continue;
         }
-      });
+        // Page-locked, as the save's: a copy from pageable memory is staged by the driver.
+        if (!staging.defined()) staging = ckpt::checkpoint_staging(m, chunk);
+        parts.read(want, static_cast<int>(t), at, at + n, staging.data_ptr<float>());
+        slot.copy_(staging.narrow(0, 0, n));
+      }
+    }
+  });
 }
 
 // The key that makes a run compute in `dtype`, for the message below.
@@ -199,54 +209,98 @@ void restore_counters(Engine::Impl& m, const ckpt::Manifest& man) {
 
 }  // namespace
 
-std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag_arg) {
+std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  return load_checkpoint(std::vector<std::string>{dir}, tag);
+}
+
+std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
+                                    const std::string& tag_arg) {
   auto& m = *impl_;
   at::NoGradGuard no_grad;
   const int rank = m.group->rank(), world = m.group->size();
-  const std::string what = "load_checkpoint('" + dir + "')";
+  TORCH_CHECK(!dirs.empty(), "zero: load_checkpoint: no checkpoint directory given");
+  const std::string what =
+      "load_checkpoint('" + dirs.front() + "'" +
+      (dirs.size() > 1 ? " and " + std::to_string(dirs.size() - 1) + " more" : "") + ")";
 
-  std::string tag, text, err;
+  std::string tag, err;
+  std::vector<std::string> texts(dirs.size());
   if (rank == 0) {
     err = ckpt::attempt([&] {
-      tag = ckpt::resolve_tag(dir, tag_arg);
-      const std::string path = (fs::path(dir) / tag / "manifest.json").string();
-      text =
-          ckpt::read_text(path, "a save that did not finish writes no manifest; load another tag");
-      check_compatible(m, ckpt::parse_manifest(text, path), path);
+      tag = ckpt::resolve_tag(dirs.front(), tag_arg);
+      std::vector<ckpt::Manifest> mans;
+      std::vector<std::string> paths;
+      for (size_t i = 0; i < dirs.size(); ++i) {
+        paths.push_back((fs::path(dirs[i]) / tag / "manifest.json").string());
+        texts[i] = ckpt::read_text(
+            paths[i], "a save that did not finish writes no manifest; load another tag");
+        mans.push_back(ckpt::parse_manifest(texts[i], paths[i]));
+      }
+      check_compatible(m, mans, paths);
     });
   }
   ckpt::agree(m, err, what);
   tag = ckpt::broadcast_string(m, tag, 0);
-  text = ckpt::broadcast_string(m, text, 0);
-  const std::string tag_dir = (fs::path(dir) / tag).string();
-  const ckpt::Manifest man = ckpt::parse_manifest(text, tag_dir + "/manifest.json");
+  for (auto& text : texts) text = ckpt::broadcast_string(m, text, 0);
 
-  std::vector<ckpt::ShardReader> readers;
-  ckpt::PieceMap map;
+  std::vector<ckpt::Source> sources;
+  std::unique_ptr<ckpt::PartMap> parts;
   err = ckpt::attempt([&] {
-    readers.reserve(man.files.size());
-    for (const auto& f : man.files) readers.emplace_back(tag_dir + "/" + f.name);
-    map = ckpt::build_piece_map(man, readers, tag_dir);
+    sources.reserve(dirs.size());
+    for (size_t i = 0; i < dirs.size(); ++i) {
+      const std::string tag_dir = (fs::path(dirs[i]) / tag).string();
+      sources.push_back(
+          ckpt::open_source(tag_dir, ckpt::parse_manifest(texts[i], tag_dir + "/manifest.json")));
+    }
+    parts = std::make_unique<ckpt::PartMap>(sources);
     // Each file's data is checksummed by one rank: the checkpoint is read once, in parallel.
-    for (size_t f = rank; f < readers.size(); f += world) readers[f].verify_payload();
+    size_t f = 0;
+    for (const auto& src : sources) {
+      for (const auto& r : src.readers) {
+        if (f++ % world == static_cast<size_t>(rank)) r.verify_payload();
+      }
+    }
   });
   ckpt::agree(m, err, what);
+  const ckpt::Manifest& man = sources.front().man;
+  const std::string& tag_dir = sources.front().tag_dir;
+  const bool several = sources.size() > 1;
+
+  // Does dirs[0] hold this rank's blocks as they are (no resharding of the tensor-parallel
+  // layout)? Then its generator states and error-feedback residuals are this rank's.
+  bool same_blocks = true;
+  {
+    std::map<std::string, const CheckpointParam*> saved;
+    for (const auto& p : man.params) saved[p.name] = &p;
+    for (const auto& p : ckpt::current_params(m)) {
+      const auto it = saved.find(p.name);
+      same_blocks = same_blocks && it != saved.end() && it->second->shape == p.shape &&
+                    it->second->offset == p.offset;
+    }
+  }
 
   // Everything is checked on every rank before anything of the engine changes.
-  err = ckpt::attempt([&] { for_each_overlap(m, map, [](auto&&...) {}); });
+  err = ckpt::attempt([&] { for_each_owned(m, *parts, several, [](auto&&...) {}); });
   ckpt::agree(m, err, what);
   // zero_quantized_gradients' residuals: checked in full before anything is copied, so a bad
   // file leaves them as they were.
-  err = ckpt::attempt([&] { ckpt::load_error_feedback(m, tag_dir, man.world_size); });
+  err = ckpt::attempt([&] {
+    ckpt::load_error_feedback(
+        m, tag_dir, man.world_size,
+        same_blocks ? ""
+                    : "the checkpoint was saved under another tensor-parallel layout: resharding "
+                      "drops them");
+  });
   ckpt::agree(m, err, what);
 
   // The generator states belong to ranks; a rank the saved run did not have keeps its own. If
   // any rank cannot restore its own, every rank puts its generators back.
   const std::string rng_before = ckpt::rng_state(m.fp.flat.device());
   err = ckpt::attempt([&] {
-    if (rank < man.world_size) {
-      const auto& rng = readers[rank].index().rng_state;
-      if (!rng.empty()) ckpt::set_rng_state(rng, m.fp.flat.device(), readers[rank].path());
+    if (same_blocks && rank < man.world_size) {
+      const ckpt::ShardReader& r = sources.front().readers[rank];
+      const auto& rng = r.index().rng_state;
+      if (!rng.empty()) ckpt::set_rng_state(rng, m.fp.flat.device(), r.path());
     }
   });
   try {
@@ -255,7 +309,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
     ckpt::set_rng_state(rng_before, m.fp.flat.device(), "the generator state before the load");
     throw;
   }
-  err = ckpt::attempt([&] { read_into_states(m, man, readers, map); });
+  err = ckpt::attempt([&] { read_into_states(m, man, *parts, several); });
   if (!err.empty()) {
     err +=
         " (the masters and optimizer states are partly overwritten: load a checkpoint again "

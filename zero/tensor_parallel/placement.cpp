@@ -131,4 +131,19 @@ void load_full(const std::vector<NamedPlacement>& params,
   }
 }
 
+std::vector<TensorPart> checkpoint_parts(const std::vector<NamedPlacement>& params,
+                                         const zero::Group& group) {
+  std::vector<TensorPart> out;
+  for (const auto& p : params) {
+    if (!p.placement.sharded) continue;
+    const auto sizes = p.param.sizes();
+    TensorPart part{p.name, sizes.vec(), std::vector<int64_t>(sizes.size(), 0)};
+    const auto d = static_cast<size_t>(p.placement.partition_dim);
+    part.global_shape[d] *= group.size();
+    part.offset[d] = sizes[d] * group.rank();  // shard_of's equal blocks, in rank order
+    out.push_back(std::move(part));
+  }
+  return out;
+}
+
 }  // namespace zero::tensor_parallel

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "zero/group.hpp"
+#include "zero/groups.hpp"
 
 namespace zero::tensor_parallel {
 
@@ -70,5 +71,13 @@ std::vector<std::pair<std::string, at::Tensor>> gather_full(
 void load_full(const std::vector<NamedPlacement>& params,
                const std::function<at::Tensor(const std::string& name)>& full,
                const zero::Group& group);
+
+// Where this rank's block of each sharded parameter lies in the whole tensor, for the engine's
+// checkpoints (Groups::parts): the tensor-parallel size times its size along partition_dim,
+// starting at the group rank's multiple of it. Replicated parameters are whole and not listed.
+// With them a checkpoint loads under another tensor-parallel size and consolidates (
+// Engine::load_checkpoint(dirs), read_consolidated(dirs)). No communication.
+std::vector<TensorPart> checkpoint_parts(const std::vector<NamedPlacement>& params,
+                                         const zero::Group& group);
 
 }  // namespace zero::tensor_parallel
