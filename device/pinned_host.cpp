@@ -2,12 +2,12 @@
 
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
+#include <ATen/ATen.h>
 #include <c10/core/AllocatorConfig.h>
 #include <c10/util/llvmMathExtras.h>
 #include <torch/version.h>
 
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -69,13 +69,23 @@ at::Tensor exact_block(int64_t numel, at::ScalarType dtype, const PageLocker& lo
   void* p = locker.allocate(bytes);
   TORCH_CHECK(p != nullptr, "pinned_host: the page locker returned no memory for ", bytes,
               " bytes");
+  // Owned here until the registry holds it: an insert that throws (bad_alloc) frees the block
+  // instead of leaking page-locked memory.
+  std::unique_ptr<void, void (*)(void*)> owned(p, locker.release);
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.blocks[p] = {bytes, locker.release};
+    r.blocks.emplace(p, ExactBlock{bytes, locker.release});
     r.live_bytes += static_cast<int64_t>(bytes);
   }
-  return at::from_blob(p, {numel}, &release_exact, at::TensorOptions().dtype(dtype));
+  // From here release_exact unregisters and frees it, and the DataPtr owns it before anything
+  // else can throw (from_blob may throw before it wraps the pointer, which would leave the
+  // registered block without an owner).
+  c10::DataPtr data(owned.release(), p, &release_exact, c10::Device(c10::kCPU));
+  const auto nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(std::move(storage), 0, {numel}, {1});
 }
 
 }  // namespace

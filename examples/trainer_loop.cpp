@@ -69,6 +69,7 @@ StepRecord Trainer::run_step(int64_t step) {
   StepRecord rec;
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
   const double comm_before = engine_->stats().comm_wait_seconds;
+  phases_->begin_step();
   for (int64_t m = 0; m < ga_; ++m) {
     auto t = Clock::now();
     auto batch = loader_->next();
@@ -96,6 +97,7 @@ StepRecord Trainer::run_step(int64_t step) {
     rec.optimizer_s += since(t);
     phases_->end(Phase::kStep);
   }
+  phases_->end_step();
   rec.comm_exposed_s = engine_->stats().comm_wait_seconds - comm_before;
   rec.allgather_wait_s = engine_->stats().allgather_wait_seconds;
   rec.backward_s -= rec.comm_exposed_s;
@@ -228,9 +230,14 @@ void Trainer::finish() {
                          : policy_.cpu_offload ? Recompute::kCheckpointOffload
                                                : Recompute::kCheckpoint;
     const ActivationEstimate a = predict_activations(pp, rc);
+    // The bound on every phase: the steady states + two buckets (of the gradient-accumulation
+    // dtype) + the activations at backward's worst moment.
+    const int64_t bucket_bytes = c.zero_optimization.reduce_bucket_size *
+                                 (c.accum_dtype() == Dtype::kFloat32 ? 4 : 2);
     sum_.record_phases(*engine_, *phases_,
                        {plan_startup_peak(pp, stage), states + a.blocks + a.head + a.loss,
-                        states + a.peak(), states, states});
+                        states + a.peak(), states, states},
+                       bucket_bytes, a.peak());
   }
   const DeviceMemory dm = device_memory(device_);
   run.memory_budget = dm.total > 0 ? dm.total : c.zero_optimization.auto_device_memory;
