@@ -90,8 +90,9 @@ def main():
         "`phase_step_peaks`, `steady_states_bytes` and `phase_bound_bytes`, read from the host's "
         "counting allocator (every CPU storage; zero/host_counting.hpp), not RSS; max over "
         "ranks. `steady`: the bytes in use after the last step; `bound`: steady + two buckets "
-        "(reduce_bucket_size 5e5 elements of the fp32 accumulation dtype) + the planner's "
-        "activations at backward's worst moment. Each phase as a multiple of the bound; above "
+        "+ the planner's activations at backward's worst moment, a bucket being "
+        "reduce_bucket_size (5e5) plus the largest parameter (the one that closes it; "
+        "gpt-100m's embedding and head, 20.5 M elements each), in fp32. Each phase as a multiple of the bound; above "
         "1.00x breaks it.",
         "",
         "| dtype | offload | ckpt | build | steady MiB | bound MiB | "

@@ -1,8 +1,8 @@
 #include "device/pinned_host.hpp"
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
-#include <ATen/ATen.h>
 #include <c10/core/AllocatorConfig.h>
 #include <c10/util/llvmMathExtras.h>
 #include <torch/version.h>

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "zero/host_counting.hpp"
 #include "zero/device.hpp"
+#include "zero/host_counting.hpp"
 
 namespace zero::examples {
 
@@ -43,8 +43,8 @@ Reading read(c10::Device device) {
 
 PhasePeaks::PhasePeaks(c10::Device device) : device_(device) {
   measured_.fill(-1);
-  available_ = device.is_cpu() ? HostCountingAllocator::installed()
-                               : device_memory(device).available;
+  available_ =
+      device.is_cpu() ? HostCountingAllocator::installed() : device_memory(device).available;
   if (available_) end(Phase::kInitialize);
 }
 

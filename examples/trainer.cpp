@@ -13,13 +13,13 @@
 #include <sstream>
 
 #include "file_checks.hpp"
-#include "zero/host_counting.hpp"
 #include "hf_llama.hpp"
 #include "tp_trainer.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/errors.hpp"
+#include "zero/host_counting.hpp"
 #include "zero/tensor_parallel.hpp"
 #include "zero/zero.hpp"
 

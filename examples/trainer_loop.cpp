@@ -230,10 +230,14 @@ void Trainer::finish() {
                          : policy_.cpu_offload ? Recompute::kCheckpointOffload
                                                : Recompute::kCheckpoint;
     const ActivationEstimate a = predict_activations(pp, rc);
-    // The bound on every phase: the steady states + two buckets (of the gradient-accumulation
-    // dtype) + the activations at backward's worst moment.
-    const int64_t bucket_bytes = c.zero_optimization.reduce_bucket_size *
-                                 (c.accum_dtype() == Dtype::kFloat32 ? 4 : 2);
+    // The bound on every phase: the steady states + two buckets + the activations at backward's
+    // worst moment. A bucket closes on the parameter that crosses reduce_bucket_size, so it
+    // holds up to reduce_bucket_size - 1 elements plus the largest parameter (gpt-100m's 20.5 M
+    // element embedding and head each make a bucket 41x reduce_bucket_size 5e5), in fp32 (the
+    // gradient accumulation, gloo's gather output) at most.
+    int64_t largest = 0;
+    for (const auto& p : trained().parameters()) largest = std::max(largest, p.numel());
+    const int64_t bucket_bytes = (c.zero_optimization.reduce_bucket_size + largest) * 4;
     sum_.record_phases(*engine_, *phases_,
                        {plan_startup_peak(pp, stage), states + a.blocks + a.head + a.loss,
                         states + a.peak(), states, states},

@@ -341,17 +341,18 @@ TEST(EngineGroups, BackwardOutputsMatchesBackwardLoss) {
       Config cfg = test_config(stage, kGlobal / (kWorld * kAcc), kAcc, 0.3, 64);
       if (use_sgd) cfg = sgd(cfg);
       const at::Tensor ref = train_reference(cfg, kSteps, kGlobal, 3).params;
-      const BothWays both = train_both_ways(
-          cfg, kWorld, kAcc, kGlobal, at::kFloat,
-          [](Engine&, const at::Tensor& pred, const Batch& b) {
-            const std::vector<at::Tensor> outs = pred.split(3, /*dim=*/1);
-            std::vector<at::Tensor> leaves;
-            for (const auto& o : outs) leaves.push_back(o.detach().requires_grad_());
-            const at::Tensor loss = mse(at::cat(leaves, 1), b.y);
-            std::vector<at::Tensor> grads = torch::autograd::grad({loss}, leaves);
-            for (auto& g : grads) g = g / kAcc;
-            return std::make_pair(outs, grads);
-          });
+      const BothWays both =
+          train_both_ways(cfg, kWorld, kAcc, kGlobal, at::kFloat,
+                          [](Engine&, const at::Tensor& pred, const Batch& b) {
+                            const std::vector<at::Tensor> outs = pred.split(3, /*dim=*/1);
+                            std::vector<at::Tensor> leaves;
+                            for (const auto& o : outs)
+                              leaves.push_back(o.detach().requires_grad_());
+                            const at::Tensor loss = mse(at::cat(leaves, 1), b.y);
+                            std::vector<at::Tensor> grads = torch::autograd::grad({loss}, leaves);
+                            for (auto& g : grads) g = g / kAcc;
+                            return std::make_pair(outs, grads);
+                          });
       const auto& [by_loss, by_outputs] = both;
       for (int r = 0; r < kWorld; ++r) {
         const std::string what = "stage " + std::to_string(stage) + (use_sgd ? " SGD" : " AdamW") +
@@ -374,15 +375,15 @@ TEST(EngineGroups, BackwardOutputsUnderFp16CarryTheLossScale) {
   Config fp32 = cfg;
   fp32.fp16.enabled = false;
   const at::Tensor ref = train_reference(fp32, kSteps, kGlobal, 3).params;
-  const BothWays both = train_both_ways(
-      cfg, kWorld, kAcc, kGlobal, at::kHalf,
-      [](Engine& engine, const at::Tensor& pred, const Batch& b) {
-        at::Tensor leaf = pred.detach().to(at::kFloat).requires_grad_();
-        const double factor = engine.loss_scale() / (kAcc * kWorld);
-        at::Tensor g = torch::autograd::grad({mse(leaf, b.y) * factor}, {leaf})[0];
-        return std::make_pair(std::vector<at::Tensor>{pred},
-                              std::vector<at::Tensor>{g.to(pred.scalar_type())});
-      });
+  const BothWays both =
+      train_both_ways(cfg, kWorld, kAcc, kGlobal, at::kHalf,
+                      [](Engine& engine, const at::Tensor& pred, const Batch& b) {
+                        at::Tensor leaf = pred.detach().to(at::kFloat).requires_grad_();
+                        const double factor = engine.loss_scale() / (kAcc * kWorld);
+                        at::Tensor g = torch::autograd::grad({mse(leaf, b.y) * factor}, {leaf})[0];
+                        return std::make_pair(std::vector<at::Tensor>{pred},
+                                              std::vector<at::Tensor>{g.to(pred.scalar_type())});
+                      });
   const auto& [by_loss, by_outputs] = both;
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_LT((by_outputs[r] - by_loss[r]).abs().max().item<double>(), 2e-3) << "rank " << r;
