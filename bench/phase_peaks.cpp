@@ -6,6 +6,7 @@
 //
 //   phase-peaks --model gpt-25m --ranks 4 --dtype bf16 --offload 1 --checkpointing 1
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <atomic>
 #include <chrono>
@@ -84,15 +85,15 @@ int main(int argc, char** argv) {
       world,
       [&](std::shared_ptr<zero::comm::Group> group) {
         const int r = group->rank();
-        at::manual_seed(7);
+        // The rank threads share torch's global generator: each draws from its own instead.
         zero::examples::Gpt model(shape);
         if (arg["--checkpointing"] == "1") apply_activation_checkpointing(model, {true, false, 1});
         for (const auto& p : model->parameters()) user_param_bytes += p.nbytes();
-        at::manual_seed(100 + r);
+        auto gen = at::detail::createCPUGenerator(100 + r);
         std::vector<at::Tensor> x, y;
         for (int s = 0; s < 3; ++s) {
-          x.push_back(at::randint(shape.vocab, {micro, seq}, at::kLong));
-          y.push_back(at::randint(shape.vocab, {micro, seq}, at::kLong));
+          x.push_back(at::randint(shape.vocab, {micro, seq}, gen, at::kLong));
+          y.push_back(at::randint(shape.vocab, {micro, seq}, gen, at::kLong));
         }
         group->barrier("start");
         if (r == 0) before = settled_in_use();

@@ -1,9 +1,8 @@
 #include "device/pinned_host.hpp"
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <c10/core/AllocatorConfig.h>
 #include <c10/util/llvmMathExtras.h>
 #include <torch/version.h>
@@ -79,25 +78,14 @@ at::Tensor exact_block(int64_t numel, at::ScalarType dtype, const PageLocker& lo
     r.blocks.emplace(p, ExactBlock{bytes, locker.release});
     r.live_bytes += static_cast<int64_t>(bytes);
   }
-  owned.release();
-  try {
-    return at::from_blob(p, {numel}, &release_exact, at::TensorOptions().dtype(dtype));
-  } catch (...) {
-    // from_blob failed before its DataPtr took the block (or after the DataPtr already gave
-    // it back through release_exact): release it here only if it is still registered.
-    void (*release)(void*) = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(r.mu);
-      const auto it = r.blocks.find(p);
-      if (it != r.blocks.end()) {
-        release = it->second.release;
-        r.live_bytes -= static_cast<int64_t>(it->second.bytes);
-        r.blocks.erase(it);
-      }
-    }
-    if (release != nullptr) release(p);
-    throw;
-  }
+  // From here release_exact unregisters and frees it, and the DataPtr owns it before anything
+  // else can throw (from_blob may throw before it wraps the pointer, which would leave the
+  // registered block without an owner).
+  c10::DataPtr data(owned.release(), p, &release_exact, c10::Device(c10::kCPU));
+  const auto nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(std::move(storage), 0, {numel}, {1});
 }
 
 }  // namespace

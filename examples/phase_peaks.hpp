@@ -5,13 +5,16 @@
 //
 // The allocator's peak is reset at each phase's start (reset_peak_memory: CUDA's caching
 // allocator, or a registered device's), so the whole run's peak is kept here (overall()), not
-// by the allocator. The host has no resettable allocator peak: on CPU nothing is measured.
+// by the allocator. On CPU the host's counting allocator (zero/host_counting.hpp), which the
+// trainer installs before it builds the model, gives the same figures; without it nothing is
+// measured.
 #pragma once
 
 #include <c10/core/Device.h>
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 namespace zero::examples {
 
@@ -32,12 +35,22 @@ class PhasePeaks {
   int64_t measured(Phase p) const { return measured_[static_cast<int>(p)]; }
   // The most any phase reached.
   int64_t overall() const { return overall_; }
+  // A training step's window: the most its phases reached, kept per step (the first step, the
+  // switch to the first pass's bucket order at the second, the steady ones), and the bytes in
+  // use once it ended (after the last step: the steady model states).
+  void begin_step() { step_peak_ = -1; }
+  void end_step();
+  const std::vector<int64_t>& step_peaks() const { return step_peaks_; }
+  int64_t after_step() const { return after_step_; }
 
  private:
   c10::Device device_;
   bool available_ = false;
   std::array<int64_t, kPhases> measured_;
   int64_t overall_ = -1;
+  int64_t step_peak_ = -1;
+  std::vector<int64_t> step_peaks_;
+  int64_t after_step_ = -1;
 };
 
 }  // namespace zero::examples

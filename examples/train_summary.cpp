@@ -93,13 +93,22 @@ void TrainSummary::add(const StepRecord& r) {
 }
 
 void TrainSummary::record_phases(const Engine& engine, const PhasePeaks& phases,
-                                 const std::array<int64_t, kPhases>& predicted) {
+                                 const std::array<int64_t, kPhases>& predicted,
+                                 int64_t bucket_bytes, int64_t activations) {
+  auto max_over_ranks = [&](int64_t v) {
+    const auto all = engine.all_gather_values(v);
+    return *std::max_element(all.begin(), all.end());
+  };
   for (int i = 0; i < kPhases; ++i) {
-    const auto all = engine.all_gather_values(phases.measured(static_cast<Phase>(i)));
-    phase_measured[i] = *std::max_element(all.begin(), all.end());
+    phase_measured[i] = max_over_ranks(phases.measured(static_cast<Phase>(i)));
   }
   phase_predicted = predicted;
   phase_overall_ = phases.overall();
+  // Every rank ran the same steps, so each gathers the same number of values.
+  step_peaks.clear();
+  for (int64_t p : phases.step_peaks()) step_peaks.push_back(max_over_ranks(p));
+  steady_states = max_over_ranks(phases.after_step());
+  phase_bound = steady_states >= 0 ? steady_states + 2 * bucket_bytes + activations : -1;
 }
 
 void TrainSummary::finish(const Engine& engine, torch::nn::Module& model,
@@ -228,7 +237,10 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"rss_after_initialize_bytes\": " << rss_after_initialize_bytes
       << ",\n  \"peak_rss_bytes_per_rank\": " << list(peak_rss_per_rank)
       << ",\n  \"device_peak_allocated_bytes_per_rank\": " << list(device_peak_per_rank)
-      << ",\n  \"phase_peaks\": " << phase_json() << ",\n  \"seq_len\": " << seq_len
+      << ",\n  \"phase_peaks\": " << phase_json()
+      << ",\n  \"phase_step_peaks\": " << list(step_peaks)
+      << ",\n  \"steady_states_bytes\": " << steady_states
+      << ",\n  \"phase_bound_bytes\": " << phase_bound << ",\n  \"seq_len\": " << seq_len
       << ",\n  \"train_batch_size\": " << c.train_batch_size;
   const Verdict& v = verdict;
   out << ",\n  \"bottleneck\": {\"verdict\": " << quoted(bottleneck_name(v.kind))

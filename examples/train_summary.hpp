@@ -38,8 +38,14 @@ struct TrainSummary {
   // CPU) and the planner's prediction. A collective.
   std::array<int64_t, kPhases> phase_measured{}, phase_predicted{};
   int64_t phase_overall_ = -1;  // this rank's peak over every phase
+  // Per training step, the most any rank's allocator reached; the bytes in use after the last
+  // step (the steady model states, max over ranks; -1: not measured); and the bound every phase
+  // must meet: those states + two buckets + the planner's activations.
+  std::vector<int64_t> step_peaks;
+  int64_t steady_states = -1, phase_bound = -1;
   void record_phases(const Engine& engine, const PhasePeaks& phases,
-                     const std::array<int64_t, kPhases>& predicted);
+                     const std::array<int64_t, kPhases>& predicted, int64_t bucket_bytes,
+                     int64_t activations);
   std::string phase_json() const;
 
   void add(const StepRecord& r);

@@ -20,6 +20,7 @@
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/errors.hpp"
+#include "zero/host_counting.hpp"
 #include "zero/tensor_parallel.hpp"
 #include "zero/zero.hpp"
 
@@ -154,6 +155,10 @@ Trainer::Trainer(const TrainerOptions& options) : options_(options) {
                               static_cast<c10::DeviceIndex>(local_rank ? std::atoi(local_rank) : 0))
                 : c10::Device(c10::kCPU);
   set_current_device(device_);
+  // On CPU the summary's phase peaks come from counting every CPU storage (the host has no
+  // allocator peak of its own); installed now, before the model, so that every training tensor
+  // is counted. A hash-map insert per allocation, nothing per byte.
+  if (device_.is_cpu()) HostCountingAllocator::get();
 }
 
 torch::nn::Module& Trainer::trained() {

@@ -70,6 +70,7 @@ StepRecord Trainer::run_step(int64_t step) {
   StepRecord rec;
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
   const double comm_before = engine_->stats().comm_wait_seconds;
+  phases_->begin_step();
   for (int64_t m = 0; m < ga_; ++m) {
     auto t = Clock::now();
     auto batch = loader_->next();
@@ -97,6 +98,7 @@ StepRecord Trainer::run_step(int64_t step) {
     rec.optimizer_s += since(t);
     phases_->end(Phase::kStep);
   }
+  phases_->end_step();
   rec.comm_exposed_s = engine_->stats().comm_wait_seconds - comm_before;
   rec.allgather_wait_s = engine_->stats().allgather_wait_seconds;
   rec.backward_s -= rec.comm_exposed_s;
@@ -230,9 +232,18 @@ void Trainer::finish() {
                          : policy_.cpu_offload ? Recompute::kCheckpointOffload
                                                : Recompute::kCheckpoint;
     const ActivationEstimate a = predict_activations(pp, rc);
+    // The bound on every phase: the steady states + two buckets + the activations at backward's
+    // worst moment. A bucket closes on the parameter that crosses reduce_bucket_size, so it
+    // holds up to reduce_bucket_size - 1 elements plus the largest parameter (gpt-100m's 20.5 M
+    // element embedding and head each make a bucket 41x reduce_bucket_size 5e5), in fp32 (the
+    // gradient accumulation, gloo's gather output) at most.
+    int64_t largest = 0;
+    for (const auto& p : trained().parameters()) largest = std::max(largest, p.numel());
+    const int64_t bucket_bytes = (c.zero_optimization.reduce_bucket_size + largest) * 4;
     sum_.record_phases(*engine_, *phases_,
                        {plan_startup_peak(pp, stage), states + a.blocks + a.head + a.loss,
-                        states + a.peak(), states, states});
+                        states + a.peak(), states, states},
+                       bucket_bytes, a.peak());
   }
   const DeviceMemory dm = device_memory(device_);
   run.memory_budget = dm.total > 0 ? dm.total : c.zero_optimization.auto_device_memory;

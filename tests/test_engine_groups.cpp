@@ -11,7 +11,9 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <functional>
 #include <mutex>
+#include <utility>
 
 #include "comm/mesh.hpp"
 #include "support/thread_group.hpp"
@@ -290,6 +292,43 @@ TEST(EngineGroups, MismatchedGroupsAreErrors) {
   });
 }
 
+// The tiny net trained on every rank twice, with backward(loss) and with backward(outputs,
+// grad_outputs), the pair that `split` makes from the prediction and the micro-batch (inputs cast
+// to `input`; the loss in fp32). Every step of both runs is applied (none skipped).
+struct BothWays {
+  std::vector<at::Tensor> by_loss, by_outputs;  // per rank: flat_parameters() after training
+};
+using SplitBackward = std::function<std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>(
+    Engine&, const at::Tensor& pred, const Batch& b)>;
+BothWays train_both_ways(const Config& cfg, int world, int acc, int64_t global_rows,
+                         at::ScalarType input, const SplitBackward& split) {
+  BothWays out{std::vector<at::Tensor>(world), std::vector<at::Tensor>(world)};
+  run_ranks(world, [&](std::shared_ptr<comm::Group> group) {
+    const int r = group->rank();
+    for (const bool outputs : {false, true}) {
+      auto net = make_tiny_net(3);
+      auto engine = initialize(net, cfg, group);
+      for (int s = 0; s < kSteps; ++s) {
+        const Batch global = global_batch(s, global_rows);
+        for (int m = 0; m < acc; ++m) {
+          const Batch b = rank_micro_batch(global, r, world, m, acc);
+          const at::Tensor pred = net->forward(b.x.to(input));
+          if (!outputs) {
+            engine.backward(mse(pred.to(at::kFloat), b.y));
+          } else {
+            const auto [outs, grads] = split(engine, pred, b);
+            engine.backward(outs, grads);
+          }
+          EXPECT_EQ(engine.step(), m == acc - 1);
+        }
+      }
+      EXPECT_EQ(engine.stats().skipped_steps, 0);
+      (outputs ? out.by_outputs : out.by_loss)[r] = engine.flat_parameters();
+    }
+  });
+  return out;
+}
+
 // (c) backward(outputs, grad_outputs) as a pipeline stage gets it: the model's output in two
 // pieces and the loss's gradients for them, computed apart (on detached copies) and scaled by
 // the caller for accumulation, as the last stage's backward(loss) would have. Same parameters
@@ -302,34 +341,19 @@ TEST(EngineGroups, BackwardOutputsMatchesBackwardLoss) {
       Config cfg = test_config(stage, kGlobal / (kWorld * kAcc), kAcc, 0.3, 64);
       if (use_sgd) cfg = sgd(cfg);
       const at::Tensor ref = train_reference(cfg, kSteps, kGlobal, 3).params;
-      std::vector<at::Tensor> by_loss(kWorld), by_outputs(kWorld);
-      run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
-        const int r = group->rank();
-        for (const bool outputs : {false, true}) {
-          auto net = make_tiny_net(3);
-          auto engine = initialize(net, cfg, group);
-          for (int s = 0; s < kSteps; ++s) {
-            const Batch global = global_batch(s, kGlobal);
-            for (int m = 0; m < kAcc; ++m) {
-              const Batch b = rank_micro_batch(global, r, kWorld, m, kAcc);
-              const at::Tensor pred = net->forward(b.x);
-              if (!outputs) {
-                engine.backward(mse(pred, b.y));
-              } else {
-                const std::vector<at::Tensor> outs = pred.split(3, /*dim=*/1);
-                std::vector<at::Tensor> leaves;
-                for (const auto& o : outs) leaves.push_back(o.detach().requires_grad_());
-                const at::Tensor loss = mse(at::cat(leaves, 1), b.y);
-                std::vector<at::Tensor> grads = torch::autograd::grad({loss}, leaves);
-                for (auto& g : grads) g = g / kAcc;
-                engine.backward(outs, grads);
-              }
-              EXPECT_EQ(engine.step(), m == kAcc - 1);
-            }
-          }
-          (outputs ? by_outputs : by_loss)[r] = engine.flat_parameters();
-        }
-      });
+      const BothWays both =
+          train_both_ways(cfg, kWorld, kAcc, kGlobal, at::kFloat,
+                          [](Engine&, const at::Tensor& pred, const Batch& b) {
+                            const std::vector<at::Tensor> outs = pred.split(3, /*dim=*/1);
+                            std::vector<at::Tensor> leaves;
+                            for (const auto& o : outs)
+                              leaves.push_back(o.detach().requires_grad_());
+                            const at::Tensor loss = mse(at::cat(leaves, 1), b.y);
+                            std::vector<at::Tensor> grads = torch::autograd::grad({loss}, leaves);
+                            for (auto& g : grads) g = g / kAcc;
+                            return std::make_pair(outs, grads);
+                          });
+      const auto& [by_loss, by_outputs] = both;
       for (int r = 0; r < kWorld; ++r) {
         const std::string what = "stage " + std::to_string(stage) + (use_sgd ? " SGD" : " AdamW") +
                                  " rank " + std::to_string(r);
@@ -351,33 +375,16 @@ TEST(EngineGroups, BackwardOutputsUnderFp16CarryTheLossScale) {
   Config fp32 = cfg;
   fp32.fp16.enabled = false;
   const at::Tensor ref = train_reference(fp32, kSteps, kGlobal, 3).params;
-  std::vector<at::Tensor> by_loss(kWorld), by_outputs(kWorld);
-  run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
-    const int r = group->rank();
-    for (const bool outputs : {false, true}) {
-      auto net = make_tiny_net(3);
-      auto engine = initialize(net, cfg, group);
-      for (int s = 0; s < kSteps; ++s) {
-        const Batch global = global_batch(s, kGlobal);
-        for (int m = 0; m < kAcc; ++m) {
-          const Batch b = rank_micro_batch(global, r, kWorld, m, kAcc);
-          const at::Tensor x = b.x.to(at::kHalf);
-          const at::Tensor pred = net->forward(x);
-          if (!outputs) {
-            engine.backward(mse(pred.to(at::kFloat), b.y));
-          } else {
-            at::Tensor leaf = pred.detach().to(at::kFloat).requires_grad_();
-            const double factor = engine.loss_scale() / (kAcc * kWorld);
-            at::Tensor g = torch::autograd::grad({mse(leaf, b.y) * factor}, {leaf})[0];
-            engine.backward({pred}, {g.to(pred.scalar_type())});
-          }
-          engine.step();
-        }
-      }
-      EXPECT_EQ(engine.stats().skipped_steps, 0);
-      (outputs ? by_outputs : by_loss)[r] = engine.flat_parameters();
-    }
-  });
+  const BothWays both =
+      train_both_ways(cfg, kWorld, kAcc, kGlobal, at::kHalf,
+                      [](Engine& engine, const at::Tensor& pred, const Batch& b) {
+                        at::Tensor leaf = pred.detach().to(at::kFloat).requires_grad_();
+                        const double factor = engine.loss_scale() / (kAcc * kWorld);
+                        at::Tensor g = torch::autograd::grad({mse(leaf, b.y) * factor}, {leaf})[0];
+                        return std::make_pair(std::vector<at::Tensor>{pred},
+                                              std::vector<at::Tensor>{g.to(pred.scalar_type())});
+                      });
+  const auto& [by_loss, by_outputs] = both;
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_LT((by_outputs[r] - by_loss[r]).abs().max().item<double>(), 2e-3) << "rank " << r;
     EXPECT_LT((by_outputs[r] - ref).abs().max().item<double>(), 1e-2) << "rank " << r;

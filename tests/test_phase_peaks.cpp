@@ -8,6 +8,7 @@
 // The model is a LLaMA block as transformers registers it (attention, MLP, then the two norms):
 // laid out in reverse registration order, each block's input norm comes first in the layout but
 // its gradient arrives after q/k/v, so the buckets do not fill in layout order.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -113,14 +114,20 @@ TEST_P(PhasePeaks, EveryPhaseStaysWithinSteadyStatesPlusTwoBuckets) {
   std::vector<std::string> phases;
   run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
     const int r = group->rank();
-    at::manual_seed(7);
+    // The rank threads share torch's global generator: each draws from its own instead (the
+    // module's own initialisation is overwritten; initialize broadcasts rank 0's anyway).
     Gpt model(model_shape());
     if (c.checkpointing) apply_activation_checkpointing(model, {true, false, 1});
-    at::manual_seed(100 + r);
+    {
+      at::NoGradGuard no_grad;
+      auto init = at::detail::createCPUGenerator(7);
+      for (auto& p : model->parameters()) p.copy_(at::randn(p.sizes(), init) * 0.02);
+    }
+    auto gen = at::detail::createCPUGenerator(100 + r);
     std::vector<at::Tensor> x, y;
     for (int s = 0; s < kSteps + 1; ++s) {
-      x.push_back(at::randint(model_shape().vocab, {2, 16}, at::kLong));
-      y.push_back(at::randint(model_shape().vocab, {2, 16}, at::kLong));
+      x.push_back(at::randint(model_shape().vocab, {2, 16}, gen, at::kLong));
+      y.push_back(at::randint(model_shape().vocab, {2, 16}, gen, at::kLong));
     }
     for (const auto& p : model->parameters()) user_param_bytes += p.nbytes();
 

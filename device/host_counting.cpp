@@ -1,4 +1,4 @@
-#include "support/peak_allocator.hpp"
+#include "zero/host_counting.hpp"
 
 #include <c10/core/CPUAllocator.h>
 
@@ -7,11 +7,12 @@
 #include <mutex>
 #include <unordered_map>
 
-namespace zero::testing {
+namespace zero {
 namespace {
 
 std::atomic<int64_t> g_in_use{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<bool> g_installed{false};
 std::mutex g_mu;
 // Bytes of each live storage, by address. ATen's raw_allocate wants the context to be the data
 // pointer, so the size cannot ride in the context.
@@ -75,20 +76,22 @@ class CountingAllocator final : public c10::Allocator {
 
 }  // namespace
 
-PeakCpuAllocator::PeakCpuAllocator() {
+HostCountingAllocator::HostCountingAllocator() {
   // Never destroyed: storages it counted may be freed at any time until the process ends.
   static auto* counting = std::make_unique<CountingAllocator>(c10::GetCPUAllocator()).release();
   // Above the default allocator's priority (0), so it replaces it.
   c10::SetCPUAllocator(counting, /*priority=*/1);
+  g_installed.store(true);
 }
 
-PeakCpuAllocator& PeakCpuAllocator::get() {
-  static PeakCpuAllocator instance;
+HostCountingAllocator& HostCountingAllocator::get() {
+  static HostCountingAllocator instance;
   return instance;
 }
 
-int64_t PeakCpuAllocator::in_use() const { return g_in_use.load(); }
-int64_t PeakCpuAllocator::peak() const { return g_peak.load(); }
-void PeakCpuAllocator::reset_peak() { g_peak.store(g_in_use.load()); }
+bool HostCountingAllocator::installed() { return g_installed.load(); }
+int64_t HostCountingAllocator::in_use() const { return g_in_use.load(); }
+int64_t HostCountingAllocator::peak() const { return g_peak.load(); }
+void HostCountingAllocator::reset_peak() { g_peak.store(g_in_use.load()); }
 
-}  // namespace zero::testing
+}  // namespace zero
