@@ -20,6 +20,7 @@
 #include "comm/group.hpp"
 #include "gpt.hpp"
 #include "support/thread_group.hpp"
+#include "support/token_batch.hpp"
 #include "support/tp_compare.hpp"
 #include "tp_gpt.hpp"
 #include "zero/engine.hpp"
@@ -35,23 +36,10 @@ constexpr double kTol = 1e-5;
 enum class Opt { kSgd, kAdamW };
 constexpr double kSgdLr = 0.5, kAdamLr = 1e-3, kWeightDecay = 0.01;
 
-examples::GptConfig shape() {
-  examples::GptConfig c = examples::gpt_preset("tiny");
-  c.max_seq = kSeq;
-  return c;
-}
+examples::GptConfig shape() { return tiny_gpt(kSeq); }
 
-struct Batch {
-  at::Tensor tokens, targets;
-};
-
-Batch batch(int step, int64_t vocab) {
-  at::Generator gen = at::detail::createCPUGenerator(500 + step);
-  Batch b;
-  b.tokens = at::randint(vocab, {kBatch, kSeq}, gen);
-  b.targets = (b.tokens * 3 + 1) % vocab;  // learnable: the loss falls
-  return b;
-}
+using Batch = TokenBatch;
+Batch batch(int step, int64_t vocab) { return token_batch(500 + step, kBatch, kSeq, vocab); }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, std::vector<at::Tensor> params) {
   if (opt == Opt::kSgd) {
