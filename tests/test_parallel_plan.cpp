@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "zero/parallel_plan.hpp"
 
@@ -251,6 +252,59 @@ TEST(ParallelTime, SequenceParallelSendsAShardBetweenStages) {
   EXPECT_NEAR(got.p2p_s, m * 2 * (s * b * h * p / 2 / bw + lat), 1e-15);
   // 1F1B, P = 2, m = 8: a bubble of 1 / 9.
   EXPECT_NEAR(got.bubble_fraction, 1.0 / 9.0, 1e-9);
+}
+
+// The runtime's cut (pipeline.partition) of [embedding, 8 blocks, head] for the small shape,
+// counted by hand: a block holds 4h² + 3hf + 2h = 47232 parameters, the embedding V·h = 6400,
+// the head V·h + h = 6464. Per token a block costs 6·47232 + 12·s·h = 295680 FLOPs, the head
+// 6·6464 = 38784, the embedding nothing.
+constexpr double kBlockFlops = 295680, kHeadFlops = 38784;
+
+TEST(ParallelTime, StagesCutAsTheRuntimeCutsThem) {
+  const double b = kBlockFlops, hd = kHeadFlops;
+  PlanInput in = small(4, 1, 4);
+  EXPECT_TRUE(stage_flops_per_token(in).empty());  // kEqual: the blocks' L/P, as before
+  // Uniform: 10 layers over 4 stages, 3, 3, 2, 2 (the first ones one longer).
+  in.partition = PlanInput::Partition::kUniform;
+  std::vector<double> want = {2 * b, 3 * b, 2 * b, b + hd};
+  EXPECT_EQ(stage_flops_per_token(in), want);
+  // Parameters: the smallest largest stage is embedding + 2 blocks (100864) against 2 blocks +
+  // head (100928); any stage of 3 blocks would hold 141696.
+  in.partition = PlanInput::Partition::kParameters;
+  want = {2 * b, 2 * b, 2 * b, 2 * b + hd};
+  EXPECT_EQ(stage_flops_per_token(in), want);
+  // Every layer counted once: the model's FLOPs per token (PaLM's count, time_plan.hpp).
+  double sum = 0;
+  for (double f : stage_flops_per_token(in)) sum += f;
+  EXPECT_NEAR(sum, model_flops_per_token(in), 1e-9 * sum);
+  EXPECT_THROW(parse_partition("balanced"), std::invalid_argument);
+  EXPECT_EQ(parse_partition("parameters"), PlanInput::Partition::kParameters);
+}
+
+// P = 2 cut by parameters: stage 0 embedding + 4 blocks, stage 1 4 blocks + head, the slower.
+// 1F1B with a slower last stage never lets it wait after its first input: the step is stage
+// 0's first forward, then m of stage 1's forward + backward, then stage 0's last backward,
+// f0 + m·(f1 + b1) + b0 (worked out by hand on the two stages' lists).
+TEST(ParallelTime, TheSlowestStagePacesThePipeline) {
+  const double s = 16, bsz = 2, h = 64, p = 2, bw = 100e9, lat = 1e-6, peak = 100e12;
+  for (int64_t m : {2, 8}) {
+    PlanInput in = small(2, 1, 2);  // D = 1: no data-parallel collectives
+    in.accumulation = m;
+    in.partition = PlanInput::Partition::kParameters;
+    const ParallelTime got = predict_parallel_step_time(in, 0, Recompute::kNone, round_hardware());
+    const double send = s * bsz * h * p / bw + lat;
+    const double tf0 = s * bsz * 4 * kBlockFlops / 3 / peak;
+    const double tf1 = s * bsz * (4 * kBlockFlops + kHeadFlops) / 3 / peak;
+    const double f0 = tf0 + send, b0 = 2 * tf0 + send, f1 = tf1 + send, b1 = 2 * tf1 + send;
+    const double makespan = f0 + m * (f1 + b1) + b0;
+    EXPECT_EQ(got.slowest_stage, 1);
+    ASSERT_EQ(got.stage_compute_s.size(), 2u);
+    EXPECT_NEAR(got.stage_compute_s[0], m * 3 * tf0, 1e-15);
+    EXPECT_NEAR(got.stage_compute_s[1], m * 3 * tf1, 1e-15);
+    EXPECT_NEAR(got.forward_s + got.backward_s, m * 3 * tf1, 1e-15);
+    EXPECT_NEAR(got.bubble_s, f0 + b0, 1e-12);
+    EXPECT_NEAR(got.step_s - got.optimizer_s, makespan, 1e-12);
+  }
 }
 
 TEST(ParallelTime, LinksFollowMegatronsRankOrder) {

@@ -104,6 +104,11 @@ struct PlanInput {
   int pipeline_stages = 1;
   bool sequence_parallel = false;
   enum class Schedule { kOneFOneB, kGPipe } schedule = Schedule::kOneFOneB;
+  // How the time model cuts the model into stages (parallel_plan.hpp): kEqual, L/P blocks of
+  // equal compute (the embedding and head ignored); kUniform and kParameters, the pipeline
+  // runtime's cut of [embedding, L blocks, head] by DeepSpeed's partition method
+  // (pipeline.partition), each stage timed by its own layers.
+  enum class Partition { kEqual, kUniform, kParameters } partition = Partition::kEqual;
 };
 
 struct ActivationEstimate {

@@ -52,6 +52,9 @@ ParallelLayout parallel_layout(const PlanInput& in);
 const char* schedule_name(PlanInput::Schedule s);
 // "1f1b" or "gpipe"; std::invalid_argument names the choices.
 PlanInput::Schedule parse_schedule(const std::string& name);
+const char* partition_name(PlanInput::Partition p);
+// "equal", "uniform" or "parameters"; std::invalid_argument names the choices.
+PlanInput::Partition parse_partition(const std::string& name);
 
 // Parameters one rank of pipeline stage `stage` holds (see above). Without a shape: Ψ / (T·P).
 int64_t rank_params(const PlanInput& in, int stage);
@@ -83,6 +86,17 @@ RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
 // the most, bucket by bucket behind the last micro-batch's backward as time_plan.hpp models it
 // (ZeRO 2: every micro-batch's), then the optimizer step and (ZeRO 1-2) the parameter all-gather.
 // MFU = model FLOPs per token x tokens/s / (world · peak). ZeRO 2 with P > 1 is an error.
+//
+// Unequal stages (in.partition kUniform or kParameters, with a shape and P > 1): the layers
+// [embedding, L blocks, head] are cut as the pipeline runtime cuts them (zero/pipeline/
+// partition.hpp over each layer's parameter count: V·h, 4h² + 3hf + 2h, V·h + h, the head
+// holding the tied table too), and each stage's compute is its layers' FLOPs per token: a block
+// 6·(4h² + 3hf + 2h) + 12·s·h, the head 6·(V·h + h), the embedding none (a lookup). The
+// schedule is simulated with those stage times (zero/pipeline/simulate.hpp, stage_scale): the
+// slowest stage paces the step, which is the simulated makespan. The compute, tensor-parallel
+// and bubble terms are then the slowest stage's (its idle time is bubble_s), and the data-
+// parallel terms use the stage holding the most parameters under that cut. Memory is still
+// planned for L/P blocks per stage.
 struct ParallelHardware {
   Hardware tp;   // the tensor-parallel group's link
   Hardware dp;   // the data-parallel group's
@@ -94,8 +108,13 @@ struct ParallelHardware {
 ParallelHardware parallel_hardware(const std::string& device, const std::string& inter_link,
                                    const ParallelLayout& layout, int per_node = 8);
 
+// Per-token FLOPs of each stage's layers under in.partition (see above); empty with kEqual,
+// without a shape or with P = 1. Divided by T.
+std::vector<double> stage_flops_per_token(const PlanInput& in);
+
 struct ParallelTime {
-  // One rank, per step (m micro-batches), seconds; every stage computes the same.
+  // One rank, per step (m micro-batches), seconds; every stage computes the same (kEqual), or
+  // the slowest stage's figures (see above).
   double forward_s = 0, backward_s = 0, recompute_s = 0;  // compute
   double tp_comm_s = 0;                                   // tensor-parallel collectives
   double p2p_s = 0;                                       // stage-boundary sends
@@ -108,6 +127,10 @@ struct ParallelTime {
   double tokens_per_s = 0;  // all ranks
   double mfu = 0;
   double model_flops_per_token = 0;
+  // Each stage's compute per step (forward + backward + recompute) and the slowest stage:
+  // filled for unequal stages only.
+  std::vector<double> stage_compute_s;
+  int slowest_stage = 0;
 };
 ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recompute r,
                                         const ParallelHardware& hw);

@@ -41,6 +41,26 @@ PlanInput::Schedule parse_schedule(const std::string& name) {
   throw std::invalid_argument("pipeline schedule '" + name + "': 1f1b or gpipe");
 }
 
+const char* partition_name(PlanInput::Partition p) {
+  switch (p) {
+    case PlanInput::Partition::kUniform:
+      return "uniform";
+    case PlanInput::Partition::kParameters:
+      return "parameters";
+    case PlanInput::Partition::kEqual:
+      break;
+  }
+  return "equal";
+}
+
+PlanInput::Partition parse_partition(const std::string& name) {
+  for (auto p : {PlanInput::Partition::kEqual, PlanInput::Partition::kUniform,
+                 PlanInput::Partition::kParameters})
+    if (name == partition_name(p)) return p;
+  throw std::invalid_argument("pipeline partition '" + name +
+                              "': equal, uniform or parameters (pipeline.partition)");
+}
+
 int64_t rank_params(const PlanInput& in, int stage) {
   const ParallelLayout l = parallel_layout(in);
   if (l.tp == 1 && l.pp == 1) return in.num_params;  // whatever count the user gave

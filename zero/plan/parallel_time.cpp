@@ -4,8 +4,67 @@
 
 #include "zero/parallel_plan.hpp"
 #include "zero/pipeline/figures.hpp"
+#include "zero/pipeline/partition.hpp"
+#include "zero/pipeline/simulate.hpp"
 
 namespace zero {
+namespace {
+
+// One entry of the pipeline runtime's layer list for the GPT (examples/gpt_layers.cpp): its
+// parameter count as the partition weighs it, what one tensor-parallel rank holds of it, its
+// model FLOPs per token (per rank) and those of its re-run forward under checkpointing.
+struct LayerCost {
+  int64_t params = 0;
+  int64_t rank_params = 0;
+  double flops = 0;
+  double recompute_flops = 0;
+  bool block = false;
+};
+
+std::vector<LayerCost> layer_costs(const PlanInput& in, int tp) {
+  const ModelShape& m = in.shape;
+  const int64_t h = m.hidden, v = m.vocab, t = tp;
+  const int64_t matmul = 4 * h * h + 3 * h * m.ffn_dim();
+  const double attention = 12.0 * static_cast<double>(h * in.seq_len);
+  std::vector<LayerCost> out;
+  out.push_back({v * h, v * h / t, 0.0, 0.0, false});  // a lookup: no FLOPs
+  for (int64_t i = 0; i < m.layers; ++i) {
+    out.push_back({matmul + 2 * h, matmul / t + 2 * h,
+                   (6.0 * static_cast<double>(matmul + 2 * h) + attention) / t,
+                   (2.0 * static_cast<double>(matmul + 2 * h) + attention / 3) / t, true});
+  }
+  // The head's weight (the tied table too: the runtime registers it on the head as well) and
+  // the final norm.
+  out.push_back({v * h + h, v * h / t + h, 6.0 * static_cast<double>(v * h + h) / t, 0.0, false});
+  return out;
+}
+
+bool unequal_stages(const PlanInput& in) {
+  return in.partition != PlanInput::Partition::kEqual && in.shape.known() && in.pipeline_stages > 1;
+}
+
+// Stage s holds layers bounds[s] .. bounds[s + 1] - 1 of layer_costs.
+std::vector<int> stage_bounds(const PlanInput& in, const std::vector<LayerCost>& layers) {
+  std::vector<int64_t> weights;
+  for (const LayerCost& l : layers) weights.push_back(l.params);
+  const auto method = in.partition == PlanInput::Partition::kUniform
+                          ? pipeline::PartitionMethod::Uniform
+                          : pipeline::PartitionMethod::Parameters;
+  return pipeline::partition_layers(method, weights, in.pipeline_stages);
+}
+
+}  // namespace
+
+std::vector<double> stage_flops_per_token(const PlanInput& in) {
+  if (!unequal_stages(in)) return {};
+  const ParallelLayout l = parallel_layout(in);
+  const std::vector<LayerCost> layers = layer_costs(in, l.tp);
+  const std::vector<int> b = stage_bounds(in, layers);
+  std::vector<double> out(l.pp, 0.0);
+  for (int s = 0; s < l.pp; ++s)
+    for (int i = b[s]; i < b[s + 1]; ++i) out[s] += layers[i].flops;
+  return out;
+}
 
 ParallelHardware parallel_hardware(const std::string& device, const std::string& inter_link,
                                    const ParallelLayout& l, int per_node) {
@@ -69,10 +128,57 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
   t.recompute_s = m * trc;
   t.tp_comm_s = m * (tp_f + tp_b);
   t.p2p_s = m * 2 * p2p;
-  const double busy = m * (micro_f + micro_b);
-  if (l.pp > 1) {
-    const auto kind = in.schedule == PlanInput::Schedule::kGPipe ? pipeline::ScheduleKind::GPipe
-                                                                 : pipeline::ScheduleKind::OneFOneB;
+  double busy = m * (micro_f + micro_b);
+  int64_t most = 0;                  // the parameters of the rank holding the most
+  double overlap_window = tb + trc;  // the backward the last gradient buckets hide behind
+  const auto kind = in.schedule == PlanInput::Schedule::kGPipe ? pipeline::ScheduleKind::GPipe
+                                                               : pipeline::ScheduleKind::OneFOneB;
+  if (unequal_stages(in)) {
+    // Each stage timed by its own layers; the simulated schedule's makespan is the pipeline's
+    // part of the step, and the slowest stage's idle time in it the bubble.
+    const std::vector<LayerCost> layers = layer_costs(in, l.tp);
+    const std::vector<int> bounds = stage_bounds(in, layers);
+    std::vector<double> f(l.pp), b(l.pp), comp(l.pp), tf_s(l.pp), trc_s(l.pp), tp_s(l.pp);
+    for (int s = 0; s < l.pp; ++s) {
+      double flops = 0, re = 0, blocks = 0;
+      int64_t params = 0;
+      for (int i = bounds[s]; i < bounds[s + 1]; ++i) {
+        flops += layers[i].flops;
+        re += layers[i].recompute_flops;
+        blocks += layers[i].block ? 1 : 0;
+        params += layers[i].rank_params;
+      }
+      most = std::max(most, params);
+      tf_s[s] = tokens * flops / 3 / rate;
+      trc_s[s] = recompute ? tokens * re / rate : 0.0;
+      tp_s[s] = (2 + (recompute ? 4 : 2)) * blocks * tp_one;
+      f[s] = tf_s[s] + 2 * blocks * tp_one + p2p;
+      b[s] = 2 * tf_s[s] + trc_s[s] + (recompute ? 4 : 2) * blocks * tp_one + p2p;
+      comp[s] = m * (3 * tf_s[s] + trc_s[s]);
+    }
+    int k = 0;
+    for (int s = 1; s < l.pp; ++s)
+      if (f[s] + b[s] > f[k] + b[k]) k = s;
+    double mean_f = 0, mean_b = 0;
+    for (int s = 0; s < l.pp; ++s) mean_f += f[s] / l.pp, mean_b += b[s] / l.pp;
+    pipeline::OpTimes times;
+    times.forward = mean_f;
+    times.backward = mean_b;
+    for (int s = 0; s < l.pp; ++s) times.stage_scale.push_back((f[s] + b[s]) / (mean_f + mean_b));
+    const double makespan =
+        pipeline::simulate(pipeline::make_schedule(kind, l.pp, static_cast<int>(m)), times)
+            .makespan;
+    t.forward_s = m * tf_s[k];
+    t.backward_s = m * 2 * tf_s[k];
+    t.recompute_s = m * trc_s[k];
+    t.tp_comm_s = m * tp_s[k];
+    busy = m * (f[k] + b[k]);
+    t.bubble_s = std::max(0.0, makespan - busy);
+    t.bubble_fraction = makespan > 0 ? t.bubble_s / makespan : 0;
+    t.stage_compute_s = comp;
+    t.slowest_stage = k;
+    overlap_window = 2 * tf_s[k] + trc_s[k];
+  } else if (l.pp > 1) {
     t.bubble_fraction =
         pipeline::pipeline_figures(kind, l.pp, static_cast<int>(m), 1, micro_b / micro_f)
             .bubble_fraction;
@@ -82,8 +188,8 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
   // Data parallelism over D ranks, on the parameters of the rank holding the most.
   PlanInput y = in;
   y.world_size = l.dp;
-  int64_t most = 0;
-  for (int s = 0; s < l.pp; ++s) most = std::max(most, rank_params(in, s));
+  if (most == 0)
+    for (int s = 0; s < l.pp; ++s) most = std::max(most, rank_params(in, s));
   y.num_params = most;
   const std::vector<int64_t> buckets = bucket_sizes(y);
   std::vector<double> comm;
@@ -102,7 +208,8 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
   const double reducing = stage == 2 ? m : 1;
   t.grad_comm_s = per_reduce * reducing;
   t.grad_comm_exposed_s =
-      (in.overlap_comm ? exposed_after_backward(buckets, comm, tb + trc) : per_reduce) * reducing;
+      (in.overlap_comm ? exposed_after_backward(buckets, comm, overlap_window) : per_reduce) *
+      reducing;
   if (stage > 0) {
     t.param_gather_s = all_gather_s(static_cast<double>(most) * in.param_bytes, l.dp, hw.dp) +
                        all_reduce_s(4, l.dp, hw.dp);
