@@ -320,7 +320,7 @@ int run(int argc, char** argv) {
   std::string bucket = "5e8";
   std::string gpu = "h100", link = "ib400", recompute = "none", time_svg;
   int per_node = 8, top = 10;
-  std::string schedule = "1f1b";
+  std::string schedule = "1f1b", partition = "equal";
   double peak_tflops = 0, efficiency = 0, memory_bw = 0, bus_bw = 0, ar_bw = 0, rs_bw = 0,
          ag_bw = 0, latency_us = -1, host_bw = 0;
   PlanInput in;
@@ -371,17 +371,22 @@ int run(int argc, char** argv) {
       "latency-us", po::value(&latency_us), "override: latency per collective call, us")(
       "host-bw", po::value(&host_bw), "override: device-host bandwidth for offload, GB/s")(
       "time-svg", po::value(&time_svg), "also write a chart of the predicted step times here")(
-      "json", "print JSON instead of the report")(
+      "json",
+      "print JSON instead of the report (with --tp/--pp: each ZeRO stage's memory and time)")(
       "tp", po::value(&in.tensor_parallel)->default_value(1),
       "tensor-parallel ranks T (Megatron); the data-parallel size is --gpus / (T x P)")(
       "pp", po::value(&in.pipeline_stages)->default_value(1), "pipeline stages P")(
       "sp", "sequence parallelism (with --tp)")(
       "schedule", po::value(&schedule),
       "pipeline schedule over --grad-accum micro-batches: 1f1b "
-      "(default) or gpipe")("parallel-search",
-                            "also search T and P (done anyway when nothing fits at T = P = 1 "
-                            "without optimizer offload)")("top", po::value(&top),
-                                                          "layouts the search lists (10)");
+      "(default) or gpipe")(
+      "partition", po::value(&partition),
+      "how the time model cuts the stages: equal (default: L/P blocks of equal compute), or "
+      "the pipeline runtime's cut of [embedding, blocks, head] by pipeline.partition: "
+      "parameters or uniform")("parallel-search",
+                               "also search T and P (done anyway when nothing fits at T = P = 1 "
+                               "without optimizer offload)")("top", po::value(&top),
+                                                             "layouts the search lists (10)");
   po::variables_map vm;
   // No positional arguments: a stray word is a typo, not something to ignore.
   po::store(po::command_line_parser(argc, argv).options(desc).positional({}).run(), vm);
@@ -459,7 +464,10 @@ int run(int argc, char** argv) {
 
   in.sequence_parallel = vm.count("sp") > 0;
   in.schedule = parse_schedule(schedule);
-  // The links of a layout: the presets for each group's span, the compute overrides above.
+  in.partition = parse_partition(partition);
+  // The links of a layout: the presets for each group's span, the compute overrides above, and
+  // the link overrides on every group's link (a measured machine, a CPU with gloo, has one kind
+  // of link; the stage boundary's send runs at --all-gather-bw, the rate of moving bytes once).
   const LayoutHardware hardware = [&](const ParallelLayout& l) {
     ParallelHardware h = parallel_hardware(gpu, link, l, per_node);
     for (Hardware* x : {&h.tp, &h.dp, &h.p2p}) {
@@ -467,15 +475,23 @@ int run(int argc, char** argv) {
       x->efficiency = ts.hw.efficiency;
       x->memory_bw = ts.hw.memory_bw;
       x->host_bw = ts.hw.host_bw;
+      if (bus_bw > 0) x->all_reduce_bw = x->reduce_scatter_bw = x->all_gather_bw = bus_bw * 1e9;
+      if (ar_bw > 0) x->all_reduce_bw = ar_bw * 1e9;
+      if (rs_bw > 0) x->reduce_scatter_bw = rs_bw * 1e9;
+      if (ag_bw > 0) x->all_gather_bw = ag_bw * 1e9;
+      if (latency_us >= 0) x->latency_s = latency_us * 1e-6;
     }
     return h;
   };
   const ParallelLayout layout = parallel_layout(in);  // checks T·P divides the ranks
   if (layout.tp * layout.pp > 1) {
-    if (vm.count("json") || !svg.empty() || !time_svg.empty()) {
+    if (!svg.empty() || !time_svg.empty()) {
       throw std::invalid_argument(
-          "--json, --svg and --time-svg describe T = P = 1: drop them "
-          "with --tp/--pp");
+          "--svg and --time-svg describe T = P = 1: drop them with --tp/--pp");
+    }
+    if (vm.count("json")) {
+      tools::print_parallel_json(in, hardware, ts.step.recompute);
+      return 0;
     }
     tools::print_parallel_report(in, name, lim, hardware, ts.step.recompute);
     if (vm.count("parallel-search")) tools::print_parallel_search(in, name, lim, hardware, top);

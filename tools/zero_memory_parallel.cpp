@@ -115,8 +115,48 @@ void print_parallel_report(const PlanInput& in, const std::string& name, const P
   trow("parameter all-gather", "%.4g", [](const ParallelTime& e) { return e.param_gather_s; });
   trow("optimizer step", "%.4g", [](const ParallelTime& e) { return e.optimizer_s; });
   trow("= step", "%.4g", [](const ParallelTime& e) { return e.step_s; });
+  if (!t[0].stage_compute_s.empty()) {
+    std::printf("  stages cut by %s (pipeline.partition): compute per stage",
+                partition_name(in.partition));
+    for (double c : t[0].stage_compute_s) std::printf(" %.4g", c);
+    std::printf(" s; stage %d paces the step\n", t[0].slowest_stage);
+  }
   trow("tokens/s (all ranks)", "%.4g", [](const ParallelTime& e) { return e.tokens_per_s; });
   trow("MFU", "%.1f%%", [](const ParallelTime& e) { return 100 * e.mfu; });
+}
+
+void print_parallel_json(const PlanInput& in, const LayoutHardware& hardware, Recompute recompute) {
+  const ParallelLayout l = parallel_layout(in);
+  const ParallelHardware hw = hardware(l);
+  std::printf(
+      "{\"world_size\": %d, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"schedule\": \"%s\", "
+      "\"partition\": \"%s\", \"micro_batches\": %lld, \"micro_batch\": %lld, \"seq_len\": %lld, "
+      "\"recompute\": \"%s\",\n \"stages\": [",
+      in.world_size, l.tp, l.pp, l.dp, schedule_name(in.schedule), partition_name(in.partition),
+      (long long)in.accumulation, (long long)in.micro_batch, (long long)in.seq_len,
+      short_recompute(recompute));
+  const int stages = l.pp > 1 ? 2 : 3;  // no ZeRO-2 with a pipeline
+  for (int s = 0; s < stages; ++s) {
+    const RankPlan p = plan_parallel_rank(in, s, recompute);
+    const ParallelTime t = predict_parallel_step_time(in, s, recompute, hw);
+    std::printf(
+        "%s\n  {\"stage\": %d, \"rank_bytes\": %lld, \"time\": {\"forward_s\": %.6g, "
+        "\"backward_s\": %.6g, \"recompute_s\": %.6g, \"tp_comm_s\": %.6g, \"p2p_s\": %.6g, "
+        "\"bubble_fraction\": %.6g, \"bubble_s\": %.6g, \"grad_comm_s\": %.6g, "
+        "\"grad_comm_exposed_s\": %.6g, \"param_gather_s\": %.6g, \"optimizer_s\": %.6g, "
+        "\"offload_exposed_s\": %.6g, \"step_s\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.6g",
+        s ? "," : "", s, (long long)p.total(), t.forward_s, t.backward_s, t.recompute_s,
+        t.tp_comm_s, t.p2p_s, t.bubble_fraction, t.bubble_s, t.grad_comm_s, t.grad_comm_exposed_s,
+        t.param_gather_s, t.optimizer_s, t.offload_exposed_s, t.step_s, t.tokens_per_s, t.mfu);
+    if (!t.stage_compute_s.empty()) {
+      std::printf(", \"slowest_stage\": %d, \"stage_compute_s\": [", t.slowest_stage);
+      for (size_t i = 0; i < t.stage_compute_s.size(); ++i)
+        std::printf("%s%.6g", i ? ", " : "", t.stage_compute_s[i]);
+      std::printf("]");
+    }
+    std::printf("}}");
+  }
+  std::printf("\n]}\n");
 }
 
 void print_parallel_search(const PlanInput& in, const std::string& name, const PlanLimits& limits,
