@@ -227,7 +227,11 @@ TEST(Config, PipelineSection) {
              "--set pipeline.schedule=zb: 'pipeline.schedule' is 'zb'; use 1f1b (the default) or "
              "gpipe");
   EXPECT_HAS(load_error("pipeline: {schedule: interleaved}\n"),
-             "virtual stages are simulated (zero/pipeline/) but not run yet; use 1f1b or gpipe");
+             "'pipeline.schedule' interleaved: schedule only; not run yet");
+  EXPECT_HAS(load_error("pipeline: {virtual_stages: 2}\n"),
+             "'pipeline.virtual_stages' > 1 needs the interleaved schedule: schedule only; not "
+             "run yet");
+  EXPECT_EQ(load("pipeline: {virtual_stages: 1}\n").pipeline.stages, 1);
   EXPECT_HAS(load_error("pipeline: {partition: 'type:Block'}\n"),
              "partitioning by layer class name is not implemented; use parameters or uniform");
   EXPECT_HAS(load_error("pipeline: {partition: balanced}\n"),

@@ -45,13 +45,22 @@ void load_pipeline(Loader& l, const Entry& s, PipelineConfig& p) {
              const std::string v = l.string(e);
              if (v == "interleaved") {
                l.fail(e, "'" + e.path +
-                             "' interleaved: virtual stages are simulated (zero/pipeline/) but "
-                             "not run yet; use 1f1b or gpipe");
+                             "' interleaved: schedule only; not run yet (virtual stages are "
+                             "built and simulated in zero/pipeline/, the engine runs 1f1b and "
+                             "gpipe); use 1f1b or gpipe");
              }
              if (v != "1f1b" && v != "gpipe") {
                l.fail(e, "'" + e.path + "' is '" + v + "'; use 1f1b (the default) or gpipe");
              }
              p.schedule = v;
+           }},
+          // Megatron's virtual pipeline stages (chunks per stage), for the interleaved schedule.
+          {"virtual_stages",
+           [&](const Entry& e) {
+             if (count(l, e, 1) > 1)
+               l.fail(e, "'" + e.path +
+                             "' > 1 needs the interleaved schedule: schedule only; not run yet "
+                             "(zero/pipeline/ builds and simulates it); remove the key or set 1");
            }},
           // Seeds each layer from its index when DeepSpeed builds it; here the application builds
           // the layers (and seeds them).
