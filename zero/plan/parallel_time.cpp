@@ -161,6 +161,8 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
       if (f[s] + b[s] > f[k] + b[k]) k = s;
     double mean_f = 0, mean_b = 0;
     for (int s = 0; s < l.pp; ++s) mean_f += f[s] / l.pp, mean_b += b[s] / l.pp;
+    // stage_scale scales a stage's forward and backward alike: the stages' backward / forward
+    // ratios differ only by the sends and collectives added to both.
     pipeline::OpTimes times;
     times.forward = mean_f;
     times.backward = mean_b;
