@@ -23,7 +23,9 @@ using Clock = std::chrono::steady_clock;
 
 void refuse_unsupported(const PipelineTrainerArgs& a) {
   const Config& cfg = a.cfg;
-  const std::string p = "pipeline.stages = " + std::to_string(cfg.pipeline.stages);
+  std::string p = "pipeline.stages = " + std::to_string(cfg.pipeline.stages);
+  if (cfg.pipeline.stages <= 1)
+    p += " resuming the pipelined save in " + cfg.extra_string("trainer.save_dir") + "/stage*/";
   auto no = [&](const std::string& what) { throw ConfigError(a.config_path + ": " + what); };
   if (a.device.is_cuda())
     no(p +
@@ -102,8 +104,10 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     std::fflush(stdout);
   }
 
-  // Checkpoints per stage (save_dir/stage<s>/), resumed at the same pipeline.stages. Resuming
-  // replays the loader to the saved step, as the plain trainer does.
+  // Checkpoints per stage (save_dir/stage<s>/ and the partition in pipeline.json), resumed at
+  // any pipeline.stages and data-parallel size: each stage reads its layers from whichever
+  // saved stages hold them. Resuming replays the loader to the saved step, as the plain trainer
+  // does.
   const std::string save_dir = cfg.extra_string("trainer.save_dir");
   const int64_t save_interval = cfg.extra_int("trainer.save_interval");
   const int keep_last = static_cast<int>(cfg.extra_int("trainer.keep_last"));
@@ -111,14 +115,27 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   if ((save_interval > 0 || resume != "false") && save_dir.empty())
     throw ConfigError(path + ": trainer.save_interval and trainer.resume need a trainer.save_dir");
   int64_t start_step = 0;
+  // Stage 0's directory names the newest save whatever P wrote it (a later stage's may hold an
+  // older one, or none): every rank asks it, so all resume or none.
   if (resume != "false" &&
-      !(resume == "auto" && latest_checkpoint_tag(pipe->stage_dir(save_dir)).empty())) {
-    const std::string tag =
-        pipe->load_checkpoint(save_dir, resume == "true" || resume == "auto" ? "" : resume);
+      !(resume == "auto" && latest_checkpoint_tag(save_dir + "/stage0").empty())) {
+    const std::string want = resume == "true" || resume == "auto" ? "" : resume;
+    const std::string tag = pipe->load_checkpoint(save_dir, want);
     start_step = engine.stats().optimizer_steps;
-    if (rank == 0)
+    if (rank == 0) {
       std::printf("checkpoint: loaded %s/stage*/%s (step %lld)\n", save_dir.c_str(), tag.c_str(),
                   (long long)start_step);
+      const pipeline::PipelineSaveLayout saved = pipeline::read_pipeline_save(save_dir, tag);
+      if (saved.stages != cfg.pipeline.stages || saved.bounds != pipe->bounds()) {
+        std::string b;
+        for (size_t i = 0; i < saved.bounds.size(); ++i)
+          b += (i ? "," : "") + std::to_string(saved.bounds[i]);
+        std::printf(
+            "checkpoint: resharded the save of pipeline.stages %d (bounds %s) to "
+            "pipeline.stages %d\n",
+            saved.stages, b.c_str(), cfg.pipeline.stages);
+      }
+    }
     for (int64_t i = 0; i < start_step * ga; ++i) loader.next();
   }
 

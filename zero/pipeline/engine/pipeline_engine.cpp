@@ -3,11 +3,15 @@
 // with EngineStage as its optimizer.
 #include "zero/pipeline_engine.hpp"
 
+#include <ATen/ATen.h>
+
 #include <stdexcept>
 #include <string>
 
 #include "comm/group.hpp"
+#include "zero/checkpoint_io.hpp"
 #include "zero/pipeline/engine/engine_stage.hpp"
+#include "zero/pipeline/engine/save_layout.hpp"
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
 
@@ -16,6 +20,8 @@ namespace zero::pipeline {
 struct PipelineEngine::Impl {
   std::vector<int> bounds;
   int stage = 0, stages = 1, micro_batches = 1;
+  std::string partition;          // pipeline.partition, recorded with checkpoints
+  std::shared_ptr<Group> pp, dp;  // the checkpoints' agreement spans both
   EngineStage* engine = nullptr;  // owned by runtime
   std::unique_ptr<PipelineRuntime> runtime;
 };
@@ -36,6 +42,19 @@ void check(const Config& cfg, const Group& pp) {
         "DeepSpeed also refuses; set zero_optimization.stage: 1 (or 0)");
 }
 
+// A collective over dp and pp: throws CheckpointError on every rank when `err` is non-empty on
+// any (this rank's own message, or one saying that another stage failed and where to look).
+void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& pp,
+           const std::string& err, const std::string& what, const std::string& failure) {
+  at::Tensor failed = at::full({1}, err.empty() ? 0.0f : 1.0f);
+  comm::of(dp)->all_reduce_sum(failed, "pipeline " + what + ": agree").wait();
+  comm::of(pp)->all_reduce_sum(failed, "pipeline " + what + ": agree").wait();
+  if (!err.empty()) throw CheckpointError(err);
+  if (failed.item<float>() > 0)
+    throw CheckpointError(what + ": another pipeline stage " + failure +
+                          " (its ranks' error says why)");
+}
+
 }  // namespace
 
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
@@ -50,6 +69,9 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   StageLayers stage(std::move(layers), parse_partition_method(cfg.pipeline.partition), m.stages,
                     m.stage, cfg.pipeline.activation_checkpoint_interval);
   m.bounds = stage.bounds();
+  m.partition = cfg.pipeline.partition;
+  m.pp = pp;
+  m.dp = dp;
   // The norm (clipping, the fp16 overflow check) spans the stages: each holds its own layers,
   // and a tied weight is trained by its owner alone, so nothing is replicated across them.
   Groups groups{dp, {}};
@@ -77,12 +99,36 @@ std::string PipelineEngine::stage_dir(const std::string& dir) const {
 
 void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& tag,
                                      int keep_last) {
+  auto& m = *impl_;
   engine().save_checkpoint(stage_dir(dir), tag, keep_last);
+  // The layout beside the shards, by the stage's first data-parallel rank; then every rank
+  // learns whether every stage's was written (the engine's save agreed over dp only), so a
+  // load at another P right after finds all of them.
+  std::string err;
+  if (m.dp->rank() == 0) {
+    try {
+      const PipelineSaveLayout layout{latest_checkpoint_tag(stage_dir(dir)), m.stages, m.bounds};
+      write_save_layout(dir, m.stage, layout, m.partition);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  agree(m.dp, m.pp, err, "save_checkpoint('" + dir + "')", "could not write its pipeline.json");
 }
 
 std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  std::string loaded = engine().load_checkpoint(stage_dir(dir), tag);
-  impl_->runtime->sync_tied_weights();
+  auto& m = *impl_;
+  std::string loaded, err;
+  try {
+    const PipelineSaveLayout saved = read_pipeline_save(dir, tag);
+    loaded = engine().load_checkpoint(dirs_to_load(dir, saved, m.bounds, m.stage), saved.tag,
+                                      layers_part(m.bounds[m.stage], m.bounds[m.stage + 1]));
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  // Before the tied weights move between stages: a stage that failed sends nothing.
+  agree(m.dp, m.pp, err, "load_checkpoint('" + dir + "')", "could not load its layers");
+  m.runtime->sync_tied_weights();
   return loaded;
 }
 
