@@ -9,6 +9,9 @@
 # P = 2 run's within 1e-5 relative (the tolerance of tests/e2e/pipeline.sh: the same fp32
 # arithmetic in another order; a layer read from the wrong stage or optimizer states left at zero
 # move the loss by 1e-3 or more at the first resumed step). The max difference is printed.
+# zero-consolidate puts the P = 2 step-3 save together under the example GPT's names, equal to
+# the plain trainer's step-3 save within 1e-5, and exports it as Hugging Face LLaMA; a save of
+# another model is refused naming what it holds.
 set -euo pipefail
 train=$1
 src=$2
@@ -68,6 +71,38 @@ PY
 }
 check "P = 2 -> P = 1: steps 4-6 are the uninterrupted P = 2 run's" compare full p1 4 6
 check "P = 1 -> P = 2 x D = 2: steps 7-9 are the uninterrupted run's" compare full p2d2 7 9
+
+# zero-consolidate finds save_dir/stage0, stage1 and puts the stages' layers together under the
+# example GPT's names: equal to the plain trainer's (P = 1, no pipeline) step-3 save of the same
+# start, steps and batches, up to the arithmetic order; and it exports the HF layout.
+consolidate=$(dirname "$train")/../tools/zero-consolidate
+check "the plain trainer (P = 1) trains 3 steps, saving at step 3" launch plain 1 \
+  --set gradient_accumulation_steps=4 --set trainer.steps=3 --set "trainer.save_dir=$out/c" \
+  --set trainer.save_interval=3
+consolidated_equal() {
+  "$consolidate" --checkpoint "$out/a" --tag step3 --out "$out/pp.safetensors" > "$out/c.log" &&
+    grep -q "a pipelined save of 2 stages .*parameters under the example GPT's names" "$out/c.log" &&
+    "$consolidate" --checkpoint "$out/c" --tag step3 --out "$out/plain.safetensors" \
+      > /dev/null &&
+    python3 - "$out" <<'PY'
+import sys
+from safetensors.torch import load_file
+out = sys.argv[1]
+a = load_file(f"{out}/plain.safetensors")
+b = load_file(f"{out}/pp.safetensors")
+assert set(a) == set(b), sorted(set(a) ^ set(b))
+bad = [k for k in a if a[k].shape != b[k].shape]
+assert not bad, bad
+worst = max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)) for k in a)
+print(f"{len(a)} tensors; P = 2 vs plain consolidated step-3 weights: max rel diff {worst:.1e} (tolerance 1e-5)")
+sys.exit(0 if worst < 1e-5 else 1)
+PY
+}
+check "zero-consolidate puts the P = 2 stages together as the plain model's weights" \
+  consolidated_equal
+check "zero-consolidate --format hf exports the pipelined save" \
+  "$consolidate" --checkpoint "$out/a" --tag step3 --format hf --model tiny --out "$out/hf"
+check "... as a LlamaForCausalLM directory" test -f "$out/hf/config.json"
 
 # A save of another model (the small preset: 8 layers) is refused, naming what the save holds.
 other_model() {
