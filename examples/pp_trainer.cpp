@@ -115,6 +115,14 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   if ((save_interval > 0 || resume != "false") && save_dir.empty())
     throw ConfigError(path + ": trainer.save_interval and trainer.resume need a trainer.save_dir");
   int64_t start_step = 0;
+  // A save of a run without a pipeline (save_dir/<tag>, save_dir/tp<r>/) names the plain
+  // model's parameters, not layers: refused rather than trained over from the start.
+  if (resume != "false" && latest_checkpoint_tag(save_dir + "/stage0").empty() &&
+      !checkpoint_dirs(save_dir).empty())
+    throw ConfigError(path + ": trainer.resume: " + save_dir +
+                      " holds a save of a run without a pipeline; a pipeline resumes pipelined "
+                      "saves (save_dir/stage<s>/) only: resume it with pipeline.stages: 1, or "
+                      "give another trainer.save_dir");
   // Stage 0's directory names the newest save whatever P wrote it (a later stage's may hold an
   // older one, or none): every rank asks it, so all resume or none.
   if (resume != "false" &&

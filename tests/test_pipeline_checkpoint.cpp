@@ -331,6 +331,37 @@ TEST(PipelineCheckpoint, AMissingParameterIsNamedWithTheDirectoriesRead) {
   fs::remove_all(dir);
 }
 
+// One stage cannot load (its shard file is gone) while the other can: both throw, the failed
+// one naming the file, the other saying that a stage failed, before any tied weight moves (the
+// tied head's copy would otherwise wait for the embedding from a stage that sends nothing).
+TEST(PipelineCheckpoint, AStageThatCannotLoadStopsEveryStage) {
+  const GptConfig c = model_config(true);
+  const auto batches = make_batches(c);
+  const std::string dir = fresh_dir("stage");
+  run_phase(c, Opt::SGD, {2, 1}, draw_weights(c, 1), batches, 0, 1, dir, false, true);
+  int removed = 0;
+  for (const auto& f : fs::directory_iterator(dir + "/stage1/step1"))
+    if (f.path().extension() == ".bin") removed += fs::remove(f.path());
+  ASSERT_EQ(removed, 1);
+  testing::run_ranks(2, [&](std::shared_ptr<comm::Group> w) {
+    comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
+    Gpt model(c);
+    PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss,
+                        engine_config(Opt::SGD, {2, 1}), mesh["pp"], mesh["dp"]);
+    try {
+      pipe.load_checkpoint(dir);
+      ADD_FAILURE() << "stage " << pipe.stage() << " loaded";
+    } catch (const CheckpointError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(pipe.stage() == 1 ? dir + "/stage1/step1/shard"
+                                           : "another pipeline stage could not load its layers"),
+                std::string::npos)
+          << "stage " << pipe.stage() << ": " << msg;
+    }
+  });
+  fs::remove_all(dir);
+}
+
 // Another model: more blocks (the load says how many layers the save holds and how it was cut),
 // or a tied head where the save's was untied (at another P too: the stage reading the head's
 // layer finds the untied head's weight, which its model does not have).

@@ -11,7 +11,7 @@
 # move the loss by 1e-3 or more at the first resumed step). The max difference is printed.
 # zero-consolidate puts the P = 2 step-3 save together under the example GPT's names, equal to
 # the plain trainer's step-3 save within 1e-5, and exports it as Hugging Face LLaMA; a save of
-# another model is refused naming what it holds.
+# another model is refused naming what it holds, and so is a plain save at P = 2.
 set -euo pipefail
 train=$1
 src=$2
@@ -111,4 +111,12 @@ other_model() {
     grep -q "holds a model of 4 layers (pipeline.stages 2" "$out/bad.log"
 }
 check "another model: refused, naming the save's layers and stages" other_model
+# The plain trainer's save names the plain model's parameters: a pipeline refuses to resume it
+# (rather than train over it from the start).
+plain_save() {
+  ! launch bad 2 --set pipeline.stages=2 --set gradient_accumulation_steps=4 \
+    --set trainer.steps=4 --set "trainer.save_dir=$out/c" --set trainer.resume=auto > /dev/null &&
+    grep -q "holds a save of a run without a pipeline" "$out/bad.log"
+}
+check "a plain save at P = 2: refused, naming the directory" plain_save
 summary

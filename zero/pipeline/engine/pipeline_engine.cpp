@@ -118,16 +118,27 @@ void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& 
 
 std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
   auto& m = *impl_;
-  std::string loaded, err;
+  const std::string what = "load_checkpoint('" + dir + "')";
+  // Each phase ends in an agreement over dp and pp, so that no rank enters the engine's
+  // collectives, or the tied weights' exchange, while another has given up.
+  PipelineSaveLayout saved;
+  std::vector<std::string> dirs;
+  std::string err;
   try {
-    const PipelineSaveLayout saved = read_pipeline_save(dir, tag);
-    loaded = engine().load_checkpoint(dirs_to_load(dir, saved, m.bounds, m.stage), saved.tag,
+    saved = read_pipeline_save(dir, tag);
+    dirs = dirs_to_load(dir, saved, m.bounds, m.stage);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  agree(m.dp, m.pp, err, what, "could not read the save's layout");
+  std::string loaded;
+  try {
+    loaded = engine().load_checkpoint(dirs, saved.tag,
                                       layers_part(m.bounds[m.stage], m.bounds[m.stage + 1]));
   } catch (const std::exception& e) {
     err = e.what();
   }
-  // Before the tied weights move between stages: a stage that failed sends nothing.
-  agree(m.dp, m.pp, err, "load_checkpoint('" + dir + "')", "could not load its layers");
+  agree(m.dp, m.pp, err, what, "could not load its layers");
   m.runtime->sync_tied_weights();
   return loaded;
 }
