@@ -57,9 +57,10 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   Gpt model(a.model);
   if (!a.hf_dir.empty()) load_hf_llama(*model, a.hf_dir);
   // The whole model goes to the rank's device (the rotary tables the blocks share with it
-  // included); the pipeline keeps this stage's layers. Every stage holds every layer's weights
-  // on its device until the engine is built: simple, and wasteful for a model that needs a
-  // pipeline to fit (moving only the stage's layers needs the partition before the engine).
+  // included); the pipeline trains this stage's layers. `model` lives for the run, so every
+  // stage holds every layer's weights on its device: simple, and wasteful for a model that
+  // needs a pipeline to fit (moving only the stage's layers needs the partition before the
+  // engine).
   model->to(a.device);
 
   auto world = process_group_from_env(cfg, a.device.type());
