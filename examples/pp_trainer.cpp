@@ -146,7 +146,9 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     rec.loss = loss;
     rec.lr = engine.lr();
     rec.skipped = !pipe->last_step_applied();
-    rec.grad_norm = engine.stats().last_grad_norm;  // the global norm (every stage's)
+    // The global norm (every stage's), settled: on a GPU stats() holds the previous step's until
+    // the next step (the loss's read above already waited for the device).
+    rec.grad_norm = engine.settled_stats().last_grad_norm;
     rec.loss_scale = engine.loss_scale();
     rec.step_s = std::chrono::duration<double>(Clock::now() - start).count();
     rec.forward_s = rec.step_s;  // one train_batch: forward and backward interleave
