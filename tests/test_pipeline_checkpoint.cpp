@@ -354,7 +354,7 @@ TEST(PipelineCheckpoint, AStageThatCannotLoadStopsEveryStage) {
     } catch (const CheckpointError& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find(pipe.stage() == 1 ? dir + "/stage1/step1/shard"
-                                           : "another pipeline stage could not load its layers"),
+                                           : "pipeline stage 1 could not load its layers"),
                 std::string::npos)
           << "stage " << pipe.stage() << ": " << msg;
     }

@@ -280,19 +280,23 @@ std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
   // Does dirs[0] hold this rank's blocks as they are (no resharding of the tensor-parallel
   // layout) and nothing else (not another pipeline partition's stage)? Then its generator states
   // and error-feedback residuals (laid out by its buckets) are this rank's.
-  bool same_blocks = man.params.size() == ckpt::current_params(m).size();
-  {
+  // current_params checks this rank's groups.parts: inside the attempt, so that a rank whose
+  // parts do not fit stops every rank through agree() instead of throwing alone while the others
+  // wait in agree()'s all_gather until comm_timeout_s.
+  bool same_blocks = true;
+  // Everything is checked on every rank before anything of the engine changes.
+  err = ckpt::attempt([&] {
+    const auto cur = ckpt::current_params(m);
+    same_blocks = man.params.size() == cur.size();
     std::map<std::string, const CheckpointParam*> saved;
     for (const auto& p : man.params) saved[p.name] = &p;
-    for (const auto& p : ckpt::current_params(m)) {
+    for (const auto& p : cur) {
       const auto it = saved.find(p.name);
       same_blocks = same_blocks && it != saved.end() && it->second->shape == p.shape &&
                     it->second->offset == p.offset;
     }
-  }
-
-  // Everything is checked on every rank before anything of the engine changes.
-  err = ckpt::attempt([&] { for_each_owned(m, *parts, several, [](auto&&...) {}); });
+    for_each_owned(m, *parts, several, [](auto&&...) {});
+  });
   ckpt::agree(m, err, what);
   // zero_quantized_gradients' residuals: checked in full before anything is copied, so a bad
   // file leaves them as they were.

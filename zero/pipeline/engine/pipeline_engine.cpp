@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/agree.hpp"
 #include "comm/group.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/pipeline/engine/engine_stage.hpp"
@@ -43,16 +44,23 @@ void check(const Config& cfg, const Group& pp) {
 }
 
 // A collective over dp and pp: throws CheckpointError on every rank when `err` is non-empty on
-// any (this rank's own message, or one saying that another stage failed and where to look).
+// any (this rank's own message, or one naming the stages that failed).
 void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& pp,
            const std::string& err, const std::string& what, const std::string& failure) {
-  at::Tensor failed = at::full({1}, err.empty() ? 0.0f : 1.0f);
-  comm::of(dp)->all_reduce_sum(failed, "pipeline " + what + ": agree").wait();
-  comm::of(pp)->all_reduce_sum(failed, "pipeline " + what + ": agree").wait();
+  // On the device the groups move (an NCCL group's GPU; gloo: the host).
+  const c10::Device device = comm::of(dp)->bound_device().value_or(c10::Device(c10::kCPU));
+  at::Tensor failed =
+      at::full({1}, err.empty() ? 0 : 1, at::TensorOptions().dtype(at::kLong).device(device));
+  comm::of(dp)->all_reduce_sum(failed, "pipeline " + what + ": agree over dp").wait();
+  const at::Tensor stages =
+      comm::gather_status(*comm::of(pp), failed, "pipeline " + what + ": agree over pp");
   if (!err.empty()) throw CheckpointError(err);
-  if (failed.item<float>() > 0)
-    throw CheckpointError(what + ": another pipeline stage " + failure +
-                          " (its ranks' error says why)");
+  std::string which;
+  for (int64_t s = 0; s < stages.size(0); ++s)
+    if (stages[s][0].item<int64_t>() > 0) which += (which.empty() ? "" : ", ") + std::to_string(s);
+  if (!which.empty())
+    throw CheckpointError(what + ": pipeline stage " + which + " " + failure +
+                          " (the error on its ranks says why)");
 }
 
 }  // namespace
@@ -100,20 +108,21 @@ std::string PipelineEngine::stage_dir(const std::string& dir) const {
 void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& tag,
                                      int keep_last) {
   auto& m = *impl_;
-  engine().save_checkpoint(stage_dir(dir), tag, keep_last);
-  // The layout beside the shards, by the stage's first data-parallel rank; then every rank
-  // learns whether every stage's was written (the engine's save agreed over dp only), so a
-  // load at another P right after finds all of them.
+  // The engine's save (agreed over dp), then the layout beside the shards by the stage's first
+  // data-parallel rank; then every rank of every stage learns whether all of it was written, so
+  // that a stage whose save failed does not leave the others waiting, and a load at another P
+  // right after finds every stage's.
   std::string err;
-  if (m.dp->rank() == 0) {
-    try {
+  try {
+    engine().save_checkpoint(stage_dir(dir), tag, keep_last);
+    if (m.dp->rank() == 0) {
       const PipelineSaveLayout layout{latest_checkpoint_tag(stage_dir(dir)), m.stages, m.bounds};
       write_save_layout(dir, m.stage, layout, m.partition);
-    } catch (const std::exception& e) {
-      err = e.what();
     }
+  } catch (const std::exception& e) {
+    err = e.what();
   }
-  agree(m.dp, m.pp, err, "save_checkpoint('" + dir + "')", "could not write its pipeline.json");
+  agree(m.dp, m.pp, err, "save_checkpoint('" + dir + "')", "could not save");
 }
 
 std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
