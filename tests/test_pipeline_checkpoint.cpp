@@ -8,7 +8,8 @@
 // step's loss (before and after the load, every rank) and every parameter afterwards within
 // 1e-5 relative, SGD with momentum and AdamW, tied head (its weight saved once, by its owner)
 // and untied; P 2 -> 1, 1 -> 2 x D 2, 2 x D 2 -> 4, 4 -> 2. Also: what a load says when a
-// stage's parameters are missing, and when the model differs (layers, tying).
+// stage's parameters are missing, when one stage cannot load, when the save predates
+// pipeline.json, and when the model differs (layers, tying).
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
@@ -359,6 +360,43 @@ TEST(PipelineCheckpoint, AStageThatCannotLoadStopsEveryStage) {
           << "stage " << pipe.stage() << ": " << msg;
     }
   });
+  fs::remove_all(dir);
+}
+
+// A save from before pipeline.json (here: the files removed): it loads at the P that wrote it
+// (the stage directories holding the tag), and at another P the error says which P it needs.
+TEST(PipelineCheckpoint, ASaveWithoutItsLayoutLoadsAtItsOwnStagesOnly) {
+  const GptConfig c = model_config(true);
+  const auto batches = make_batches(c);
+  const std::string dir = fresh_dir("legacy");
+  run_phase(c, Opt::SGD, {2, 1}, draw_weights(c, 1), batches, 0, 1, dir, false, true);
+  for (int s = 0; s < 2; ++s)
+    ASSERT_TRUE(fs::remove(dir + "/stage" + std::to_string(s) + "/step1/pipeline.json"));
+  const PipelineSaveLayout saved = read_pipeline_save(dir);
+  EXPECT_FALSE(saved.recorded);
+  EXPECT_EQ(saved.stages, 2);
+  EXPECT_EQ(saved.tag, "step1");
+  for (int stages : {2, 1}) {
+    testing::run_ranks(stages, [&](std::shared_ptr<comm::Group> w) {
+      comm::Mesh mesh = comm::Mesh::megatron(w, 1, stages);
+      Gpt model(c);
+      PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss,
+                          engine_config(Opt::SGD, {stages, 1}), mesh["pp"], mesh["dp"]);
+      if (stages == 2) {
+        EXPECT_EQ(pipe.load_checkpoint(dir), "step1");
+        EXPECT_EQ(pipe.engine().stats().optimizer_steps, 1);
+        return;
+      }
+      try {
+        pipe.load_checkpoint(dir);
+        ADD_FAILURE() << "a save without its layout loaded at another P";
+      } catch (const CheckpointError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("loads at pipeline.stages 2 only; this run has 1"), std::string::npos)
+            << msg;
+      }
+    });
+  }
   fs::remove_all(dir);
 }
 
