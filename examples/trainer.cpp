@@ -219,7 +219,7 @@ void Trainer::build() {
     tp_model_->to(device_);
   }
   AutoTarget target;
-  target.shape = {mc_.layers, mc_.dim, mc_.heads, mc_.ffn_dim(), mc_.vocab, mc_.tied};
+  target.shape = {mc_.layers, mc_.dim, mc_.heads, mc_.ffn_dim(), mc_.vocab, mc_.tied, mc_.kv_heads};
   // Under tensor parallelism the planner sees each rank's share of the parameters (its
   // activation model knows nothing of the split: it over-counts them).
   target.num_params = mc_.num_params() / tp_size;

@@ -212,7 +212,8 @@ void Trainer::finish() {
     const Dtype comm = c.communication_data_type.value_or(c.param_dtype());
     run.comm_bits = q.enabled ? q.bits : comm == Dtype::kFloat32 ? 32 : 16;
   }
-  const ModelShape shape{mc_.layers, mc_.dim, mc_.heads, mc_.ffn_dim(), mc_.vocab, mc_.tied};
+  const ModelShape shape{mc_.layers, mc_.dim,  mc_.heads,   mc_.ffn_dim(),
+                         mc_.vocab,  mc_.tied, mc_.kv_heads};
   {
     PlanInput pi;  // the planner's bucket order is the engine's
     pi.shape = shape;

@@ -34,8 +34,14 @@ int64_t ModelShape::head_count() const {
   return heads > 0 ? heads : std::max<int64_t>(1, hidden / 128);
 }
 
+int64_t ModelShape::kv_head_count() const { return kv_heads > 0 ? kv_heads : head_count(); }
+
+int64_t ModelShape::kv_dim() const { return kv_head_count() * (hidden / head_count()); }
+
+int64_t ModelShape::attention_params() const { return 2 * hidden * hidden + 2 * hidden * kv_dim(); }
+
 int64_t ModelShape::num_params() const {
-  const int64_t per_layer = 4 * hidden * hidden + 3 * hidden * ffn_dim() + 2 * hidden;
+  const int64_t per_layer = attention_params() + 3 * hidden * ffn_dim() + 2 * hidden;
   return vocab * hidden * (tied ? 1 : 2) + layers * per_layer + hidden;
 }
 
@@ -91,10 +97,10 @@ int64_t max_bucket_elements(const PlanInput& in) {
   if (!m.known() || m.vocab == 0 || m.num_params() != in.num_params) {
     return std::min(bucket, in.num_params);
   }
-  const int64_t h = m.hidden, f = m.ffn_dim();
+  const int64_t h = m.hidden, f = m.ffn_dim(), kv = m.kv_dim();
   std::vector<int64_t> sizes{m.vocab * h};  // registration order, as named_parameters()
   for (int64_t l = 0; l < m.layers; ++l) {
-    for (int64_t n : {h, h * h, h * h, h * h, h * h, h, h * f, h * f, f * h}) sizes.push_back(n);
+    for (int64_t n : {h, h * h, h * kv, h * kv, h * h, h, h * f, h * f, f * h}) sizes.push_back(n);
   }
   sizes.push_back(h);
   if (!m.tied) sizes.push_back(m.vocab * h);

@@ -47,7 +47,7 @@ int64_t rank_params(const PlanInput& in, int stage) {
   const ModelShape& m = in.shape;
   if (!m.known()) return in.num_params / (l.tp * l.pp);
   const int64_t h = m.hidden, t = l.tp;
-  const int64_t block = (4 * h * h + 3 * h * m.ffn_dim()) / t + 2 * h;
+  const int64_t block = (m.attention_params() + 3 * h * m.ffn_dim()) / t + 2 * h;
   int64_t n = m.layers / l.pp * block;
   const bool first = stage == 0, last = stage == l.pp - 1;
   const int64_t table = m.vocab * h / t;
