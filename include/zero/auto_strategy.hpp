@@ -57,8 +57,13 @@ PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size);
 
 // What an application knows about its model, for resolve_auto.
 struct AutoTarget {
-  ModelShape shape;  // unknown (layers = 0): activations are not counted, micro-batch stays
-  int64_t num_params = 0;
+  ModelShape shape;        // unknown (layers = 0): activations are not counted, micro-batch stays
+  int64_t num_params = 0;  // the whole model's, also under tensor parallelism
+  // Megatron-style tensor parallelism over `tensor_parallel` ranks (the group resolve_auto is
+  // given is then the data-parallel one): each rank plans for its shard of the parameters and
+  // its share of the activations (parallel_plan.hpp; sequence parallelism splits the rest).
+  int tensor_parallel = 1;
+  bool sequence_parallel = false;
   int64_t seq_len = 0;
   std::optional<bool> checkpointing = false;  // nullopt: "auto"
   bool cpu_offload = false;

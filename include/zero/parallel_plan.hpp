@@ -62,6 +62,16 @@ int in_flight_micro_batches(const PlanInput& in, int stage);
 int64_t block_activation_bytes_per_rank(const PlanInput& in);
 ActivationEstimate predict_stage_activations(const PlanInput& in, Recompute r, int stage);
 
+// The model-state view of one rank of pipeline stage `stage`: its own parameters (rank_params)
+// sharded over the D data-parallel ranks, everything else of `in` as it is (optimizer offload
+// included). memory_plan.hpp's functions of it (plan_model_states, plan_host_states,
+// plan_startup_peak) give that rank's figures; at T = P = 1 it is `in`.
+PlanInput rank_states_input(const PlanInput& in, int stage);
+// One rank's device bytes at its peak: rank_states_input's model states less what is offloaded
+// to the host, plus predict_stage_activations; the worst of the first and last stage. What
+// "auto" plans with (auto_strategy.hpp).
+int64_t rank_device_peak(const PlanInput& in, int stage, Recompute r);
+
 struct RankPlan {
   int pipeline_stage = 0;  // the worst stage
   int64_t params = 0;      // rank_params of it
