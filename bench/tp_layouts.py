@@ -38,7 +38,7 @@ def run(nproc, sets, summary, allow_failure=False):
     if p.returncode != 0:
         if allow_failure:
             lines = [l for l in (p.stdout + p.stderr).splitlines() if "zero" in l and "autotp" in l]
-            return {"error": lines[0].strip() if lines else "failed"}
+            return {"error": lines[0].strip().replace(str(ROOT) + "/", "") if lines else "failed"}
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
         raise SystemExit(f"tp_layouts: {' '.join(sets)} failed")
     return json.loads(Path(summary).read_text())
