@@ -78,6 +78,9 @@ struct ModelShape {
   // Q, K, V, O of one block: 2h² + 2h·kv_dim().
   int64_t attention_params() const;
   int64_t num_params() const;  // the example GPT's count for this shape
+  // Its parameters' sizes in registration (named_parameters) order; the engine lays out and
+  // buckets them in reverse (bucket_sizes, max_bucket_elements).
+  std::vector<int64_t> parameter_sizes() const;
 };
 
 enum class Recompute { kNone, kCheckpoint, kCheckpointOffload };

@@ -133,13 +133,7 @@ std::vector<int64_t> bucket_sizes(const PlanInput& in) {
       out.push_back(std::min(left, bucket));
     return out;
   }
-  const int64_t h = m.hidden, f = m.ffn_dim(), kv = m.kv_dim();
-  std::vector<int64_t> sizes{m.vocab * h};  // registration order, as max_bucket_elements
-  for (int64_t l = 0; l < m.layers; ++l) {
-    for (int64_t n : {h, h * h, h * kv, h * kv, h * h, h, h * f, h * f, f * h}) sizes.push_back(n);
-  }
-  sizes.push_back(h);
-  if (!m.tied) sizes.push_back(m.vocab * h);
+  const std::vector<int64_t> sizes = m.parameter_sizes();
   int64_t open = 0;
   for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
     // FlatLayout::build's rule: close before a parameter that would overflow the bucket.
