@@ -225,6 +225,7 @@ void Trainer::build() {
   target.num_params = mc_.num_params();
   target.tensor_parallel = tp_size;
   target.sequence_parallel = cfg_.tensor_parallel.sequence_parallel;
+  target.announce = world_->rank() == 0;
   target.seq_len = seq_;
   target.cpu_offload = policy_.cpu_offload;
   if (ckpt != "auto") target.checkpointing = ckpt == "true";

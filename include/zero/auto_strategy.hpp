@@ -64,6 +64,10 @@ struct AutoTarget {
   // its share of the activations (parallel_plan.hpp; sequence parallelism splits the rest).
   int tensor_parallel = 1;
   bool sequence_parallel = false;
+  // Print the choice on rank 0 of the group; false on the ranks whose data-parallel group is not
+  // the first (under tensor parallelism every tensor-parallel rank has its own, and each would
+  // print the same line).
+  bool announce = true;
   int64_t seq_len = 0;
   std::optional<bool> checkpointing = false;  // nullopt: "auto"
   bool cpu_offload = false;

@@ -92,7 +92,7 @@ std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, Group& p
     cfg.micro_batch_auto = false;
   }
   target.checkpointing = c.recompute != Recompute::kNone;
-  if (group.rank() == 0) {
+  if (group.rank() == 0 && target.announce) {
     std::printf("%s\n", c.line.c_str());
     std::fflush(stdout);
   }
