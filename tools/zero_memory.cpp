@@ -7,8 +7,8 @@
 //   zero-memory --model gpt-1.3b --gpus 4 --svg stages.svg
 //   zero-memory --model llama-7b --gpus 1 --device-memory 80GB --host-memory 512GB
 //   zero-memory --model llama-7b --gpus 16 --tp 4 --pp 2 --sp --schedule 1f1b --grad-accum 8
-//   zero-memory --params 78e9 --layers 80 --hidden 8192 --heads 64 --ffn 28672 --vocab 32000 \
-//               --gpus 64 --grad-accum 32 --parallel-search
+//   zero-memory --params 68976648192 --layers 80 --hidden 8192 --heads 64 --kv-heads 8 \
+//               --ffn 28672 --vocab 32000 --gpus 64 --grad-accum 32 --parallel-search
 #include <boost/program_options.hpp>
 
 #include <cmath>
