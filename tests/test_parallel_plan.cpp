@@ -214,9 +214,11 @@ TEST(ParallelTime, TensorParallelCollectivesPerBlock) {
       // Besides the blocks, per micro-batch: the embedding (forward all-reduce; SP: forward
       // reduce-scatter and backward all-gather) and the head (backward all-reduce; SP: forward
       // all-gather, backward reduce-scatter), one `one` each; the loss's fp32 all-gather of
-      // 4sb bytes from each rank and all-reduce of 8sb.
-      const double loss =
-          ((t - 1) * 4 * s * b / bw + lat) + (2 * (t - 1) / t * 8 * s * b / bw + lat);
+      // 4sb bytes from each rank and all-reduce of 8sb; the id checks' all-gathers of 2 and 3
+      // int64 from each rank.
+      const double loss = ((t - 1) * 4 * s * b / bw + lat) +
+                          (2 * (t - 1) / t * 8 * s * b / bw + lat) + ((t - 1) * 16 / bw + lat) +
+                          ((t - 1) * 24 / bw + lat);
       // Under SP, per step: the 17 RMSNorm weights' gradients all-reduced in one call.
       const double norms = sp ? 2 * (t - 1) / t * (2 * layers + 1) * h * p / bw + lat : 0;
       const ParallelTime got = predict_parallel_step_time(in, 0, r, round_hardware());

@@ -105,6 +105,9 @@ RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
 //   loss       vocab_parallel_cross_entropy in fp32: an all-gather of each rank's maximum per
 //              token (4·b·s bytes) and one all-reduce of the target logit and the sum of
 //              exponentials (8·b·s); Megatron all-reduces the three (12·b·s): equal at T = 2
+//   checks     the embedding's token ids and the loss's targets are checked on every rank
+//              alike (comm/agree.hpp): an all-gather of 2 and of 3 int64 per rank (not in
+//              Megatron, whose checks are rank-local)
 // The first stage has the embedding, the last the head and the loss. None at T = 1. `bytes` is
 // what a rank hands each call (comm::CountingGroup's payload); sent_bytes() the ring volume
 // it puts on the wire, as CountingGroup counts it: all-reduce 2B(T-1)/T, reduce-scatter

@@ -24,6 +24,9 @@ std::vector<TpCollective> tp_collectives(const PlanInput& in, Recompute r, int s
   };
   // Each region boundary: a forward collective and its conjugate in backward.
   if (first) {
+    // The embedding's id check, agreed over the group (comm::gather_status): each rank's
+    // [min, max] id, int64.
+    add(Op::kAllGather, Phase::kForward, 2 * 8, 1, "token id range check");
     if (sp) {
       add(Op::kReduceScatter, Phase::kForward, full, 1, "embedding output");
       add(Op::kAllGather, Phase::kBackward, part, 1, "embedding output gradient");
@@ -52,7 +55,9 @@ std::vector<TpCollective> tp_collectives(const PlanInput& in, Recompute r, int s
     } else {
       add(Op::kAllReduce, Phase::kBackward, full, 1, "head input gradient");
     }
-    // The loss in fp32 whatever the compute dtype.
+    // The loss in fp32 whatever the compute dtype, after its target check (each rank's
+    // [shape error, min id, max id], int64, gathered as the embedding's).
+    add(Op::kAllGather, Phase::kForward, 3 * 8, 1, "cross-entropy target check");
     add(Op::kAllGather, Phase::kForward, 4 * sb, 1, "cross-entropy maxima");
     add(Op::kAllReduce, Phase::kForward, 2 * 4 * sb, 1, "cross-entropy sums");
   }
