@@ -9,12 +9,13 @@ tool=${1:-build/tools/zero-memory}
 out=bench/results/planner_3d.md
 common=(--gpu h100 --link ib400 --gpus-per-node 8 --device-memory 80GB --seq-len 2048
         --grad-accum 16 --sp --schedule 1f1b --max-micro-batch 32 --parallel-search --top 8)
-# LLaMA-13B and -70B by shape (the example GPT has no preset for them). This block has full
-# multi-head attention, so the 70B shape (8192 wide, 80 layers, MLP 28672) holds 78.4B parameters
-# here; LLaMA-2-70B's grouped-query attention (8 KV heads) brings it to 69B.
+# LLaMA-13B and LLaMA-2-70B by shape (the example GPT has no preset for them). LLaMA-2-70B has
+# grouped-query attention, 64 query heads sharing 8 key/value heads (--kv-heads 8): 68,976,648,192
+# parameters, as transformers counts them (with full multi-head attention the shape would hold
+# 78.4B).
 models=("llama-7b|--model llama-7b"
         "llama-13b|--params 13015864320 --layers 40 --hidden 5120 --heads 40 --ffn 13824 --vocab 32000"
-        "llama-70b (MHA, 78.4B)|--params 78371889152 --layers 80 --hidden 8192 --heads 64 --ffn 28672 --vocab 32000")
+        "llama-2-70b (GQA, 8 kv heads)|--params 68976648192 --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --vocab 32000")
 {
   echo "# Planner: tensor x pipeline x data parallelism (predicted)"
   echo

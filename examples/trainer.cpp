@@ -224,10 +224,13 @@ void Trainer::build() {
     tp_model_->to(device_);
   }
   AutoTarget target;
-  target.shape = {mc_.layers, mc_.dim, mc_.heads, mc_.ffn_dim(), mc_.vocab, mc_.tied};
-  // Under tensor parallelism the planner sees each rank's share of the parameters (its
-  // activation model knows nothing of the split: it over-counts them).
-  target.num_params = mc_.num_params() / tp_size;
+  target.shape = {mc_.layers, mc_.dim, mc_.heads, mc_.ffn_dim(), mc_.vocab, mc_.tied, mc_.kv_heads};
+  // Under tensor parallelism the planner splits the model as the layers do: each rank's shard
+  // of the parameters (the norms whole) and its share of the activations.
+  target.num_params = mc_.num_params();
+  target.tensor_parallel = tp_size;
+  target.sequence_parallel = cfg_.tensor_parallel.sequence_parallel;
+  target.announce = world_->rank() == 0;
   target.seq_len = seq_;
   target.cpu_offload = policy_.cpu_offload;
   if (ckpt != "auto") target.checkpointing = ckpt == "true";

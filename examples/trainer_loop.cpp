@@ -13,6 +13,7 @@
 #include "zero/device.hpp"
 #include "zero/errors.hpp"
 #include "zero/memory_plan.hpp"
+#include "zero/parallel_plan.hpp"
 #include "zero/time_plan.hpp"
 #include "zero/zero.hpp"
 
@@ -212,7 +213,8 @@ void Trainer::finish() {
     const Dtype comm = c.communication_data_type.value_or(c.param_dtype());
     run.comm_bits = q.enabled ? q.bits : comm == Dtype::kFloat32 ? 32 : 16;
   }
-  const ModelShape shape{mc_.layers, mc_.dim, mc_.heads, mc_.ffn_dim(), mc_.vocab, mc_.tied};
+  const ModelShape shape{mc_.layers, mc_.dim,  mc_.heads,   mc_.ffn_dim(),
+                         mc_.vocab,  mc_.tied, mc_.kv_heads};
   {
     PlanInput pi;  // the planner's bucket order is the engine's
     pi.shape = shape;
@@ -222,16 +224,21 @@ void Trainer::finish() {
   }
   {
     // The planner's figure for each phase, beside the allocator's (the summary's phase_peaks).
+    // Under tensor parallelism: this rank's shard of the parameters over the data-parallel
+    // ranks, and its share of the activations (parallel_plan.hpp).
     PlanInput pp = plan_input_for(c, mc_.num_params(), world_size_);
     pp.shape = shape;
     pp.seq_len = seq_;
     pp.micro_batch = micro_;
+    pp.tensor_parallel = tp_model_ ? layout_.tp->size() : 1;
+    pp.sequence_parallel = tp_model_ && tp_model_->sequence_parallel;
+    const PlanInput rank = rank_states_input(pp, 0);
     const int stage = engine_->stage();
-    const int64_t states = plan_model_states(pp, stage).total() - plan_host_states(pp, stage);
+    const int64_t states = plan_model_states(rank, stage).total() - plan_host_states(rank, stage);
     const Recompute rc = !policy_.enabled      ? Recompute::kNone
                          : policy_.cpu_offload ? Recompute::kCheckpointOffload
                                                : Recompute::kCheckpoint;
-    const ActivationEstimate a = predict_activations(pp, rc);
+    const ActivationEstimate a = predict_stage_activations(pp, rc, 0);
     // The bound on every phase: the steady states + two buckets + the activations at backward's
     // worst moment. A bucket closes on the parameter that crosses reduce_bucket_size, so it
     // holds up to reduce_bucket_size - 1 elements plus the largest parameter (gpt-100m's 20.5 M
@@ -241,7 +248,7 @@ void Trainer::finish() {
     for (const auto& p : trained().parameters()) largest = std::max(largest, p.numel());
     const int64_t bucket_bytes = (c.zero_optimization.reduce_bucket_size + largest) * 4;
     sum_.record_phases(*engine_, *phases_,
-                       {plan_startup_peak(pp, stage), states + a.blocks + a.head + a.loss,
+                       {plan_startup_peak(rank, stage), states + a.blocks + a.head + a.loss,
                         states + a.peak(), states, states},
                        bucket_bytes, a.peak());
   }

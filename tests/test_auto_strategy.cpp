@@ -8,6 +8,7 @@
 #include "support/tiny_net.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/engine.hpp"
+#include "zero/parallel_plan.hpp"
 
 namespace zero {
 namespace {
@@ -253,6 +254,60 @@ TEST(AutoStrategy, MicroBatchAutoWithoutABudgetKeepsDeepSpeedsMeaning) {
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(planned.train_micro_batch_size_per_gpu, 64) << c->line;
   EXPECT_EQ(t.checkpointing, false);
+}
+
+// Under tensor parallelism "auto" plans one rank: its shard of the parameters (Megatron's split,
+// written out here) sharded over the D data-parallel ranks, and its share of the activations.
+TEST(AutoStrategy, TensorParallelPlansOneRanksShard) {
+  PlanInput in = llama7b(8);
+  in.tensor_parallel = 2;  // D = 4
+  const int64_t h = 4096, f = 11008, v = 32000, t = 2;
+  const int64_t shard = 32 * ((4 * h * h + 3 * h * f) / t + 2 * h) + 2 * v * h / t + h;
+  for (int s = 0; s < 3; ++s) {
+    PlanInput states = in;
+    states.num_params = shard;
+    states.world_size = 4;
+    const int64_t want = plan_model_states(states, s).total() +
+                         predict_stage_activations(in, Recompute::kNone, 0).peak();
+    const AutoChoice c = choose_strategy(in, room_for(want), micro_one_no_ckpt());
+    EXPECT_EQ(c.stage, s) << c.line;
+    EXPECT_EQ(c.bytes, want) << c.line;
+  }
+  // Stage 0 holds every parameter of the rank: half of them at T = 2.
+  EXPECT_LT(
+      choose_strategy(in, room_for(need(llama7b(8), 0, Recompute::kNone)), micro_one_no_ckpt())
+          .bytes,
+      need(llama7b(8), 0, Recompute::kNone));
+}
+
+TEST(AutoStrategy, ResolveAutoUnderTensorParallelismCountsTheWholeLayout) {
+  // The group handed to resolve_auto is the data-parallel one (1 rank here); T = 2 of it make
+  // the planner's world.
+  Config cfg = Config::from_string(
+      "zero_optimization: {stage: auto, auto_device_memory: 1GB}\ntrain_micro_batch_size_per_gpu: "
+      "2\n",
+      "tp.yaml");
+  AutoTarget t;
+  t.shape = {2, 64, 4, 0, 256, true};
+  t.num_params = t.shape.num_params();
+  t.seq_len = 32;
+  t.tensor_parallel = 2;
+  const auto c = resolve_auto(cfg, t, *comm::Group::single());
+  ASSERT_TRUE(c.has_value());
+  PlanInput in = plan_input_for(cfg, t.num_params, 2);
+  in.shape = t.shape;
+  in.seq_len = 32;
+  in.micro_batch = 2;
+  in.tensor_parallel = 2;
+  // The rank's parameters: the blocks' matmuls and the tied table halved, the norms whole.
+  const int64_t h = 64, f = 256;
+  EXPECT_EQ(rank_params(in, 0), 2 * ((4 * h * h + 3 * h * f) / 2 + 2 * h) + 256 * h / 2 + h);
+  EXPECT_EQ(c->bytes, rank_device_peak(in, c->stage, Recompute::kNone)) << c->line;
+  PlanInput whole = in;  // the same model on one rank without tensor parallelism
+  whole.world_size = 1;
+  whole.tensor_parallel = 1;
+  EXPECT_LT(c->bytes, need(whole, c->stage, Recompute::kNone, 2))
+      << "one tensor-parallel rank holds less than the whole model";
 }
 
 }  // namespace

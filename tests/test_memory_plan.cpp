@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <string>
 
+#include "gpt.hpp"
 #include "zero/memory_plan.hpp"
+#include "zero/params/shard_info.hpp"
+#include "zero/time_plan.hpp"
 
 namespace zero {
 namespace {
@@ -271,7 +274,9 @@ TEST(MemoryPlan, Llama7bOnOne80GbGpuNeedsOptimizerOffload) {
   EXPECT_EQ(plan.best.stage, 1) << "N = 1: stages 1 and 2 hold the same, the lower one wins";
   EXPECT_EQ(plan.best.recompute, Recompute::kNone);
   const int64_t e = bucket_buffer_elements(in, 1);
-  EXPECT_EQ(e, 494'948'352);  // the largest 7B bucket under DeepSpeed's closing rule
+  // The largest 7B bucket under DeepSpeed's closing rule, the parameters in the engine's order
+  // (reverse registration: each block's norms, then its down, up, gate, o, v, k, q).
+  EXPECT_EQ(e, 494'944'256);
   const int64_t psi = kLlama7b, device_states = 2 * psi + 2 * 2 * (e * 2);
   const int64_t b = largest_micro_batch(device_states, lim.budget(), false);
   EXPECT_EQ(b, 4);  // 17.5 GB + 4 x 13.1 GB = 69.8 GB
@@ -427,6 +432,37 @@ TEST(MemoryPlan, SvgIsWellFormedWithOneRectPerNonzeroSegment) {
   EXPECT_NE(svg.find("LLaMA-7B &lt;fp32&gt; &amp; friends"), std::string::npos);
   EXPECT_EQ(svg.find("<fp32>"), std::string::npos);
   EXPECT_EQ(count(svg, "<text"), count(svg, "</text>"));
+}
+
+// The planner's gradient buckets (bucket_sizes, max_bucket_elements) against the engine's own
+// layout of a real example GPT: FlatLayout::build over the module's parameters in reverse
+// registration order, as zero::initialize lays them out (zero/params/flat_params.cpp).
+TEST(MemoryPlan, BucketsAreTheEnginesForTheExampleGpt) {
+  for (const int64_t kv : {0, 2}) {
+    examples::GptConfig c = examples::gpt_preset("tiny");
+    c.kv_heads = kv;  // 0: multi-head; 2 of 4 heads: grouped-query
+    c.tied = kv == 0;
+    examples::Gpt gpt(c);
+    std::vector<ParamSpec> specs;
+    const auto named = gpt->named_parameters();
+    for (auto it = named.end(); it != named.begin();) {
+      --it;
+      specs.push_back({it->key(), it->value().numel()});
+    }
+    PlanInput in;
+    in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied, c.kv_heads};
+    in.num_params = c.num_params();
+    ASSERT_EQ(in.shape.num_params(), in.num_params);
+    for (const int64_t bucket : {3000, 20000, 70000}) {
+      in.bucket_elements = bucket;
+      const FlatLayout layout = FlatLayout::build(specs, bucket, 1, 1);
+      std::vector<int64_t> engine;
+      for (const BucketSlot& b : layout.buckets()) engine.push_back(b.shard.numel);
+      EXPECT_EQ(bucket_sizes(in), engine) << "kv_heads " << kv << ", buckets of " << bucket;
+      EXPECT_EQ(max_bucket_elements(in), layout.max_bucket_numel())
+          << "kv_heads " << kv << ", buckets of " << bucket;
+    }
+  }
 }
 
 }  // namespace

@@ -212,8 +212,18 @@ TEST(ParallelTime, TensorParallelCollectivesPerBlock) {
       const double one =
           sp ? 2 * ((t - 1) / t * bytes / bw + lat) : 2 * (t - 1) / t * bytes / bw + lat;
       const double per_block = r == Recompute::kNone ? 4 : 6;
+      // Besides the blocks, per micro-batch: the embedding (forward all-reduce; SP: forward
+      // reduce-scatter and backward all-gather) and the head (backward all-reduce; SP: forward
+      // all-gather, backward reduce-scatter), one `one` each; the loss's fp32 all-gather of
+      // 4sb bytes from each rank and all-reduce of 8sb; the id checks' all-gathers of 2 and 3
+      // int64 from each rank.
+      const double loss = ((t - 1) * 4 * s * b / bw + lat) +
+                          (2 * (t - 1) / t * 8 * s * b / bw + lat) + ((t - 1) * 16 / bw + lat) +
+                          ((t - 1) * 24 / bw + lat);
+      // Under SP, per step: the 17 RMSNorm weights' gradients all-reduced in one call.
+      const double norms = sp ? 2 * (t - 1) / t * (2 * layers + 1) * h * p / bw + lat : 0;
       const ParallelTime got = predict_parallel_step_time(in, 0, r, round_hardware());
-      EXPECT_NEAR(got.tp_comm_s, m * layers * per_block * one, 1e-15);
+      EXPECT_NEAR(got.tp_comm_s, m * ((layers * per_block + 2) * one + loss) + norms, 1e-15);
     }
   }
 }
@@ -344,6 +354,97 @@ TEST(ParallelSearch, FitsTheBudgetAndRespectsTheRules) {
   }
   // A 78B model does not fit one 80 GB device's model states unsplit: the best splits it.
   EXPECT_GT(s.best.layout.tp * s.best.layout.pp, 1);
+}
+
+// LLaMA-2-70B: grouped-query attention, 64 query heads sharing 8 key/value heads.
+ModelShape llama2_70b() {
+  ModelShape m{80, 8192, 64, 28672, 32000, false};
+  m.kv_heads = 8;
+  return m;
+}
+
+TEST(GroupedQueryAttention, CountsLlama2_70B) {
+  const ModelShape m = llama2_70b();
+  // Tensor by tensor, as transformers' LlamaForCausalLM holds them (vocab 32000, hidden 8192,
+  // intermediate 28672, 80 layers, 64 heads, 8 kv heads, untied): q_proj and o_proj 8192 x 8192,
+  // k_proj and v_proj 1024 x 8192 (8 heads of 8192 / 64 = 128), gate/up 28672 x 8192, down
+  // 8192 x 28672, two RMSNorm weights 8192; embed_tokens and lm_head 32000 x 8192, norm 8192.
+  const int64_t h = 8192, kv = 8 * (8192 / 64), f = 28672, v = 32000;
+  const int64_t layer = h * h + kv * h + kv * h + h * h + f * h + f * h + h * f + h + h;
+  const int64_t total = v * h + 80 * layer + h + v * h;
+  EXPECT_EQ(m.kv_dim(), kv);
+  EXPECT_EQ(m.num_params(), total);
+  // What sum(p.numel() for p in LlamaForCausalLM(config).parameters()) printed for that config
+  // (transformers, meta device): the count Meta publishes as "70B".
+  EXPECT_EQ(total, 68'976'648'192);
+  // Full multi-head attention of the same shape, the count the planner used before kv_heads.
+  ModelShape mha = m;
+  mha.kv_heads = 0;
+  EXPECT_EQ(mha.num_params() - m.num_params(), 80 * 2 * h * (h - kv));
+}
+
+TEST(GroupedQueryAttention, RankParametersSplitTheNarrowKeyValueProjections) {
+  PlanInput in;
+  in.shape = llama2_70b();
+  in.num_params = in.shape.num_params();
+  const int64_t h = 8192, kv = 1024, f = 28672, v = 32000;
+  for (int t : {2, 8}) {
+    for (int p : {1, 2}) {
+      in.world_size = 8 * p;
+      in.tensor_parallel = t;
+      in.pipeline_stages = p;
+      // Megatron: linear_qkv is column-parallel over (h + 2 kv) outputs, linear_proj row-parallel.
+      const int64_t block = (h * (h + 2 * kv) + h * h + 3 * h * f) / t + 2 * h;
+      // The last stage: its blocks, the head and the final norm (and with one stage the
+      // embedding too).
+      const int64_t last = 80 / p * block + v * h / t + h + (p == 1 ? v * h / t : 0);
+      EXPECT_EQ(rank_params(in, p - 1), last) << "T " << t << " P " << p;
+    }
+  }
+}
+
+TEST(GroupedQueryAttention, FlopsAndBucketsFollowTheParameterCount) {
+  PlanInput in;
+  in.shape = llama2_70b();
+  in.num_params = in.shape.num_params();
+  in.seq_len = 4096;
+  const double h = 8192, kv = 1024, f = 28672, v = 32000, s = 4096, L = 80;
+  // 6 FLOPs per parameter and token except the embedding table (the head's included, Kaplan's
+  // non-embedding count), and the attention scores: 12·L·h·s per token (every query head,
+  // whatever the kv heads).
+  const double matmul = L * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + h + v * h;
+  EXPECT_DOUBLE_EQ(model_flops_per_token(in), 6 * matmul + 12 * L * h * s);
+  EXPECT_DOUBLE_EQ(recompute_flops_per_token(in),
+                   2 * L * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + 4 * L * h * s);
+  // The gradient buckets hold every parameter once (the preset's order is known only when the
+  // shape's count is the model's).
+  in.bucket_elements = 500'000'000;
+  int64_t sum = 0;
+  for (int64_t b : bucket_sizes(in)) sum += b;
+  EXPECT_EQ(sum, in.num_params);
+  EXPECT_LE(max_bucket_elements(in), in.bucket_elements + static_cast<int64_t>(v * h));
+}
+
+TEST(GroupedQueryAttention, SearchKeepsTheKeyValueHeadsWhole) {
+  // 4 key/value heads: T = 8 would leave a rank half a head (Megatron requires
+  // num_query_groups % T == 0).
+  PlanInput in;
+  in.shape = {8, 1024, 16, 2816, 32000, false};
+  in.shape.kv_heads = 4;
+  in.num_params = in.shape.num_params();
+  in.world_size = 8;
+  PlanLimits lim;
+  lim.device_bytes = 80'000'000'000;
+  lim.ranks_per_node = 8;
+  const ParallelSearch s = search_parallel(
+      in, lim, [](const ParallelLayout& l) { return parallel_hardware("h100", "ib400", l, 8); });
+  ASSERT_TRUE(s.found);
+  bool saw_four = false;
+  for (const ParallelCandidate& c : s.fits) {
+    EXPECT_LE(c.layout.tp, 4);
+    saw_four = saw_four || c.layout.tp == 4;
+  }
+  EXPECT_TRUE(saw_four);
 }
 
 }  // namespace

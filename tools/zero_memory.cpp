@@ -7,8 +7,8 @@
 //   zero-memory --model gpt-1.3b --gpus 4 --svg stages.svg
 //   zero-memory --model llama-7b --gpus 1 --device-memory 80GB --host-memory 512GB
 //   zero-memory --model llama-7b --gpus 16 --tp 4 --pp 2 --sp --schedule 1f1b --grad-accum 8
-//   zero-memory --params 78e9 --layers 80 --hidden 8192 --heads 64 --ffn 28672 --vocab 32000 \
-//               --gpus 64 --grad-accum 32 --parallel-search
+//   zero-memory --params 68976648192 --layers 80 --hidden 8192 --heads 64 --kv-heads 8 \
+//               --ffn 28672 --vocab 32000 --gpus 64 --grad-accum 32 --parallel-search
 #include <boost/program_options.hpp>
 
 #include <cmath>
@@ -69,9 +69,12 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   const char* dtype = in.param_bytes == 2 ? "bf16" : "fp32";
   std::printf("zero-memory: %s, Ψ = %s parameters", name.c_str(), grouped(in.num_params).c_str());
   if (m.known()) {
-    std::printf("; %lld layers, hidden %lld, %lld heads, ffn %lld, vocab %lld", (long long)m.layers,
-                (long long)m.hidden, (long long)m.head_count(), (long long)m.ffn_dim(),
-                (long long)m.vocab);
+    std::printf("; %lld layers, hidden %lld, %lld heads", (long long)m.layers, (long long)m.hidden,
+                (long long)m.head_count());
+    if (m.kv_head_count() != m.head_count()) {
+      std::printf(" (%lld key/value heads)", (long long)m.kv_head_count());
+    }
+    std::printf(", ffn %lld, vocab %lld", (long long)m.ffn_dim(), (long long)m.vocab);
   }
   std::printf("\n  %d ranks, %s parameters and activations, %s gradient accumulation, ",
               in.world_size, dtype, in.grad_accum_bytes == 4 ? "fp32" : "16-bit");
@@ -333,7 +336,10 @@ int run(int argc, char** argv) {
       "layers", po::value(&in.shape.layers), "with --params: blocks (for activations)")(
       "hidden", po::value(&in.shape.hidden), "with --params: model width")(
       "heads", po::value(&in.shape.heads), "with --params: attention heads (default hidden/128)")(
-      "ffn", po::value(&in.shape.ffn), "with --params: MLP width (default LLaMA's rule)")(
+      "kv-heads", po::value(&in.shape.kv_heads),
+      "with --params: key/value heads, fewer than --heads for grouped-query attention "
+      "(LLaMA-2-70B: 8; default --heads)")("ffn", po::value(&in.shape.ffn),
+                                           "with --params: MLP width (default LLaMA's rule)")(
       "vocab", po::value(&in.shape.vocab), "with --params: vocabulary, for the logits")(
       "gpus", po::value(&in.world_size)->default_value(1), "data-parallel ranks N")(
       "micro-batch", po::value(&in.micro_batch)->default_value(1), "sequences per rank")(
@@ -399,16 +405,25 @@ int run(int argc, char** argv) {
   std::string name;
   if (model.empty() == params.empty()) throw std::invalid_argument("give --model or --params");
   if (!model.empty()) {
-    if (vm.count("layers") || vm.count("hidden") || vm.count("vocab") || vm.count("ffn")) {
-      throw std::invalid_argument("--model sets the shape: drop --layers/--hidden/--ffn/--vocab");
+    if (vm.count("layers") || vm.count("hidden") || vm.count("vocab") || vm.count("ffn") ||
+        vm.count("heads") || vm.count("kv-heads")) {
+      throw std::invalid_argument(
+          "--model sets the shape: drop --layers/--hidden/--heads/--kv-heads/--ffn/--vocab");
     }
     const examples::GptConfig c = examples::gpt_preset(model);
-    in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied};
+    in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied, c.kv_heads};
     in.num_params = c.num_params();
     name = model;
   } else {
     in.num_params = parse_count(params);
     name = params + " parameters";
+  }
+  if (in.shape.kv_heads < 0 || (in.shape.known() && in.shape.kv_heads > 0 &&
+                                in.shape.head_count() % in.shape.kv_heads != 0)) {
+    throw std::invalid_argument("--kv-heads " + std::to_string(in.shape.kv_heads) +
+                                " must divide the " + std::to_string(in.shape.head_count()) +
+                                " attention heads (--heads): each key/value head serves an equal "
+                                "group of query heads");
   }
   if (dtype != "bf16" && dtype != "fp32") throw std::invalid_argument("--dtype: bf16 or fp32");
   in.param_bytes = in.comm_bytes = dtype == "bf16" ? 2 : 4;

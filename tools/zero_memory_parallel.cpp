@@ -123,6 +123,16 @@ void print_parallel_report(const PlanInput& in, const std::string& name, const P
   }
   trow("tokens/s (all ranks)", "%.4g", [](const ParallelTime& e) { return e.tokens_per_s; });
   trow("MFU", "%.1f%%", [](const ParallelTime& e) { return 100 * e.mfu; });
+  if (l.tp > 1 && in.shape.known()) {
+    // The bytes behind "tensor-parallel collectives" (tp_collectives; the example GPT sends
+    // exactly these, tests/test_tensor_parallel_comm.cpp).
+    const TpCommStep v = tp_comm_per_step(in, recompute, l.pp - 1);
+    std::printf(
+        "  tensor-parallel traffic per step, one rank of the last stage: %s sent in %lld "
+        "all-reduces, %lld all-gathers and %lld reduce-scatters\n",
+        gb(v.sent()).c_str(), (long long)v.all_reduce.calls, (long long)v.all_gather.calls,
+        (long long)v.reduce_scatter.calls);
+  }
 }
 
 void print_parallel_json(const PlanInput& in, const LayoutHardware& hardware, Recompute recompute) {

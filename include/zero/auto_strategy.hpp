@@ -57,8 +57,17 @@ PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size);
 
 // What an application knows about its model, for resolve_auto.
 struct AutoTarget {
-  ModelShape shape;  // unknown (layers = 0): activations are not counted, micro-batch stays
-  int64_t num_params = 0;
+  ModelShape shape;        // unknown (layers = 0): activations are not counted, micro-batch stays
+  int64_t num_params = 0;  // the whole model's, also under tensor parallelism
+  // Megatron-style tensor parallelism over `tensor_parallel` ranks (the group resolve_auto is
+  // given is then the data-parallel one): each rank plans for its shard of the parameters and
+  // its share of the activations (parallel_plan.hpp; sequence parallelism splits the rest).
+  int tensor_parallel = 1;
+  bool sequence_parallel = false;
+  // Print the choice on rank 0 of the group; false on the ranks whose data-parallel group is not
+  // the first (under tensor parallelism every tensor-parallel rank has its own, and each would
+  // print the same line).
+  bool announce = true;
   int64_t seq_len = 0;
   std::optional<bool> checkpointing = false;  // nullopt: "auto"
   bool cpu_offload = false;

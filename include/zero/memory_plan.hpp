@@ -63,10 +63,24 @@ struct ModelShape {
   int64_t ffn = 0;    // 0: LLaMA's rule, 2/3 · 4h rounded up to a multiple of 256
   int64_t vocab = 0;  // 0: no logits counted
   bool tied = false;
+  // Key/value heads: 0 as many as the query heads (multi-head attention); fewer, grouped-query
+  // attention (LLaMA-2-70B: 64 heads, 8 kv heads): K and V project to kv_dim() = kv heads x
+  // head size, so their weights are h·kv_dim() each instead of h². The example block repeats
+  // each K/V head for its query heads before attention (examples/gpt.cpp), so the activations it
+  // keeps for backward are those of full multi-head attention: only parameters (and through them
+  // model states, matmul FLOPs and gradient buckets) depend on kv_heads.
+  int64_t kv_heads = 0;
   bool known() const { return layers > 0 && hidden > 0; }
   int64_t ffn_dim() const;
   int64_t head_count() const;
+  int64_t kv_head_count() const;
+  int64_t kv_dim() const;
+  // Q, K, V, O of one block: 2h² + 2h·kv_dim().
+  int64_t attention_params() const;
   int64_t num_params() const;  // the example GPT's count for this shape
+  // Its parameters' sizes in registration (named_parameters) order; the engine lays out and
+  // buckets them in reverse (bucket_sizes, max_bucket_elements).
+  std::vector<int64_t> parameter_sizes() const;
 };
 
 enum class Recompute { kNone, kCheckpoint, kCheckpointOffload };

@@ -9,8 +9,9 @@
 // next pipeline stage T·D ranks on.
 //
 // Parameters of one rank (Megatron's split of this block, examples/gpt.cpp): the matmul weights
-// of a block (Q, K, V, O: 4h², SwiGLU: 3hf) / T, the two RMSNorm weights 2h replicated; the
-// vocabulary-parallel embedding V·h / T on the first stage, the head V·h / T and the final norm h
+// of a block (Q and O: 2h², K and V: 2h·kv_dim, 2h² without grouped-query attention; SwiGLU:
+// 3hf) / T, the two RMSNorm weights 2h replicated; the vocabulary-parallel embedding V·h / T on
+// the first stage, the head V·h / T and the final norm h
 // on the last (a tied table is held by both first and last stage when P > 1, as Megatron's shared
 // word embeddings are); L / P blocks per stage (P must divide L). The model states of that rank
 // are memory_plan.hpp's over D data-parallel ranks of those parameters. The worst stage is the
@@ -64,6 +65,16 @@ int in_flight_micro_batches(const PlanInput& in, int stage);
 int64_t block_activation_bytes_per_rank(const PlanInput& in);
 ActivationEstimate predict_stage_activations(const PlanInput& in, Recompute r, int stage);
 
+// The model-state view of one rank of pipeline stage `stage`: its own parameters (rank_params)
+// sharded over the D data-parallel ranks, everything else of `in` as it is (optimizer offload
+// included). memory_plan.hpp's functions of it (plan_model_states, plan_host_states,
+// plan_startup_peak) give that rank's figures; at T = P = 1 it is `in`.
+PlanInput rank_states_input(const PlanInput& in, int stage);
+// One rank's device bytes at its peak: rank_states_input's model states less what is offloaded
+// to the host, plus predict_stage_activations; the worst of the first and last stage. What
+// "auto" plans with (auto_strategy.hpp).
+int64_t rank_device_peak(const PlanInput& in, int stage, Recompute r);
+
 struct RankPlan {
   int pipeline_stage = 0;  // the worst stage
   int64_t params = 0;      // rank_params of it
@@ -75,11 +86,64 @@ struct RankPlan {
 // (no optimizer offload here).
 RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
 
+// Tensor-parallel communication: every collective one rank of pipeline stage `stage` runs over
+// its tensor-parallel group per micro-batch (and the one per step), Megatron-LM's accounting of
+// its GPT with this runtime's layers (examples/tp_gpt.cpp). B = b·s·h·p bytes, one activation.
+// Without sequence parallelism:
+//   embedding  forward: all-reduce B
+//   per block  forward: 2 all-reduces B (the row-parallel outputs of attention and MLP);
+//              backward: 2 all-reduces B (the gradients of the attention and MLP inputs: each
+//              enters its region once, q/k/v and gate/up together, as Megatron's fused
+//              linear_qkv and linear_fc1)
+//   head       backward: all-reduce B (its input's gradient; tied or not)
+// With sequence parallelism (SP):
+//   embedding  forward: reduce-scatter B; backward: all-gather B/T
+//   per block  forward: 2 all-gathers B/T (entering attention and MLP) + 2 reduce-scatters B
+//              (leaving them); backward the conjugates: 2 reduce-scatters B + 2 all-gathers B/T
+//   head       forward: all-gather B/T; backward: reduce-scatter B
+//   per step   the replicated parameters' gradients (2 RMSNorms per block, the final norm),
+//              p bytes each, all-reduced in one call (tensor_parallel::all_reduce_partial_grads)
+// Both:
+//   recompute  a checkpointed block re-runs its forward in backward: its forward collectives
+//   loss       vocab_parallel_cross_entropy in fp32: an all-gather of each rank's maximum per
+//              token (4·b·s bytes) and one all-reduce of the target logit and the sum of
+//              exponentials (8·b·s); Megatron all-reduces the three (12·b·s): equal at T = 2
+//   checks     the embedding's token ids and the loss's targets are checked on every rank
+//              alike (comm/agree.hpp): an all-gather of 2 and of 3 int64 per rank (not in
+//              Megatron, whose checks are rank-local)
+// The first stage has the embedding, the last the head and the loss. None at T = 1. `bytes` is
+// what a rank hands each call (comm::CountingGroup's payload); sent_bytes() the ring volume
+// it puts on the wire, as CountingGroup counts it: all-reduce 2B(T-1)/T, reduce-scatter
+// B(T-1)/T, all-gather B_in(T-1). Per block and micro-batch that is Megatron's 4 all-reduces
+// of B (8B(T-1)/T; with SP 4 all-gathers and 4 reduce-scatters, the same volume).
+struct TpCollective {
+  enum class Op { kAllReduce, kAllGather, kReduceScatter } op = Op::kAllReduce;
+  enum class Phase { kForward, kBackward, kRecompute, kStep } phase = Phase::kForward;
+  int64_t bytes = 0;  // input of one call on one rank
+  int64_t calls = 0;  // per micro-batch (kStep: per step)
+  const char* what = "";
+};
+std::vector<TpCollective> tp_collectives(const PlanInput& in, Recompute r, int stage);
+// Bytes one call of `c` puts on the wire from one rank of a group of `tp`.
+int64_t sent_bytes(const TpCollective& c, int tp);
+// Per step: m = in.accumulation micro-batches and the per-step collectives, summed over
+// tp_collectives (calls, input bytes and sent bytes per operation).
+struct TpCommVolume {
+  int64_t calls = 0, payload = 0, sent = 0;
+};
+struct TpCommStep {
+  TpCommVolume all_reduce, all_gather, reduce_scatter;
+  int64_t sent() const { return all_reduce.sent + all_gather.sent + reduce_scatter.sent; }
+};
+TpCommStep tp_comm_per_step(const PlanInput& in, Recompute r, int stage);
+
 // Time. Per micro-batch and pipeline stage, compute is the model's FLOPs / (T·P) (the embedding
-// and head's imbalance between stages ignored). Tensor parallelism adds, per block and
-// micro-batch, Megatron's 2 all-reduces of s·b·h·p bytes in forward and 2 in backward (with
-// checkpointing 2 more for the re-run forward); under sequence parallelism each is an all-gather
-// plus a reduce-scatter of the same bytes. None of it overlaps compute. Each stage boundary sends
+// and head's imbalance between stages ignored). Tensor parallelism adds tp_collectives: per block
+// and micro-batch Megatron's 2 all-reduces of s·b·h·p bytes in forward and 2 in backward (with
+// checkpointing 2 more for the re-run forward; under sequence parallelism each is an all-gather
+// plus a reduce-scatter of the same bytes), the embedding's, the head's and the loss's on the
+// first and last stage, and under SP the norms' gradients once per step. None of it overlaps
+// compute; each call pays the link's latency. Each stage boundary sends
 // s·b·h·p bytes (÷ T with SP) forward and the same gradient back per micro-batch, also on the
 // critical path. The pipeline step is m·(t_f + t_b) / (1 - bubble) with pipeline_figures' bubble.
 // The data-parallel gradient collectives run over D ranks on the parameters of the stage holding

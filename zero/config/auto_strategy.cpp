@@ -17,10 +17,12 @@ std::string fmt(const char* f, auto... args) {
 }
 
 // Device bytes: under optimizer offload the host part of the states is not on the device.
+// Under tensor (or pipeline) parallelism a rank holds its shard of the parameters, sharded
+// again over the data-parallel ranks, and its share of the activations (parallel_plan.hpp); at
+// T = P = 1 this is memory_plan.hpp's count.
 int64_t peak_bytes(PlanInput in, int stage, Recompute r, int64_t micro) {
   in.micro_batch = micro;
-  return plan_model_states(in, stage).total() - plan_host_states(in, stage) +
-         predict_activations(in, r).peak();
+  return rank_device_peak(in, stage, r);
 }
 
 // Where nothing fits on data parallelism alone: the least tensor/pipeline parallelism that would

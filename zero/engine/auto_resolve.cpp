@@ -2,6 +2,7 @@
 // choice (auto_strategy.cpp), and writing it back into the config.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "comm/group.hpp"
@@ -55,7 +56,12 @@ std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, Group& p
     from = "free device memory";
   }
 
-  PlanInput in = plan_input_for(cfg, target.num_params, world);
+  // The planner's world is every rank of the layout: T tensor-parallel ranks per data-parallel
+  // one (`group` is the data-parallel group).
+  const int tp = std::max(1, target.tensor_parallel);
+  PlanInput in = plan_input_for(cfg, target.num_params, world * tp);
+  in.tensor_parallel = tp;
+  in.sequence_parallel = target.sequence_parallel && tp > 1;
   in.shape = target.shape;
   if (target.seq_len > 0) in.seq_len = target.seq_len;
   if (!micro_auto && cfg.train_micro_batch_size_per_gpu == 0) {
@@ -86,7 +92,7 @@ std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, Group& p
     cfg.micro_batch_auto = false;
   }
   target.checkpointing = c.recompute != Recompute::kNone;
-  if (group.rank() == 0) {
+  if (group.rank() == 0 && target.announce) {
     std::printf("%s\n", c.line.c_str());
     std::fflush(stdout);
   }

@@ -34,8 +34,26 @@ int64_t ModelShape::head_count() const {
   return heads > 0 ? heads : std::max<int64_t>(1, hidden / 128);
 }
 
+int64_t ModelShape::kv_head_count() const { return kv_heads > 0 ? kv_heads : head_count(); }
+
+int64_t ModelShape::kv_dim() const { return kv_head_count() * (hidden / head_count()); }
+
+int64_t ModelShape::attention_params() const { return 2 * hidden * hidden + 2 * hidden * kv_dim(); }
+
+std::vector<int64_t> ModelShape::parameter_sizes() const {
+  const int64_t h = hidden, f = ffn_dim(), kv = kv_dim();
+  std::vector<int64_t> sizes{vocab * h};  // the embedding
+  for (int64_t l = 0; l < layers; ++l) {
+    // examples/gpt.cpp's Block: wq, wk, wv, wo, w_gate, w_up, w_down, then the two norms.
+    for (int64_t n : {h * h, kv * h, kv * h, h * h, f * h, f * h, h * f, h, h}) sizes.push_back(n);
+  }
+  sizes.push_back(h);                     // the final norm
+  if (!tied) sizes.push_back(vocab * h);  // the head
+  return sizes;
+}
+
 int64_t ModelShape::num_params() const {
-  const int64_t per_layer = 4 * hidden * hidden + 3 * hidden * ffn_dim() + 2 * hidden;
+  const int64_t per_layer = attention_params() + 3 * hidden * ffn_dim() + 2 * hidden;
   return vocab * hidden * (tied ? 1 : 2) + layers * per_layer + hidden;
 }
 
@@ -91,13 +109,7 @@ int64_t max_bucket_elements(const PlanInput& in) {
   if (!m.known() || m.vocab == 0 || m.num_params() != in.num_params) {
     return std::min(bucket, in.num_params);
   }
-  const int64_t h = m.hidden, f = m.ffn_dim();
-  std::vector<int64_t> sizes{m.vocab * h};  // registration order, as named_parameters()
-  for (int64_t l = 0; l < m.layers; ++l) {
-    for (int64_t n : {h, h * h, h * h, h * h, h * h, h, h * f, h * f, f * h}) sizes.push_back(n);
-  }
-  sizes.push_back(h);
-  if (!m.tied) sizes.push_back(m.vocab * h);
+  const std::vector<int64_t> sizes = m.parameter_sizes();
   int64_t open = 0, largest = 0;
   for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {  // the engine's order: reversed
     // FlatLayout::build's rule: close before a parameter that would overflow the bucket.

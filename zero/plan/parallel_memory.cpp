@@ -67,7 +67,7 @@ int64_t rank_params(const PlanInput& in, int stage) {
   const ModelShape& m = in.shape;
   if (!m.known()) return in.num_params / (l.tp * l.pp);
   const int64_t h = m.hidden, t = l.tp;
-  const int64_t block = (4 * h * h + 3 * h * m.ffn_dim()) / t + 2 * h;
+  const int64_t block = (m.attention_params() + 3 * h * m.ffn_dim()) / t + 2 * h;
   int64_t n = m.layers / l.pp * block;
   const bool first = stage == 0, last = stage == l.pp - 1;
   const int64_t table = m.vocab * h / t;
@@ -148,15 +148,32 @@ ActivationEstimate predict_stage_activations(const PlanInput& in, Recompute r, i
   return a;
 }
 
+PlanInput rank_states_input(const PlanInput& in, int stage) {
+  const ParallelLayout l = parallel_layout(in);
+  PlanInput x = in;
+  x.num_params = rank_params(in, stage);
+  x.world_size = l.dp;
+  return x;
+}
+
+int64_t rank_device_peak(const PlanInput& in, int stage, Recompute r) {
+  const ParallelLayout l = parallel_layout(in);
+  int64_t worst = 0;
+  for (int s : {0, l.pp - 1}) {
+    const PlanInput x = rank_states_input(in, s);
+    worst = std::max(worst, plan_model_states(x, stage).total() - plan_host_states(x, stage) +
+                                predict_stage_activations(in, r, s).peak());
+  }
+  return worst;
+}
+
 RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r) {
   const ParallelLayout l = parallel_layout(in);
   RankPlan worst;
   for (int s = 0; s < l.pp; ++s) {
     // A middle stage holds no more than the first (no embedding, fewer in flight).
     if (s > 0 && s < l.pp - 1) continue;
-    PlanInput x = in;
-    x.num_params = rank_params(in, s);
-    x.world_size = l.dp;
+    PlanInput x = rank_states_input(in, s);
     x.offload_optimizer = false;
     RankPlan rp;
     rp.pipeline_stage = s;

@@ -14,9 +14,10 @@ ParallelSearch search_parallel(const PlanInput& in, const PlanLimits& limits,
                                   Recompute::kCheckpointOffload};
   const int64_t max_b = std::max<int64_t>(1, limits.max_micro_batch);
   for (int t : {1, 2, 4, 8}) {
-    // Megatron splits the heads: T must divide them, and stays within a node's NVLink.
+    // Megatron splits the heads: T must divide them and the key/value heads (its
+    // num_query_groups), and stays within a node's NVLink.
     if (t > std::max(1, per_node) || in.world_size % t != 0) continue;
-    if (m.known() && m.head_count() % t != 0) continue;
+    if (m.known() && (m.head_count() % t != 0 || m.kv_head_count() % t != 0)) continue;
     const int64_t layers = m.known() ? m.layers : 1;
     for (int p = 1; p <= layers; ++p) {
       if (layers % p != 0 || in.world_size % (t * p) != 0) continue;

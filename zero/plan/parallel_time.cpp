@@ -104,16 +104,22 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
   const double tb = 2 * tf;
   const double trc = recompute ? tokens * recompute_flops_per_token(in) / split / rate : 0.0;
 
-  // Tensor parallelism: per block, 2 collectives in forward, 2 in backward, 2 in the re-run.
-  double tp_one = 0;
-  if (l.tp > 1 && in.shape.known()) {
-    const double bytes = tokens * static_cast<double>(in.shape.hidden) * in.param_bytes;
-    tp_one = in.sequence_parallel
-                 ? all_gather_s(bytes, l.tp, hw.tp) + reduce_scatter_s(bytes, l.tp, hw.tp)
-                 : all_reduce_s(bytes, l.tp, hw.tp);
+  // Tensor parallelism: tp_collectives of the stage that communicates the most (the last: the
+  // head and the loss besides its blocks; with one stage, all of it).
+  double tp_f = 0, tp_b = 0, tp_step = 0;
+  for (const TpCollective& c : tp_collectives(in, r, l.pp - 1)) {
+    // all_gather_s counts the gathered bytes: a call's input times T.
+    const double bytes = static_cast<double>(c.bytes);
+    const double one = c.op == TpCollective::Op::kAllReduce ? all_reduce_s(bytes, l.tp, hw.tp)
+                       : c.op == TpCollective::Op::kAllGather
+                           ? all_gather_s(bytes * l.tp, l.tp, hw.tp)
+                           : reduce_scatter_s(bytes, l.tp, hw.tp);
+    const double s = one * static_cast<double>(c.calls);
+    (c.phase == TpCollective::Phase::kForward ? tp_f
+     : c.phase == TpCollective::Phase::kStep  ? tp_step
+                                              : tp_b) += s;
   }
   const double layers = in.shape.known() ? static_cast<double>(in.shape.layers / l.pp) : 0.0;
-  const double tp_f = 2 * layers * tp_one, tp_b = (recompute ? 4 : 2) * layers * tp_one;
   // Pipeline: one activation send forward and one gradient send back per micro-batch.
   double p2p = 0;
   if (l.pp > 1 && in.shape.known()) {
@@ -126,7 +132,7 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
   t.forward_s = m * tf;
   t.backward_s = m * tb;
   t.recompute_s = m * trc;
-  t.tp_comm_s = m * (tp_f + tp_b);
+  t.tp_comm_s = m * (tp_f + tp_b) + tp_step;
   t.p2p_s = m * 2 * p2p;
   double busy = m * (micro_f + micro_b);
   int64_t most = 0;                  // the parameters of the rank holding the most
@@ -225,8 +231,8 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
     t.offload_exposed_s =
         std::max(0.0, bytes / base.host_bw - (t.forward_s + t.backward_s + t.recompute_s));
   }
-  t.step_s = busy + t.bubble_s + t.grad_comm_exposed_s + t.param_gather_s + t.optimizer_s +
-             t.offload_exposed_s;
+  t.step_s = busy + t.bubble_s + tp_step + t.grad_comm_exposed_s + t.param_gather_s +
+             t.optimizer_s + t.offload_exposed_s;
   t.tokens_per_s = tokens * m * l.dp / t.step_s;
   t.mfu = t.tokens_per_s * t.model_flops_per_token / (in.world_size * base.peak_flops);
   return t;

@@ -98,7 +98,7 @@ double recompute_flops_per_token(const PlanInput& in) {
   const ModelShape& m = in.shape;
   if (!m.known()) return 2.0 * static_cast<double>(in.num_params);  // all of it, a bound
   const double block =
-      static_cast<double>(4 * m.hidden * m.hidden + 3 * m.hidden * m.ffn_dim() + 2 * m.hidden);
+      static_cast<double>(m.attention_params() + 3 * m.hidden * m.ffn_dim() + 2 * m.hidden);
   return 2.0 * static_cast<double>(m.layers) * block +
          4.0 * static_cast<double>(m.layers * m.hidden * in.seq_len);
 }
@@ -133,13 +133,7 @@ std::vector<int64_t> bucket_sizes(const PlanInput& in) {
       out.push_back(std::min(left, bucket));
     return out;
   }
-  const int64_t h = m.hidden, f = m.ffn_dim();
-  std::vector<int64_t> sizes{m.vocab * h};  // registration order, as max_bucket_elements
-  for (int64_t l = 0; l < m.layers; ++l) {
-    for (int64_t n : {h, h * h, h * h, h * h, h * h, h, h * f, h * f, f * h}) sizes.push_back(n);
-  }
-  sizes.push_back(h);
-  if (!m.tied) sizes.push_back(m.vocab * h);
+  const std::vector<int64_t> sizes = m.parameter_sizes();
   int64_t open = 0;
   for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
     // FlatLayout::build's rule: close before a parameter that would overflow the bucket.
