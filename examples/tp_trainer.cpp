@@ -29,15 +29,8 @@ tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_pt
   return groups;
 }
 
-Groups engine_groups(const Config& cfg, const tensor_parallel::Groups& groups,
-                     const std::vector<tensor_parallel::NamedPlacement>& placements,
-                     const std::string& source) {
-  const std::string tp = std::to_string(groups.tp->size());
-  if (cfg.fp16.enabled) {
-    throw ConfigError(source + ": fp16 with tensor_parallel.autotp_size = " + tp +
-                      ": the loss scaler's overflow verdict under tensor parallelism is not "
-                      "tested yet; use bf16");
-  }
+Groups engine_groups(const tensor_parallel::Groups& groups,
+                     const std::vector<tensor_parallel::NamedPlacement>& placements) {
   // The norm sums over dp and then over tp; a replicated parameter (the norms) is the same on
   // every tp rank and counts once (Megatron's get_grad_norm_fp32 and DeepSpeed count it on
   // tensor-parallel rank 0 only).

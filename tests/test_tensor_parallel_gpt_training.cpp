@@ -30,6 +30,7 @@
 #include "support/token_batch.hpp"
 #include "support/tp_compare.hpp"
 #include "tp_gpt.hpp"
+#include "tp_trainer.hpp"
 #include "zero/engine.hpp"
 #include "zero/tensor_parallel.hpp"
 
@@ -188,11 +189,11 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, TpGptTraining,
 
 // Through the engine: tensor-parallel groups of 2 ({0,1}, and {2,3} at D = 2), the engine over
 // the data-parallel groups ({0,2} {1,3}; a group of one at D = 1) with the tensor-parallel group
-// as a norm group, as zero-train wires it (examples::engine_groups): replicated parameters counted
-// once in the clipping norm and, under sequence parallelism, the norms' and row-parallel biases'
-// partial gradients summed over tp by the engine before its dp reduction (groups.norm.partial).
-// Each data-parallel rank takes its rows of every batch, split again over the accumulation
-// micro-steps; the tensor-parallel ranks of a pair take the same rows.
+// as a norm group, as zero-train wires it (examples::engine_groups, used here): replicated
+// parameters counted once in the clipping norm and, under sequence parallelism, the norms' and
+// row-parallel biases' partial gradients summed over tp by the engine before its dp reduction
+// (groups.norm.partial). Each data-parallel rank takes its rows of every batch, split again over
+// the accumulation micro-steps; the tensor-parallel ranks of a pair take the same rows.
 struct EngineCase {
   Opt opt;
   int stage;
@@ -226,16 +227,6 @@ Config engine_config(const EngineCase& c) {
   cfg.optimizer.lr = c.opt == Opt::kSgd ? kSgdLr : kAdamLr;
   cfg.optimizer.weight_decay = c.opt == Opt::kSgd ? 0.0 : kWeightDecay;
   return cfg;
-}
-
-// The engine's groups for the tensor-parallel model, as zero-train makes them.
-Groups engine_groups_of(const tensor_parallel::Groups& groups, examples::TpGptImpl& model) {
-  NormGroup tp{groups.tp, {}, {}};
-  for (const auto& p : model.placements()) {
-    if (p.placement.sharded) continue;
-    (p.placement.grad_needs_all_reduce ? tp.partial : tp.replicated).push_back(p.name);
-  }
-  return Groups{groups.dp, {tp}};
 }
 
 // One optimizer step of the engine over step `step`'s batch: this rank's rows, in micro-steps.
@@ -276,7 +267,8 @@ TEST_P(TpGptEngine, EqualsSingleProcessTraining) {
     if (print) std::printf("%s: %s\n", groups.describe().c_str(), case_name(c).c_str());
     examples::TpGpt model(groups.tp, shape(), c.sp);
     model->load_full(*init);
-    Engine engine = initialize(model.ptr(), cfg, engine_groups_of(groups, *model));
+    Engine engine =
+        initialize(model.ptr(), cfg, examples::engine_groups(groups, model->placements()));
     ASSERT_EQ(engine.world_size(), c.dp);
     for (int step = 0; step < kSteps; ++step) {
       const double loss = engine_step(engine, *model, step, groups.dp_rank(), c.dp, c.accumulation);
@@ -330,7 +322,8 @@ EngineRun train_engine(const EngineCase& c, int tp, const Config& cfg, const exa
     const auto groups = tensor_parallel::make_groups(world, tp);
     examples::TpGpt model(groups.tp, shape(), c.sp);
     model->load_full(*init);
-    Engine engine = initialize(model.ptr(), cfg, engine_groups_of(groups, *model));
+    Engine engine =
+        initialize(model.ptr(), cfg, examples::engine_groups(groups, model->placements()));
     std::vector<double> losses;
     for (int step = 0; step < steps; ++step) {
       losses.push_back(engine_step(engine, *model, step, groups.dp_rank(), c.dp, c.accumulation));
@@ -431,7 +424,8 @@ TEST(TpGptFp16, OneTpRanksOverflowSkipsTheStepOnEveryRank) {
     const auto groups = tensor_parallel::make_groups(world, 2);
     examples::TpGpt model(groups.tp, shape(), c.sp);
     model->load_full(*init);
-    Engine engine = initialize(model.ptr(), cfg, engine_groups_of(groups, *model));
+    Engine engine =
+        initialize(model.ptr(), cfg, examples::engine_groups(groups, model->placements()));
     // A sharded weight (a column-parallel one): its gradient on this rank is this rank's alone.
     at::Tensor sharded;
     for (const auto& p : model->placements()) {

@@ -84,6 +84,11 @@ check "the reported gradient norm is the whole model's under tp 2" grad_norms_eq
 check "tp 2 x dp 2 with sequence parallelism trains (clipping on)" run tp2spclip \
   --set train_micro_batch_size_per_gpu=4 --set tensor_parallel.autotp_size=2 \
   --set tensor_parallel.sequence_parallel=true --set gradient_clipping=0.05
+check "the start-up line says sequence parallel" \
+  grep -q "4 ranks (tp 2 x dp 2, sequence parallel) on" "$out/tp2spclip.log"
+check "fp16 under tp 2 x dp 2 with sequence parallelism trains" run tp2spfp16 \
+  --set train_micro_batch_size_per_gpu=4 --set tensor_parallel.autotp_size=2 \
+  --set tensor_parallel.sequence_parallel=true --set fp16.enabled=true --set trainer.steps=2
 check "with sequence parallelism, tp 2 x dp 2 losses equal those without it" compare tp2clip tp2spclip
 check "with sequence parallelism, tp 2 x dp 2 losses equal tp 1 x dp 4's" compare dp4clip tp2spclip
 check "with sequence parallelism, the gradient norm is the whole model's" \
