@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cctype>
+
 namespace zero::examples {
 
 GptHeadImpl::GptHeadImpl(RMSNorm n, torch::nn::Linear h, at::Tensor tied) {
@@ -55,6 +57,22 @@ std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model) {
   if (model->cfg.tied) last.tied["embed"] = embed->weight;
   layers.push_back(std::move(last));
   return layers;
+}
+
+std::string gpt_name_of_layer_param(const std::string& name, int layers) {
+  const size_t dot = name.find('.');
+  if (dot == 0 || dot == std::string::npos || dot > 9) return "";
+  for (size_t i = 0; i < dot; ++i)
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return "";
+  const int layer = std::stoi(name.substr(0, dot));
+  const std::string rest = name.substr(dot + 1);
+  // As gpt_pipeline_layers builds them: the embedding, the blocks, then the head (the model's
+  // final norm and its head Linear; a tied head's weight is the embedding's, saved as layer 0's).
+  if (layer == 0) return rest == "weight" ? "embed.weight" : "";
+  if (layer < layers - 1) return "blocks." + std::to_string(layer - 1) + "." + rest;
+  if (layer == layers - 1 && (rest.rfind("norm.", 0) == 0 || rest.rfind("head.", 0) == 0))
+    return rest;
+  return "";
 }
 
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {

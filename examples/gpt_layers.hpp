@@ -5,6 +5,7 @@
 // pipeline that puts them on different stages sums their gradients (DeepSpeed's TiedLayerSpec).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "gpt.hpp"
@@ -24,6 +25,12 @@ TORCH_MODULE(GptHead);
 
 // 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head".
 std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model);
+
+// The example GPT's name (GptImpl's named_parameters) of a parameter that a pipeline's engine
+// names by its layer's index in gpt_pipeline_layers (PipelineEngine's checkpoints): "0.weight"
+// -> "embed.weight", "3.wq.weight" -> "blocks.2.wq.weight", "<layers - 1>.norm.weight" ->
+// "norm.weight". `layers`: the list's length (2 + blocks). "" for a name that is no such layer's.
+std::string gpt_name_of_layer_param(const std::string& name, int layers);
 
 // The last stage's loss: mean next-token cross-entropy of logits [batch, seq, vocab] against
 // targets [batch, seq], as GptImpl::loss computes it.

@@ -23,12 +23,10 @@ using Clock = std::chrono::steady_clock;
 
 void refuse_unsupported(const PipelineTrainerArgs& a) {
   const Config& cfg = a.cfg;
-  const std::string p = "pipeline.stages = " + std::to_string(cfg.pipeline.stages);
+  std::string p = "pipeline.stages = " + std::to_string(cfg.pipeline.stages);
+  if (cfg.pipeline.stages <= 1)
+    p += " resuming the pipelined save in " + cfg.extra_string("trainer.save_dir") + "/stage*/";
   auto no = [&](const std::string& what) { throw ConfigError(a.config_path + ": " + what); };
-  if (a.device.is_cuda())
-    no(p +
-       " runs on CPU (gloo) so far: the stages' sends are not placed on CUDA streams yet; "
-       "set trainer.device: cpu");
   if (cfg.tensor_parallel.autotp_size > 1)
     no(p +
        " with tensor_parallel.autotp_size = " + std::to_string(cfg.tensor_parallel.autotp_size) +
@@ -60,6 +58,12 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   at::manual_seed(cfg.seed);
   Gpt model(a.model);
   if (!a.hf_dir.empty()) load_hf_llama(*model, a.hf_dir);
+  // The whole model goes to the rank's device (the rotary tables the blocks share with it
+  // included); the pipeline trains this stage's layers. `model` lives for the run, so every
+  // stage holds every layer's weights on its device: simple, and wasteful for a model that
+  // needs a pipeline to fit (moving only the stage's layers needs the partition before the
+  // engine).
+  model->to(a.device);
 
   auto world = process_group_from_env(cfg, a.device.type());
   pipeline::PipelineGrid grid;
@@ -88,13 +92,14 @@ int train_pipeline(const PipelineTrainerArgs& a) {
                      micro);
   if (rank == 0) {
     std::printf(
-        "zero-train: %s (%lld parameters), %d ranks (%s) on cpu, ZeRO stage %d, %s, pipeline "
+        "zero-train: %s (%lld parameters), %d ranks (%s) on %s, ZeRO stage %d, %s, pipeline "
         "%s, micro-batch %lld x %lld micro-batches x %d data-parallel ranks = %lld sequences "
         "of %lld tokens, data: %s\n",
         a.preset.c_str(), (long long)a.model.num_params(), world_size, grid.describe().c_str(),
-        engine.stage(), c.bf16 ? "bf16" : (c.fp16.enabled ? "fp16" : "fp32"),
-        c.pipeline.schedule.c_str(), (long long)micro, (long long)ga, dp_size,
-        (long long)c.train_batch_size, (long long)a.seq_len, a.data->describe().c_str());
+        a.device.str().c_str(), engine.stage(),
+        c.bf16 ? "bf16" : (c.fp16.enabled ? "fp16" : "fp32"), c.pipeline.schedule.c_str(),
+        (long long)micro, (long long)ga, dp_size, (long long)c.train_batch_size,
+        (long long)a.seq_len, a.data->describe().c_str());
     const auto& b = pipe->bounds();
     for (int s = 0; s + 1 < static_cast<int>(b.size()); ++s)
       std::printf("pipeline: stage %d holds layers %d..%d (%s .. %s)\n", s, b[s], b[s + 1] - 1,
@@ -102,8 +107,10 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     std::fflush(stdout);
   }
 
-  // Checkpoints per stage (save_dir/stage<s>/), resumed at the same pipeline.stages. Resuming
-  // replays the loader to the saved step, as the plain trainer does.
+  // Checkpoints per stage (save_dir/stage<s>/ and the partition in pipeline.json), resumed at
+  // any pipeline.stages and data-parallel size: each stage reads its layers from whichever
+  // saved stages hold them. Resuming replays the loader to the saved step, as the plain trainer
+  // does.
   const std::string save_dir = cfg.extra_string("trainer.save_dir");
   const int64_t save_interval = cfg.extra_int("trainer.save_interval");
   const int keep_last = static_cast<int>(cfg.extra_int("trainer.keep_last"));
@@ -111,14 +118,35 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   if ((save_interval > 0 || resume != "false") && save_dir.empty())
     throw ConfigError(path + ": trainer.save_interval and trainer.resume need a trainer.save_dir");
   int64_t start_step = 0;
+  // A save of a run without a pipeline (save_dir/<tag>, save_dir/tp<r>/) names the plain
+  // model's parameters, not layers: refused rather than trained over from the start.
+  if (resume != "false" && latest_checkpoint_tag(save_dir + "/stage0").empty() &&
+      !checkpoint_dirs(save_dir).empty())
+    throw ConfigError(path + ": trainer.resume: " + save_dir +
+                      " holds a save of a run without a pipeline; a pipeline resumes pipelined "
+                      "saves (save_dir/stage<s>/) only: resume it with pipeline.stages: 1, or "
+                      "give another trainer.save_dir");
+  // Stage 0's directory names the newest save whatever P wrote it (a later stage's may hold an
+  // older one, or none): every rank asks it, so all resume or none.
   if (resume != "false" &&
-      !(resume == "auto" && latest_checkpoint_tag(pipe->stage_dir(save_dir)).empty())) {
-    const std::string tag =
-        pipe->load_checkpoint(save_dir, resume == "true" || resume == "auto" ? "" : resume);
+      !(resume == "auto" && latest_checkpoint_tag(save_dir + "/stage0").empty())) {
+    const std::string want = resume == "true" || resume == "auto" ? "" : resume;
+    const std::string tag = pipe->load_checkpoint(save_dir, want);
     start_step = engine.stats().optimizer_steps;
-    if (rank == 0)
+    if (rank == 0) {
       std::printf("checkpoint: loaded %s/stage*/%s (step %lld)\n", save_dir.c_str(), tag.c_str(),
                   (long long)start_step);
+      const pipeline::PipelineSaveLayout saved = pipeline::read_pipeline_save(save_dir, tag);
+      if (saved.stages != cfg.pipeline.stages || saved.bounds != pipe->bounds()) {
+        std::string b;
+        for (size_t i = 0; i < saved.bounds.size(); ++i)
+          b += (i ? "," : "") + std::to_string(saved.bounds[i]);
+        std::printf(
+            "checkpoint: resharded the save of pipeline.stages %d (bounds %s) to "
+            "pipeline.stages %d\n",
+            saved.stages, b.c_str(), cfg.pipeline.stages);
+      }
+    }
     for (int64_t i = 0; i < start_step * ga; ++i) loader.next();
   }
 
@@ -133,8 +161,8 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     std::vector<at::Tensor> inputs, targets;
     for (int64_t m = 0; m < ga; ++m) {
       auto batch = loader.next();
-      inputs.push_back(batch.tokens);
-      targets.push_back(batch.targets);
+      inputs.push_back(batch.tokens.to(a.device));
+      targets.push_back(batch.targets.to(a.device));
     }
     const float loss = pipe->train_batch(inputs, targets);
     StepRecord rec;
@@ -143,7 +171,9 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     rec.loss = loss;
     rec.lr = engine.lr();
     rec.skipped = !pipe->last_step_applied();
-    rec.grad_norm = engine.stats().last_grad_norm;  // the global norm (every stage's)
+    // The global norm (every stage's), settled: on a GPU stats() holds the previous step's until
+    // the next step (the loss's read above already waited for the device).
+    rec.grad_norm = engine.settled_stats().last_grad_norm;
     rec.loss_scale = engine.loss_scale();
     rec.step_s = std::chrono::duration<double>(Clock::now() - start).count();
     rec.forward_s = rec.step_s;  // one train_batch: forward and backward interleave

@@ -1,10 +1,11 @@
-// Pipeline parallelism in zero-train (pipeline.stages > 1): the pp x dp grid over the launched
-// processes (Megatron's order, tensor parallel 1), the example GPT as pipeline layers, each
-// stage's layers trained by the ZeRO engine (include/zero/pipeline_engine.hpp), and a training
-// loop of its own: one train_batch per optimizer step, gradient_accumulation_steps micro-batches.
-// Checkpoints per stage (save_dir/stage<s>/, resumed at the same P). What the plain loop offers
-// beyond that (the summary, tensor parallelism, CUDA) is refused with the key named until the
-// pipeline supports it.
+// Pipeline parallelism in zero-train (pipeline.stages > 1, or 1 resuming a pipelined save):
+// the pp x dp grid over the launched processes (Megatron's order, tensor parallel 1), the
+// example GPT as pipeline layers, each stage's layers trained by the ZeRO engine
+// (include/zero/pipeline_engine.hpp), and a training loop of its own: one train_batch per
+// optimizer step, gradient_accumulation_steps micro-batches.
+// Checkpoints per stage (save_dir/stage<s>/, resumed at any P and data-parallel size). What the
+// plain loop offers beyond that (the summary, tensor parallelism, CUDA) is refused with the key
+// named until the pipeline supports it.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -170,7 +170,12 @@ at::Tensor Trainer::loss(const at::Tensor& tokens, const at::Tensor& targets) {
 }
 
 std::optional<PipelineTrainerArgs> Trainer::pipeline_args() const {
-  if (cfg_.pipeline.stages <= 1) return std::nullopt;
+  if (cfg_.pipeline.stages <= 1) {
+    const std::string save_dir = cfg_.extra_string("trainer.save_dir");
+    if (cfg_.extra_string("trainer.resume") == "false" || save_dir.empty() ||
+        latest_checkpoint_tag(save_dir + "/stage0").empty() || !checkpoint_dirs(save_dir).empty())
+      return std::nullopt;
+  }
   return PipelineTrainerArgs{
       cfg_,    options_.config_path, mc_, preset_, hf_dir_, data_, steps_, seq_,
       device_, options_.summary_path};

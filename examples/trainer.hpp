@@ -53,8 +53,11 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
   ~Trainer();
 
-  // pipeline.stages > 1: what examples/pp_trainer.cpp's train_pipeline needs (the set-up
-  // above), to run instead of the phases below; nullopt otherwise.
+  // pipeline.stages > 1, or 1 resuming a pipelined save (save_dir/stage0/, and no save of a
+  // run without a pipeline beside it): what examples/pp_trainer.cpp's train_pipeline needs (the
+  // set-up above), to run instead of the phases below; nullopt otherwise. At one stage the
+  // pipeline's engine names parameters by layer, as the save does: the plain model's names
+  // differ, so a pipelined save goes on in the pipeline's loop (at P = 1, the same training).
   std::optional<PipelineTrainerArgs> pipeline_args() const;
 
   void build();

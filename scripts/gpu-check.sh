@@ -7,7 +7,7 @@
 #   3. runs the CUDA-gated tests (they skip without a GPU; here they must pass), among them the
 #      check that backward()/step() return to the host before the device finishes (no host
 #      sync: collectives are waited on by the stream, tests/test_cuda.cpp), and with 2+ GPUs a
-#      2-process NCCL run of the trainer through torchrun (stages 1 and 2),
+#      2-process NCCL run of the trainer through torchrun (stages 1 and 2, and a 2-stage pipeline),
 #   4. benchmarks the example GPT at ~1.3 B parameters, bf16, sequence 2048, world size 1:
 #      ZeRO stage 0 and 2, each with and without activation checkpointing, next to the same
 #      model in PyTorch eager Python on the same GPU in the same run,
@@ -78,8 +78,20 @@ if (( ngpu >= 2 )); then
       || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
     stamp "$name"
   done
+  # The pipeline runtime over NCCL (issue 21): 2 stages x 1 replica, 1F1B over 4 micro-batches,
+  # activations and gradients on the GPUs, gradients on the second (earlier-stage) group. A
+  # pipeline run writes no --summary-json yet: the losses go to the metrics file.
+  name="nccl-2proc-pipeline"
+  python3 -m torch.distributed.run --standalone --nproc-per-node 2 --no-python \
+    build-gpu/examples/zero-train --config configs/zero2.yaml --set trainer.device=cuda \
+    --set trainer.model=gpt-25m --set trainer.steps=10 --set scheduler.params.total_num_steps=10 \
+    --set scheduler.params.warmup_num_steps=2 --set bf16.enabled=true \
+    --set zero_optimization.stage=1 --set pipeline.stages=2 --set gradient_accumulation_steps=4 \
+    --set steps_per_print=1 --set trainer.metrics_file="$out/$name.jsonl" > "$out/$name.log" 2>&1 \
+    || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
+  stamp "$name"
 else
-  echo "gpu-check: $ngpu GPU: the 2-process NCCL run needs 2" | tee -a "$out/progress.log"
+  echo "gpu-check: $ngpu GPU: the 2-process NCCL runs (data parallel, pipeline) need 2" | tee -a "$out/progress.log"
 fi
 
 # 4. Benchmarks: gpt-1.3b, bf16, seq 2048, micro-batch 1, world size 1.

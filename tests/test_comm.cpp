@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/agree.hpp"
 #include "comm/arrivals.hpp"
 #include "comm/group.hpp"
 #include "comm/launcher_env.hpp"
@@ -39,6 +40,29 @@ std::string launch_error(const std::map<std::string, std::string>& env) {
     return e.what();
   }
   return "";
+}
+
+// comm/agree.hpp: ranks 0 and 2 of 3 fail, rank 1 does not; every rank gets both texts, in rank
+// order, the same bytes (one of them longer than a status number, with a NUL-free UTF-8 dash); a
+// round where no rank fails gives "" everywhere. A group of one needs no peer.
+TEST(AgreeErrors, EveryRankGetsEveryFailingRanksTextInRankOrder) {
+  std::vector<std::string> got(3), none(3);
+  testing::run_ranks(3, [&](std::shared_ptr<Group> g) {
+    const int r = g->rank();
+    const std::string mine = r == 0   ? "bad batch \u2014 id 99"
+                             : r == 2 ? std::string(300, 'x')
+                                      : "";
+    got[r] = agree_errors(*g, mine, c10::kCPU, "a test check");
+    none[r] = agree_errors(*g, "", c10::kCPU, "a test check");
+  });
+  const std::string want = "rank 0: bad batch \u2014 id 99; rank 2: " + std::string(300, 'x');
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(got[r], want) << "rank " << r;
+    EXPECT_EQ(none[r], "") << "rank " << r;
+  }
+  auto single = Group::single();
+  EXPECT_EQ(agree_errors(*single, "", c10::kCPU, "a check"), "");
+  EXPECT_EQ(agree_errors(*single, "oops", c10::kCPU, "a check"), "rank 0: oops");
 }
 
 TEST(LauncherEnv, NothingSetIsASingleProcess) {

@@ -99,6 +99,54 @@ TEST(ManifestChecksum, AnEditedManifestIsRefusedNamingTheFile) {
   fs::remove_all(dir);
 }
 
+// A load on ranks whose groups.parts disagree with the model on one rank only (rank 1 says its
+// block lies past the end of the whole tensor): that rank must not throw alone while rank 0
+// waits in the load's next agreement until comm_timeout_s (20 s here). Both stop at once with
+// the same CheckpointError, naming rank 1 and the fix, and neither engine changed.
+TEST(CheckpointAgreement, OneRanksMisfitPartsStopEveryRanksLoadAtOnce) {
+  const fs::path dir = fs::temp_directory_path() / ("zero_parts_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::vector<std::string> messages(2);
+  std::vector<double> seconds(2);
+  run_ranks(
+      2,
+      [&](std::shared_ptr<comm::Group> g) {
+        const int r = g->rank();
+        const Config cfg = test_config(1, 2, 1, 0.0);
+        {
+          auto net = make_tiny_net(3);
+          auto e = initialize(net, cfg, g);
+          const Batch b = rank_micro_batch(global_batch(0, 4), r, 2, 0, 1);
+          e.backward(mse(net->forward(b.x), b.y));
+          e.step();
+          e.save_checkpoint(dir.string());
+        }
+        auto net = make_tiny_net(4);
+        const auto named = net->named_parameters();
+        const auto first = named.begin();
+        const std::vector<int64_t> shape = first->value().sizes().vec();
+        Groups groups{g, {}, {}};
+        if (r == 1) {
+          std::vector<int64_t> offset(shape.size(), 0);
+          offset[0] = shape[0];  // one block past the end
+          groups.parts.push_back({first->key(), shape, offset});
+        }
+        auto e = initialize(net, cfg, groups);
+        const auto t0 = std::chrono::steady_clock::now();
+        messages[r] = refusal([&] { e.load_checkpoint(dir.string()); });
+        seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(e.stats().optimizer_steps, 0)
+            << "rank " << r << ": a refused load changes nothing";
+      },
+      std::chrono::seconds(20));
+  EXPECT_EQ(messages[0], messages[1]);
+  EXPECT_NE(messages[0].find("failed on rank 1 of 2 (every rank stops)"), std::string::npos)
+      << messages[0];
+  EXPECT_NE(messages[0].find("groups.parts: parameter"), std::string::npos) << messages[0];
+  for (int r = 0; r < 2; ++r) EXPECT_LT(seconds[r], 10.0) << "rank " << r << " waited";
+  fs::remove_all(dir);
+}
+
 TEST(Liveness, NamesTheRankWhoseHeartbeatStoppedNotOneThatReportedAFailure) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   auto r0 = std::make_unique<comm::Liveness>(store, 0, 3, "rank 0");

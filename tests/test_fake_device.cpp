@@ -610,6 +610,39 @@ TEST(FakeDeviceBoundGroup, ModelOnAnotherDeviceThanTheGroupIsAClearError) {
       std::chrono::seconds(60), fake::device().type());
 }
 
+// One rank alone on the wrong device (rank 1's model on fake:1, its group bound to fake:0):
+// rank 0 must not go on into the parameter broadcast and wait there for rank 1 until
+// comm_timeout_s (20 s here). Both stop at once with the same error, naming rank 1's devices.
+TEST(FakeDeviceBoundGroup, OneRankOnAnotherDeviceStopsEveryRankAtOnce) {
+  const Config cfg = config(2, "AdamW");
+  std::vector<std::string> messages(kWorld);
+  std::vector<double> seconds(kWorld);
+  run_ranks(
+      kWorld,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        const c10::Device bound = r == 1 ? fake::device(0) : rank_device(*group);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          initialize(net_on(1, rank_device(*group)), cfg,
+                     std::make_shared<BoundGroup>(group, bound));
+          ADD_FAILURE() << "rank " << r << ": expected an error";
+        } catch (const c10::Error& e) {
+          messages[r] = e.what_without_backtrace();
+        }
+        seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      std::chrono::seconds(20), fake::device().type());
+  EXPECT_EQ(messages[0], messages[1]);
+  EXPECT_NE(messages[0].find("every rank stops, rank 1: the model is on " + fake::device(1).str() +
+                             " but the process group"),
+            std::string::npos)
+      << messages[0];
+  EXPECT_NE(messages[0].find("is bound to " + fake::device(0).str()), std::string::npos);
+  EXPECT_EQ(messages[0].find("rank 0:"), std::string::npos) << messages[0];
+  for (int r = 0; r < kWorld; ++r) EXPECT_LT(seconds[r], 10.0) << "rank " << r << " waited";
+}
+
 // Optimizer offload's host buffers (master, moments, gradient shard, compute-dtype copy, the
 // gradient ring) are long-lived and large. The page-locked memory the process holds for them
 // (cached free blocks included) must be what they declare, give or take a page a buffer, not the

@@ -30,6 +30,7 @@
 #include "comm/mesh.hpp"
 #include "gpt.hpp"
 #include "gpt_layers.hpp"
+#include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
 #include "zero/pipeline/schedule.hpp"
@@ -136,13 +137,15 @@ struct Case {
   int zero_stage;
   bool tied;
   int checkpoint_interval = 0;  // pipeline.activation_checkpoint_interval
+  bool fake_device = false;     // world rank r on the fake accelerator's device r
 };
 
 std::string name(const Case& k) {
   return "P=" + std::to_string(k.stages) + " x D=" + std::to_string(k.dp) + " " +
          std::string(schedule_name(k.schedule)) + " " + (k.opt == Opt::SGD ? "SGD" : "AdamW") +
          " ZeRO-" + std::to_string(k.zero_stage) + (k.tied ? " tied" : " untied") +
-         (k.checkpoint_interval ? " recompute " + std::to_string(k.checkpoint_interval) : "");
+         (k.checkpoint_interval ? " recompute " + std::to_string(k.checkpoint_interval) : "") +
+         (k.fake_device ? " fake device" : "");
 }
 
 struct Trial {
@@ -157,32 +160,45 @@ Trial run_case(const Case& k, const GptConfig& c, const Params& init,
   Trial run;
   run.losses.resize(world);
   run.params.resize(world);
-  testing::run_ranks(world, [&](std::shared_ptr<comm::Group> w) {
-    comm::Mesh mesh = comm::Mesh::megatron(w, /*tp=*/1, /*pp=*/k.stages);
-    const int rank = w->rank(), d = mesh.coord("dp");
-    Gpt model(c);  // every rank's copy starts from the reference's weights
-    load(model, init);
-    auto layers = examples::gpt_pipeline_layers(model);
-    Config cfg = engine_config(k.opt, k.zero_stage, k.stages, k.schedule);
-    cfg.pipeline.activation_checkpoint_interval = k.checkpoint_interval;
-    PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
-    ASSERT_EQ(pipe.stage(), mesh.coord("pp"));
-    ASSERT_EQ(pipe.engine().world_size(), k.dp);
-    std::set<const void*> mine;  // this stage's layers' parameters (a tied copy included)
-    for (int i = pipe.bounds()[pipe.stage()]; i < pipe.bounds()[pipe.stage() + 1]; ++i)
-      for (const auto& p : layers[i].module->parameters()) mine.insert(p.unsafeGetTensorImpl());
-    const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
-    for (const auto& b : batches) {
-      auto in = b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
-      auto tg = b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
-      run.losses[rank].push_back(pipe.train_batch(in, tg));
-      ASSERT_TRUE(pipe.last_step_applied());
-      if (rank == 0) run.norms.push_back(pipe.engine().stats().last_grad_norm);
-    }
-    for (const auto& p : model->named_parameters())
-      if (mine.count(p.value().unsafeGetTensorImpl()))
-        run.params[rank][p.key()] = p.value().detach().clone();
-  });
+  const c10::DeviceType type =
+      k.fake_device ? testing::fake::device().type() : c10::DeviceType::CPU;
+  testing::run_ranks(
+      world,
+      [&](std::shared_ptr<comm::Group> w) {
+        comm::Mesh mesh = comm::Mesh::megatron(w, /*tp=*/1, /*pp=*/k.stages);
+        const int rank = w->rank(), d = mesh.coord("dp");
+        Gpt model(c);  // every rank's copy starts from the reference's weights
+        load(model, init);
+        const c10::Device device = k.fake_device ? testing::fake::device(rank) : c10::kCPU;
+        model->to(device);
+        auto layers = examples::gpt_pipeline_layers(model);
+        Config cfg = engine_config(k.opt, k.zero_stage, k.stages, k.schedule);
+        cfg.pipeline.activation_checkpoint_interval = k.checkpoint_interval;
+        PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
+        ASSERT_EQ(pipe.stage(), mesh.coord("pp"));
+        ASSERT_EQ(pipe.engine().world_size(), k.dp);
+        std::set<const void*> mine;  // this stage's layers' parameters (a tied copy included)
+        for (int i = pipe.bounds()[pipe.stage()]; i < pipe.bounds()[pipe.stage() + 1]; ++i)
+          for (const auto& p : layers[i].module->parameters()) mine.insert(p.unsafeGetTensorImpl());
+        const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
+        for (const auto& b : batches) {
+          std::vector<at::Tensor> in, tg;
+          for (const auto& t : b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0))
+            in.push_back(t.to(device));
+          for (const auto& t : b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0))
+            tg.push_back(t.to(device));
+          run.losses[rank].push_back(pipe.train_batch(in, tg));
+          ASSERT_TRUE(pipe.last_step_applied());
+          // Settled: on an accelerator stats() has the step's norm only after the next step.
+          if (rank == 0) run.norms.push_back(pipe.engine().settled_stats().last_grad_norm);
+        }
+        for (const auto& p : model->named_parameters())
+          if (mine.count(p.value().unsafeGetTensorImpl())) {
+            EXPECT_EQ(p.value().device(), device) << p.key();
+            run.params[rank][p.key()] = p.value().detach().cpu().clone();
+          }
+      },
+      std::chrono::seconds(60), type);
   return run;
 }
 
@@ -241,6 +257,15 @@ TEST(PipelineEngine, TiedEmbeddingAndHeadAcrossStages) {
   }
 }
 
+// Every rank on its own device of the fake accelerator (its groups staging through the host as
+// for any non-CPU device, so a host tensor handed to one is refused as NCCL refuses it): the
+// stages' engines, the runtime's buffers, the norm over dp then pp, the tied weight's exchange.
+// SGD: AdamW magnifies the fake device's roundings (test_pipeline_runtime.cpp says more).
+TEST(PipelineEngine, StagesOnAnAcceleratorMatchSingleProcessTraining) {
+  check({2, 2, ScheduleKind::OneFOneB, Opt::SGD, 1, /*tied=*/true, 0, /*fake_device=*/true});
+  check({2, 1, ScheduleKind::GPipe, Opt::SGD, 0, /*tied=*/false, 0, /*fake_device=*/true});
+}
+
 // pipeline.activation_checkpoint_interval: each stage recomputes runs of layers in backward
 // (nested backward passes inside the engine's), with the same result.
 TEST(PipelineEngine, ActivationCheckpointingPerStage) {
@@ -268,57 +293,70 @@ TEST(PipelineEngine, GPipeEqualsOneFOneB) {
 // overflow on one stage skips the step on every stage. The first stage's gradients are poisoned
 // (inf) on the first step only: every rank skips that step, the last stage's parameters are
 // untouched by it, and the next steps are applied everywhere.
+// On the fake accelerator too: there the engine's step() returns before the verdict reaches the
+// host, and last_step_applied() must wait for it.
 TEST(PipelineEngine, Fp16OverflowOnOneStageSkipsTheStepOnEveryStage) {
-  GptConfig c = examples::gpt_preset("tiny");
-  at::manual_seed(1234);
-  const Params init = snapshot(Gpt(c));
-  const auto batches = make_batches(c, 2 * kMicroBatches * kRowsPerMicroBatch);
-  std::vector<std::vector<int>> applied(4);
-  std::vector<int64_t> skipped(4);
-  std::vector<double> max_change_after_skip(4);
-  testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
-    comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
-    const int rank = w->rank(), d = mesh.coord("dp");
-    Gpt model(c);
-    load(model, init);
-    auto layers = examples::gpt_pipeline_layers(model);
-    bool poison = true;
-    auto embed = layers[0].forward;
-    layers[0].forward = [embed, &poison](const at::Tensor& t) {
-      at::Tensor y = embed(t);
-      if (poison)
-        y.register_hook(
-            [](const at::Tensor& g) { return g * std::numeric_limits<float>::infinity(); });
-      return y;
-    };
-    Config cfg = engine_config(Opt::SGD, 1, 2, ScheduleKind::OneFOneB);
-    cfg.fp16.enabled = true;
-    PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
-    const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
-    for (const auto& b : batches) {
-      const Params before = snapshot(model);
-      auto in = b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
-      auto tg = b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
-      const float loss = pipe.train_batch(in, tg);
-      EXPECT_TRUE(std::isfinite(loss));
-      applied[rank].push_back(pipe.last_step_applied());
-      if (poison) {
-        double change = 0;
-        for (const auto& [key, t] : snapshot(model))
-          change = std::max(
-              change,
-              (t.to(at::kFloat) - before.at(key).to(at::kFloat)).abs().max().item<double>());
-        max_change_after_skip[rank] = change;
-      }
-      poison = false;
+  for (bool fake : {false, true}) {
+    SCOPED_TRACE(fake ? "fake device" : "host");
+    GptConfig c = examples::gpt_preset("tiny");
+    at::manual_seed(1234);
+    const Params init = snapshot(Gpt(c));
+    const auto batches = make_batches(c, 2 * kMicroBatches * kRowsPerMicroBatch);
+    std::vector<std::vector<int>> applied(4);
+    std::vector<int64_t> skipped(4);
+    std::vector<double> max_change_after_skip(4);
+    testing::run_ranks(
+        4,
+        [&](std::shared_ptr<comm::Group> w) {
+          comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
+          const int rank = w->rank(), d = mesh.coord("dp");
+          Gpt model(c);
+          load(model, init);
+          const c10::Device device = fake ? testing::fake::device(rank) : c10::kCPU;
+          model->to(device);
+          auto layers = examples::gpt_pipeline_layers(model);
+          bool poison = true;
+          auto embed = layers[0].forward;
+          layers[0].forward = [embed, &poison](const at::Tensor& t) {
+            at::Tensor y = embed(t);
+            if (poison)
+              y.register_hook(
+                  [](const at::Tensor& g) { return g * std::numeric_limits<float>::infinity(); });
+            return y;
+          };
+          Config cfg = engine_config(Opt::SGD, 1, 2, ScheduleKind::OneFOneB);
+          cfg.fp16.enabled = true;
+          PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
+          const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
+          for (const auto& b : batches) {
+            const Params before = snapshot(model);
+            std::vector<at::Tensor> in, tg;
+            for (const auto& t : b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0))
+              in.push_back(t.to(device));
+            for (const auto& t : b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0))
+              tg.push_back(t.to(device));
+            const float loss = pipe.train_batch(in, tg);
+            EXPECT_TRUE(std::isfinite(loss));
+            applied[rank].push_back(pipe.last_step_applied());
+            if (poison) {
+              double change = 0;
+              for (const auto& [key, t] : snapshot(model))
+                change = std::max(
+                    change,
+                    (t.to(at::kFloat) - before.at(key).to(at::kFloat)).abs().max().item<double>());
+              max_change_after_skip[rank] = change;
+            }
+            poison = false;
+          }
+          skipped[rank] = pipe.engine().settled_stats().skipped_steps;
+        },
+        std::chrono::seconds(60), fake ? testing::fake::device().type() : c10::DeviceType::CPU);
+    for (int r = 0; r < 4; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      EXPECT_EQ(applied[r], (std::vector<int>{0, 1, 1, 1}));
+      EXPECT_EQ(skipped[r], 1);
+      EXPECT_EQ(max_change_after_skip[r], 0.0) << "the skipped step moved a parameter";
     }
-    skipped[rank] = pipe.engine().stats().skipped_steps;
-  });
-  for (int r = 0; r < 4; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    EXPECT_EQ(applied[r], (std::vector<int>{0, 1, 1, 1}));
-    EXPECT_EQ(skipped[r], 1);
-    EXPECT_EQ(max_change_after_skip[r], 0.0) << "the skipped step moved a parameter";
   }
 }
 

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -328,6 +330,58 @@ TEST(TensorParallelCrossEntropy, BadTargetsNameTheProblem) {
           << e.what();
     }
   });
+}
+
+// A bad batch on one rank only: that rank must not throw alone while its peers enter the
+// forward's collective and wait for it until comm_timeout_s (20 s here). Every rank throws the
+// same error, naming the rank and the id, at once.
+TEST(TensorParallelBadInput, OneRanksBadIdsStopEveryRankAtOnce) {
+  constexpr int64_t V = 16, D = 4;
+  std::vector<std::string> messages(2);
+  std::vector<double> seconds(2);
+  auto expect_agreed = [&](const std::function<void(std::shared_ptr<comm::Group>, int)>& fn) {
+    messages.assign(2, "");
+    run_ranks(
+        2,
+        [&](std::shared_ptr<comm::Group> g) {
+          const auto t0 = std::chrono::steady_clock::now();
+          try {
+            fn(g, g->rank());
+            ADD_FAILURE() << "rank " << g->rank() << ": no error";
+          } catch (const std::invalid_argument& e) {
+            messages[g->rank()] = e.what();
+          }
+          seconds[g->rank()] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        },
+        std::chrono::seconds(20));
+    EXPECT_EQ(messages[0], messages[1]);
+    for (int r = 0; r < 2; ++r) EXPECT_LT(seconds[r], 10.0) << "rank " << r << " waited";
+    return messages[0];
+  };
+  std::string m = expect_agreed([&](std::shared_ptr<comm::Group> g, int r) {
+    VocabParallelEmbedding emb(g, VocabParallelEmbeddingOptions(V, D).seed(3));
+    emb->forward(at::tensor(std::vector<int64_t>{3, r == 1 ? V + 2 : 4}));
+  });
+  EXPECT_NE(m.find("token id 18 outside the vocabulary [0, 16) on tensor-parallel rank 1 of 2"),
+            std::string::npos)
+      << m;
+
+  const at::Tensor shard = at::zeros({2, 3, 4});  // vocabulary 8
+  m = expect_agreed([&](std::shared_ptr<comm::Group> g, int r) {
+    vocab_parallel_cross_entropy(shard, at::full({2, 3}, r == 0 ? -5 : 1, at::kLong), g);
+  });
+  EXPECT_NE(m.find("target id -5 is outside the vocabulary [0, 8) and is not ignore_index -100, "
+                   "on tensor-parallel rank 0 of 2"),
+            std::string::npos)
+      << m;
+  m = expect_agreed([&](std::shared_ptr<comm::Group> g, int r) {
+    vocab_parallel_cross_entropy(shard, at::zeros({2, r == 1 ? 4 : 3}, at::kLong), g);
+  });
+  EXPECT_NE(m.find("on tensor-parallel rank 1 of 2 (every rank of the group stops): target shape "
+                   "[2, 4] must be the logits' shape [2, 3, 4]"),
+            std::string::npos)
+      << m;
 }
 
 // ---- sequence parallelism ---------------------------------------------------------------

@@ -1,7 +1,9 @@
 // zero-consolidate: one safetensors file with the full model from a sharded checkpoint, read
 // straight from the shard files (no process group, any number of ranks wrote it); or, with
 // --format hf, the example GPT as a Hugging Face LlamaForCausalLM directory. A tensor-parallel
-// run's save (DIR/tp0, DIR/tp1, ...: each rank's blocks of the split weights) is put together.
+// run's save (DIR/tp0, DIR/tp1, ...: each rank's blocks of the split weights) is put together,
+// and so is a pipelined one (DIR/stage0, DIR/stage1, ...: each stage's layers, named by layer
+// index), its parameters renamed to the example GPT's when they are its layers.
 //
 //   zero-consolidate --checkpoint ckpt/ [--tag step200] --out model.safetensors [--dtype bf16]
 //   zero-consolidate --checkpoint ckpt/ --format hf --model hf:BASE_DIR --out hf_model/ \
@@ -9,12 +11,17 @@
 #include <ATen/ATen.h>
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
+#include "gpt_layers.hpp"
 #include "hf_llama.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/errors.hpp"
+#include "zero/pipeline_engine.hpp"
 
 namespace po = boost::program_options;
 
@@ -77,10 +84,42 @@ int run(int argc, char** argv) {
   }
   // A tensor-parallel run's save lies in DIR/tp0, DIR/tp1, ...: their blocks are put together.
   std::vector<std::string> dirs = zero::checkpoint_dirs(dir, tag);
+  // A pipelined save (zero-train with pipeline.stages, PipelineEngine::save_checkpoint): the
+  // stages that saved it, as its pipeline.json records them.
+  int stages = 0, layers = 0;
+  std::error_code ec;
+  if (dirs.empty() && std::filesystem::is_directory(dir + "/stage0", ec)) {
+    const zero::pipeline::PipelineSaveLayout saved = zero::pipeline::read_pipeline_save(dir, tag);
+    stages = saved.stages;
+    if (saved.recorded) layers = saved.bounds.back();
+    tag = saved.tag;
+    for (int s = 0; s < stages; ++s) dirs.push_back(dir + "/stage" + std::to_string(s));
+  }
   if (dirs.empty()) dirs = {dir};  // read_checkpoint_info says what is missing
   const zero::CheckpointInfo info = zero::read_checkpoint_info(dirs.front(), tag);
-  const auto tensors = zero::read_consolidated(dirs, info.tag, state);
-  if (dirs.size() > 1) {
+  auto tensors = zero::read_consolidated(dirs, info.tag, state);
+  if (stages > 0) {
+    // Named "<layer index>.<name in the layer>": the example GPT's names when every one is its
+    // layers' (zero-logits and --format hf read those), else as saved.
+    // A save from before pipeline.json: the last layer has parameters (the GPT's final norm).
+    if (layers == 0)
+      for (const auto& t : tensors) layers = std::max(layers, std::atoi(t.first.c_str()) + 1);
+    std::vector<std::string> names;
+    for (const auto& t : tensors) {
+      names.push_back(zero::examples::gpt_name_of_layer_param(t.first, layers));
+      if (names.back().empty()) {
+        names.clear();
+        break;
+      }
+    }
+    for (size_t i = 0; i < names.size(); ++i) tensors[i].first = names[i];
+    std::printf(
+        "zero-consolidate: a pipelined save of %d stages (%s ... %s), each of %d data-parallel "
+        "ranks; %s\n",
+        stages, dirs.front().c_str(), dirs.back().c_str(), info.world_size,
+        names.empty() ? "parameters named by layer index (not the example GPT's layers)"
+                      : "parameters under the example GPT's names");
+  } else if (dirs.size() > 1) {
     std::printf(
         "zero-consolidate: %zu tensor-parallel ranks' saves (%s ... %s), each of %d "
         "data-parallel ranks\n",

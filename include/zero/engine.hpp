@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,6 +63,11 @@ struct StateDictOptions {
   bool cpu = true;
 };
 using StateDict = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Which saved parameters belong to an engine that trains part of a model (a pipeline stage's
+// layers), by name: Engine::load_checkpoint(dirs, tag, part) skips the others. Empty: the
+// engine holds the whole model.
+using ModelPart = std::function<bool(const std::string& name)>;
 
 class Engine {
  public:
@@ -155,7 +161,11 @@ class Engine {
   // size 2 loads under 1 or 4, and one of size 1 under 2. The step counters come from dirs[0],
   // and so do this rank's random-generator states when dirs[0] holds the same blocks as this
   // rank (else it keeps its own). `tag` ("" = dirs[0]/latest's) must exist in every directory.
-  std::string load_checkpoint(const std::vector<std::string>& dirs, const std::string& tag = "");
+  // `part` set: this engine trains a part of the saved model (a pipeline stage loading the
+  // stage directories of a save at another pipeline.stages): saved parameters outside the part
+  // are skipped; each inside it must be this engine's, and each of this engine's saved.
+  std::string load_checkpoint(const std::vector<std::string>& dirs, const std::string& tag = "",
+                              const ModelPart& part = {});
 
  private:
   std::unique_ptr<Impl> impl_;

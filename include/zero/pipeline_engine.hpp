@@ -38,6 +38,22 @@ struct PipelineGrid {
 };
 PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages);
 
+// How a pipelined checkpoint was cut: PipelineEngine::save_checkpoint records it beside each
+// stage's shards (dir/stage<s>/<tag>/pipeline.json), and a load at another pipeline.stages reads
+// it to find every layer's parameters.
+struct PipelineSaveLayout {
+  std::string tag;
+  int stages = 0;           // the saving run's pipeline.stages
+  std::vector<int> bounds;  // its stage s held layers bounds[s] .. bounds[s + 1] - 1
+  // false: a save from before the layout was recorded (no pipeline.json): `stages` counts the
+  // stage directories holding the tag, `bounds` is empty, and it loads at that P only.
+  bool recorded = true;
+};
+// The layout of `dir`'s pipelined save `tag` ("" = the one dir/stage0/latest names), checked
+// against every stage directory it names. Reads files only; throws CheckpointError naming the
+// file when there is no such save or its stages disagree.
+PipelineSaveLayout read_pipeline_save(const std::string& dir, const std::string& tag = "");
+
 class PipelineEngine {
  public:
   // `layers`: the whole model's (each rank passes the same list; only this stage's are kept).
@@ -56,10 +72,15 @@ class PipelineEngine {
   float train_batch(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
 
   // Checkpoints per stage: each stage's engine writes its own shards under dir/stage<s>/ (over
-  // its data-parallel group; every rank calls it). A checkpoint resumes at the same
-  // pipeline.stages and partition (the parameters are named by layer index); another P is not
-  // implemented. load_checkpoint returns the tag and sends the loaded tied weights to their
-  // copies on the other stages.
+  // its data-parallel group; every rank calls it), its parameters named by their layer's index
+  // in the whole list ("3.wq.weight"), a tied weight once, under its owner's name; beside them
+  // pipeline.json records P and the partition (PipelineSaveLayout). save_checkpoint returns once
+  // every stage's save is complete (an all-reduce over dp and pp: a failure throws on all).
+  // load_checkpoint resumes a save of any pipeline.stages, partition and data-parallel size of
+  // the same model: each stage reads its layers' parameters, master weights, optimizer states
+  // and step counters from whichever stage directories hold them (Engine::load_checkpoint(dirs,
+  // tag, part): the part is its layers), then sends the loaded tied weights to their copies on the
+  // other stages. Returns the tag.
   void save_checkpoint(const std::string& dir, const std::string& tag = "", int keep_last = 0);
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
   // dir/stage<s>: where this stage's checkpoints go.

@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "comm/agree.hpp"
 #include "comm/launcher_env.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/compress/node_layout.hpp"
@@ -90,26 +91,34 @@ optim::Range window_of(const BucketSlot& b) {
 // An NCCL group runs every collective on the GPU it was bound to (LOCAL_RANK's), whatever
 // device the tensors are on: a model on another GPU would make each collective read memory of
 // the wrong device, or wait on a stream nobody feeds, and hang. Checked before the first
-// collective, so the rank stops with the fix instead.
-void check_bound_device(const comm::Group& group, const at::Device& device) {
+// collective, and agreed over the group: a rank alone on the wrong GPU must not throw while its
+// peers wait for it in the parameter broadcast until comm_timeout_s. The agreement itself runs
+// on the bound device, the one the group's collectives use on every rank (the bad rank's too).
+void check_bound_device(comm::Group& group, const at::Device& device) {
   const std::optional<c10::Device> bound = group.bound_device();
-  if (!bound || bound->type() != device.type() || !device.has_index() || *bound == device) return;
-  std::string launcher;
-  try {
-    const comm::LaunchInfo info = comm::read_launch_env();
-    if (info.launcher != "none") {
-      launcher = " (the launcher, " + info.launcher +
-                 ", set LOCAL_RANK=" + std::to_string(info.local_rank) + ")";
+  if (!bound) return;
+  std::string error;
+  if (bound->type() == device.type() && device.has_index() && *bound != device) {
+    std::string launcher;
+    try {
+      const comm::LaunchInfo info = comm::read_launch_env();
+      if (info.launcher != "none") {
+        launcher = " (the launcher, " + info.launcher +
+                   ", set LOCAL_RANK=" + std::to_string(info.local_rank) + ")";
+      }
+    } catch (const std::exception&) {
+      // An incomplete launcher environment: the message goes without it.
     }
-  } catch (const std::exception&) {
-    // An incomplete launcher environment: the message goes without it.
+    error = "the model is on " + device.str() + " but the process group (" + group.name() +
+            ", rank " + std::to_string(group.rank()) + ") is bound to " + bound->str() + launcher +
+            "; its collectives would run on the other device and hang. Move the model to " +
+            bound->str() +
+            " before initialize (torch::Device(torch::kCUDA, LOCAL_RANK), as the examples do), "
+            "or start one rank per GPU so that LOCAL_RANK names the model's GPU";
   }
-  TORCH_CHECK(false, "zero::initialize: the model is on ", device, " but the process group (",
-              group.name(), ", rank ", group.rank(), ") is bound to ", *bound, launcher,
-              "; its collectives would run on the other device and hang. Move the model to ",
-              *bound,
-              " before initialize (torch::Device(torch::kCUDA, LOCAL_RANK), as the "
-              "examples do), or start one rank per GPU so that LOCAL_RANK names the model's GPU");
+  const std::string agreed =
+      comm::agree_errors(group, error, *bound, "the check of the model's device");
+  TORCH_CHECK(agreed.empty(), "zero::initialize: every rank stops, ", agreed);
 }
 
 }  // namespace

@@ -49,21 +49,31 @@ std::string dirs_text(const std::vector<ckpt::Source>& sources) {
 // The model by name and whole (global) shape; the optimizer, its states and parameter groups
 // per directory; and, over several directories, that they are one save.
 void check_compatible(const Engine::Impl& m, const std::vector<ckpt::Manifest>& mans,
-                      const std::vector<std::string>& paths) {
+                      const std::vector<std::string>& paths, const ModelPart& part) {
   const auto cur = ckpt::current_params(m);
   // The fingerprint covers the blocks' shapes, not the whole tensors': compared by name always.
   {
     const char* hint =
         " (load it into the model it was saved from; for a new model use another save_dir)";
-    const std::string& path = paths.front();
+    // Over several directories a missing parameter could have been in any: name them all.
+    std::string path = paths.front();
+    for (size_t i = 1; i < paths.size(); ++i) path += ", " + paths[i];
     // Under tensor parallelism a rank holds a block of a parameter: the whole tensor's shape is
     // what must agree, the blocks are read wherever they lie.
     std::map<std::string, std::vector<int64_t>> saved;
     for (const auto& man : mans) {
-      for (const auto& p : man.params) saved.emplace(p.name, p.global_shape);
+      for (const auto& p : man.params) {
+        if (!part || part(p.name)) saved.emplace(p.name, p.global_shape);
+      }
     }
     for (const auto& p : cur) {
       auto it = saved.find(p.name);
+      // A part of the model (a pipeline stage) reads only the directories that should hold it.
+      if (part) {
+        ZERO_CKPT_CHECK(it != saved.end(), "zero: parameter '", p.name, "' ",
+                        shape_text(p.global_shape), " is in none of the directories read (", path,
+                        ")", hint);
+      }
       ZERO_CKPT_CHECK(it != saved.end(), path, ": a different model: this model's parameter '",
                       p.name, "' ", shape_text(p.global_shape), " is not in the checkpoint", hint);
       ZERO_CKPT_CHECK(it->second == p.global_shape, path, ": a different model: parameter '",
@@ -99,7 +109,8 @@ void check_compatible(const Engine::Impl& m, const std::vector<ckpt::Manifest>& 
                         man.optimizer_internal_steps == mans.front().optimizer_internal_steps,
                     path, ": saved at optimizer step ", man.optimizer_steps, " but ", paths.front(),
                     " at step ", mans.front().optimizer_steps,
-                    " (the directories are not the tensor-parallel ranks of one save)");
+                    " (the directories are not the tensor-parallel ranks or pipeline stages "
+                    "of one save)");
   }
 }
 
@@ -214,7 +225,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
 }
 
 std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
-                                    const std::string& tag_arg) {
+                                    const std::string& tag_arg, const ModelPart& part) {
   auto& m = *impl_;
   at::NoGradGuard no_grad;
   const int rank = m.group->rank(), world = m.group->size();
@@ -236,7 +247,7 @@ std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
             paths[i], "a save that did not finish writes no manifest; load another tag");
         mans.push_back(ckpt::parse_manifest(texts[i], paths[i]));
       }
-      check_compatible(m, mans, paths);
+      check_compatible(m, mans, paths, part);
     });
   }
   ckpt::agree(m, err, what);
@@ -267,20 +278,25 @@ std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
   const bool several = sources.size() > 1;
 
   // Does dirs[0] hold this rank's blocks as they are (no resharding of the tensor-parallel
-  // layout)? Then its generator states and error-feedback residuals are this rank's.
+  // layout) and nothing else (not another pipeline partition's stage)? Then its generator states
+  // and error-feedback residuals (laid out by its buckets) are this rank's.
+  // current_params checks this rank's groups.parts: inside the attempt, so that a rank whose
+  // parts do not fit stops every rank through agree() instead of throwing alone while the others
+  // wait in agree()'s all_gather until comm_timeout_s.
   bool same_blocks = true;
-  {
+  // Everything is checked on every rank before anything of the engine changes.
+  err = ckpt::attempt([&] {
+    const auto cur = ckpt::current_params(m);
+    same_blocks = man.params.size() == cur.size();
     std::map<std::string, const CheckpointParam*> saved;
     for (const auto& p : man.params) saved[p.name] = &p;
-    for (const auto& p : ckpt::current_params(m)) {
+    for (const auto& p : cur) {
       const auto it = saved.find(p.name);
       same_blocks = same_blocks && it != saved.end() && it->second->shape == p.shape &&
                     it->second->offset == p.offset;
     }
-  }
-
-  // Everything is checked on every rank before anything of the engine changes.
-  err = ckpt::attempt([&] { for_each_owned(m, *parts, several, [](auto&&...) {}); });
+    for_each_owned(m, *parts, several, [](auto&&...) {});
+  });
   ckpt::agree(m, err, what);
   // zero_quantized_gradients' residuals: checked in full before anything is copied, so a bad
   // file leaves them as they were.
@@ -288,8 +304,8 @@ std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
     ckpt::load_error_feedback(
         m, tag_dir, man.world_size,
         same_blocks ? ""
-                    : "the checkpoint was saved under another tensor-parallel layout: resharding "
-                      "drops them");
+                    : "the checkpoint was saved under another tensor-parallel or pipeline "
+                      "layout: resharding drops them");
   });
   ckpt::agree(m, err, what);
 

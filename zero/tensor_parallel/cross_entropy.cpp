@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/agree.hpp"
 #include "comm/group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
 
@@ -16,26 +17,43 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The target's shape and id range, agreed over the group: each rank's [length of its shape
+// error, min id, max id] gathered (one all_gather and the one host read the check always took),
+// so every rank throws the same error when any rank's target is bad, instead of that rank alone
+// while its peers wait in the all-gather of the maxima until comm_timeout_s. A bad id would
+// otherwise read out of bounds on the device.
 void check_target(const at::Tensor& logits, const at::Tensor& target, int64_t vocab,
-                  int64_t ignore_index) {
+                  int64_t ignore_index, comm::Group& g) {
+  std::string shape_error;
   if (target.sizes() != logits.sizes().slice(0, logits.dim() - 1)) {
     std::ostringstream msg;
-    msg << "zero: vocab_parallel_cross_entropy: target shape " << target.sizes()
-        << " must be the logits' shape " << logits.sizes() << " without its last (vocabulary) "
-        << "dimension";
-    throw std::invalid_argument(msg.str());
+    msg << "target shape " << target.sizes() << " must be the logits' shape " << logits.sizes()
+        << " without its last (vocabulary) dimension";
+    shape_error = msg.str();
   }
-  if (target.numel() == 0) return;
-  auto [lo, hi] = at::aminmax(target.masked_fill(target == ignore_index, 0));
-  // One read of the device for both bounds (each item() would synchronise the host).
-  const at::Tensor bounds = at::stack({lo, hi}).cpu();
-  const int64_t min_id = bounds[0].item<int64_t>();
-  const int64_t max_id = bounds[1].item<int64_t>();
-  if (min_id < 0 || max_id >= vocab) {
+  const at::TensorOptions opts = logits.options().dtype(at::kLong);
+  at::Tensor status =
+      at::tensor({static_cast<int64_t>(shape_error.size()), int64_t{0}, int64_t{0}}).to(opts);
+  if (target.numel() > 0) {
+    auto [lo, hi] = at::aminmax(target.masked_fill(target == ignore_index, 0));
+    status = at::cat({status.narrow(0, 0, 1), at::stack({lo, hi}).to(opts)});
+  }
+  const at::Tensor all = comm::gather_status(g, status, "the target's shape and id range");
+  for (int r = 0; r < g.size(); ++r) {
+    if (all[r][0].item<int64_t>() == 0) continue;
+    throw std::invalid_argument(
+        "zero: vocab_parallel_cross_entropy: on tensor-parallel rank " + std::to_string(r) +
+        " of " + std::to_string(g.size()) + " (every rank of the group stops): " +
+        comm::broadcast_text(g, shape_error, r, logits.device(), "a target shape error"));
+  }
+  for (int r = 0; r < g.size(); ++r) {
+    const int64_t min_id = all[r][1].item<int64_t>(), max_id = all[r][2].item<int64_t>();
+    if (min_id >= 0 && max_id < vocab) continue;
     std::ostringstream msg;
     msg << "zero: vocab_parallel_cross_entropy: target id " << (min_id < 0 ? min_id : max_id)
         << " is outside the vocabulary [0, " << vocab << ") and is not ignore_index "
-        << ignore_index;
+        << ignore_index << ", on tensor-parallel rank " << r << " of " << g.size()
+        << " (every rank of the group stops)";
     throw std::invalid_argument(msg.str());
   }
 }
@@ -46,7 +64,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     auto& g = comm::of(*group);
     const int64_t part = logits.size(-1);
     const int64_t start = part * g.rank();
-    check_target(logits, target, part * g.size(), ignore_index);
+    check_target(logits, target, part * g.size(), ignore_index, g);
 
     const at::Tensor z = logits.to(at::kFloat);
     // The shift only has to be the same on every rank and at least each row's maximum for

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/agree.hpp"
 #include "comm/group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
 #include "zero/tensor_parallel/init.hpp"
@@ -22,20 +23,35 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(GroupPtr group,
   load_full(init_full_embedding(options_.vocab(), options_.dim(), options_.seed()));
 }
 
-at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+namespace {
+
+// The ids' range, agreed over the group: every rank gets every rank's [min, max] (one all_gather
+// of two numbers and the one host read the check always took) and throws the same error if any
+// rank's ids leave the vocabulary. A rank throwing alone would leave its peers waiting in the
+// forward's all-reduce until comm_timeout_s. A bad id would otherwise read out of bounds on the
+// device.
+void check_ids(const at::Tensor& ids, int64_t vocab, comm::Group& g) {
+  at::Tensor bounds = at::zeros({2}, ids.options().dtype(at::kLong));
   if (ids.numel() > 0) {
     auto [lo, hi] = at::aminmax(ids);
-    // One read of the device for both bounds (each item() would synchronise the host).
-    const at::Tensor bounds = at::stack({lo, hi}).cpu();
-    const int64_t min_id = bounds[0].item<int64_t>();
-    const int64_t max_id = bounds[1].item<int64_t>();
-    if (min_id < 0 || max_id >= options_.vocab()) {
-      std::ostringstream msg;
-      msg << "zero: VocabParallelEmbedding got token id " << (min_id < 0 ? min_id : max_id)
-          << " outside the vocabulary [0, " << options_.vocab() << ")";
-      throw std::invalid_argument(msg.str());
-    }
+    bounds = at::stack({lo, hi}).to(at::kLong);
   }
+  const at::Tensor all = comm::gather_status(g, bounds, "the token ids' range");
+  for (int r = 0; r < g.size(); ++r) {
+    const int64_t min_id = all[r][0].item<int64_t>(), max_id = all[r][1].item<int64_t>();
+    if (min_id >= 0 && max_id < vocab) continue;
+    std::ostringstream msg;
+    msg << "zero: VocabParallelEmbedding got token id " << (min_id < 0 ? min_id : max_id)
+        << " outside the vocabulary [0, " << vocab << ") on tensor-parallel rank " << r << " of "
+        << g.size() << " (every rank of the group stops)";
+    throw std::invalid_argument(msg.str());
+  }
+}
+
+}  // namespace
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  check_ids(ids, options_.vocab(), comm::of(*group_));
   const int64_t start = vocab_start();
   const int64_t end = start + weight.size(0);
   at::Tensor out;

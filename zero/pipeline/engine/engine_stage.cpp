@@ -37,7 +37,13 @@ void EngineStage::step() {
     throw std::logic_error(
         "pipeline: the optimizer step came before the last micro-batch of the accumulation "
         "window (the schedule ran fewer backward passes than gradient_accumulation_steps)");
+  // The previous step's verdict: step() waits for it first anyway.
+  skipped_before_ = engine_.settled_stats().skipped_steps;
   applied_ = engine_.step();
+}
+
+bool EngineStage::last_step_applied() const {
+  return applied_ && engine_.settled_stats().skipped_steps == skipped_before_;
 }
 
 }  // namespace zero::pipeline

@@ -20,13 +20,17 @@ class EngineStage : public StageOptimizer {
   void step() override;
 
   Engine& engine() { return engine_; }
-  bool last_step_applied() const { return applied_; }
+  // On an accelerator the engine's step() returns before the device decided (it returns true
+  // at every boundary; an fp16 skip shows in skipped_steps one step later): this waits for the
+  // step's verdict (settled_stats(), a read of the device) and compares the skip count.
+  bool last_step_applied() const;
 
  private:
   void after_backward(bool closes);
 
   Engine engine_;
   bool applied_ = false;
+  int64_t skipped_before_ = 0;  // skipped_steps before the last step
 };
 
 }  // namespace zero::pipeline

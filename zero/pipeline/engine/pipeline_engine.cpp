@@ -3,11 +3,16 @@
 // with EngineStage as its optimizer.
 #include "zero/pipeline_engine.hpp"
 
+#include <ATen/ATen.h>
+
 #include <stdexcept>
 #include <string>
 
+#include "comm/agree.hpp"
 #include "comm/group.hpp"
+#include "zero/checkpoint_io.hpp"
 #include "zero/pipeline/engine/engine_stage.hpp"
+#include "zero/pipeline/engine/save_layout.hpp"
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
 
@@ -16,6 +21,8 @@ namespace zero::pipeline {
 struct PipelineEngine::Impl {
   std::vector<int> bounds;
   int stage = 0, stages = 1, micro_batches = 1;
+  std::string partition;          // pipeline.partition, recorded with checkpoints
+  std::shared_ptr<Group> pp, dp;  // the checkpoints' agreement spans both
   EngineStage* engine = nullptr;  // owned by runtime
   std::unique_ptr<PipelineRuntime> runtime;
 };
@@ -36,6 +43,26 @@ void check(const Config& cfg, const Group& pp) {
         "DeepSpeed also refuses; set zero_optimization.stage: 1 (or 0)");
 }
 
+// A collective over dp and pp: throws CheckpointError on every rank when `err` is non-empty on
+// any (this rank's own message, or one naming the stages that failed).
+void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& pp,
+           const std::string& err, const std::string& what, const std::string& failure) {
+  // On the device the groups move (an NCCL group's GPU; gloo: the host).
+  const c10::Device device = comm::of(dp)->bound_device().value_or(c10::Device(c10::kCPU));
+  at::Tensor failed =
+      at::full({1}, err.empty() ? 0 : 1, at::TensorOptions().dtype(at::kLong).device(device));
+  comm::of(dp)->all_reduce_sum(failed, "pipeline " + what + ": agree over dp").wait();
+  const at::Tensor stages =
+      comm::gather_status(*comm::of(pp), failed, "pipeline " + what + ": agree over pp");
+  if (!err.empty()) throw CheckpointError(err);
+  std::string which;
+  for (int64_t s = 0; s < stages.size(0); ++s)
+    if (stages[s][0].item<int64_t>() > 0) which += (which.empty() ? "" : ", ") + std::to_string(s);
+  if (!which.empty())
+    throw CheckpointError(what + ": pipeline stage " + which + " " + failure +
+                          " (the error on its ranks says why)");
+}
+
 }  // namespace
 
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
@@ -50,6 +77,9 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   StageLayers stage(std::move(layers), parse_partition_method(cfg.pipeline.partition), m.stages,
                     m.stage, cfg.pipeline.activation_checkpoint_interval);
   m.bounds = stage.bounds();
+  m.partition = cfg.pipeline.partition;
+  m.pp = pp;
+  m.dp = dp;
   // The norm (clipping, the fp16 overflow check) spans the stages: each holds its own layers,
   // and a tied weight is trained by its owner alone, so nothing is replicated across them.
   Groups groups{dp, {}};
@@ -77,12 +107,48 @@ std::string PipelineEngine::stage_dir(const std::string& dir) const {
 
 void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& tag,
                                      int keep_last) {
-  engine().save_checkpoint(stage_dir(dir), tag, keep_last);
+  auto& m = *impl_;
+  // The engine's save (agreed over dp), then the layout beside the shards by the stage's first
+  // data-parallel rank; then every rank of every stage learns whether all of it was written, so
+  // that a stage whose save failed does not leave the others waiting, and a load at another P
+  // right after finds every stage's.
+  std::string err;
+  try {
+    engine().save_checkpoint(stage_dir(dir), tag, keep_last);
+    if (m.dp->rank() == 0) {
+      const PipelineSaveLayout layout{latest_checkpoint_tag(stage_dir(dir)), m.stages, m.bounds};
+      write_save_layout(dir, m.stage, layout, m.partition);
+    }
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  agree(m.dp, m.pp, err, "save_checkpoint('" + dir + "')", "could not save");
 }
 
 std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  std::string loaded = engine().load_checkpoint(stage_dir(dir), tag);
-  impl_->runtime->sync_tied_weights();
+  auto& m = *impl_;
+  const std::string what = "load_checkpoint('" + dir + "')";
+  // Each phase ends in an agreement over dp and pp, so that no rank enters the engine's
+  // collectives, or the tied weights' exchange, while another has given up.
+  PipelineSaveLayout saved;
+  std::vector<std::string> dirs;
+  std::string err;
+  try {
+    saved = read_pipeline_save(dir, tag);
+    dirs = dirs_to_load(dir, saved, m.bounds, m.stage);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  agree(m.dp, m.pp, err, what, "could not read the save's layout");
+  std::string loaded;
+  try {
+    loaded = engine().load_checkpoint(dirs, saved.tag,
+                                      layers_part(m.bounds[m.stage], m.bounds[m.stage + 1]));
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  agree(m.dp, m.pp, err, what, "could not load its layers");
+  m.runtime->sync_tied_weights();
   return loaded;
 }
 

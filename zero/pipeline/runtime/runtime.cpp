@@ -49,6 +49,11 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
     throw std::invalid_argument(
         "pipeline.schedule: the runtime runs 1f1b and gpipe; interleaved (virtual stages) is "
         "simulated only so far");
+  // The stage's device: its parameters' (a stage without any keeps the host).
+  std::vector<at::Tensor> held = layers_.parameters();
+  for (const auto& t : layers_.foreign_tied()) held.push_back(t);
+  if (!held.empty()) device_ = held.front().device();
+  if (stages_ > 1) down_ = pp_->split(0, stage_, pp_->name() + "/to-earlier-stages");
   instructions_ = opts_.schedule == ScheduleKind::GPipe
                       ? gpipe_schedule(stages_, opts_.micro_batches, stage_)
                       : one_f_one_b_schedule(stages_, opts_.micro_batches, stage_);
@@ -121,15 +126,20 @@ at::Tensor PipelineRuntime::recv_activation(int mb) {
   const int prev = stage_ - 1;
   const std::string from = " from stage " + std::to_string(prev);
   if (mb == 0) {
-    at::Tensor meta = at::zeros({kMetaLen}, at::kLong);
-    pp_->recv(meta, prev, where("recv of the activation's shape" + from)).wait();
-    auto m = meta.accessor<int64_t, 1>();
+    at::Tensor meta = at::zeros({kMetaLen}, at::TensorOptions(at::kLong).device(device_));
+    recv(meta, prev, "recv of the activation's shape" + from);
+    // The host read copies after the receive landed (NCCL's wait() only orders the stream).
+    const at::Tensor host = meta.cpu();
+    auto m = host.accessor<int64_t, 1>();
+    if (m[1] < 0 || m[1] > kMaxDims)
+      throw std::runtime_error(where("received an activation shape of " + std::to_string(m[1]) +
+                                     " dimensions" + from +
+                                     "; the stages disagree on the protocol"));
     recv_dtype_ = static_cast<c10::ScalarType>(m[0]);
     recv_shape_.assign(m.data() + 2, m.data() + 2 + m[1]);
   }
-  at::Tensor x = at::empty(recv_shape_, at::TensorOptions().dtype(recv_dtype_));
-  pp_->recv(x, prev, where("recv of micro-batch " + std::to_string(mb) + "'s activation" + from))
-      .wait();
+  at::Tensor x = at::empty(recv_shape_, at::TensorOptions(recv_dtype_).device(device_));
+  recv(x, prev, "recv of micro-batch " + std::to_string(mb) + "'s activation" + from);
   return x;
 }
 
@@ -140,20 +150,23 @@ void PipelineRuntime::send_activation(int mb, const at::Tensor& y) {
     if (y.dim() > kMaxDims)
       throw std::invalid_argument(where("an activation of " + std::to_string(y.dim()) +
                                         " dimensions (at most " + std::to_string(kMaxDims) + ")"));
+    // Filled on the host, then one copy to the activation's device (an element-wise fill
+    // there would be a copy per element).
     at::Tensor meta = at::zeros({kMetaLen}, at::kLong);
-    meta[0] = static_cast<int64_t>(y.scalar_type());
-    meta[1] = y.dim();
-    for (int64_t d = 0; d < y.dim(); ++d) meta[2 + d] = y.size(d);
-    auto p = std::make_unique<Pending>();
-    p->buffer = meta;
-    p->work = pp_->send(p->buffer, next, where("send of the activation's shape" + to));
-    sends_.push_back(std::move(p));
+    auto m = meta.accessor<int64_t, 1>();
+    m[0] = static_cast<int64_t>(y.scalar_type());
+    m[1] = y.dim();
+    for (int64_t d = 0; d < y.dim(); ++d) m[2 + d] = y.size(d);
+    post_send(meta.to(y.device()), next, "send of the activation's shape" + to);
   }
-  auto p = std::make_unique<Pending>();
-  p->buffer = y.detach().contiguous();
-  p->work = pp_->send(p->buffer, next,
-                      where("send of micro-batch " + std::to_string(mb) + "'s activation" + to));
-  sends_.push_back(std::move(p));
+  post_send(y.detach().contiguous(), next,
+            "send of micro-batch " + std::to_string(mb) + "'s activation" + to);
+}
+
+comm::Group& PipelineRuntime::channel(int from, int to) const { return to > from ? *pp_ : *down_; }
+
+void PipelineRuntime::recv(at::Tensor& t, int src, const std::string& what) {
+  channel(src, stage_).recv(t, src, where(what)).wait();
 }
 
 void PipelineRuntime::wait_sends() {
@@ -164,7 +177,7 @@ void PipelineRuntime::wait_sends() {
 void PipelineRuntime::post_send(at::Tensor t, int dst, const std::string& what) {
   auto p = std::make_unique<Pending>();
   p->buffer = std::move(t);
-  p->work = pp_->send(p->buffer, dst, where(what));
+  p->work = channel(stage_, dst).send(p->buffer, dst, where(what));
   sends_.push_back(std::move(p));
 }
 
@@ -191,10 +204,8 @@ std::vector<at::Tensor> PipelineRuntime::recv_tied_grads() {
     at::Tensor sum = at::zeros_like(w, at::MemoryFormat::Contiguous);
     for (int t : tie.others) {
       at::Tensor g = at::empty_like(w, at::MemoryFormat::Contiguous);
-      pp_->recv(g, t,
-                where("recv of the gradient of tied weight '" + tie.key + "' from stage " +
-                      std::to_string(t)))
-          .wait();
+      recv(g, t,
+           "recv of the gradient of tied weight '" + tie.key + "' from stage " + std::to_string(t));
       sum.add_(g);
     }
     sums.push_back(sum);
@@ -219,10 +230,8 @@ void PipelineRuntime::exchange_tied_weights() {
       continue;
     }
     at::Tensor v = at::empty_like(w, at::MemoryFormat::Contiguous);
-    pp_->recv(
-           v, tie.owner,
-           where("recv of tied weight '" + tie.key + "' from stage " + std::to_string(tie.owner)))
-        .wait();
+    recv(v, tie.owner,
+         "recv of tied weight '" + tie.key + "' from stage " + std::to_string(tie.owner));
     w.detach().copy_(v);
   }
 }
@@ -241,7 +250,7 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   if (last) count(targets, "targets");
 
   std::vector<at::Tensor> in(m), out(m), grad_out(m);
-  at::Tensor loss_sum = at::zeros({1}, at::kFloat);
+  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kFloat).device(device_));
   for (size_t idx = 0; idx < instructions_.size(); ++idx) {
     const Instruction& ins = instructions_[idx];
     const int mb = ins.micro_batch;
@@ -265,10 +274,9 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         break;
       case Op::RecvGrad: {
         grad_out[mb] = at::empty_like(out[mb], at::MemoryFormat::Contiguous);
-        pp_->recv(grad_out[mb], stage_ + 1,
-                  where("recv of micro-batch " + std::to_string(mb) + "'s gradient from stage " +
-                        std::to_string(stage_ + 1)))
-            .wait();
+        recv(grad_out[mb], stage_ + 1,
+             "recv of micro-batch " + std::to_string(mb) + "'s gradient from stage " +
+                 std::to_string(stage_ + 1));
         break;
       }
       case Op::Backward:
@@ -293,12 +301,10 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         grad_out[mb] = at::Tensor();
         break;
       case Op::SendGrad: {
-        auto p = std::make_unique<Pending>();
-        p->buffer = in[mb].grad().defined() ? in[mb].grad().contiguous() : at::zeros_like(in[mb]);
-        p->work = pp_->send(p->buffer, stage_ - 1,
-                            where("send of micro-batch " + std::to_string(mb) +
-                                  "'s gradient to stage " + std::to_string(stage_ - 1)));
-        sends_.push_back(std::move(p));
+        post_send(in[mb].grad().defined() ? in[mb].grad().contiguous() : at::zeros_like(in[mb]),
+                  stage_ - 1,
+                  "send of micro-batch " + std::to_string(mb) + "'s gradient to stage " +
+                      std::to_string(stage_ - 1));
         in[mb] = at::Tensor();
         // After the gradient of the last micro-batch: the owner receives in this order.
         if (mb == instructions_[last_backward_].micro_batch) send_tied_grads();
@@ -317,7 +323,7 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
 
   // The loss lives on the last stage: averaged over micro-batches (and data-parallel replicas),
   // then broadcast to every stage, as DeepSpeed's _aggregate_total_loss.
-  at::Tensor loss = last ? loss_sum / m : at::zeros({1}, at::kFloat);
+  at::Tensor loss = last ? loss_sum / m : at::zeros({1}, loss_sum.options());
   if (last && dp_ && dp_->size() > 1) {
     dp_->all_reduce_sum(loss, where("all-reduce of the loss over data parallel")).wait();
     loss /= dp_->size();

@@ -15,6 +15,20 @@
 // are waited on: a schedule whose receives are acyclic then cannot deadlock, whatever the
 // transport does with an unmatched send. Every wait is bounded by the group's comm_timeout_s,
 // and its error names this stage, the instruction and the peer stage and rank.
+//
+// Under NCCL the point-to-point operations of one process group between two ranks run in
+// order on one stream, and a send does not finish before its receive started: a send of
+// micro-batch 1's activation queued before the receive of micro-batch 0's gradient, while the
+// next stage sends that gradient first, would block both streams (1F1B does exactly that).
+// So messages to later stages (activations, tied weights) travel on `pp` and messages to
+// earlier stages (gradients, tied gradients) on a second group split from it: each group then
+// carries one direction between two stages, in the same order on both sides (Megatron batches
+// each send with its opposite receive instead, batch_isend_irecv; PyTorch warns that eager-init
+// NCCL groups serialise their p2p operations and advises separate groups).
+//
+// Buffers live on the stage's device (its parameters'): an NCCL group moves CUDA tensors only,
+// gloo host tensors only. The activation's shape travels as a small tensor on that device too
+// and is read on the host once per step (one host read on each stage after the first).
 #pragma once
 
 #include <functional>
@@ -61,6 +75,8 @@ class PipelineRuntime {
   const StageLayers& layers() const { return layers_; }
   StageOptimizer& optimizer() { return *optimizer_; }
   const std::vector<Instruction>& instructions() const { return instructions_; }
+  // Where this stage's received activations, gradients and the loss live.
+  c10::Device device() const { return device_; }
 
  private:
   // A weight tied across stages (DeepSpeed's TiedLayerSpec). The first stage holding it owns it:
@@ -80,6 +96,9 @@ class PipelineRuntime {
   at::Tensor recv_activation(int mb);
   void send_activation(int mb, const at::Tensor& y);
   void post_send(at::Tensor t, int dst, const std::string& what);
+  void recv(at::Tensor& t, int src, const std::string& what);
+  // The group that carries a message from stage `from` to stage `to` (see above).
+  comm::Group& channel(int from, int to) const;
   void send_tied_grads();
   std::vector<at::Tensor> recv_tied_grads();
   void exchange_tied_weights();
@@ -88,6 +107,7 @@ class PipelineRuntime {
   StageLayers layers_;
   LossFn loss_;
   std::shared_ptr<comm::Group> pp_, dp_;
+  std::shared_ptr<comm::Group> down_;  // messages to earlier stages; split from pp_
   std::unique_ptr<StageOptimizer> optimizer_;
   RuntimeOptions opts_;
   int stage_, stages_;
@@ -97,6 +117,7 @@ class PipelineRuntime {
   std::vector<std::unique_ptr<Pending>> sends_;  // posted this step, waited at ReduceGrads
   std::vector<int64_t> recv_shape_;              // the activation's shape from the previous stage
   c10::ScalarType recv_dtype_ = c10::ScalarType::Float;
+  c10::Device device_{c10::kCPU};  // the stage's: every buffer sent or received lives there
 };
 
 }  // namespace zero::pipeline

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# A pipelined checkpoint resumes at another pipeline.stages (and data-parallel size), through
+# real processes (torchrun, gloo): the tiny preset (4 layers) trained 9 steps at P = 2 (2
+# processes), saving every 3 steps (save_dir/stage<s>/ with pipeline.json); its step-3 save
+# resumed at P = 1 (one process: zero-train at pipeline.stages 1 finds the pipelined save and
+# goes on in the pipeline's loop), which trains steps 4-6 and saves at step 6; that save resumed
+# at P = 2 x D = 2 (4 processes) for steps 7-9. AdamW, so the optimizer states and step counters
+# must be found in whichever stage directories hold them. Steps 4-9 must equal the uninterrupted
+# P = 2 run's within 1e-5 relative (the tolerance of tests/e2e/pipeline.sh: the same fp32
+# arithmetic in another order; a layer read from the wrong stage or optimizer states left at zero
+# move the loss by 1e-3 or more at the first resumed step). The max difference is printed.
+# zero-consolidate puts the P = 2 step-3 save together under the example GPT's names, equal to
+# the plain trainer's step-3 save within 1e-5, and exports it as Hugging Face LLaMA; a save of
+# another model is refused naming what it holds, and so is a plain save at P = 2.
+set -euo pipefail
+train=$1
+src=$2
+source "$src/tests/e2e/lib/check.sh"
+use_scratch
+port=$(free_port 36500)
+common=(--config "$src/configs/zero2.yaml" --set trainer.model=tiny --set trainer.seq_len=32
+        --set train_batch_size=8 --set train_micro_batch_size_per_gpu=2 --set steps_per_print=1
+        --set zero_optimization.stage=1 --set gradient_clipping=0 --set optimizer.type=AdamW
+        --set scheduler.params.total_num_steps=9 --set scheduler.params.warmup_num_steps=2)
+# launch NAME PROCESSES ARGS...: zero-train on that many processes (1: no torchrun)
+launch() {
+  local name=$1 n=$2
+  shift 2
+  if [ "$n" = 1 ]; then
+    timeout 300 "$train" "${common[@]}" --set "trainer.metrics_file=$out/$name.jsonl" "$@" \
+      > "$out/$name.log" 2>&1
+  else
+    timeout 300 torchrun --no-python --standalone --nproc-per-node "$n" \
+      --master-port $((port++)) "$train" "${common[@]}" \
+      --set "trainer.metrics_file=$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
+  fi || { cat "$out/$name.log"; return 1; }
+}
+check "P = 2 trains 9 steps, saving every 3" launch full 2 --set pipeline.stages=2 \
+  --set gradient_accumulation_steps=4 --set trainer.steps=9 --set "trainer.save_dir=$out/a" \
+  --set trainer.save_interval=3
+check "each stage recorded the partition" grep -q '"stages": 2' "$out/a/stage1/step3/pipeline.json"
+cp -r "$out/a" "$out/b"
+check "P = 2's step-3 save resumes at P = 1 (steps 4-6, saving at 6)" launch p1 1 \
+  --set gradient_accumulation_steps=4 --set trainer.steps=6 --set "trainer.save_dir=$out/b" \
+  --set trainer.save_interval=3 --set trainer.resume=step3
+check "the P = 1 log says it resharded" \
+  grep -q "resharded the save of pipeline.stages 2 (bounds 0,[0-9],4) to pipeline.stages 1" \
+  "$out/p1.log"
+check "P = 1 saved its step 6 as one stage" grep -q '"stages": 1' "$out/b/stage0/step6/pipeline.json"
+check "P = 1's step-6 save resumes at P = 2 x D = 2 (steps 7-9)" launch p2d2 4 \
+  --set pipeline.stages=2 --set gradient_accumulation_steps=2 --set trainer.steps=9 \
+  --set "trainer.save_dir=$out/b" --set trainer.resume=auto
+check "the P = 2 x D = 2 log says it resharded" \
+  grep -q "resharded the save of pipeline.stages 1 (bounds 0,4) to pipeline.stages 2" "$out/p2d2.log"
+compare() {  # compare FULL RESUMED FIRST LAST: the resumed steps within 1e-5
+  python3 - "$out" "$@" <<'PY'
+import json, sys
+out, full, res, first, last = sys.argv[1:6]
+a = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{out}/{full}.jsonl")}
+b = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{out}/{res}.jsonl")}
+want = list(range(int(first), int(last) + 1))
+assert sorted(b) == want, (sorted(b), want)
+worst = 0.0
+for s in want:
+    rel = abs(a[s] - b[s]) / abs(a[s])
+    worst = max(worst, rel)
+    print(f"step {s}: {full} {a[s]:.7f}  {res} {b[s]:.7f}  rel diff {rel:.1e}")
+print(f"max rel diff {worst:.1e} (tolerance 1e-5)")
+sys.exit(0 if worst < 1e-5 else 1)
+PY
+}
+check "P = 2 -> P = 1: steps 4-6 are the uninterrupted P = 2 run's" compare full p1 4 6
+check "P = 1 -> P = 2 x D = 2: steps 7-9 are the uninterrupted run's" compare full p2d2 7 9
+
+# zero-consolidate finds save_dir/stage0, stage1 and puts the stages' layers together under the
+# example GPT's names: equal to the plain trainer's (P = 1, no pipeline) step-3 save of the same
+# start, steps and batches, up to the arithmetic order; and it exports the HF layout.
+consolidate=$(dirname "$train")/../tools/zero-consolidate
+check "the plain trainer (P = 1) trains 3 steps, saving at step 3" launch plain 1 \
+  --set gradient_accumulation_steps=4 --set trainer.steps=3 --set "trainer.save_dir=$out/c" \
+  --set trainer.save_interval=3
+consolidated_equal() {
+  "$consolidate" --checkpoint "$out/a" --tag step3 --out "$out/pp.safetensors" > "$out/c.log" &&
+    grep -q "a pipelined save of 2 stages .*parameters under the example GPT's names" "$out/c.log" &&
+    "$consolidate" --checkpoint "$out/c" --tag step3 --out "$out/plain.safetensors" \
+      > /dev/null &&
+    python3 - "$out" <<'PY'
+import sys
+from safetensors.torch import load_file
+out = sys.argv[1]
+a = load_file(f"{out}/plain.safetensors")
+b = load_file(f"{out}/pp.safetensors")
+assert set(a) == set(b), sorted(set(a) ^ set(b))
+bad = [k for k in a if a[k].shape != b[k].shape]
+assert not bad, bad
+worst = max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)) for k in a)
+print(f"{len(a)} tensors; P = 2 vs plain consolidated step-3 weights: max rel diff {worst:.1e} (tolerance 1e-5)")
+sys.exit(0 if worst < 1e-5 else 1)
+PY
+}
+check "zero-consolidate puts the P = 2 stages together as the plain model's weights" \
+  consolidated_equal
+check "zero-consolidate --format hf exports the pipelined save" \
+  "$consolidate" --checkpoint "$out/a" --tag step3 --format hf --model tiny --out "$out/hf"
+check "... as a LlamaForCausalLM directory" test -f "$out/hf/config.json"
+
+# A save of another model (the small preset: 8 layers) is refused, naming what the save holds.
+other_model() {
+  ! launch bad 1 --set trainer.model=small --set gradient_accumulation_steps=4 \
+    --set trainer.steps=4 --set "trainer.save_dir=$out/a" --set trainer.resume=step3 > /dev/null &&
+    grep -q "holds a model of 4 layers (pipeline.stages 2" "$out/bad.log"
+}
+check "another model: refused, naming the save's layers and stages" other_model
+# The plain trainer's save names the plain model's parameters: a pipeline refuses to resume it
+# (rather than train over it from the start).
+plain_save() {
+  ! launch bad 2 --set pipeline.stages=2 --set gradient_accumulation_steps=4 \
+    --set trainer.steps=4 --set "trainer.save_dir=$out/c" --set trainer.resume=auto > /dev/null &&
+    grep -q "holds a save of a run without a pipeline" "$out/bad.log"
+}
+check "a plain save at P = 2: refused, naming the directory" plain_save
+summary

@@ -1,0 +1,31 @@
+// How a pipelined checkpoint was cut into stages (PipelineSaveLayout, include/zero/
+// pipeline_engine.hpp): written beside each stage's shards as dir/stage<s>/<tag>/pipeline.json,
+// so that a load at another pipeline.stages finds every layer's parameters in whichever stage
+// directory holds them (each stage's engine then reads them by name: Engine::load_checkpoint(dirs,
+// tag, layers_part(...))).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "zero/pipeline_engine.hpp"
+
+namespace zero::pipeline {
+
+// dir/stage<s>/<tag>/pipeline.json: `layout` as seen by stage `stage`, `partition` the method
+// that cut it (for humans; loading reads the bounds). Written atomically; throws CheckpointError.
+void write_save_layout(const std::string& dir, int stage, const PipelineSaveLayout& layout,
+                       const std::string& partition);
+
+// The stage directories of `saved` whose layers overlap stage `stage`'s under `bounds`, in stage
+// order (at the same bounds, the stage's own alone: its generator states are restored). Throws
+// CheckpointError naming what the save holds when it cannot be loaded into a model cut by `bounds`
+// (another number of layers, or a save from before the layout was recorded at another P).
+std::vector<std::string> dirs_to_load(const std::string& dir, const PipelineSaveLayout& saved,
+                                      const std::vector<int>& bounds, int stage);
+
+// The parameters of layers lo .. hi - 1, by the names the stage's engine gives them
+// ("<layer index>.<name in the layer>"): a stage's part of a save.
+ModelPart layers_part(int lo, int hi);
+
+}  // namespace zero::pipeline
