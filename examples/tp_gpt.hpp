@@ -10,7 +10,8 @@
 // Optionally sequence-parallel (Megatron-SP): between the parallel regions the activations are
 // split along the sequence (seq_len divisible by T), the norms see their rank's part only, and
 // their gradients must be all-reduced over the tensor-parallel group before the step
-// (tensor_parallel::all_reduce_partial_grads over placements()).
+// (tensor_parallel::all_reduce_partial_grads over placements(); the ZeRO engine does it itself
+// for the parameters listed in its norm group's `partial`, examples::engine_groups).
 //
 // Parameters have the plain Gpt's names ("blocks.0.wq.weight"), each rank its shard, so a plain
 // model's weights split onto it (load_full) and its shards gather back (gather_full) by name.

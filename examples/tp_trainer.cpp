@@ -29,27 +29,19 @@ tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_pt
   return groups;
 }
 
-Groups engine_groups(const Config& cfg, const tensor_parallel::Groups& groups,
-                     const std::vector<tensor_parallel::NamedPlacement>& placements,
-                     const std::string& source) {
-  const std::string tp = std::to_string(groups.tp->size());
-  if (cfg.tensor_parallel.sequence_parallel) {
-    throw ConfigError(source +
-                      ": tensor_parallel.sequence_parallel needs the engine to all-reduce "
-                      "the norms' gradients over the tensor-parallel group inside backward, "
-                      "which it does not yet; set tensor_parallel.sequence_parallel: false");
-  }
-  if (cfg.fp16.enabled) {
-    throw ConfigError(source + ": fp16 with tensor_parallel.autotp_size = " + tp +
-                      ": the loss scaler's overflow verdict under tensor parallelism is not "
-                      "tested yet; use bf16");
-  }
+Groups engine_groups(const tensor_parallel::Groups& groups,
+                     const std::vector<tensor_parallel::NamedPlacement>& placements) {
   // The norm sums over dp and then over tp; a replicated parameter (the norms) is the same on
   // every tp rank and counts once (Megatron's get_grad_norm_fp32 and DeepSpeed count it on
   // tensor-parallel rank 0 only).
-  NormGroup tp_norm{groups.tp, {}};
+  // Under sequence parallelism the norms (and the row-parallel biases) see this rank's part of
+  // the sequence only: the engine sums their gradients over tp before its dp reduction
+  // (Megatron's _allreduce_layernorm_grads).
+  NormGroup tp_norm{groups.tp, {}, {}};
   for (const auto& p : placements) {
-    if (!p.placement.sharded) tp_norm.replicated.push_back(p.name);
+    if (p.placement.sharded) continue;
+    auto& list = p.placement.grad_needs_all_reduce ? tp_norm.partial : tp_norm.replicated;
+    list.push_back(p.name);
   }
   // Checkpoints record each rank's block of the split weights: a save of one autotp_size loads
   // under another and consolidates into whole tensors.

@@ -24,13 +24,11 @@ tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_pt
 
 // The one place that says what the engine is handed under tensor parallelism: it shards and
 // reduces over the data-parallel group, and its gradient norm (clipping, the progress line's
-// grad_norm) sums over dp and then over the tensor-parallel group, with the parameters that are
-// not split (the norms) counted once. Refused (ConfigError naming the key): sequence
-// parallelism (the norms' gradients are partial sums over the tensor-parallel ranks, to be
-// all-reduced inside backward) and fp16 (its overflow verdict under tensor parallelism is
-// untested).
-Groups engine_groups(const Config& cfg, const tensor_parallel::Groups& groups,
-                     const std::vector<tensor_parallel::NamedPlacement>& placements,
-                     const std::string& source);
+// grad_norm, fp16's overflow verdict) sums over dp and then over the tensor-parallel group, with
+// the parameters that are not split (the norms) counted once. Under sequence parallelism those
+// parameters' gradients are partial sums over the tensor-parallel ranks: the engine sums them
+// over tp as they arrive, before its dp reduction (Groups::norm's `partial`).
+Groups engine_groups(const tensor_parallel::Groups& groups,
+                     const std::vector<tensor_parallel::NamedPlacement>& placements);
 
 }  // namespace zero::examples

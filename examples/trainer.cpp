@@ -214,7 +214,7 @@ void Trainer::build() {
   if (tp_size > 1) {
     layout_ = tensor_parallel_layout(cfg_, world_, mc_, seq_, config_path);
     tp_model_ = TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel);
-    groups = engine_groups(cfg_, layout_, tp_model_->placements(), config_path);
+    groups = engine_groups(layout_, tp_model_->placements());
     if (model_) {
       tp_model_->load_full(*model_);
       model_ = Gpt(nullptr);
@@ -277,7 +277,10 @@ void Trainer::build() {
   peak_flops_ = cfg_.extra_float("trainer.peak_tflops") * 1e12;
   if (peak_flops_ <= 0) peak_flops_ = known_peak_flops(dev_name);
   if (rank_ == 0) {
-    const std::string layout_text = tp_model_ ? " (" + layout_.describe() + ")" : "";
+    const std::string layout_text =
+        tp_model_ ? " (" + layout_.describe() +
+                        (cfg_.tensor_parallel.sequence_parallel ? ", sequence parallel" : "") + ")"
+                  : "";
     std::printf(
         "zero-train: %s (%lld parameters), %d ranks%s on %s, ZeRO stage %d%s, %s%s, micro-batch "
         "%lld x accumulation %lld x %d %sranks = %lld sequences of %lld tokens, data: %s\n",

@@ -264,6 +264,16 @@ TEST(EngineGroups, UnknownReplicatedNameIsAnError) {
     } catch (const c10::Error& e) {
       EXPECT_NE(std::string(e.what()).find("'fc1.wieght'"), std::string::npos) << e.what();
     }
+    // The same for the partial (sequence-parallel) list, which the message names.
+    Groups partial{dp, {{tp, {}, {"fc1.bais"}}}};
+    try {
+      initialize(make_mini(1), test_config(1, 8, 1, 0), partial);
+      ADD_FAILURE() << "no error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("groups.norm[0].partial names 'fc1.bais'"),
+                std::string::npos)
+          << e.what();
+    }
   });
 }
 

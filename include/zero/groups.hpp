@@ -29,6 +29,14 @@ struct NormGroup {
   // Names as the model's named_parameters() gives them (tied weights under their first name).
   // A name the model does not have is an error at initialize.
   std::vector<std::string> replicated;
+  // Parameters replicated across the group whose gradient each rank holds only a part of:
+  // Megatron's sequence parallelism, where a norm's weight or a row-parallel layer's bias sees
+  // this rank's part of the sequence only (tensor_parallel::Placement::grad_needs_all_reduce).
+  // The engine sums their gradients over the group as they arrive, before the data-parallel
+  // reduction (every stage; under stage 2 before the gradient enters its bucket), so they are
+  // then the same on every rank of the group and counted once in the norm, as `replicated` ones
+  // are (a name here need not be listed there too). Unknown names are an error at initialize.
+  std::vector<std::string> partial;
 };
 
 // Where a parameter this rank holds lies in the whole model's tensor of that name: a

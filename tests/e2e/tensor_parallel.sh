@@ -5,7 +5,8 @@
 # step), the same initial weights (every rank builds the same full model and tp 2 keeps its half
 # of each weight): the loss of every step must agree within 1e-5 relative. Also a bad layout
 # (autotp_size 3 on 4 ranks), a model that does not split (autotp_size 4 on the small preset's
-# 6 heads) stop with the numbers named; with clipping on, tp 2 x dp 2 still equals tp 1 x dp 4.
+# 6 heads) stop with the numbers named; with clipping on, tp 2 x dp 2 still equals tp 1 x dp 4,
+# with sequence parallelism too.
 #
 # The tolerance: both runs compute the same fp32 arithmetic in another order (the vocabulary-
 # and head-split partial sums of tp 2, the 2-way instead of 4-way gradient all-reduce): ~1e-7
@@ -48,7 +49,7 @@ worst = 0.0
 for step, (x, y) in enumerate(zip(a, b), 1):
     rel = abs(x - y) / abs(x)
     worst = max(worst, rel)
-    print(f"step {step}: tp1 x dp4 {x:.7f}  tp2 x dp2 {y:.7f}  rel diff {rel:.1e}")
+    print(f"step {step}: {one} {x:.7f}  {two} {y:.7f}  rel diff {rel:.1e}")
 print(f"worst rel diff {worst:.1e} (tolerance 1e-5); loss {a[0]:.4f} -> {a[-1]:.4f}")
 sys.exit(0 if worst < 1e-5 and a[-1] < a[0] else 1)
 PY
@@ -65,16 +66,33 @@ check "tp 2 x dp 2 trains with clipping" run tp2clip --set train_micro_batch_siz
   --set tensor_parallel.autotp_size=2 --set gradient_clipping=0.05
 check "with clipping, tp 2 x dp 2 losses equal tp 1 x dp 4's" compare dp4clip tp2clip
 grad_norms_equal() {
-  python3 - "$out" <<'PY'
+  python3 - "$out" "${1:-dp4clip}" "${2:-tp2clip}" <<'PY'
 import json, sys
-out = sys.argv[1]
-a = [json.loads(l).get("grad_norm") for l in open(f"{out}/dp4clip.jsonl")]
-b = [json.loads(l).get("grad_norm") for l in open(f"{out}/tp2clip.jsonl")]
+out, one, two = sys.argv[1:4]
+a = [json.loads(l).get("grad_norm") for l in open(f"{out}/{one}.jsonl")]
+b = [json.loads(l).get("grad_norm") for l in open(f"{out}/{two}.jsonl")]
 print("grad_norm tp1", a, "tp2", b)
 sys.exit(0 if a[0] is not None and all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a, b)) else 1)
 PY
 }
 check "the reported gradient norm is the whole model's under tp 2" grad_norms_equal
+
+# Sequence parallelism (Megatron-SP): the norms see each tp rank's half of the sequence, and the
+# engine sums their partial gradients over tp before the dp reduction. With clipping on, a norm
+# gradient left partial (or summed twice) moves both the norm and the loss from step 2 on; the
+# run must equal the run without it, and tp 1 x dp 4.
+check "tp 2 x dp 2 with sequence parallelism trains (clipping on)" run tp2spclip \
+  --set train_micro_batch_size_per_gpu=4 --set tensor_parallel.autotp_size=2 \
+  --set tensor_parallel.sequence_parallel=true --set gradient_clipping=0.05
+check "the start-up line says sequence parallel" \
+  grep -q "4 ranks (tp 2 x dp 2, sequence parallel) on" "$out/tp2spclip.log"
+check "fp16 under tp 2 x dp 2 with sequence parallelism trains" run tp2spfp16 \
+  --set train_micro_batch_size_per_gpu=4 --set tensor_parallel.autotp_size=2 \
+  --set tensor_parallel.sequence_parallel=true --set fp16.enabled=true --set trainer.steps=2
+check "with sequence parallelism, tp 2 x dp 2 losses equal those without it" compare tp2clip tp2spclip
+check "with sequence parallelism, tp 2 x dp 2 losses equal tp 1 x dp 4's" compare dp4clip tp2spclip
+check "with sequence parallelism, the gradient norm is the whole model's" \
+  grad_norms_equal dp4clip tp2spclip
 
 # Checkpoints under tensor parallelism: each tp rank's engine saves its shards in save_dir/tp<r>/;
 # a run resumed from step 2 continues with the very losses of the uninterrupted one.

@@ -47,6 +47,7 @@ void Engine::Impl::on_grad(int index, const at::Tensor& param) {
               "loss.backward()");
   order->on_grad(index);
   at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
+  if (!partial_sum.empty()) partial_sum.on_grad(index, fp.layout.params()[index].name, grad);
   sync->on_grad(index, grad);
   // The engine owns the gradient now; freeing autograd's copy is what makes stage 2 save memory.
   grad.reset();

@@ -74,17 +74,25 @@ void Engine::Impl::set_norm_groups() {
                 "'); take dp and the norm groups from one mesh, "
                 "so that a dp group's ranks share their tensor/pipeline coordinates");
   }
+  partial_sum = PartialGradSum(static_cast<int>(fp.params.size()));
   for (int i = 0; i < n; ++i) {
     const NormGroup& ng = groups.norm[i];
     norm_groups.push_back(comm::of(ng.group));
-    for (const std::string& name : ng.replicated) {
-      const auto it = by_name.find(name);
-      TORCH_CHECK(it != by_name.end(), "zero::initialize: groups.norm[", i, "].replicated names '",
-                  name, "', which the model does not have; use the names of ",
-                  "model->named_parameters()");
-      const auto li = layout_index.find(it->second);
-      // Frozen or empty parameters have no gradient to count.
-      if (li != layout_index.end() && ng.group->rank() != 0) norm_counted[li->second] = 0;
+    // Both lists are replicated parameters: counted on the group's rank 0 only. The partial ones
+    // are summed over the group first (on_grad), which makes them replicated.
+    for (const bool partial : {false, true}) {
+      for (const std::string& name : partial ? ng.partial : ng.replicated) {
+        const auto it = by_name.find(name);
+        TORCH_CHECK(it != by_name.end(), "zero::initialize: groups.norm[", i, "].",
+                    partial ? "partial" : "replicated", " names '", name,
+                    "', which the model does not have; use the names of ",
+                    "model->named_parameters()");
+        const auto li = layout_index.find(it->second);
+        // Frozen or empty parameters have no gradient to count or sum.
+        if (li == layout_index.end()) continue;
+        if (ng.group->rank() != 0) norm_counted[li->second] = 0;
+        if (partial) partial_sum.add(li->second, norm_groups.back());
+      }
     }
   }
 }

@@ -8,6 +8,7 @@
 
 #include "comm/group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
+#include "zero/tensor_parallel/sequence_parallel_linear.hpp"
 #include "zero/tensor_parallel/shard.hpp"
 
 namespace zero::tensor_parallel {
@@ -54,10 +55,11 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(GroupPtr group,
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
-  const at::Tensor in = options_.sequence_parallel()
-                            ? gather_from_sequence_region(x, group_, options_.sequence_dim())
-                            : copy_to_region(x, group_);
-  at::Tensor y = at::linear(in, weight, bias);
+  // Under sequence parallelism the input is gathered inside the product, so that backward keeps
+  // only this rank's part of the sequence (sequence_parallel_linear.hpp).
+  at::Tensor y = options_.sequence_parallel()
+                     ? sequence_parallel_linear(x, weight, bias, group_, options_.sequence_dim())
+                     : at::linear(copy_to_region(x, group_), weight, bias);
   return options_.gather_output() ? gather_from_region(y, group_) : y;
 }
 

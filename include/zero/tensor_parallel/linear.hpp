@@ -3,7 +3,8 @@
 //   ColumnParallelLinear  A split by rows (output features): rank r computes Y_r = X A_r^T + b_r,
 //                         its part of the output features. The input is copied into the region
 //                         (backward all-reduces its gradient), or under sequence parallelism
-//                         all-gathered along the sequence (backward reduce-scatters). With
+//                         all-gathered along the sequence (backward reduce-scatters; only
+//                         the sequence shard is kept for backward, re-gathered there). With
 //                         gather_output the parts are all-gathered into the full Y.
 //   RowParallelLinear     A split by columns (input features): rank r computes X_r A_r^T, a
 //                         partial sum, all-reduced over the group (under sequence parallelism

@@ -1,0 +1,29 @@
+// A column-parallel product under sequence parallelism that keeps only this rank's part of the
+// sequence for backward, as Megatron's LinearWithGradAccumulationAndAsyncCommunication does:
+//
+//   forward   Y = all_gather(X_r) A^T + b             (the gathered input is a temporary)
+//   backward  dX_r = reduce_scatter(dY A)             dA = dY^T all_gather(X_r)   db = sum dY
+//
+// gather_from_sequence_region followed by at::linear computes the same, but autograd then keeps
+// the gathered input, T times the shard, once per layer that reads it (q, k and v three copies):
+// sequence parallelism cost activation memory instead of saving it. Re-gathering in backward
+// costs one more all-gather per layer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "zero/group.hpp"
+
+namespace zero::tensor_parallel {
+
+// `x`: this rank's part of the sequence along `sequence_dim`; `weight` [out / T, in]; `bias`
+// [out / T] or undefined. Returns this rank's output features for the whole sequence.
+at::Tensor sequence_parallel_linear(const at::Tensor& x, const at::Tensor& weight,
+                                    const at::Tensor& bias,
+                                    const std::shared_ptr<zero::Group>& group,
+                                    int64_t sequence_dim);
+
+}  // namespace zero::tensor_parallel
