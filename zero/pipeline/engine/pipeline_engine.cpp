@@ -8,6 +8,7 @@
 
 #include "comm/group.hpp"
 #include "zero/pipeline/engine/engine_stage.hpp"
+#include "zero/pipeline/engine/stage_groups.hpp"
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
 
@@ -40,7 +41,13 @@ void check(const Config& cfg, const Group& pp) {
 
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
                                std::shared_ptr<Group> pp, std::shared_ptr<Group> dp)
+    : PipelineEngine(std::move(layers), std::move(loss), std::move(cfg),
+                     PipelineGrid{std::move(pp), std::move(dp), nullptr}) {}
+
+PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
+                               const PipelineGrid& grid)
     : impl_(std::make_unique<Impl>()) {
+  const std::shared_ptr<Group>&pp = grid.pp, &dp = grid.dp;
   if (!pp || !dp) throw std::invalid_argument("pipeline: a pipeline and a data-parallel group");
   check(cfg, *pp);
   auto& m = *impl_;
@@ -50,10 +57,8 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   StageLayers stage(std::move(layers), parse_partition_method(cfg.pipeline.partition), m.stages,
                     m.stage, cfg.pipeline.activation_checkpoint_interval);
   m.bounds = stage.bounds();
-  // The norm (clipping, the fp16 overflow check) spans the stages: each holds its own layers,
-  // and a tied weight is trained by its owner alone, so nothing is replicated across them.
-  Groups groups{dp, {}};
-  if (m.stages > 1) groups.norm.push_back({pp, {}});
+  // The norm (clipping, the fp16 overflow check) spans the tensor-parallel ranks and the stages.
+  const Groups groups = stage_groups(*stage.module(), cfg, dp, grid.tp, pp);
   auto engine = std::make_unique<EngineStage>(initialize(stage.module(), std::move(cfg), groups));
   m.micro_batches = static_cast<int>(engine->engine().config().gradient_accumulation_steps);
   m.engine = engine.get();
@@ -93,5 +98,6 @@ const std::vector<int>& PipelineEngine::bounds() const { return impl_->bounds; }
 Engine& PipelineEngine::engine() { return impl_->engine->engine(); }
 const Engine& PipelineEngine::engine() const { return impl_->engine->engine(); }
 bool PipelineEngine::last_step_applied() const { return impl_->engine->last_step_applied(); }
+const StepTimes& PipelineEngine::last_step_times() const { return impl_->runtime->last_times(); }
 
 }  // namespace zero::pipeline

@@ -61,6 +61,8 @@ class PipelineRuntime {
   const StageLayers& layers() const { return layers_; }
   StageOptimizer& optimizer() { return *optimizer_; }
   const std::vector<Instruction>& instructions() const { return instructions_; }
+  // The last train_batch's time by kind of instruction (include/zero/pipeline.hpp).
+  const StepTimes& last_times() const { return times_; }
 
  private:
   // A weight tied across stages (DeepSpeed's TiedLayerSpec). The first stage holding it owns it:
@@ -97,6 +99,7 @@ class PipelineRuntime {
   std::vector<std::unique_ptr<Pending>> sends_;  // posted this step, waited at ReduceGrads
   std::vector<int64_t> recv_shape_;              // the activation's shape from the previous stage
   c10::ScalarType recv_dtype_ = c10::ScalarType::Float;
+  StepTimes times_;
 };
 
 }  // namespace zero::pipeline
