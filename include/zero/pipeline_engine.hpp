@@ -95,6 +95,9 @@ class PipelineEngine {
   bool last_step_applied() const;
   // Where this rank's last train_batch spent its time (this stage's own view).
   const StepTimes& last_step_times() const;
+  // Every stage's `values` (the same count on every rank), by stage: an all-gather over the
+  // pipeline group, for reports that show each stage (its times, its memory). A collective.
+  std::vector<std::vector<double>> gather_over_stages(const std::vector<double>& values) const;
 
  private:
   struct Impl;

@@ -3,6 +3,8 @@
 // with EngineStage as its optimizer.
 #include "zero/pipeline_engine.hpp"
 
+#include <ATen/ATen.h>
+
 #include <stdexcept>
 #include <string>
 
@@ -19,6 +21,7 @@ struct PipelineEngine::Impl {
   int stage = 0, stages = 1, micro_batches = 1;
   EngineStage* engine = nullptr;  // owned by runtime
   std::unique_ptr<PipelineRuntime> runtime;
+  std::shared_ptr<comm::Group> pp;
 };
 
 namespace {
@@ -51,6 +54,7 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   if (!pp || !dp) throw std::invalid_argument("pipeline: a pipeline and a data-parallel group");
   check(cfg, *pp);
   auto& m = *impl_;
+  m.pp = comm::of(pp);
   m.stage = pp->rank();
   m.stages = pp->size();
   const ScheduleKind schedule = parse_schedule_kind(cfg.pipeline.schedule);
@@ -99,5 +103,21 @@ Engine& PipelineEngine::engine() { return impl_->engine->engine(); }
 const Engine& PipelineEngine::engine() const { return impl_->engine->engine(); }
 bool PipelineEngine::last_step_applied() const { return impl_->engine->last_step_applied(); }
 const StepTimes& PipelineEngine::last_step_times() const { return impl_->runtime->last_times(); }
+
+std::vector<std::vector<double>> PipelineEngine::gather_over_stages(
+    const std::vector<double>& values) const {
+  const int n = static_cast<int>(values.size()), p = impl_->stages;
+  at::Tensor mine = at::tensor(values, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor all = at::empty({p * n}, mine.options());
+  if (p > 1) {
+    impl_->pp->all_gather(all, mine, "all_gather of a report's values over the stages").wait();
+  } else {
+    all.copy_(mine);
+  }
+  std::vector<std::vector<double>> out(p, std::vector<double>(n));
+  for (int s = 0; s < p; ++s)
+    for (int i = 0; i < n; ++i) out[s][i] = all[s * n + i].item<double>();
+  return out;
+}
 
 }  // namespace zero::pipeline
