@@ -18,6 +18,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <set>
@@ -261,6 +262,39 @@ TEST(PipelineTensorParallel, TiedVocabParallelEmbeddingAndHeadAcrossStages) {
 TEST(PipelineTensorParallel, TwoStagesTimesTwoTensorRanksTimesTwoReplicas) {
   check({2, 2, 2, ScheduleKind::OneFOneB, Opt::AdamW, true});
   check({2, 2, 2, ScheduleKind::GPipe, Opt::SGD, false});
+}
+
+// What the trainer's reports read: where each train_batch spent its time (the instructions'
+// wall time, within the call's), and every stage's values gathered on every rank, by stage.
+TEST(PipelineTensorParallel, StepTimesAndValuesGatheredOverTheStages) {
+  GptConfig c = examples::gpt_preset("tiny");
+  const auto batches = make_batches(c, kMicroBatches * kRowsPerMicroBatch);
+  testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
+    const PipelineGrid grid = make_pipeline_grid(w, 2, 2);
+    examples::TpGpt model(grid.tp, c);
+    PipelineEngine pipe(examples::tp_gpt_pipeline_layers(model), examples::tp_gpt_loss(grid.tp),
+                        engine_config(Opt::SGD, 2, 2, ScheduleKind::OneFOneB), grid);
+    for (const auto& b : batches) {
+      const auto start = std::chrono::steady_clock::now();
+      pipe.train_batch(b.inputs.chunk(kMicroBatches, 0), b.targets.chunk(kMicroBatches, 0));
+      const double wall =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const StepTimes& t = pipe.last_step_times();
+      EXPECT_GT(t.forward_s, 0);
+      EXPECT_GT(t.backward_s, 0);
+      EXPECT_GT(t.step_s, 0);
+      EXPECT_GT(t.comm_s, 0);
+      // Disjoint intervals inside the call; between them only the loop's own statements.
+      EXPECT_LE(t.total(), wall);
+      EXPECT_GE(t.total(), 0.5 * wall);
+    }
+    const auto v = pipe.gather_over_stages(
+        {static_cast<double>(grid.stage), static_cast<double>(grid.tp_rank), 7.5});
+    ASSERT_EQ(v.size(), 2u);
+    for (int s = 0; s < 2; ++s)
+      EXPECT_EQ(v[s], (std::vector<double>{static_cast<double>(s),
+                                           static_cast<double>(grid.tp_rank), 7.5}));
+  });
 }
 
 TEST(PipelineTensorParallel, RefusesSequenceParallelismAndAGridNotDividingTheWorld) {
