@@ -149,4 +149,12 @@ check "3 stages on 4 ranks: the error names the numbers" \
 check "ZeRO-2 with stages: refused naming the key" \
   bad "zero_optimization.stage' 2 with pipeline.stages 2" --set pipeline.stages=2 \
   --set zero_optimization.stage=2 --set gradient_accumulation_steps=2
+check "2 stages x tp 3 on 4 ranks: the error names the numbers" \
+  bad "pipeline.stages = 2 x tensor_parallel.autotp_size = 3 does not divide the world size 4" \
+  --set pipeline.stages=2 --set tensor_parallel.autotp_size=3 --set gradient_accumulation_steps=1 \
+  --set train_batch_size=auto
+check "sequence parallelism with stages: refused naming the key" \
+  bad "pipeline.stages = 2 with tensor_parallel.sequence_parallel" --set pipeline.stages=2 \
+  --set tensor_parallel.autotp_size=2 --set tensor_parallel.sequence_parallel=true \
+  --set gradient_accumulation_steps=4
 summary
