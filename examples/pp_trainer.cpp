@@ -1,17 +1,25 @@
 #include "pp_trainer.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 #include <vector>
 
+#include "file_checks.hpp"
 #include "gpt.hpp"
 #include "gpt_layers.hpp"
 #include "hf_llama.hpp"
 #include "metrics.hpp"
 #include "monitor.hpp"
+#include "pp_summary.hpp"
+#include "tp_gpt.hpp"
+#include "tp_gpt_layers.hpp"
+#include "train_summary.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
 #include "zero/pipeline_engine.hpp"
@@ -27,24 +35,81 @@ void refuse_unsupported(const PipelineTrainerArgs& a) {
   if (cfg.pipeline.stages <= 1)
     p += " resuming the pipelined save in " + cfg.extra_string("trainer.save_dir") + "/stage*/";
   auto no = [&](const std::string& what) { throw ConfigError(a.config_path + ": " + what); };
-  if (cfg.tensor_parallel.autotp_size > 1)
+  const int tp = cfg.tensor_parallel.autotp_size;
+  if (tp > 1 && cfg.tensor_parallel.sequence_parallel)
     no(p +
-       " with tensor_parallel.autotp_size = " + std::to_string(cfg.tensor_parallel.autotp_size) +
-       ": pipeline x tensor parallelism is not built yet; use one of the two");
-  for (const char* section : {"tensorboard", "csv_monitor"})
-    if (monitor_config(cfg, section).enabled)
-      no(p + ": " + section +
-         ".enabled: the monitors are not written for a pipeline yet; set it false "
-         "(trainer.metrics_file has the losses)");
-  if (!a.summary_path.empty())
-    no(p +
-       ": --summary-json is not written for a pipeline yet; drop it (trainer.metrics_file "
-       "has the losses)");
+       " with tensor_parallel.sequence_parallel: the norms' gradients would be partial sums "
+       "over the tensor-parallel group, to be all-reduced inside backward, which the "
+       "pipeline's engine does not do yet; set tensor_parallel.sequence_parallel: false");
+  if (tp > 1 && cfg.fp16.enabled)
+    no(p + " with tensor_parallel.autotp_size = " + std::to_string(tp) +
+       " and fp16: the loss scaler's overflow verdict under tensor parallelism is not tested "
+       "yet; use bf16");
   std::string ckpt = cfg.extra_string("trainer.activation_checkpointing");
   if (ckpt == "true" || ckpt == "True")
     no(p +
        ": trainer.activation_checkpointing checkpoints the whole model's blocks; a pipeline "
        "recomputes per stage with pipeline.activation_checkpoint_interval: n instead");
+}
+
+// "stages: 0 fwd 20% bwd 45% opt 5% comm 30% mem 1.2 MiB | 1 ...": each stage's step by the
+// instructions it ran, from gather_over_stages' {forward, backward, step, comm, model states}.
+std::string format_stages(const std::vector<std::vector<double>>& v) {
+  std::string line = "  stages:";
+  for (size_t s = 0; s < v.size(); ++s) {
+    const double total = std::max(1e-12, v[s][0] + v[s][1] + v[s][2] + v[s][3]);
+    char part[160];
+    std::snprintf(part, sizeof part, "%s %zu fwd %.0f%% bwd %.0f%% opt %.0f%% comm %.0f%% mem %s",
+                  s ? " |" : "", s, 100 * v[s][0] / total, 100 * v[s][1] / total,
+                  100 * v[s][2] / total, 100 * v[s][3] / total,
+                  format_bytes(static_cast<int64_t>(v[s][4])).c_str());
+    line += part;
+  }
+  return line;
+}
+
+// The --summary-json file (pp_summary.hpp says whose numbers): collectives over the stages and
+// data-parallel groups on every rank, the file written by rank 0.
+void write_summary(const PipelineTrainerArgs& a, const pipeline::PipelineEngine& pipe,
+                   const pipeline::PipelineGrid& grid, int rank, int world_size,
+                   PipelineSummary& summary) {
+  if (a.summary_path.empty()) return;
+  const Engine& engine = pipe.engine();
+  const Config& c = engine.config();
+  // This stage's own parameters (a tied copy is its owner's), then summed over the stages.
+  const ParamStats stats = parameter_stats(engine.module()->parameters());
+  const auto peaks = engine.all_gather_values(peak_rss_bytes());  // over the stage's dp ranks
+  const int64_t peak = *std::max_element(peaks.begin(), peaks.end());
+  const auto per_stage =
+      pipe.gather_over_stages({stats.checksum, stats.norm * stats.norm, static_cast<double>(peak),
+                               static_cast<double>(engine.memory_report().measured.total())});
+  if (rank != 0) return;
+  double norm_sq = 0;
+  summary.param_checksum = 0;
+  const auto& b = pipe.bounds();
+  summary.stages.resize(per_stage.size());
+  for (size_t s = 0; s < per_stage.size(); ++s) {
+    summary.param_checksum += per_stage[s][0];
+    norm_sq += per_stage[s][1];
+    summary.stages[s].first_layer = b[s];
+    summary.stages[s].last_layer = b[s + 1] - 1;
+    summary.stages[s].peak_rss_bytes = static_cast<int64_t>(per_stage[s][2]);
+    summary.stages[s].model_states_bytes = static_cast<int64_t>(per_stage[s][3]);
+  }
+  summary.param_norm = std::sqrt(norm_sq);
+  summary.grid = grid.describe();
+  summary.schedule = c.pipeline.schedule;
+  summary.model = a.preset;
+  summary.data = a.data->describe();
+  summary.world_size = world_size;
+  summary.zero_stage = engine.stage();
+  summary.micro_batches = pipe.micro_batches();
+  summary.num_params = a.model.num_params();
+  summary.seq_len = a.seq_len;
+  summary.train_batch_size = c.train_batch_size;
+  summary.skipped_steps = engine.settled_stats().skipped_steps;
+  summary.write_json(a.summary_path);
+  std::printf("summary: %s\n", a.summary_path.c_str());
 }
 
 }  // namespace
@@ -54,31 +119,55 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   const Config& cfg = a.cfg;
   const std::string& path = a.config_path;
   // The weights the plain trainer starts from (the same seed, the same draws): pipeline runs of
-  // any P start where P = 1 does.
+  // any P start where P = 1 does. Under tensor parallelism each rank keeps its shards of them:
+  // of the Hugging Face model read whole, or drawn as the plain constructor draws them
+  // (init_like_gpt from the generator as that constructor finds it), as the plain trainer does.
+  const int tp = cfg.tensor_parallel.autotp_size;
   at::manual_seed(cfg.seed);
-  Gpt model(a.model);
-  if (!a.hf_dir.empty()) load_hf_llama(*model, a.hf_dir);
-  // The whole model goes to the rank's device (the rotary tables the blocks share with it
-  // included); the pipeline trains this stage's layers. `model` lives for the run, so every
-  // stage holds every layer's weights on its device: simple, and wasteful for a model that
-  // needs a pipeline to fit (moving only the stage's layers needs the partition before the
-  // engine).
-  model->to(a.device);
+  const at::Generator init_gen = at::detail::getDefaultCPUGenerator().clone();
+  Gpt model(nullptr);
+  if (tp == 1 || !a.hf_dir.empty()) {
+    model = Gpt(a.model);
+    if (!a.hf_dir.empty()) load_hf_llama(*model, a.hf_dir);
+  }
 
   auto world = process_group_from_env(cfg, a.device.type());
   pipeline::PipelineGrid grid;
   try {
-    grid = pipeline::make_pipeline_grid(world, cfg.pipeline.stages);
+    grid = pipeline::make_pipeline_grid(world, cfg.pipeline.stages, tp);
+    if (tp > 1) check_tensor_parallel_shape(a.model, tp);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(path + ": " + e.what());
   }
-  std::vector<pipeline::Layer> layers = gpt_pipeline_layers(model);
+  TpGpt tp_model(nullptr);
+  std::vector<pipeline::Layer> layers;
+  pipeline::LossFn loss_fn = gpt_loss;
+  if (tp > 1) {
+    tp_model = TpGpt(grid.tp, a.model);
+    if (model) {
+      tp_model->load_full(*model);
+      model = Gpt(nullptr);
+    } else {
+      init_like_gpt(*tp_model, init_gen);
+    }
+    // The whole model goes to the rank's device (the rotary tables the blocks share with it
+    // included); the pipeline trains this stage's layers. The model lives for the run, so every
+    // stage holds every layer's weights on its device: simple, and wasteful for a model that
+    // needs a pipeline to fit (moving only the stage's layers needs the partition before the
+    // engine; cuda review finding 14).
+    tp_model->to(a.device);
+    layers = tp_gpt_pipeline_layers(tp_model);
+    loss_fn = tp_gpt_loss(grid.tp);
+  } else {
+    model->to(a.device);
+    layers = gpt_pipeline_layers(model);
+  }
   std::vector<std::string> names;
   for (const auto& l : layers) names.push_back(l.name);
   std::unique_ptr<pipeline::PipelineEngine> pipe;
   try {
-    pipe = std::make_unique<pipeline::PipelineEngine>(std::move(layers), gpt_loss, cfg, grid.pp,
-                                                      grid.dp);
+    pipe = std::make_unique<pipeline::PipelineEngine>(std::move(layers), std::move(loss_fn), cfg,
+                                                      grid);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(path + ": " + e.what());
   }
@@ -151,6 +240,16 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   }
 
   MetricsLog metrics(rank == 0 ? cfg.extra_string("trainer.metrics_file") : "");
+  // DeepSpeed's monitors and the summary are rank 0's (stage 0's): the loss it reports is the
+  // last stage's (broadcast to every rank), the global norm every stage's.
+  std::unique_ptr<MonitorWriter> monitors;
+  if (rank == 0) {
+    if (!a.summary_path.empty()) require_writable_file(a.summary_path, "--summary-json");
+    monitors = std::make_unique<MonitorWriter>(monitor_config(cfg, "tensorboard"),
+                                               monitor_config(cfg, "csv_monitor"), true);
+    if (monitors->enabled()) std::printf("monitors: %s\n", monitors->describe().c_str());
+  }
+  PipelineSummary summary;
   const double tokens_per_step = static_cast<double>(c.train_batch_size * a.seq_len);
   double first_loss = 0, last_loss = 0;
   const auto t0 = Clock::now();
@@ -164,6 +263,7 @@ int train_pipeline(const PipelineTrainerArgs& a) {
       inputs.push_back(batch.tokens.to(a.device));
       targets.push_back(batch.targets.to(a.device));
     }
+    const double data_s = std::chrono::duration<double>(Clock::now() - start).count();
     const float loss = pipe->train_batch(inputs, targets);
     StepRecord rec;
     rec.step = step + 1;
@@ -176,15 +276,30 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     rec.grad_norm = engine.settled_stats().last_grad_norm;
     rec.loss_scale = engine.loss_scale();
     rec.step_s = std::chrono::duration<double>(Clock::now() - start).count();
-    rec.forward_s = rec.step_s;  // one train_batch: forward and backward interleave
+    // This rank's stage (rank 0: stage 0), by the instructions it ran (pipeline::StepTimes):
+    // the exposed communication is the pipeline's, waiting on the neighbouring stages (the
+    // bubble) included; the data-parallel reduction is inside the last backward.
+    const pipeline::StepTimes& t = pipe->last_step_times();
+    rec.forward_s = t.forward_s;
+    rec.backward_s = t.backward_s;
+    rec.optimizer_s = t.step_s;
+    rec.comm_exposed_s = t.comm_s;
+    rec.data_s = data_s;
     rec.tokens_per_s = tokens_per_step / rec.step_s;
     rec.eta_s = std::chrono::duration<double>(Clock::now() - t0).count() /
                 static_cast<double>(rec.step - start_step) *
                 static_cast<double>(a.steps - rec.step);
     rec.memory_bytes = engine.memory_report().measured.total();
+    // Every stage's split and model states, for the per-stage line and the summary (a small
+    // all-gather over the pipeline group, every step on every rank).
+    const auto stage_values = pipe->gather_over_stages(
+        {t.forward_s, t.backward_s, t.step_s, t.comm_s, static_cast<double>(rec.memory_bytes)});
+    summary.add_stage_times(stage_values);
     if (step == start_step) first_loss = loss;
     last_loss = loss;
     metrics.write(rec);
+    if (monitors) monitors->write(rec, rec.step * c.train_batch_size);  // DeepSpeed's x: samples
+    if (rank == 0) summary.records.push_back(rec);
     if (save_interval > 0 && rec.step % save_interval == 0) {
       pipe->save_checkpoint(save_dir, "", keep_last);
       if (rank == 0)
@@ -194,10 +309,12 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     const bool log = rec.step % c.steps_per_print == 0 || step == 0 || rec.step == a.steps;
     if (rank == 0 && log) {
       std::printf("%s\n", format_progress(rec).c_str());
+      std::printf("%s\n", format_stages(stage_values).c_str());
       std::fflush(stdout);
     }
   }
   if (rank == 0) std::printf("done: loss %.4f -> %.4f\n", first_loss, last_loss);
+  write_summary(a, *pipe, grid, rank, world_size, summary);
   return 0;
 }
 

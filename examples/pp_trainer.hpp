@@ -1,11 +1,16 @@
 // Pipeline parallelism in zero-train (pipeline.stages > 1, or 1 resuming a pipelined save):
-// the pp x dp grid over the launched processes (Megatron's order, tensor parallel 1), the
-// example GPT as pipeline layers, each stage's layers trained by the ZeRO engine
+// the pp x dp x tp grid over the launched processes (Megatron's order, tensor parallel
+// innermost: tensor_parallel.autotp_size), the example GPT (its tensor-parallel form when
+// autotp_size > 1) as pipeline layers, each stage's layers trained by the ZeRO engine
 // (include/zero/pipeline_engine.hpp), and a training loop of its own: one train_batch per
 // optimizer step, gradient_accumulation_steps micro-batches.
-// Checkpoints per stage (save_dir/stage<s>/, resumed at any P and data-parallel size). What the
-// plain loop offers beyond that (the summary, tensor parallelism, CUDA) is refused with the key
-// named until the pipeline supports it.
+// The progress line splits rank 0's (stage 0's) step by the instructions it ran (forward,
+// backward, optimizer step, the pipeline's communication with the bubble), the line after it
+// every stage's with its model states; the monitors (tensorboard, csv_monitor) write rank 0's
+// record, whose loss is the last stage's; --summary-json is pp_summary.hpp's. Checkpoints per
+// stage (save_dir/stage<s>/, resumed at any P and data-parallel size). What the plain loop
+// offers beyond that (sequence parallelism, fp16 with tensor parallelism) is refused with the
+// key named.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -29,7 +34,7 @@ struct PipelineTrainerArgs {
   std::shared_ptr<const Dataset> data;
   int64_t steps = 0, seq_len = 0;
   c10::Device device = c10::Device(c10::kCPU);
-  std::string summary_path;  // --summary-json (refused for now)
+  std::string summary_path;  // --summary-json: "" = none
 };
 
 // Trains; returns the process's exit code. Throws ConfigError for what it refuses.

@@ -8,32 +8,10 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "json_text.hpp"
 #include "zero/device.hpp"
 
 namespace zero::examples {
-namespace {
-
-// A JSON string literal: the data description may hold a user's path.
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
-  }
-  return out + "\"";
-}
-
-// JSON has no NaN or infinity: a run that trained no step has no loss, which is null.
-struct Num {
-  double v;
-};
-std::ostream& operator<<(std::ostream& os, Num n) {
-  if (std::isfinite(n.v)) return os << n.v;
-  return os << "null";
-}
-
-}  // namespace
-
 namespace {
 
 int64_t status_bytes(const char* key) {

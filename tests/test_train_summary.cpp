@@ -9,9 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "phase_peaks.hpp"
+#include "pp_summary.hpp"
 #include "support/fake_device.hpp"
 #include "train_summary.hpp"
 
@@ -168,6 +172,38 @@ TEST(SummaryPhasePeaks, EachPhaseGetsItsOwnAllocatorPeak) {
             std::string::npos)
       << j;
   EXPECT_NE(j.find("\"save\": {\"measured\": null, \"predicted\": 104}"), std::string::npos) << j;
+}
+
+// The pipeline's summary (pp_summary.hpp): each stage's mean times leave out the first step
+// (allocations, connection set-up) unless it is the only one, and the file holds the stages.
+TEST(PipelineSummary, StageMeansLeaveOutTheFirstStepAndTheFileListsTheStages) {
+  PipelineSummary s;
+  s.add_stage_times({{9, 9, 9, 9}, {8, 8, 8, 8}});
+  EXPECT_EQ(s.mean_stage_times(), (std::vector<std::vector<double>>{{9, 9, 9, 9}, {8, 8, 8, 8}}));
+  s.add_stage_times({{1, 2, 3, 4}, {2, 2, 2, 2}});
+  s.add_stage_times({{3, 4, 5, 6}, {4, 4, 4, 4}});
+  EXPECT_EQ(s.mean_stage_times(), (std::vector<std::vector<double>>{{2, 3, 4, 5}, {3, 3, 3, 3}}));
+  s.grid = "pp 2 x dp 1 x tp 2";
+  s.stages.resize(2);
+  s.stages[1].first_layer = 2;
+  s.stages[1].last_layer = 3;
+  StepRecord r;
+  r.loss = 5.5;
+  s.records = {r, r};
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "zero_pp_summary_test.json").string();
+  s.write_json(path);
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::filesystem::remove(path);
+  const std::string j = text.str();
+  EXPECT_NE(j.find("\"grid\": \"pp 2 x dp 1 x tp 2\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"pipeline_stages\": 2"), std::string::npos) << j;
+  EXPECT_NE(j.find("{\"stage\": 1, \"layers\": [2, 3], \"forward_s_mean\": 3, "
+                   "\"backward_s_mean\": 3"),
+            std::string::npos)
+      << j;
+  EXPECT_NE(j.find("\"final_loss\": 5.5"), std::string::npos) << j;
 }
 
 }  // namespace

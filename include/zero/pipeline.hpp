@@ -27,4 +27,15 @@ struct Layer {
 // Last stage: its output and the micro-batch's target -> that micro-batch's mean loss.
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
 
+// Where one optimizer step (train_batch) spent this rank's wall time, in seconds, by the kind of
+// instruction its stage ran: its layers' forward (the loss included on the last stage), their
+// backward (the last one includes the engine's data-parallel gradient reduction), the optimizer
+// step (with the tied weights sent to their copies), and the pipeline's communication: waiting
+// on activations and gradients from the neighbouring stages (the bubble shows here), the sends'
+// completion and the loss's broadcast. Together about the step's time.
+struct StepTimes {
+  double forward_s = 0, backward_s = 0, step_s = 0, comm_s = 0;
+  double total() const { return forward_s + backward_s + step_s + comm_s; }
+};
+
 }  // namespace zero::pipeline

@@ -13,6 +13,16 @@
 // is summed over dp, then over the pipeline group, so every stage clips by the same global
 // norm and skips the same steps; a tied weight counts once (its owner's). The loss is the
 // last stage's, averaged over micro-batches and data-parallel replicas, on every rank.
+//
+// With tensor parallelism (3D: pp x dp x tp, Megatron's order, tensor innermost) each stage's
+// layers are tensor-parallel layers over the grid's tp group (zero/tensor_parallel), and the
+// pipeline group joins the ranks of one tensor-parallel rank across the stages, so stage s's
+// tensor-parallel rank r sends its activations to stage s + 1's rank r, as Megatron does. The
+// norm then sums over dp, then tp (a replicated parameter, a norm's weight, counted on tensor
+// rank 0 only), then pp:
+//
+//   PipelineGrid grid = make_pipeline_grid(world, /*stages=*/2, /*tp=*/2);
+//   PipelineEngine pipe(tp_layers_built_on(grid.tp), loss_fn, cfg, grid);
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,15 +38,15 @@
 
 namespace zero::pipeline {
 
-// Megatron's rank order over `world` with tensor parallelism 1: data parallel inner, pipeline
-// outer (stage = rank / (world / stages)). A collective over `world`; std::invalid_argument
-// naming the numbers when `stages` does not divide its size.
+// Megatron's rank order over `world`: tensor parallel innermost, then data parallel, pipeline
+// outermost (world rank = tp_rank + tp * (dp_rank + dp * stage)). A collective over `world`;
+// std::invalid_argument naming the numbers when stages x tp does not divide its size.
 struct PipelineGrid {
-  std::shared_ptr<Group> pp, dp;
-  int stage = 0, dp_rank = 0;
+  std::shared_ptr<Group> pp, dp, tp;  // tp: size 1 without tensor parallelism
+  int stage = 0, dp_rank = 0, tp_rank = 0;
   std::string describe() const;  // "pp 2 x dp 2 x tp 1"
 };
-PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages);
+PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages, int tp = 1);
 
 // How a pipelined checkpoint was cut: PipelineEngine::save_checkpoint records it beside each
 // stage's shards (dir/stage<s>/<tag>/pipeline.json), and a load at another pipeline.stages reads
@@ -62,6 +72,12 @@ class PipelineEngine {
   // micro-batch's gradients reduced, m times the traffic of stage 1: see config_pipeline.cpp).
   PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, std::shared_ptr<Group> pp,
                  std::shared_ptr<Group> dp);
+  // The grid's groups; with grid.tp of size > 1 the layers are tensor-parallel over it: the
+  // engine's norm spans tp (the parameters zero/tensor_parallel/placement.hpp calls replicated
+  // counted once) and its checkpoints record each rank's block of the split weights. Refuses
+  // tensor_parallel.sequence_parallel (the replicated parameters' gradients would be partial
+  // sums to all-reduce over tp inside backward, which the engine does not do).
+  PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, const PipelineGrid& grid);
   PipelineEngine(PipelineEngine&&) noexcept;
   PipelineEngine& operator=(PipelineEngine&&) noexcept;
   ~PipelineEngine();
@@ -98,6 +114,11 @@ class PipelineEngine {
   const Engine& engine() const;
   // Whether the last step was applied (false: an fp16 overflow skipped it on every stage).
   bool last_step_applied() const;
+  // Where this rank's last train_batch spent its time (this stage's own view).
+  const StepTimes& last_step_times() const;
+  // Every stage's `values` (the same count on every rank), by stage: an all-gather over the
+  // pipeline group, for reports that show each stage (its times, its memory). A collective.
+  std::vector<std::vector<double>> gather_over_stages(const std::vector<double>& values) const;
 
  private:
   struct Impl;

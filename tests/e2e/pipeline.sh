@@ -6,7 +6,8 @@
 # builds the full model from the seed and keeps its stage's layers): the loss of every step must
 # agree within 1e-5 relative. With clipping (0.05 clips every step: the tiny preset's norm is ~1)
 # the reported norm is the whole model's (summed over the stages). A layout that does not fit
-# (3 stages on 4 ranks) and ZeRO-2 stop with the key named. A run resumed from a per-stage
+# (3 stages on 4 ranks) and ZeRO-2 stop with the key named. P = 2 x T = 2 (pipeline x tensor
+# parallelism) trains as P = 1 does; the summary and the monitors report with P > 1. A run resumed from a per-stage
 # checkpoint continues with the uninterrupted run's losses.
 #
 # The tolerance: the same fp32 arithmetic in another order (micro-batches accumulated per stage,
@@ -29,9 +30,9 @@ run() {
   torchrun --no-python --standalone --nproc-per-node "$n" --master-port $((port++)) "$train" \
     "${common[@]}" --set "trainer.metrics_file=$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
 }
-check "P = 1 trains" run p1 1 --set gradient_accumulation_steps=4
+check "P = 1 trains" run p1 1 --set gradient_accumulation_steps=4 --summary-json "$out/p1.json"
 check "P = 2 (2 processes) trains, 1f1b" run p2 2 --set gradient_accumulation_steps=4 \
-  --set pipeline.stages=2
+  --set pipeline.stages=2 --summary-json "$out/p2.json"
 check "P = 2 x D = 2 (4 processes) trains, 1f1b" run p2d2 4 --set gradient_accumulation_steps=2 \
   --set pipeline.stages=2
 check "P = 2 x D = 2 trains, gpipe" run p2d2g 4 --set gradient_accumulation_steps=2 \
@@ -66,6 +67,51 @@ check "P = 2 x D = 2 trains with clipping" run p2d2clip 4 --set gradient_accumul
   --set pipeline.stages=2 --set gradient_clipping=0.05
 check "with clipping, P = 2 x D = 2 losses equal P = 1's" compare p1clip p2d2clip
 check "the reported gradient norm is the whole model's" compare p1clip p2d2clip grad_norm
+
+# Pipeline x tensor parallelism (3D): P = 2 x T = 2 on 4 processes, each stage's layers the
+# tensor-parallel GPT's (vocabulary-parallel embedding and cross-entropy), activations sent
+# between the same tensor-parallel rank of consecutive stages, the norm summed over tp (the
+# replicated RMSNorms once) and pp: P = 1's losses and, with clipping, its norm. The summary and
+# the csv monitor with P > 1: the summary's per-stage report and the whole model's parameter
+# norm (summed over the stages: P = 2's equals P = 1's), the monitor's losses the metrics file's.
+check "P = 2 x T = 2 (4 processes) trains" run p2t2 4 --set gradient_accumulation_steps=4 \
+  --set pipeline.stages=2 --set tensor_parallel.autotp_size=2 --summary-json "$out/p2t2.json" \
+  --set csv_monitor.enabled=true --set "csv_monitor.output_path=$out/monitor" \
+  --set csv_monitor.job_name=p2t2
+check "the start-up line shows pp 2 x dp 1 x tp 2" \
+  grep -q "4 ranks (pp 2 x dp 1 x tp 2) on cpu" "$out/p2t2.log"
+check "P = 2 x T = 2 losses equal P = 1's" compare p1 p2t2
+check "P = 2 x T = 2 trains with clipping" run p2t2clip 4 --set gradient_accumulation_steps=4 \
+  --set pipeline.stages=2 --set tensor_parallel.autotp_size=2 --set gradient_clipping=0.05
+check "with clipping, P = 2 x T = 2 losses equal P = 1's" compare p1clip p2t2clip
+check "P = 2 x T = 2's gradient norm is the whole model's" compare p1clip p2t2clip grad_norm
+check "the progress line splits the step, every stage's after it" \
+  grep -q "stages: 0 fwd [0-9]*% bwd [0-9]*% opt [0-9]*% comm [0-9]*% mem .* | 1 fwd" \
+  "$out/p2t2.log"
+pipeline_reports() {
+  python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+s = json.load(open(f"{out}/p2t2.json"))
+losses = [json.loads(l)["loss"] for l in open(f"{out}/p2t2.jsonl")]
+assert s["grid"] == "pp 2 x dp 1 x tp 2" and s["steps"] == 6, s
+assert abs(s["final_loss"] - losses[-1]) <= 1e-6 * losses[-1], (s["final_loss"], losses[-1])
+assert [st["stage"] for st in s["stages"]] == [0, 1], s["stages"]
+for st in s["stages"]:
+    print("stage", st)
+    assert st["forward_s_mean"] > 0 and st["backward_s_mean"] > 0, st
+    assert st["model_states_bytes"] > 0 and st["peak_rss_bytes"] > 0, st
+assert s["forward_s_mean"] < s["step_seconds_median"], s  # no longer the whole step
+csv = open(f"{out}/monitor/p2t2/Train_Samples_train_loss.csv").read().split()
+rows = [float(r.split(",")[1]) for r in csv[1:]]
+assert len(rows) == 6 and all(abs(a - b) <= 1e-6 * b for a, b in zip(rows, losses)), rows
+one, two = json.load(open(f"{out}/p1.json")), json.load(open(f"{out}/p2.json"))
+rel = abs(one["param_norm"] - two["param_norm"]) / one["param_norm"]
+print("parameter norm P = 1", one["param_norm"], "P = 2", two["param_norm"], "rel diff", rel)
+assert rel < 1e-5
+PY
+}
+check "the summary reports each stage, the monitor the losses" pipeline_reports
 
 # Checkpoints per stage: P = 2 x D = 2 saves every 2 steps (each stage's engine in
 # save_dir/stage<s>/); a run resumed from step 2 continues with the very losses of the
@@ -103,4 +149,12 @@ check "3 stages on 4 ranks: the error names the numbers" \
 check "ZeRO-2 with stages: refused naming the key" \
   bad "zero_optimization.stage' 2 with pipeline.stages 2" --set pipeline.stages=2 \
   --set zero_optimization.stage=2 --set gradient_accumulation_steps=2
+check "2 stages x tp 3 on 4 ranks: the error names the numbers" \
+  bad "pipeline.stages = 2 x tensor_parallel.autotp_size = 3 does not divide the world size 4" \
+  --set pipeline.stages=2 --set tensor_parallel.autotp_size=3 --set gradient_accumulation_steps=1 \
+  --set train_batch_size=auto
+check "sequence parallelism with stages: refused naming the key" \
+  bad "pipeline.stages = 2 with tensor_parallel.sequence_parallel" --set pipeline.stages=2 \
+  --set tensor_parallel.autotp_size=2 --set tensor_parallel.sequence_parallel=true \
+  --set gradient_accumulation_steps=4
 summary

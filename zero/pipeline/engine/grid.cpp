@@ -7,18 +7,25 @@
 
 namespace zero::pipeline {
 
-PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages) {
+PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages, int tp) {
   if (!world) throw std::invalid_argument("pipeline: no world group");
-  if (stages < 1 || world->size() % stages != 0)
-    throw std::invalid_argument("pipeline.stages = " + std::to_string(stages) +
-                                " does not divide the world size " + std::to_string(world->size()) +
-                                "; launch a multiple of pipeline.stages processes");
-  comm::Mesh mesh = comm::Mesh::megatron(comm::of(world), /*tp=*/1, stages);
-  return {mesh["pp"], mesh["dp"], mesh.coord("pp"), mesh.coord("dp")};
+  if (tp < 1)
+    throw std::invalid_argument("tensor_parallel.autotp_size = " + std::to_string(tp) +
+                                " must be >= 1");
+  if (stages < 1 || world->size() % (static_cast<int64_t>(stages) * tp) != 0)
+    throw std::invalid_argument(
+        "pipeline.stages = " + std::to_string(stages) +
+        (tp > 1 ? " x tensor_parallel.autotp_size = " + std::to_string(tp) : "") +
+        " does not divide the world size " + std::to_string(world->size()) +
+        "; launch a multiple of " + std::to_string(static_cast<int64_t>(stages) * tp) +
+        " processes");
+  comm::Mesh mesh = comm::Mesh::megatron(comm::of(world), tp, stages);
+  return {mesh["pp"], mesh["dp"], mesh["tp"], mesh.coord("pp"), mesh.coord("dp"), mesh.coord("tp")};
 }
 
 std::string PipelineGrid::describe() const {
-  return "pp " + std::to_string(pp->size()) + " x dp " + std::to_string(dp->size()) + " x tp 1";
+  return "pp " + std::to_string(pp->size()) + " x dp " + std::to_string(dp->size()) + " x tp " +
+         std::to_string(tp ? tp->size() : 1);
 }
 
 }  // namespace zero::pipeline

@@ -13,6 +13,7 @@
 #include "zero/checkpoint_io.hpp"
 #include "zero/pipeline/engine/engine_stage.hpp"
 #include "zero/pipeline/engine/save_layout.hpp"
+#include "zero/pipeline/engine/stage_groups.hpp"
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
 
@@ -67,7 +68,13 @@ void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& pp,
 
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
                                std::shared_ptr<Group> pp, std::shared_ptr<Group> dp)
+    : PipelineEngine(std::move(layers), std::move(loss), std::move(cfg),
+                     PipelineGrid{std::move(pp), std::move(dp), nullptr}) {}
+
+PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
+                               const PipelineGrid& grid)
     : impl_(std::make_unique<Impl>()) {
+  const std::shared_ptr<Group>&pp = grid.pp, &dp = grid.dp;
   if (!pp || !dp) throw std::invalid_argument("pipeline: a pipeline and a data-parallel group");
   check(cfg, *pp);
   auto& m = *impl_;
@@ -80,10 +87,10 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   m.partition = cfg.pipeline.partition;
   m.pp = pp;
   m.dp = dp;
-  // The norm (clipping, the fp16 overflow check) spans the stages: each holds its own layers,
-  // and a tied weight is trained by its owner alone, so nothing is replicated across them.
-  Groups groups{dp, {}};
-  if (m.stages > 1) groups.norm.push_back({pp, {}});
+  // The norm (clipping, the fp16 overflow check) spans the tensor-parallel ranks and the stages:
+  // each stage holds its own layers, and a tied weight is trained by its owner alone, so nothing
+  // is replicated across the stages.
+  const Groups groups = stage_groups(*stage.module(), cfg, dp, grid.tp, pp);
   auto engine = std::make_unique<EngineStage>(initialize(stage.module(), std::move(cfg), groups));
   m.micro_batches = static_cast<int>(engine->engine().config().gradient_accumulation_steps);
   m.engine = engine.get();
@@ -159,5 +166,22 @@ const std::vector<int>& PipelineEngine::bounds() const { return impl_->bounds; }
 Engine& PipelineEngine::engine() { return impl_->engine->engine(); }
 const Engine& PipelineEngine::engine() const { return impl_->engine->engine(); }
 bool PipelineEngine::last_step_applied() const { return impl_->engine->last_step_applied(); }
+const StepTimes& PipelineEngine::last_step_times() const { return impl_->runtime->last_times(); }
+
+std::vector<std::vector<double>> PipelineEngine::gather_over_stages(
+    const std::vector<double>& values) const {
+  const int n = static_cast<int>(values.size()), p = impl_->stages;
+  at::Tensor mine = at::tensor(values, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor all = at::empty({p * n}, mine.options());
+  if (p > 1) {
+    comm::of(impl_->pp)->all_gather(all, mine, "all_gather of a report's values over the stages").wait();
+  } else {
+    all.copy_(mine);
+  }
+  std::vector<std::vector<double>> out(p, std::vector<double>(n));
+  for (int s = 0; s < p; ++s)
+    for (int i = 0; i < n; ++i) out[s][i] = all[s * n + i].item<double>();
+  return out;
+}
 
 }  // namespace zero::pipeline

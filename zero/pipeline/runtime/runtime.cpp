@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 
 #include "comm/group.hpp"
@@ -15,6 +16,22 @@ namespace {
 // activation they belong to, so only activations carry it.
 constexpr int64_t kMaxDims = 8;
 constexpr int64_t kMetaLen = 2 + kMaxDims;
+
+// Adds the wall time from its construction to its end to `to` (StepTimes), however the scope
+// is left.
+class Charge {
+ public:
+  explicit Charge(double& to) : to_(to), start_(std::chrono::steady_clock::now()) {}
+  Charge(const Charge&) = delete;
+  Charge& operator=(const Charge&) = delete;
+  ~Charge() {
+    to_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  double& to_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 }  // namespace
 
@@ -251,9 +268,16 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
 
   std::vector<at::Tensor> in(m), out(m), grad_out(m);
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kFloat).device(device_));
+  times_ = {};
   for (size_t idx = 0; idx < instructions_.size(); ++idx) {
     const Instruction& ins = instructions_[idx];
     const int mb = ins.micro_batch;
+    // Each instruction's wall time goes to its kind (StepTimes): the sends and receives are the
+    // pipeline's communication, waiting for the neighbours included.
+    Charge charge(ins.op == Op::Forward         ? times_.forward_s
+                  : ins.op == Op::Backward      ? times_.backward_s
+                  : ins.op == Op::OptimizerStep ? times_.step_s
+                                                : times_.comm_s);
     switch (ins.op) {
       case Op::RecvActivation:
         in[mb] = recv_activation(mb);
@@ -323,6 +347,7 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
 
   // The loss lives on the last stage: averaged over micro-batches (and data-parallel replicas),
   // then broadcast to every stage, as DeepSpeed's _aggregate_total_loss.
+  Charge charge(times_.comm_s);
   at::Tensor loss = last ? loss_sum / m : at::zeros({1}, loss_sum.options());
   if (last && dp_ && dp_->size() > 1) {
     dp_->all_reduce_sum(loss, where("all-reduce of the loss over data parallel")).wait();

@@ -77,6 +77,8 @@ class PipelineRuntime {
   const std::vector<Instruction>& instructions() const { return instructions_; }
   // Where this stage's received activations, gradients and the loss live.
   c10::Device device() const { return device_; }
+  // The last train_batch's time by kind of instruction (include/zero/pipeline.hpp).
+  const StepTimes& last_times() const { return times_; }
 
  private:
   // A weight tied across stages (DeepSpeed's TiedLayerSpec). The first stage holding it owns it:
@@ -118,6 +120,7 @@ class PipelineRuntime {
   std::vector<int64_t> recv_shape_;              // the activation's shape from the previous stage
   c10::ScalarType recv_dtype_ = c10::ScalarType::Float;
   c10::Device device_{c10::kCPU};  // the stage's: every buffer sent or received lives there
+  StepTimes times_;
 };
 
 }  // namespace zero::pipeline

@@ -1,0 +1,41 @@
+// The tensor-parallel example GPT (tp_gpt.hpp) as a pipeline's list of layers, as gpt_layers.hpp
+// does for the plain one: the vocabulary-parallel embedding, each block, then the final norm with
+// the head; the loss (tp_gpt_loss) the vocabulary-parallel cross-entropy on the last stage. Every
+// tensor-parallel rank of a stage builds the same list over its own shards, so the pipeline's
+// partition (by parameter count) cuts every rank's list at the same layers. A tied head reads the
+// embedding's vocabulary shard under the key "embed" in the first and the last layer: stage 0's
+// tensor-parallel rank r and the last stage's rank r hold the same shard (the pipeline group
+// joins ranks of one tensor-parallel rank), so the tie's exchange over the pipeline group keeps
+// shard r equal to shard r.
+#pragma once
+
+#include <vector>
+
+#include "tp_gpt.hpp"
+#include "zero/pipeline.hpp"
+
+namespace zero::examples {
+
+// The final RMSNorm and the head (a ColumnParallelLinear without gather, or the tied
+// embedding's shard) as one module: [batch, seq, dim] -> this rank's logits [.., vocab / T].
+struct TpGptHeadImpl : torch::nn::Module {
+  TpGptHeadImpl(tensor_parallel::GroupPtr group, RMSNorm norm,
+                tensor_parallel::ColumnParallelLinear head, at::Tensor tied_weight);
+  at::Tensor forward(const at::Tensor& x);
+  tensor_parallel::GroupPtr group;
+  RMSNorm norm{nullptr};
+  tensor_parallel::ColumnParallelLinear head{nullptr};  // null when tied
+  at::Tensor tied_weight;                               // the embedding's shard when tied
+};
+TORCH_MODULE(TpGptHead);
+
+// 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head". Refuses (invalid_argument)
+// a model built with sequence parallelism: the pipeline engine does not all-reduce the norms'
+// partial gradients.
+std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model);
+
+// The last stage's loss: the mean vocabulary-parallel cross-entropy over `group`, as
+// TpGptImpl::loss (the same value on every tensor-parallel rank).
+zero::pipeline::LossFn tp_gpt_loss(tensor_parallel::GroupPtr group);
+
+}  // namespace zero::examples
