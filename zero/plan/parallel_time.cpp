@@ -1,6 +1,7 @@
 // Step time under tensor and pipeline parallelism: formulas in include/zero/parallel_plan.hpp.
 #include <algorithm>
 #include <stdexcept>
+#include <string_view>
 
 #include "zero/parallel_plan.hpp"
 #include "zero/pipeline/figures.hpp"
@@ -106,15 +107,16 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
 
   // Tensor parallelism: tp_collectives of the stage that communicates the most (the last: the
   // head and the loss besides its blocks; with one stage, all of it).
-  double tp_f = 0, tp_b = 0, tp_step = 0;
-  for (const TpCollective& c : tp_collectives(in, r, l.pp - 1)) {
+  auto tp_call_s = [&](const TpCollective& c) {
     // all_gather_s counts the gathered bytes: a call's input times T.
     const double bytes = static_cast<double>(c.bytes);
-    const double one = c.op == TpCollective::Op::kAllReduce ? all_reduce_s(bytes, l.tp, hw.tp)
-                       : c.op == TpCollective::Op::kAllGather
-                           ? all_gather_s(bytes * l.tp, l.tp, hw.tp)
-                           : reduce_scatter_s(bytes, l.tp, hw.tp);
-    const double s = one * static_cast<double>(c.calls);
+    return c.op == TpCollective::Op::kAllReduce   ? all_reduce_s(bytes, l.tp, hw.tp)
+           : c.op == TpCollective::Op::kAllGather ? all_gather_s(bytes * l.tp, l.tp, hw.tp)
+                                                  : reduce_scatter_s(bytes, l.tp, hw.tp);
+  };
+  double tp_f = 0, tp_b = 0, tp_step = 0;
+  for (const TpCollective& c : tp_collectives(in, r, l.pp - 1)) {
+    const double s = tp_call_s(c) * static_cast<double>(c.calls);
     (c.phase == TpCollective::Phase::kForward ? tp_f
      : c.phase == TpCollective::Phase::kStep  ? tp_step
                                               : tp_b) += s;
@@ -142,6 +144,7 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
   if (unequal_stages(in)) {
     // Each stage timed by its own layers; the simulated schedule's makespan is the pipeline's
     // part of the step, and the slowest stage's idle time in it the bubble.
+    const double equal_blocks = static_cast<double>(in.shape.layers / l.pp);
     const std::vector<LayerCost> layers = layer_costs(in, l.tp);
     const std::vector<int> bounds = stage_bounds(in, layers);
     std::vector<double> f(l.pp), b(l.pp), comp(l.pp), tf_s(l.pp), trc_s(l.pp), tp_s(l.pp);
@@ -157,9 +160,19 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
       most = std::max(most, params);
       tf_s[s] = tokens * flops / 3 / rate;
       trc_s[s] = recompute ? tokens * re / rate : 0.0;
-      tp_s[s] = (2 + (recompute ? 4 : 2)) * blocks * tp_one;
-      f[s] = tf_s[s] + 2 * blocks * tp_one + p2p;
-      b[s] = 2 * tf_s[s] + trc_s[s] + (recompute ? 4 : 2) * blocks * tp_one + p2p;
+      // tp_collectives of stage s, its block terms scaled from the equal share (L / P blocks)
+      // to the blocks this cut gives it; the embedding's and the head's terms as they are.
+      double tpf = 0, tpb = 0;
+      for (const TpCollective& c : tp_collectives(in, r, s)) {
+        if (c.phase == TpCollective::Phase::kStep) continue;  // once per step: tp_step
+        const bool block = std::string_view(c.what).find("block") != std::string_view::npos;
+        const double scale = block && equal_blocks > 0 ? blocks / equal_blocks : 1.0;
+        const double sec = tp_call_s(c) * static_cast<double>(c.calls) * scale;
+        (c.phase == TpCollective::Phase::kForward ? tpf : tpb) += sec;
+      }
+      tp_s[s] = tpf + tpb;
+      f[s] = tf_s[s] + tpf + p2p;
+      b[s] = 2 * tf_s[s] + trc_s[s] + tpb + p2p;
       comp[s] = m * (3 * tf_s[s] + trc_s[s]);
     }
     int k = 0;
@@ -179,7 +192,7 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
     t.forward_s = m * tf_s[k];
     t.backward_s = m * 2 * tf_s[k];
     t.recompute_s = m * trc_s[k];
-    t.tp_comm_s = m * tp_s[k];
+    t.tp_comm_s = m * tp_s[k] + tp_step;
     busy = m * (f[k] + b[k]);
     t.bubble_s = std::max(0.0, makespan - busy);
     t.bubble_fraction = makespan > 0 ? t.bubble_s / makespan : 0;
