@@ -69,41 +69,22 @@ TpBlockImpl::TpBlockImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
   mlp_norm = register_module("mlp_norm", RMSNorm(c.dim, c.norm_eps));
 }
 
-namespace {
-
-// The input of a column-parallel layer that has already entered the tensor-parallel region.
-at::Tensor column_product(const tp::ColumnParallelLinear& layer, const at::Tensor& in) {
-  return at::linear(in, layer->weight, layer->bias);
-}
-
-}  // namespace
-
-at::Tensor TpBlockImpl::enter_region(const at::Tensor& x) const {
-  const auto& g = wq->group();
-  return wq->options().sequence_parallel()
-             ? tp::gather_from_sequence_region(x, g, wq->options().sequence_dim())
-             : tp::copy_to_region(x, g);
-}
-
 at::Tensor TpBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   // Each sub-block's input enters the tensor-parallel region once, shared by its column layers,
   // as Megatron's fused linear_qkv and linear_fc1 do: one all-reduce of its gradient in
-  // backward (under SP one all-gather forward, one reduce-scatter backward) instead of one per
+  // backward (under SP one all-gather forward; backward one reduce-scatter and one re-gather,
+  // keeping only the sequence shard in between) instead of one per
   // projection (q, k, v: 3; gate, up: 2), which sent 7 all-reduces of b·s·h per block and step
   // instead of Megatron's 4 (tests/test_tensor_parallel_comm.cpp counts them).
-  const at::Tensor h = enter_region(attn_norm->forward(x));
   // After entering, the sequence is whole (all-gathered under SP) and the heads are this
   // rank's: its query head j reads its key/value head j / (heads / kv_heads), as in the full
-  // model, since both are split into the same number of contiguous groups. q, k, v each its own
-  // statement, in this order: autograd sums h's gradient v + k + q as the plain Gpt does (function
-  // arguments would be evaluated in an unspecified order).
-  const at::Tensor q = column_product(wq, h);
-  const at::Tensor k = column_product(wk, h);
-  const at::Tensor v = column_product(wv, h);
+  // model, since both are split into the same number of contiguous groups.
+  const auto qkv = tp::column_parallel_products(attn_norm->forward(x), {wq, wk, wv});
+  const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
   const at::Tensor a = causal_attention(q, k, v, heads, kv_heads, head_dim, cos, sin);
   auto out = x + wo->forward(a);
-  const at::Tensor m = enter_region(mlp_norm->forward(out));
-  return out + w_down->forward(at::silu(column_product(w_gate, m)) * column_product(w_up, m));
+  const auto gate_up = tp::column_parallel_products(mlp_norm->forward(out), {w_gate, w_up});
+  return out + w_down->forward(at::silu(gate_up[0]) * gate_up[1]);
 }
 
 TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp)

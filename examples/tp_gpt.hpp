@@ -39,10 +39,6 @@ struct TpBlockImpl : torch::nn::Module {
   TpBlockImpl(tensor_parallel::GroupPtr tp, const GptConfig& c, bool sequence_parallel);
   // x: [B, S, D], or under sequence parallelism this rank's [B, S / T, D]; cos/sin [S, hd].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  // Copied into the tensor-parallel region (backward all-reduces its gradient), or under
-  // sequence parallelism all-gathered along the sequence (backward reduce-scatters): what each
-  // column layer's own forward would do, done once for the layers that share an input.
-  at::Tensor enter_region(const at::Tensor& x) const;
 
   int64_t heads, kv_heads, head_dim;  // this rank's heads
   tensor_parallel::ColumnParallelLinear wq{nullptr}, wk{nullptr}, wv{nullptr};

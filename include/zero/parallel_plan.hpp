@@ -99,10 +99,15 @@ RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
 // With sequence parallelism (SP):
 //   embedding  forward: reduce-scatter B; backward: all-gather B/T
 //   per block  forward: 2 all-gathers B/T (entering attention and MLP) + 2 reduce-scatters B
-//              (leaving them); backward the conjugates: 2 reduce-scatters B + 2 all-gathers B/T
-//   head       forward: all-gather B/T; backward: reduce-scatter B
+//              (leaving them); backward the conjugates: 2 reduce-scatters B + 2 all-gathers B/T,
+//              and 2 all-gathers B/T more: the column products keep only the sequence shard of
+//              their input and gather it again for their weight gradients (as Megatron does)
+//   head       forward: all-gather B/T; backward: reduce-scatter B (untied, a column layer:
+//              one all-gather B/T more, as the blocks')
 //   per step   the replicated parameters' gradients (2 RMSNorms per block, the final norm),
-//              p bytes each, all-reduced in one call (tensor_parallel::all_reduce_partial_grads)
+//              p bytes each, all-reduced in one call (tensor_parallel::all_reduce_partial_grads;
+//              the engine instead sums each in its gradient hook, every micro-batch: the same
+//              bytes m times, one call per parameter, zero/grads/partial_grads.hpp)
 // Both:
 //   recompute  a checkpointed block re-runs its forward in backward: its forward collectives
 //   loss       vocab_parallel_cross_entropy in fp32: an all-gather of each rank's maximum per
@@ -115,7 +120,8 @@ RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
 // what a rank hands each call (comm::CountingGroup's payload); sent_bytes() the ring volume
 // it puts on the wire, as CountingGroup counts it: all-reduce 2B(T-1)/T, reduce-scatter
 // B(T-1)/T, all-gather B_in(T-1). Per block and micro-batch that is Megatron's 4 all-reduces
-// of B (8B(T-1)/T; with SP 4 all-gathers and 4 reduce-scatters, the same volume).
+// of B (8B(T-1)/T; with SP 4 all-gathers and 4 reduce-scatters, the same volume, and the 2
+// re-gathers, 2B(T-1)/T more).
 struct TpCollective {
   enum class Op { kAllReduce, kAllGather, kReduceScatter } op = Op::kAllReduce;
   enum class Phase { kForward, kBackward, kRecompute, kStep } phase = Phase::kForward;

@@ -41,6 +41,9 @@ std::vector<TpCollective> tp_collectives(const PlanInput& in, Recompute r, int s
     add(Op::kReduceScatter, Phase::kForward, full, 2 * layers, "block region outputs");
     add(Op::kReduceScatter, Phase::kBackward, full, 2 * layers, "block region input gradients");
     add(Op::kAllGather, Phase::kBackward, part, 2 * layers, "block region output gradients");
+    // The column products keep only the sequence shard and gather it again for their weight
+    // gradients (Megatron's LinearWithGradAccumulationAndAsyncCommunication).
+    add(Op::kAllGather, Phase::kBackward, part, 2 * layers, "block region inputs, gathered again");
     add(Op::kAllGather, Phase::kRecompute, part, recomputed, "re-run block region inputs");
     add(Op::kReduceScatter, Phase::kRecompute, full, recomputed, "re-run block region outputs");
   } else {
@@ -52,6 +55,9 @@ std::vector<TpCollective> tp_collectives(const PlanInput& in, Recompute r, int s
     if (sp) {
       add(Op::kAllGather, Phase::kForward, part, 1, "head input");
       add(Op::kReduceScatter, Phase::kBackward, full, 1, "head input gradient");
+      // An untied head is a column-parallel layer (gathers again, above); the tied head reads
+      // the embedding's table through a plain gather that keeps the whole sequence.
+      if (!m.tied) add(Op::kAllGather, Phase::kBackward, part, 1, "head input, gathered again");
     } else {
       add(Op::kAllReduce, Phase::kBackward, full, 1, "head input gradient");
     }

@@ -63,6 +63,34 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
   return options_.gather_output() ? gather_from_region(y, group_) : y;
 }
 
+std::vector<at::Tensor> column_parallel_products(const at::Tensor& x,
+                                                 const std::vector<ColumnParallelLinear>& layers) {
+  TORCH_CHECK(!layers.empty(), "zero: column_parallel_products needs at least one layer");
+  const auto& first = layers.front();
+  for (const auto& l : layers) {
+    TORCH_CHECK(l->group() == first->group() &&
+                    l->options().sequence_parallel() == first->options().sequence_parallel() &&
+                    l->options().sequence_dim() == first->options().sequence_dim() &&
+                    !l->options().gather_output(),
+                "zero: column_parallel_products: the layers must share the group and the "
+                "sequence-parallel options, and gather no output");
+  }
+  std::vector<at::Tensor> weights, biases;
+  for (const auto& l : layers) {
+    weights.push_back(l->weight);
+    biases.push_back(l->bias);
+  }
+  if (first->options().sequence_parallel())
+    return sequence_parallel_linears(weights, biases, x, first->group(),
+                                     first->options().sequence_dim());
+  const at::Tensor in = copy_to_region(x, first->group());
+  std::vector<at::Tensor> out;
+  // Each product its own statement, in order: autograd then sums the input's gradient last
+  // first, as it does for the plain model's separate layers.
+  for (size_t i = 0; i < weights.size(); ++i) out.push_back(at::linear(in, weights[i], biases[i]));
+  return out;
+}
+
 void ColumnParallelLinearImpl::load_full(const at::Tensor& w, const at::Tensor& b) {
   check_shape(w, {options_.out_features(), options_.in_features()},
               "ColumnParallelLinear load_full weight");

@@ -19,53 +19,86 @@ struct GroupHolder : torch::CustomClassHolder {
   std::shared_ptr<zero::Group> group;
 };
 
-struct SequenceParallelLinear : torch::autograd::Function<SequenceParallelLinear> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const std::shared_ptr<zero::Group>& group, int64_t dim) {
+// Y_i = all_gather(X_r) A_i^T for each weight A_i: one gather shared by every product (Megatron's
+// fused linear_qkv / linear_fc1 gather once), nothing but the shard and the weights kept.
+struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinears> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
+                               const std::shared_ptr<zero::Group>& group, int64_t dim) {
     TORCH_CHECK(group, "zero: sequence_parallel_linear was given no process group");
+    TORCH_CHECK(!weights.empty(), "zero: sequence_parallel_linears needs at least one weight");
     ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupHolder>(group));
     ctx->saved_data["dim"] = dim;
-    ctx->save_for_backward({x, weight});
+    variable_list saved{x};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(saved);
     const at::Tensor total = all_gather_along(
         x, dim, comm::of(*group), "sequence-parallel all-gather (column-parallel input)");
-    return at::linear(total, weight);
+    variable_list out;
+    out.reserve(weights.size());
+    for (const at::Tensor& w : weights) out.push_back(at::linear(total, w));
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
-    const at::Tensor& weight = saved[1];
+    const size_t n = saved.size() - 1;
     const int64_t dim = ctx->saved_data["dim"].toInt();
     auto holder =
         c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule());
     comm::Group& group = comm::of(*holder->group);
-    const at::Tensor go = grads[0].contiguous();
-    const int64_t out = weight.size(0), in = weight.size(1);
-    at::Tensor dx, dw;
+    variable_list result(n + 3);  // x, each weight, the group and dim (none)
     if (ctx->needs_input_grad(0)) {
-      dx =
-          reduce_scatter_along(at::matmul(go, weight), dim, group,
+      // The input's gradient sums every product's, last first: the order autograd sums a
+      // tensor read by several products (the plain model's q, k, v give v + k + q).
+      at::Tensor sum;
+      for (size_t i = n; i-- > 0;) {
+        const at::Tensor part = at::matmul(grads[i], saved[i + 1]);
+        sum = sum.defined() ? sum + part : part;
+      }
+      result[0] =
+          reduce_scatter_along(sum.contiguous(), dim, group,
                                "sequence-parallel reduce-scatter (column-parallel input gradient)");
     }
-    if (ctx->needs_input_grad(1)) {
+    bool weights_need_grad = false;
+    for (size_t i = 0; i < n; ++i) weights_need_grad |= ctx->needs_input_grad(i + 1);
+    if (weights_need_grad) {
       const at::Tensor total = all_gather_along(
           x, dim, group, "sequence-parallel all-gather (column-parallel input, again in backward)");
-      dw = go.reshape({-1, out}).t().mm(total.reshape({-1, in}));
+      const int64_t in = total.size(-1);
+      const at::Tensor flat = total.reshape({-1, in});
+      for (size_t i = 0; i < n; ++i) {
+        if (!ctx->needs_input_grad(i + 1)) continue;
+        const int64_t out = saved[i + 1].size(0);
+        result[i + 1] = grads[i].contiguous().reshape({-1, out}).t().mm(flat);
+      }
     }
-    return {dx, dw, at::Tensor(), at::Tensor()};
+    return result;
   }
 };
 
 }  // namespace
 
+std::vector<at::Tensor> sequence_parallel_linears(const std::vector<at::Tensor>& weights,
+                                                  const std::vector<at::Tensor>& biases,
+                                                  const at::Tensor& x,
+                                                  const std::shared_ptr<zero::Group>& group,
+                                                  int64_t sequence_dim) {
+  TORCH_CHECK(biases.empty() || biases.size() == weights.size(),
+              "zero: sequence_parallel_linears: one bias (or an undefined one) per weight");
+  // The biases outside the function: autograd's add keeps nothing for backward, and a custom
+  // function cannot take an undefined tensor (a layer without bias) as an input.
+  variable_list y = SequenceParallelLinears::apply(x, at::TensorList(weights), group, sequence_dim);
+  for (size_t i = 0; i < biases.size(); ++i)
+    if (biases[i].defined()) y[i] = y[i] + biases[i];
+  return y;
+}
+
 at::Tensor sequence_parallel_linear(const at::Tensor& x, const at::Tensor& weight,
                                     const at::Tensor& bias,
                                     const std::shared_ptr<zero::Group>& group,
                                     int64_t sequence_dim) {
-  // The bias outside the function: autograd's add keeps nothing for backward, and a custom
-  // function cannot take an undefined tensor (a layer without bias) as an input.
-  at::Tensor y = SequenceParallelLinear::apply(x, weight, group, sequence_dim);
-  return bias.defined() ? y + bias : y;
+  return sequence_parallel_linears({weight}, {bias}, x, group, sequence_dim)[0];
 }
 
 }  // namespace zero::tensor_parallel

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "zero/group.hpp"
 
@@ -25,5 +26,14 @@ at::Tensor sequence_parallel_linear(const at::Tensor& x, const at::Tensor& weigh
                                     const at::Tensor& bias,
                                     const std::shared_ptr<zero::Group>& group,
                                     int64_t sequence_dim);
+
+// Several products of one input (Megatron's fused linear_qkv, linear_fc1): the input gathered
+// once forward and once again in backward for all of them, its gradient the sum of theirs
+// reduce-scattered once. `biases`: empty, or one per weight (undefined for none).
+std::vector<at::Tensor> sequence_parallel_linears(const std::vector<at::Tensor>& weights,
+                                                  const std::vector<at::Tensor>& biases,
+                                                  const at::Tensor& x,
+                                                  const std::shared_ptr<zero::Group>& group,
+                                                  int64_t sequence_dim);
 
 }  // namespace zero::tensor_parallel

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "zero/tensor_parallel/init.hpp"
 #include "zero/tensor_parallel/mappings.hpp"
@@ -74,6 +75,15 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallel
   GroupPtr group_;
 };
 TORCH_MODULE(ColumnParallelLinear);
+
+// Column-parallel layers reading one input, which enters the tensor-parallel region once for
+// all of them, as Megatron's fused linear_qkv and linear_fc1 do: copied (backward: one
+// all-reduce of the summed gradient instead of one per layer) or, under sequence parallelism,
+// all-gathered inside the products (backward: one reduce-scatter, one re-gather; only the
+// sequence shard is kept). The layers share the group and sequence_parallel / sequence_dim and
+// must not gather_output. Returns each layer's output, in the order given.
+std::vector<at::Tensor> column_parallel_products(const at::Tensor& x,
+                                                 const std::vector<ColumnParallelLinear>& layers);
 
 struct RowParallelLinearOptions {
   RowParallelLinearOptions(int64_t in_features, int64_t out_features)

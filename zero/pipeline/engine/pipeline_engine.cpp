@@ -174,7 +174,9 @@ std::vector<std::vector<double>> PipelineEngine::gather_over_stages(
   at::Tensor mine = at::tensor(values, at::TensorOptions().dtype(at::kDouble));
   at::Tensor all = at::empty({p * n}, mine.options());
   if (p > 1) {
-    comm::of(impl_->pp)->all_gather(all, mine, "all_gather of a report's values over the stages").wait();
+    comm::of(impl_->pp)
+        ->all_gather(all, mine, "all_gather of a report's values over the stages")
+        .wait();
   } else {
     all.copy_(mine);
   }
