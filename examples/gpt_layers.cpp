@@ -37,18 +37,7 @@ std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model) {
   at::Tensor cos_table = model->rope_cos, sin_table = model->rope_sin;
   for (size_t i = 0; i < model->blocks->size(); ++i) {
     auto block = model->blocks->ptr<BlockImpl>(i);
-    layers.push_back({"block " + std::to_string(i),
-                      block,
-                      [block, cos_table, sin_table, max_seq](const at::Tensor& x) {
-                        // As GptImpl::forward: the first T rows of the tables, in x's dtype.
-                        const int64_t t = x.size(1);
-                        if (t > max_seq)
-                          throw std::invalid_argument("sequence longer than the model's max_seq");
-                        auto cos = cos_table.narrow(0, 0, t).to(x.scalar_type());
-                        auto sin = sin_table.narrow(0, 0, t).to(x.scalar_type());
-                        return block->forward(x, cos, sin);
-                      },
-                      {}});
+    layers.push_back(rope_block_layer(i, block, cos_table, sin_table, max_seq));
   }
 
   auto head = GptHead(model->norm, model->head, model->cfg.tied ? embed->weight : at::Tensor());

@@ -5,6 +5,9 @@
 // pipeline that puts them on different stages sums their gradients (DeepSpeed's TiedLayerSpec).
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,6 +25,22 @@ struct GptHeadImpl : torch::nn::Module {
   at::Tensor tied_weight;           // the embedding's weight when tied
 };
 TORCH_MODULE(GptHead);
+
+// Block i of a GPT (plain or tensor-parallel) as a pipeline layer: run as the model's forward
+// runs it, with the first S rows of the model's rotary tables in the input's dtype.
+template <class BlockImpl>
+zero::pipeline::Layer rope_block_layer(size_t i, std::shared_ptr<BlockImpl> block,
+                                       at::Tensor cos_table, at::Tensor sin_table,
+                                       int64_t max_seq) {
+  auto run = [block, cos_table, sin_table, max_seq](const at::Tensor& x) {
+    const int64_t s = x.size(1);
+    if (s > max_seq) throw std::invalid_argument("sequence longer than the model's max_seq");
+    auto cos = cos_table.narrow(0, 0, s).to(x.scalar_type());
+    auto sin = sin_table.narrow(0, 0, s).to(x.scalar_type());
+    return block->forward(x, cos, sin);
+  };
+  return {"block " + std::to_string(i), block, std::move(run), {}};
+}
 
 // 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head".
 std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model);

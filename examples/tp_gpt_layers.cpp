@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "gpt_layers.hpp"
+
 namespace zero::examples {
 
 namespace tp = zero::tensor_parallel;
@@ -47,18 +49,7 @@ std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model) {
   at::Tensor cos_table = model->rope_cos, sin_table = model->rope_sin;
   for (size_t i = 0; i < model->blocks->size(); ++i) {
     auto block = model->blocks->ptr<TpBlockImpl>(i);
-    layers.push_back({"block " + std::to_string(i),
-                      block,
-                      [block, cos_table, sin_table, max_seq](const at::Tensor& x) {
-                        // As TpGptImpl::forward: the first S rows of the tables, in x's dtype.
-                        const int64_t s = x.size(1);
-                        if (s > max_seq)
-                          throw std::invalid_argument("sequence longer than the model's max_seq");
-                        auto cos = cos_table.narrow(0, 0, s).to(x.scalar_type());
-                        auto sin = sin_table.narrow(0, 0, s).to(x.scalar_type());
-                        return block->forward(x, cos, sin);
-                      },
-                      {}});
+    layers.push_back(rope_block_layer(i, block, cos_table, sin_table, max_seq));
   }
 
   auto head = TpGptHead(model->group, model->norm, model->head,

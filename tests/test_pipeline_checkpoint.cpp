@@ -28,6 +28,7 @@
 #include "comm/mesh.hpp"
 #include "gpt.hpp"
 #include "gpt_layers.hpp"
+#include "support/pipeline_gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
 #include "zero/checkpoint_io.hpp"
@@ -83,31 +84,13 @@ GptConfig model_config(bool tied, int blocks = 4) {
   return c;
 }
 
-struct Batch {
-  at::Tensor inputs, targets;  // [kGlobalRows, kSeq]
-};
+using Batch = zero::testing::StepBatch;
+using Params = zero::testing::GptParams;
+using zero::testing::load;
+using zero::testing::snapshot;
 
 std::vector<Batch> make_batches(const GptConfig& c) {
-  auto gen = at::detail::createCPUGenerator(99);
-  std::vector<Batch> out;
-  for (int s = 0; s < kSteps; ++s) {
-    at::Tensor t = at::randint(c.vocab, {kGlobalRows, kSeq + 1}, gen, at::kLong);
-    out.push_back({t.narrow(1, 0, kSeq).contiguous(), t.narrow(1, 1, kSeq).contiguous()});
-  }
-  return out;
-}
-
-using Params = std::map<std::string, at::Tensor>;
-
-Params snapshot(const Gpt& m) {
-  Params out;
-  for (const auto& p : m->named_parameters()) out[p.key()] = p.value().detach().clone();
-  return out;
-}
-
-void load(Gpt& m, const Params& state) {
-  at::NoGradGuard g;
-  for (auto& p : m->named_parameters()) p.value().copy_(state.at(p.key()));
+  return zero::testing::step_batches(c.vocab, kSteps, kGlobalRows, kSeq);
 }
 
 // Weights drawn from a generator of the test's own (rank threads share torch's global one).

@@ -31,6 +31,7 @@
 #include "gpt.hpp"
 #include "gpt_layers.hpp"
 #include "support/fake_device.hpp"
+#include "support/pipeline_gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
 #include "zero/pipeline/schedule.hpp"
@@ -71,31 +72,13 @@ Config engine_config(Opt o, int zero_stage, int stages, ScheduleKind schedule) {
   return c;
 }
 
-struct Batch {
-  at::Tensor inputs, targets;  // [D * m * rows, seq]
-};
+using Batch = zero::testing::StepBatch;
+using Params = zero::testing::GptParams;
+using zero::testing::load;
+using zero::testing::snapshot;
 
 std::vector<Batch> make_batches(const GptConfig& c, int rows) {
-  auto gen = at::detail::createCPUGenerator(99);
-  std::vector<Batch> out;
-  for (int s = 0; s < kSteps; ++s) {
-    at::Tensor t = at::randint(c.vocab, {rows, kSeq + 1}, gen, at::kLong);
-    out.push_back({t.narrow(1, 0, kSeq).contiguous(), t.narrow(1, 1, kSeq).contiguous()});
-  }
-  return out;
-}
-
-using Params = std::map<std::string, at::Tensor>;
-
-Params snapshot(const Gpt& m) {
-  Params out;
-  for (const auto& p : m->named_parameters()) out[p.key()] = p.value().detach().clone();
-  return out;
-}
-
-void load(Gpt& m, const Params& state) {
-  at::NoGradGuard g;
-  for (auto& p : m->named_parameters()) p.value().copy_(state.at(p.key()));
+  return zero::testing::step_batches(c.vocab, kSteps, rows, kSeq);
 }
 
 struct Trained {

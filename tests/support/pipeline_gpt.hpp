@@ -1,0 +1,46 @@
+// What the pipeline tests of the example GPT share: next-token batches per optimizer step drawn
+// from a generator of their own (rank threads share torch's global one), and the plain model's
+// parameters by name (the reference's initial weights, loaded into each layout's model).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpt.hpp"
+
+namespace zero::testing {
+
+struct StepBatch {
+  at::Tensor inputs, targets;  // [rows, seq]: targets are the inputs shifted by one token
+};
+
+inline std::vector<StepBatch> step_batches(int64_t vocab, int steps, int64_t rows, int64_t seq,
+                                           uint64_t seed = 99) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  std::vector<StepBatch> out;
+  for (int s = 0; s < steps; ++s) {
+    at::Tensor t = at::randint(vocab, {rows, seq + 1}, gen, at::kLong);
+    out.push_back({t.narrow(1, 0, seq).contiguous(), t.narrow(1, 1, seq).contiguous()});
+  }
+  return out;
+}
+
+using GptParams = std::map<std::string, at::Tensor>;
+
+inline GptParams snapshot(const examples::Gpt& m) {
+  GptParams out;
+  for (const auto& p : m->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+inline void load(examples::Gpt& m, const GptParams& state) {
+  at::NoGradGuard g;
+  for (auto& p : m->named_parameters()) p.value().copy_(state.at(p.key()));
+}
+
+}  // namespace zero::testing
