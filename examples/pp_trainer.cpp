@@ -36,6 +36,12 @@ void refuse_unsupported(const PipelineTrainerArgs& a) {
     p += " resuming the pipelined save in " + cfg.extra_string("trainer.save_dir") + "/stage*/";
   auto no = [&](const std::string& what) { throw ConfigError(a.config_path + ": " + what); };
   const int tp = cfg.tensor_parallel.autotp_size;
+  if (tp > 1 &&
+      (cfg.extra_int("trainer.save_interval") > 0 || cfg.extra_string("trainer.resume") != "false"))
+    no(p + " with tensor_parallel.autotp_size = " + std::to_string(tp) +
+       ": pipeline checkpoints under tensor parallelism are not built yet (the tensor-parallel "
+       "ranks of a stage would write the same files); set trainer.save_interval: 0 and "
+       "trainer.resume: false, or tensor_parallel.autotp_size: 1");
   if (tp > 1 && cfg.tensor_parallel.sequence_parallel)
     no(p +
        " with tensor_parallel.sequence_parallel: the norms' gradients would be partial sums "

@@ -15,17 +15,20 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "gpt.hpp"
+#include "support/pipeline_gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
 #include "tp_gpt.hpp"
@@ -77,26 +80,13 @@ Config engine_config(Opt o, int stages, int tp, ScheduleKind schedule) {
   return c;
 }
 
-struct Batch {
-  at::Tensor inputs, targets;  // [D * m * rows, seq]
-};
+using Batch = zero::testing::StepBatch;
+using Params = zero::testing::GptParams;
+using zero::testing::load;
+using zero::testing::snapshot;
 
 std::vector<Batch> make_batches(const GptConfig& c, int rows) {
-  auto gen = at::detail::createCPUGenerator(99);
-  std::vector<Batch> out;
-  for (int s = 0; s < kSteps; ++s) {
-    at::Tensor t = at::randint(c.vocab, {rows, kSeq + 1}, gen, at::kLong);
-    out.push_back({t.narrow(1, 0, kSeq).contiguous(), t.narrow(1, 1, kSeq).contiguous()});
-  }
-  return out;
-}
-
-using Params = std::map<std::string, at::Tensor>;
-
-Params snapshot(const Gpt& m) {
-  Params out;
-  for (const auto& p : m->named_parameters()) out[p.key()] = p.value().detach().clone();
-  return out;
+  return zero::testing::step_batches(c.vocab, kSteps, rows, kSeq);
 }
 
 struct Trained {
@@ -295,6 +285,34 @@ TEST(PipelineTensorParallel, StepTimesAndValuesGatheredOverTheStages) {
       EXPECT_EQ(v[s], (std::vector<double>{static_cast<double>(s),
                                            static_cast<double>(grid.tp_rank), 7.5}));
   });
+}
+
+// The tensor-parallel ranks of a stage would write the same files under stage<s>/: every rank
+// refuses, naming the key, before touching the directory (none waits for another).
+TEST(PipelineTensorParallel, CheckpointsAreRefusedOnEveryRankBeforeAnyFile) {
+  GptConfig c = examples::gpt_preset("tiny");
+  const std::string dir = ::testing::TempDir() + "/pp_tp_refused_" + std::to_string(::getpid());
+  testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
+    const PipelineGrid grid = make_pipeline_grid(w, 2, 2);
+    examples::TpGpt model(grid.tp, c);
+    PipelineEngine pipe(examples::tp_gpt_pipeline_layers(model), examples::tp_gpt_loss(grid.tp),
+                        engine_config(Opt::SGD, 2, 2, ScheduleKind::OneFOneB), grid);
+    for (const bool save : {true, false}) {
+      try {
+        if (save) {
+          pipe.save_checkpoint(dir);
+        } else {
+          pipe.load_checkpoint(dir);
+        }
+        ADD_FAILURE() << (save ? "save" : "load") << " accepted under tensor parallelism";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("tensor_parallel.autotp_size = 2"), std::string::npos)
+            << e.what();
+      }
+    }
+    w->barrier("every rank refused");
+  });
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "a refused save wrote " << dir;
 }
 
 TEST(PipelineTensorParallel, RefusesSequenceParallelismAndAGridNotDividingTheWorld) {

@@ -24,6 +24,7 @@ struct PipelineEngine::Impl {
   int stage = 0, stages = 1, micro_batches = 1;
   std::string partition;          // pipeline.partition, recorded with checkpoints
   std::shared_ptr<Group> pp, dp;  // the checkpoints' agreement spans both
+  int tp = 1;                     // tensor-parallel ranks per stage
   EngineStage* engine = nullptr;  // owned by runtime
   std::unique_ptr<PipelineRuntime> runtime;
 };
@@ -46,10 +47,10 @@ void check(const Config& cfg, const Group& pp) {
 
 // A collective over dp and pp: throws CheckpointError on every rank when `err` is non-empty on
 // any (this rank's own message, or one naming the stages that failed).
-void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& pp,
+void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& pp, c10::Device device,
            const std::string& err, const std::string& what, const std::string& failure) {
-  // On the device the groups move (an NCCL group's GPU; gloo: the host).
-  const c10::Device device = comm::of(dp)->bound_device().value_or(c10::Device(c10::kCPU));
+  // On the stage's device, where its groups move tensors (an NCCL group's GPU; gloo: the
+  // host); not dp's bound device, which a data-parallel group of one rank does not have.
   at::Tensor failed =
       at::full({1}, err.empty() ? 0 : 1, at::TensorOptions().dtype(at::kLong).device(device));
   comm::of(dp)->all_reduce_sum(failed, "pipeline " + what + ": agree over dp").wait();
@@ -62,6 +63,16 @@ void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& pp,
   if (!which.empty())
     throw CheckpointError(what + ": pipeline stage " + which + " " + failure +
                           " (the error on its ranks says why)");
+}
+
+// The tensor-parallel ranks of a stage would write the same shard files under stage<s>/ (the
+// save has no tp<r>/ level yet): refused alike on every rank, before any file is touched.
+void refuse_tensor_parallel_checkpoints(int tp) {
+  if (tp > 1)
+    throw std::invalid_argument(
+        "pipeline checkpoints with tensor_parallel.autotp_size = " + std::to_string(tp) +
+        " are not built yet (every tensor-parallel rank of a stage would write the same files); "
+        "train without trainer.save_interval / trainer.resume, or with autotp_size: 1");
 }
 
 }  // namespace
@@ -87,6 +98,7 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   m.partition = cfg.pipeline.partition;
   m.pp = pp;
   m.dp = dp;
+  m.tp = grid.tp ? grid.tp->size() : 1;
   // The norm (clipping, the fp16 overflow check) spans the tensor-parallel ranks and the stages:
   // each stage holds its own layers, and a tied weight is trained by its owner alone, so nothing
   // is replicated across the stages.
@@ -115,6 +127,7 @@ std::string PipelineEngine::stage_dir(const std::string& dir) const {
 void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& tag,
                                      int keep_last) {
   auto& m = *impl_;
+  refuse_tensor_parallel_checkpoints(m.tp);
   // The engine's save (agreed over dp), then the layout beside the shards by the stage's first
   // data-parallel rank; then every rank of every stage learns whether all of it was written, so
   // that a stage whose save failed does not leave the others waiting, and a load at another P
@@ -129,11 +142,12 @@ void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& 
   } catch (const std::exception& e) {
     err = e.what();
   }
-  agree(m.dp, m.pp, err, "save_checkpoint('" + dir + "')", "could not save");
+  agree(m.dp, m.pp, m.runtime->device(), err, "save_checkpoint('" + dir + "')", "could not save");
 }
 
 std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
   auto& m = *impl_;
+  refuse_tensor_parallel_checkpoints(m.tp);
   const std::string what = "load_checkpoint('" + dir + "')";
   // Each phase ends in an agreement over dp and pp, so that no rank enters the engine's
   // collectives, or the tied weights' exchange, while another has given up.
@@ -146,7 +160,7 @@ std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::s
   } catch (const std::exception& e) {
     err = e.what();
   }
-  agree(m.dp, m.pp, err, what, "could not read the save's layout");
+  agree(m.dp, m.pp, m.runtime->device(), err, what, "could not read the save's layout");
   std::string loaded;
   try {
     loaded = engine().load_checkpoint(dirs, saved.tag,
@@ -154,7 +168,7 @@ std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::s
   } catch (const std::exception& e) {
     err = e.what();
   }
-  agree(m.dp, m.pp, err, what, "could not load its layers");
+  agree(m.dp, m.pp, m.runtime->device(), err, what, "could not load its layers");
   m.runtime->sync_tied_weights();
   return loaded;
 }
@@ -171,7 +185,9 @@ const StepTimes& PipelineEngine::last_step_times() const { return impl_->runtime
 std::vector<std::vector<double>> PipelineEngine::gather_over_stages(
     const std::vector<double>& values) const {
   const int n = static_cast<int>(values.size()), p = impl_->stages;
-  at::Tensor mine = at::tensor(values, at::TensorOptions().dtype(at::kDouble));
+  // On the stage's device: an NCCL pipeline group takes no host tensors. One read back below.
+  at::Tensor mine =
+      at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(impl_->runtime->device());
   at::Tensor all = at::empty({p * n}, mine.options());
   if (p > 1) {
     comm::of(impl_->pp)
@@ -180,9 +196,11 @@ std::vector<std::vector<double>> PipelineEngine::gather_over_stages(
   } else {
     all.copy_(mine);
   }
+  all = all.cpu();
+  const double* v = all.data_ptr<double>();
   std::vector<std::vector<double>> out(p, std::vector<double>(n));
   for (int s = 0; s < p; ++s)
-    for (int i = 0; i < n; ++i) out[s][i] = all[s * n + i].item<double>();
+    for (int i = 0; i < n; ++i) out[s][i] = v[s * n + i];
   return out;
 }
 
