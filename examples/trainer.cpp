@@ -229,6 +229,7 @@ void Trainer::build() {
   // of the parameters (the norms whole) and its share of the activations.
   target.num_params = mc_.num_params();
   target.tensor_parallel = tp_size;
+  if (tp_size > 1) target.tensor_parallel_group = layout_.tp;
   target.sequence_parallel = cfg_.tensor_parallel.sequence_parallel;
   target.announce = world_->rank() == 0;
   target.seq_len = seq_;

@@ -63,6 +63,10 @@ struct AutoTarget {
   // given is then the data-parallel one): each rank plans for its shard of the parameters and
   // its share of the activations (parallel_plan.hpp; sequence parallelism splits the rest).
   int tensor_parallel = 1;
+  // Its group: the budget from the devices is then the smallest over it too (after the
+  // data-parallel group's), so every rank of the layout plans with one budget and the
+  // tensor-parallel ranks of one model choose the same micro-batch, stage and checkpointing.
+  std::shared_ptr<Group> tensor_parallel_group;
   bool sequence_parallel = false;
   // Print the choice on rank 0 of the group; false on the ranks whose data-parallel group is not
   // the first (under tensor parallelism every tensor-parallel rank has its own, and each would

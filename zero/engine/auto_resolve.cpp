@@ -53,6 +53,10 @@ std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, Group& p
           "16GB) or give the value itself");
     }
     lim.device_bytes = min_over_ranks(m.free + target.held_bytes, group, target.device);
+    if (target.tensor_parallel_group) {
+      lim.device_bytes =
+          min_over_ranks(lim.device_bytes, comm::of(*target.tensor_parallel_group), target.device);
+    }
     from = "free device memory";
   }
 
