@@ -23,29 +23,10 @@ at::Tensor GptHeadImpl::forward(const at::Tensor& x) {
 }
 
 std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model) {
-  std::vector<zero::pipeline::Layer> layers;
-  auto embed = model->embed;
-  zero::pipeline::Layer first{
-      "embed",
-      embed.ptr(),
-      [embed](const at::Tensor& tokens) mutable { return embed->forward(tokens); },
-      {}};
-  if (model->cfg.tied) first.tied["embed"] = embed->weight;
-  layers.push_back(std::move(first));
-
-  const int64_t max_seq = model->cfg.max_seq;
-  at::Tensor cos_table = model->rope_cos, sin_table = model->rope_sin;
-  for (size_t i = 0; i < model->blocks->size(); ++i) {
-    auto block = model->blocks->ptr<BlockImpl>(i);
-    layers.push_back(rope_block_layer(i, block, cos_table, sin_table, max_seq));
-  }
-
-  auto head = GptHead(model->norm, model->head, model->cfg.tied ? embed->weight : at::Tensor());
-  zero::pipeline::Layer last{
-      "head", head.ptr(), [head](const at::Tensor& x) mutable { return head->forward(x); }, {}};
-  if (model->cfg.tied) last.tied["embed"] = embed->weight;
-  layers.push_back(std::move(last));
-  return layers;
+  return rope_gpt_layers<BlockImpl>(
+      model->embed, model->blocks,
+      GptHead(model->norm, model->head, model->cfg.tied ? model->embed->weight : at::Tensor()),
+      model->cfg.tied, model->rope_cos, model->rope_sin, model->cfg.max_seq);
 }
 
 std::string gpt_name_of_layer_param(const std::string& name, int layers) {

@@ -26,20 +26,37 @@ struct GptHeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(GptHead);
 
-// Block i of a GPT (plain or tensor-parallel) as a pipeline layer: run as the model's forward
-// runs it, with the first S rows of the model's rotary tables in the input's dtype.
-template <class BlockImpl>
-zero::pipeline::Layer rope_block_layer(size_t i, std::shared_ptr<BlockImpl> block,
-                                       at::Tensor cos_table, at::Tensor sin_table,
-                                       int64_t max_seq) {
-  auto run = [block, cos_table, sin_table, max_seq](const at::Tensor& x) {
-    const int64_t s = x.size(1);
-    if (s > max_seq) throw std::invalid_argument("sequence longer than the model's max_seq");
-    auto cos = cos_table.narrow(0, 0, s).to(x.scalar_type());
-    auto sin = sin_table.narrow(0, 0, s).to(x.scalar_type());
-    return block->forward(x, cos, sin);
-  };
-  return {"block " + std::to_string(i), block, std::move(run), {}};
+// A GPT (plain or tensor-parallel) as pipeline layers: the embedding, each block run as the
+// model's forward runs it (the first S rows of its rotary tables in the input's dtype), then the
+// head module (final norm and head). A tied table is named "embed" on the first and last layer.
+template <class BlockImpl, class Embed, class Head>
+std::vector<zero::pipeline::Layer> rope_gpt_layers(Embed embed, const torch::nn::ModuleList& blocks,
+                                                   Head head, bool tied, at::Tensor cos_table,
+                                                   at::Tensor sin_table, int64_t max_seq) {
+  std::vector<zero::pipeline::Layer> layers;
+  zero::pipeline::Layer first{
+      "embed",
+      embed.ptr(),
+      [embed](const at::Tensor& tokens) mutable { return embed->forward(tokens); },
+      {}};
+  if (tied) first.tied["embed"] = embed->weight;
+  layers.push_back(std::move(first));
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto block = blocks->ptr<BlockImpl>(i);
+    auto run = [block, cos_table, sin_table, max_seq](const at::Tensor& x) {
+      const int64_t s = x.size(1);
+      if (s > max_seq) throw std::invalid_argument("sequence longer than the model's max_seq");
+      auto cos = cos_table.narrow(0, 0, s).to(x.scalar_type());
+      auto sin = sin_table.narrow(0, 0, s).to(x.scalar_type());
+      return block->forward(x, cos, sin);
+    };
+    layers.push_back({"block " + std::to_string(i), block, std::move(run), {}});
+  }
+  zero::pipeline::Layer last{
+      "head", head.ptr(), [head](const at::Tensor& x) mutable { return head->forward(x); }, {}};
+  if (tied) last.tied["embed"] = embed->weight;
+  layers.push_back(std::move(last));
+  return layers;
 }
 
 // 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head".

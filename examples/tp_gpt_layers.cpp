@@ -35,30 +35,11 @@ std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model) {
     throw std::invalid_argument(
         "tensor_parallel.sequence_parallel with pipeline.stages > 1 is not built yet; set "
         "tensor_parallel.sequence_parallel: false");
-  std::vector<zero::pipeline::Layer> layers;
-  auto embed = model->embed;
-  zero::pipeline::Layer first{
-      "embed",
-      embed.ptr(),
-      [embed](const at::Tensor& tokens) mutable { return embed->forward(tokens); },
-      {}};
-  if (model->cfg.tied) first.tied["embed"] = embed->weight;
-  layers.push_back(std::move(first));
-
-  const int64_t max_seq = model->cfg.max_seq;
-  at::Tensor cos_table = model->rope_cos, sin_table = model->rope_sin;
-  for (size_t i = 0; i < model->blocks->size(); ++i) {
-    auto block = model->blocks->ptr<TpBlockImpl>(i);
-    layers.push_back(rope_block_layer(i, block, cos_table, sin_table, max_seq));
-  }
-
-  auto head = TpGptHead(model->group, model->norm, model->head,
-                        model->cfg.tied ? embed->weight : at::Tensor());
-  zero::pipeline::Layer last{
-      "head", head.ptr(), [head](const at::Tensor& x) mutable { return head->forward(x); }, {}};
-  if (model->cfg.tied) last.tied["embed"] = embed->weight;
-  layers.push_back(std::move(last));
-  return layers;
+  return rope_gpt_layers<TpBlockImpl>(
+      model->embed, model->blocks,
+      TpGptHead(model->group, model->norm, model->head,
+                model->cfg.tied ? model->embed->weight : at::Tensor()),
+      model->cfg.tied, model->rope_cos, model->rope_sin, model->cfg.max_seq);
 }
 
 zero::pipeline::LossFn tp_gpt_loss(tp::GroupPtr group) {
