@@ -1,8 +1,15 @@
 #include "optim/cpu_adamw.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/thread_pool.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -80,11 +87,22 @@ bool has_exact_inverse(float x) {
          inv * x == 1.0f;
 }
 
-// One element's update is torch's AdamW in fp32, rounded where ATen's fused CPU kernel (the
-// engine's optimizer without offload) rounds: the first moment as exp_avg.lerp_(grad, 1 - beta1)
-// with one fused multiply-add, the rest op by op. An offloaded run then tracks one without
-// offload to the ulp, rather than drifting by a few ulps per step.
-template <Out kOut, bool kDivide>
+// How the moments are rounded. ATen's fused CPU AdamW (the engine's optimizer without offload)
+// is one source compiled once per instruction set, and the compiler contracts what it may: in
+// the torch 2.13 wheel's AVX2 and AVX-512 builds the lerp of the first moment is one fused
+// multiply-add and so is beta2 v + (1 - beta2) g g (the product (1 - beta2) g, times g, added to
+// the rounded beta2 v); its baseline build rounds every product. Computing the second moment with
+// two roundings where ATen has one left a one-ulp difference in ~15 % of the second moments and
+// ~0.2 % of the parameters per step; in bf16 one such parameter lying within that ulp of a bf16
+// rounding boundary rounds to another bf16 weight, and from there the offloaded run trains on
+// other weights (1e-5 .. 4e-4 of the parameters' magnitude apart after 4 more steps: the
+// OffloadBf16 failure of issue 21). kFused is the AVX builds' rounding of whole vectors,
+// kRounded the baseline build's; aten_rounding() finds which one this process's ATen does.
+enum class Moments { kFused, kRounded };
+
+// One element's update is torch's AdamW in fp32, rounded where ATen's fused CPU kernel rounds
+// (kMoments above), so that an offloaded run and one without offload stay bit-identical.
+template <Out kOut, bool kDivide, Moments kMoments>
 ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict g,
                                    float* __restrict m, float* __restrict v, void* __restrict out,
                                    int64_t n, AdamStep s) {
@@ -96,8 +114,15 @@ ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict 
   for (int64_t i = 0; i < n; ++i) {
     const float grad = unscale<kDivide>(g[i], s.grad_scale, s.inv_grad_scale);
     const float param = p[i] * s.decay;
-    const float mi = std::fma(coeff, grad - m[i], small ? m[i] : grad);
-    const float vi = v[i] * s.beta2 + c2 * grad * grad;
+    const float base = small ? m[i] : grad;
+    float mi, vi;
+    if constexpr (kMoments == Moments::kFused) {
+      mi = std::fma(coeff, grad - m[i], base);
+      vi = std::fma(c2 * grad, grad, v[i] * s.beta2);
+    } else {
+      mi = coeff * (grad - m[i]) + base;
+      vi = v[i] * s.beta2 + c2 * grad * grad;
+    }
     const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
     const float np = param + minus_step * mi / denom;
     m[i] = mi;
@@ -105,6 +130,78 @@ ZERO_SIMD_CLONES void adamw_kernel(float* __restrict p, const float* __restrict 
     p[i] = np;
     store<kOut>(out, i, np);
   }
+}
+
+// torch's step constants for step t, computed in double as torch does and rounded once.
+AdamStep adam_step(const AdamWOptions& o, double lr, double weight_decay, double t,
+                   float grad_scale) {
+  AdamStep s;
+  s.lr = static_cast<float>(lr);
+  s.beta1 = static_cast<float>(o.beta1);
+  s.beta2 = static_cast<float>(o.beta2);
+  s.eps = static_cast<float>(o.eps);
+  s.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  s.decay = static_cast<float>(1.0 - lr * weight_decay);
+  s.step_size = static_cast<float>(lr / (1.0 - std::pow(o.beta1, t)));
+  s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
+  s.grad_scale = grad_scale;
+  s.inv_grad_scale = 1.0f / grad_scale;
+  return s;
+}
+
+template <Out kOut, bool kDivide>
+void adamw_with(Moments moments, float* p, const float* g, float* m, float* v, void* out, int64_t n,
+                const AdamStep& s) {
+  if (moments == Moments::kFused) {
+    adamw_kernel<kOut, kDivide, Moments::kFused>(p, g, m, v, out, n, s);
+  } else {
+    adamw_kernel<kOut, kDivide, Moments::kRounded>(p, g, m, v, out, n, s);
+  }
+}
+
+// Mismatching elements between ATen's _fused_adamw_ and the kernel with `moments`, over three
+// steps of random gradients from the same start, on whole vectors (ATen's remainder loop rounds
+// otherwise; CpuAdamW hands remainders to ATen's kernel itself).
+int64_t probe_mismatches(Moments moments) {
+  constexpr int64_t kN = 4096;
+  const AdamWOptions o{0.9, 0.999, 1e-8, 0.1};
+  at::Generator gen = at::detail::createCPUGenerator(20261205);
+  at::Tensor p = at::randn({kN}, gen), m = at::zeros({kN}), v = at::zeros({kN});
+  at::Tensor ours = p.clone(), om = m.clone(), ov = v.clone();
+  int64_t mismatches = 0;
+  for (int t = 1; t <= 3; ++t) {
+    const at::Tensor g = at::randn({kN}, gen);
+    at::_fused_adamw_({p}, {g.clone()}, {m}, {v}, {}, {at::full({}, static_cast<double>(t))}, 1e-2,
+                      o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+                      /*maximize=*/false, std::nullopt, std::nullopt);
+    adamw_with<Out::kNone, true>(moments, ours.data_ptr<float>(), g.data_ptr<float>(),
+                                 om.data_ptr<float>(), ov.data_ptr<float>(), nullptr, kN,
+                                 adam_step(o, 1e-2, o.weight_decay, t, 1.0f));
+    mismatches += ours.ne(p).sum().item<int64_t>();
+  }
+  return mismatches;
+}
+
+// The rounding of this process's ATen (its CPU capability is picked at load time, or by
+// ATEN_CPU_CAPABILITY): found once by stepping both kernels on the same data. Should a torch build
+// round otherwise than both, the closer one is used and the offloaded run is no longer
+// bit-identical to one without offload (an ulp here and there): said once.
+Moments aten_rounding() {
+  static const Moments found = [] {
+    const int64_t fused = probe_mismatches(Moments::kFused);
+    if (fused == 0) return Moments::kFused;
+    const int64_t rounded = probe_mismatches(Moments::kRounded);
+    if (rounded == 0) return Moments::kRounded;
+    TORCH_WARN(
+        "zero: the offloaded AdamW rounds differently from this torch build's fused CPU "
+        "AdamW (",
+        std::min(fused, rounded), " of ", 3 * 4096,
+        " probe updates differ by an ulp): offloaded and non-offloaded runs will agree to "
+        "~1e-7, not bit for bit");
+    return fused <= rounded ? Moments::kFused : Moments::kRounded;
+  }();
+  return found;
 }
 
 struct SgdStep {
@@ -229,10 +326,18 @@ class HostOptimizerBase : public HostShardOptimizer {
       for (const Range& r : group.ranges) {
         const int64_t b = std::max(r.begin, window.begin), e = std::min(r.end, window.end);
         if (b >= e) continue;
-        for_chunks({b, e}, [&](int64_t cb, int64_t ce) {
+        // The slice's last elements past a multiple of remainder_width() (ATen's vector width)
+        // go where ATen's remainder loop rounds them (see apply_remainder).
+        const int64_t width = remainder_width();
+        const int64_t body_end = width > 0 ? e - (e - b) % width : e;
+        for_chunks({b, body_end}, [&](int64_t cb, int64_t ce) {
           apply_chunk(kind, p + cb, g + cb, cb, ce - cb, group_lr, grad_scale, group.weight_decay,
                       out_at(cb));
         });
+        if (body_end < e) {
+          apply_remainder(kind, p + body_end, g + body_end, body_end, e - body_end, group_lr,
+                          grad_scale, group.weight_decay, out_at(body_end));
+        }
       }
     }
   }
@@ -244,6 +349,14 @@ class HostOptimizerBase : public HostShardOptimizer {
   virtual void apply_chunk(Out out_kind, float* p, const float* g, int64_t offset, int64_t n,
                            double lr, float grad_scale, std::optional<double> weight_decay,
                            void* out) = 0;
+  // A parameter group's slice is split into a body of whole vectors of this many elements and a
+  // remainder handed to apply_remainder; 0: no split.
+  virtual int64_t remainder_width() const { return 0; }
+  virtual void apply_remainder(Out out_kind, float* p, const float* g, int64_t offset, int64_t n,
+                               double lr, float grad_scale, std::optional<double> weight_decay,
+                               void* out) {
+    apply_chunk(out_kind, p, g, offset, n, lr, grad_scale, weight_decay, out);
+  }
 
   at::Tensor state_zeros() const { return device::host_zeros(numel(), pin_); }
 
@@ -300,32 +413,49 @@ class CpuAdamW final : public HostOptimizerBase {
  private:
   void apply_chunk(Out kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
                    float grad_scale, std::optional<double> weight_decay, void* out) override {
-    // Bias corrections in double, as torch computes them, then rounded once.
-    const double t = static_cast<double>(steps_);
-    AdamStep s;
-    s.lr = static_cast<float>(lr);
-    s.beta1 = static_cast<float>(o_.beta1);
-    s.beta2 = static_cast<float>(o_.beta2);
-    s.eps = static_cast<float>(o_.eps);
-    s.one_minus_beta1 = static_cast<float>(1.0 - o_.beta1);
-    s.one_minus_beta2 = static_cast<float>(1.0 - o_.beta2);
-    s.decay = static_cast<float>(1.0 - lr * weight_decay.value_or(o_.weight_decay));
-    s.step_size = static_cast<float>(lr / (1.0 - std::pow(o_.beta1, t)));
-    s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o_.beta2, t)));
-    s.grad_scale = grad_scale;
-    s.inv_grad_scale = 1.0f / grad_scale;
+    const AdamStep s = adam_step(o_, lr, weight_decay.value_or(o_.weight_decay),
+                                 static_cast<double>(steps_), grad_scale);
     float* m = exp_avg_.data_ptr<float>() + offset;
     float* v = exp_avg_sq_.data_ptr<float>() + offset;
     with_out(kind, [&](auto k) {
       if (has_exact_inverse(grad_scale)) {
-        adamw_kernel<decltype(k)::value, false>(p, g, m, v, out, n, s);
+        adamw_with<decltype(k)::value, false>(moments_, p, g, m, v, out, n, s);
       } else {
-        adamw_kernel<decltype(k)::value, true>(p, g, m, v, out, n, s);
+        adamw_with<decltype(k)::value, true>(moments_, p, g, m, v, out, n, s);
       }
     });
   }
 
+  // ATen's vector loop takes whole vectors of 16 floats (AVX-512) or 8 (AVX2, and the baseline
+  // build's 32-byte Vectorized); what is left of a slice goes through a remainder loop that the
+  // compiler rounds otherwise again (in the 2.13 wheel's AVX-512 build: its first 8 elements as
+  // the body, the rest as fma(v, beta2, (1 - beta2) g g)). Rather than copy one compiler's
+  // choices, the remainder (< 16 elements per slice) runs through ATen's kernel itself: both
+  // runs then round every element alike, whatever the build.
+  int64_t remainder_width() const override {
+    static const int64_t width = at::get_cpu_capability() == "AVX512" ? 16 : 8;
+    return width;
+  }
+
+  void apply_remainder(Out kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
+                       float grad_scale, std::optional<double> weight_decay, void* out) override {
+    const auto host = [n](float* ptr) { return at::from_blob(ptr, {n}, at::kFloat); };
+    // A copy: ATen writes the unscaled gradient back, and the shard's gradient is not ours.
+    const at::Tensor grad = at::from_blob(const_cast<float*>(g), {n}, at::kFloat).clone();
+    std::optional<at::Tensor> scale;
+    if (grad_scale != 1.0f) scale = at::full({1}, grad_scale, at::kFloat);
+    at::_fused_adamw_({host(p)}, {grad}, {host(exp_avg_.data_ptr<float>() + offset)},
+                      {host(exp_avg_sq_.data_ptr<float>() + offset)}, {},
+                      {at::full({}, static_cast<double>(steps_), at::kFloat)}, lr, o_.beta1,
+                      o_.beta2, weight_decay.value_or(o_.weight_decay), o_.eps,
+                      /*amsgrad=*/false, /*maximize=*/false, scale, std::nullopt);
+    with_out(kind, [&](auto k) {
+      if constexpr (decltype(k)::value != Out::kNone) round_kernel<decltype(k)::value>(p, out, n);
+    });
+  }
+
   AdamWOptions o_;
+  Moments moments_ = aten_rounding();
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;
 };

@@ -111,8 +111,15 @@ TEST_P(OffloadEquivalence, MatchesTheEngineWithoutOffloadAndTorch) {
   const Trained off = train(cfg, false, c.world, c.accumulation, 3);
   for (int r = 0; r < c.world; ++r) {
     const std::string rank = "rank " + std::to_string(r);
-    // Same reductions, same order: only the optimizer kernel differs (an ulp here and there).
-    expect_close_per_parameter(on.params[r], off.params[r], 1e-6, rank + " vs no offload");
+    if (cfg.optimizer.type == "AdamW") {
+      // Same reductions in the same order, the optimizer rounding as ATen's fused AdamW: bit for
+      // bit (tests/test_cpu_optim.cpp BitIdenticalToTheFusedShardOptimizer).
+      EXPECT_TRUE(at::equal(on.params[r], off.params[r])) << rank << " vs no offload";
+      EXPECT_TRUE(at::equal(on.masters[r], off.masters[r])) << rank << " vs no offload, masters";
+    } else {
+      // The host SGD does not round as ATen's fused SGD does everywhere: an ulp here and there.
+      expect_close_per_parameter(on.params[r], off.params[r], 1e-6, rank + " vs no offload");
+    }
     // Against torch::optim per parameter (the reduction order differs from one process).
     EXPECT_LT((on.params[r] - ref.params).abs().max().item<double>(), 2e-5) << rank;
     for (int s = 0; s < kSteps; ++s) {
@@ -138,17 +145,39 @@ INSTANTIATE_TEST_SUITE_P(Stages, OffloadEquivalence,
                                   std::to_string(c.accumulation) + (c.clip > 0 ? "_clip" : "");
                          });
 
+// bf16 with clipping: the offloaded masters are the non-offloaded engine's bit for bit. Close is
+// not enough in bf16: a master one fp32 ulp away that lies at a bf16 rounding boundary makes
+// another bf16 weight, and a run that trains on other weights for a step ends 1e-5 .. 4e-4 of the
+// parameters' magnitude away four steps later (measured by tipping one bf16 weight by an ulp).
+// That is what failed here once in a few hundred runs (issue 21), on whichever initial weights,
+// CPU (ATen's AVX-512, AVX2 or baseline kernels) and data put a master there: the host AdamW
+// rounded the second moment with two roundings where ATen's vector kernel has one, and ATen's
+// remainder loop otherwise again (both now as ATen, optim/cpu_adamw.cpp), and the offloaded
+// run's gradient norm was summed over the whole host shard where the bf16 one sums bucket by
+// bucket (now both by bucket, zero/engine/grad_norm.cpp). Several initial weights, so that a
+// difference anywhere shows: before the fix none of 200 seeds gave equal masters.
 TEST(OffloadBf16, MastersMatchTheEngineWithoutOffload) {
   Config cfg = test_config(2, kRows / 2, 1, 1.0);
   cfg.bf16 = true;
-  const Trained on = train(cfg, true, 2, 1, 4, at::kBFloat16);
-  const Trained off = train(cfg, false, 2, 1, 4, at::kBFloat16);
-  for (int r = 0; r < 2; ++r) {
-    expect_close_per_parameter(on.masters[r], off.masters[r], 1e-6, "bf16 masters");
-    // The module's bf16 weights are the masters rounded, on both.
-    expect_close_per_parameter(on.params[r], off.params[r], 1.0 / 128, "bf16 weights");
-    EXPECT_TRUE(at::equal(on.params[r], on.masters[r].to(at::kBFloat16).to(at::kFloat)));
+  double first_norm = 0;
+  for (const uint64_t seed : {4, 5, 6}) {
+    const Trained on = train(cfg, true, 2, 1, seed, at::kBFloat16);
+    const Trained off = train(cfg, false, 2, 1, seed, at::kBFloat16);
+    first_norm = off.norms[0].front();
+    for (int r = 0; r < 2; ++r) {
+      const std::string at_rank = "seed " + std::to_string(seed) + ", rank " + std::to_string(r);
+      EXPECT_TRUE(at::equal(on.masters[r], off.masters[r]))
+          << at_rank << ": " << on.masters[r].ne(off.masters[r]).sum().item<int64_t>()
+          << " masters differ";
+      EXPECT_TRUE(at::equal(on.params[r], off.params[r])) << at_rank << ", bf16 weights";
+      // The module's bf16 weights are the masters rounded.
+      EXPECT_TRUE(at::equal(on.params[r], on.masters[r].to(at::kBFloat16).to(at::kFloat)));
+      for (int s = 0; s < kSteps; ++s) {
+        EXPECT_EQ(on.norms[r][s], off.norms[r][s]) << at_rank << ", step " << s;
+      }
+    }
   }
+  EXPECT_GT(first_norm, 1.0) << "clipping was active";
 }
 
 // The host step's threads: the configured count, or this rank's share of the cores it may run

@@ -13,11 +13,12 @@ namespace zero {
 
 namespace {
 
-// The squared L2 norm of the gradient shard, in fp32, as a one-element tensor on its device.
-// An fp32 shard is reduced as it is; a narrower one bucket by bucket, each converted inside the
-// reduction (CUDA) or through one bucket's fp32 temporary (CPU), not a whole-shard copy.
+// The squared L2 norm of the gradient shard, in fp32, as a one-element tensor on its device,
+// summed bucket by bucket: a narrower shard is converted inside the reduction (CUDA) or through
+// one bucket's fp32 temporary (CPU), not a whole-shard copy. An fp32 shard is summed in the same
+// pieces, so that a bf16 run's norm and its offloaded twin's (whose host shard is fp32) are the
+// same sums in the same order: bit-identical clip coefficients.
 at::Tensor squared_norm(const at::Tensor& g, const FlatLayout& layout) {
-  if (g.scalar_type() == at::kFloat) return at::linalg_vector_norm(g, 2).square().reshape({1});
   at::Tensor sq = at::zeros({1}, g.options().dtype(at::kFloat));
   for (const BucketSlot& b : layout.buckets()) {
     sq.add_(at::linalg_vector_norm(g.narrow(0, b.shard_offset, b.shard.shard_numel()), 2, {}, false,
