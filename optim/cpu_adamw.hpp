@@ -10,8 +10,10 @@
 // threads given to the rank. ATen's _fused_adamw_ does the update in one pass too, but the copy
 // in the compute dtype would be a second pass over the shard.
 //
-// The arithmetic is torch::optim::AdamW's and torch::optim::SGD's in fp32
-// (tests/test_cpu_optim.cpp).
+// The arithmetic is torch::optim::AdamW's and torch::optim::SGD's in fp32, rounded where ATen's
+// fused CPU kernels (the engine's optimizers without offload) round: bit for bit theirs
+// (optim/host_kernels.hpp, tests/test_cpu_optim.cpp). optim/cpu_adamw.cpp and optim/cpu_sgd.cpp
+// hold the kernels, optim/host_optimizer.cpp what they share.
 #pragma once
 
 #include <c10/core/ScalarType.h>

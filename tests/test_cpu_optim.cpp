@@ -192,18 +192,18 @@ TEST(CpuAdamW, CopyInEveryComputeDtypeIsTheMasterRounded) {
   }
 }
 
-// What the engine's non-offloaded path runs (ATen's fused kernel) and ours are bit-identical:
-// parameters, both moments and the bf16 copy, over two decay groups and two update windows whose
-// slices end in every remainder a vector of 8 or 16 floats leaves (ATen's remainder loop rounds
-// otherwise than its vector body, issue 21), unscaled, with a power-of-two scale (ours
-// multiplies by its exact reciprocal) and with a clip-like one (a division).
-TEST(CpuAdamW, BitIdenticalToTheFusedShardOptimizer) {
-  const AdamWOptions o{0.9, 0.999, 1e-8, 0.1};
+// What the engine's non-offloaded path runs (ATen's fused kernel, `fused`) and ours are
+// bit-identical: parameters, every state and the bf16 copy, over two decay groups and two update
+// windows whose slices end in every remainder a vector of 8 or 16 floats leaves (ATen's remainder
+// loop rounds otherwise than its vector body, issue 21), unscaled, with a power-of-two scale
+// (ours multiplies by its exact reciprocal) and with a clip-like one (a division).
+template <typename MakeFused, typename MakeOurs>
+void expect_bit_identical(MakeFused make_fused, MakeOurs make_ours, const std::string& what) {
   for (const int64_t n : {int64_t{5}, int64_t{24}, int64_t{1000}, int64_t{4099}}) {
     for (const float scale : {1.0f, 4.0f, 3.0f}) {
       const int64_t cut = n / 3 + 1, window = n / 2 + 3;  // odd places: every slice has a remainder
-      auto fused = make_adamw(o, n, {{0, cut}}, at::kFloat);
-      auto ours = make_cpu_adamw(o, n, {{0, cut}}, at::kFloat);
+      std::unique_ptr<ShardOptimizer> fused = make_fused(n, std::vector<Range>{{0, cut}});
+      std::unique_ptr<HostShardOptimizer> ours = make_ours(n, std::vector<Range>{{0, cut}});
       at::manual_seed(n);
       at::Tensor a = at::randn({n}) * 0.3, b = a.clone();
       at::Tensor out = at::empty({n}, at::kBFloat16);
@@ -217,17 +217,38 @@ TEST(CpuAdamW, BitIdenticalToTheFusedShardOptimizer) {
           fused->update(a, g.clone(), lr_for(s), scalars, w);
           ours->update_to(b, g, lr_for(s), scalars, w, out.narrow(0, w.begin, w.end - w.begin));
         }
-        const std::string at_step = "n " + std::to_string(n) + ", grad_scale " +
+        const std::string at_step = what + ", n " + std::to_string(n) + ", grad_scale " +
                                     std::to_string(scale) + ", step " + std::to_string(s);
         ASSERT_TRUE(at::equal(a, b))
             << at_step << ": " << a.ne(b).sum().item<int64_t>() << " parameters differ";
-        for (int k = 0; k < 2; ++k) {
+        ASSERT_EQ(fused->state().size(), ours->state().size());
+        for (size_t k = 0; k < ours->state().size(); ++k) {
           EXPECT_TRUE(at::equal(fused->state()[k].second, ours->state()[k].second))
               << at_step << ", " << ours->state()[k].first;
         }
         EXPECT_TRUE(at::equal(out, b.to(at::kBFloat16))) << at_step;
       }
     }
+  }
+}
+
+TEST(CpuAdamW, BitIdenticalToTheFusedShardOptimizer) {
+  const AdamWOptions o{0.9, 0.999, 1e-8, 0.1};
+  expect_bit_identical(
+      [&](int64_t n, std::vector<Range> decay) { return make_adamw(o, n, decay, at::kFloat); },
+      [&](int64_t n, std::vector<Range> decay) { return make_cpu_adamw(o, n, decay, at::kFloat); },
+      "AdamW");
+}
+
+// Momentum with dampening, Nesterov, none, and no decay: each path of the kernel.
+TEST(CpuSgd, BitIdenticalToTheFusedShardOptimizer) {
+  for (const SgdOptions o : {SgdOptions{0.9, 0.1, 0.01, false}, SgdOptions{0.9, 0, 0.01, true},
+                             SgdOptions{0, 0, 0.01, false}, SgdOptions{0.9, 0, 0, false}}) {
+    expect_bit_identical(
+        [&](int64_t n, std::vector<Range> decay) { return make_sgd(o, n, decay, at::kFloat); },
+        [&](int64_t n, std::vector<Range> decay) { return make_cpu_sgd(o, n, decay, at::kFloat); },
+        "SGD momentum " + std::to_string(o.momentum) + " dampening " + std::to_string(o.dampening) +
+            (o.nesterov ? " nesterov" : ""));
   }
 }
 

@@ -111,15 +111,10 @@ TEST_P(OffloadEquivalence, MatchesTheEngineWithoutOffloadAndTorch) {
   const Trained off = train(cfg, false, c.world, c.accumulation, 3);
   for (int r = 0; r < c.world; ++r) {
     const std::string rank = "rank " + std::to_string(r);
-    if (cfg.optimizer.type == "AdamW") {
-      // Same reductions in the same order, the optimizer rounding as ATen's fused AdamW: bit for
-      // bit (tests/test_cpu_optim.cpp BitIdenticalToTheFusedShardOptimizer).
-      EXPECT_TRUE(at::equal(on.params[r], off.params[r])) << rank << " vs no offload";
-      EXPECT_TRUE(at::equal(on.masters[r], off.masters[r])) << rank << " vs no offload, masters";
-    } else {
-      // The host SGD does not round as ATen's fused SGD does everywhere: an ulp here and there.
-      expect_close_per_parameter(on.params[r], off.params[r], 1e-6, rank + " vs no offload");
-    }
+    // Same reductions in the same order, the optimizer rounding as ATen's fused kernels: bit for
+    // bit (tests/test_cpu_optim.cpp BitIdenticalToTheFusedShardOptimizer).
+    EXPECT_TRUE(at::equal(on.params[r], off.params[r])) << rank << " vs no offload";
+    EXPECT_TRUE(at::equal(on.masters[r], off.masters[r])) << rank << " vs no offload, masters";
     // Against torch::optim per parameter (the reduction order differs from one process).
     EXPECT_LT((on.params[r] - ref.params).abs().max().item<double>(), 2e-5) << rank;
     for (int s = 0; s < kSteps; ++s) {
