@@ -23,6 +23,7 @@
 #include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
 #include "zero/pipeline_engine.hpp"
+#include "zero/tensor_parallel.hpp"
 
 namespace zero::examples {
 namespace {
@@ -245,16 +246,35 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     for (int64_t i = 0; i < start_step * ga; ++i) loader.next();
   }
 
-  MetricsLog metrics(rank == 0 ? cfg.extra_string("trainer.metrics_file") : "");
   // DeepSpeed's monitors and the summary are rank 0's (stage 0's): the loss it reports is the
-  // last stage's (broadcast to every rank), the global norm every stage's.
+  // last stage's (broadcast to every rank), the global norm every stage's. Rank 0's outputs are
+  // checked before training time is spent, and every rank learns whether they failed: otherwise
+  // the other stages would wait at their first send for rank 0 until comm_timeout_s.
+  const std::string metrics_path = rank == 0 ? cfg.extra_string("trainer.metrics_file") : "";
   std::unique_ptr<MonitorWriter> monitors;
-  if (rank == 0) {
-    if (!a.summary_path.empty()) require_writable_file(a.summary_path, "--summary-json");
-    monitors = std::make_unique<MonitorWriter>(monitor_config(cfg, "tensorboard"),
-                                               monitor_config(cfg, "csv_monitor"), true);
-    if (monitors->enabled()) std::printf("monitors: %s\n", monitors->describe().c_str());
+  std::string problem;
+  try {
+    if (!metrics_path.empty()) require_writable_file(metrics_path, "trainer.metrics_file");
+    if (rank == 0) {
+      if (!a.summary_path.empty()) require_writable_file(a.summary_path, "--summary-json");
+      monitors = std::make_unique<MonitorWriter>(monitor_config(cfg, "tensorboard"),
+                                                 monitor_config(cfg, "csv_monitor"), true);
+      if (monitors->enabled()) std::printf("monitors: %s\n", monitors->describe().c_str());
+    }
+  } catch (const std::exception& e) {
+    problem = e.what();
   }
+  // Over every process: an all-reduce over any group (as the plain trainer's check).
+  const double failed =
+      tensor_parallel::reduce_from_region(
+          at::full({1}, problem.empty() ? 0.0 : 1.0, at::TensorOptions().device(a.device)), world)
+          .item<double>();
+  if (!problem.empty()) throw ConfigError(problem);
+  if (failed > 0) {
+    throw ConfigError(
+        "another rank refused its start-up checks (its error names the file); stopping");
+  }
+  MetricsLog metrics(metrics_path);
   PipelineSummary summary;
   const double tokens_per_step = static_cast<double>(c.train_batch_size * a.seq_len);
   double first_loss = 0, last_loss = 0;

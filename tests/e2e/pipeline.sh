@@ -33,6 +33,22 @@ run() {
 check "P = 1 trains" run p1 1 --set gradient_accumulation_steps=4 --summary-json "$out/p1.json"
 check "P = 2 (2 processes) trains, 1f1b" run p2 2 --set gradient_accumulation_steps=4 \
   --set pipeline.stages=2 --summary-json "$out/p2.json"
+# Rank 0's outputs unwritable with P = 2: both processes stop before training (rank 1 too, not
+# at its first send after comm_timeout_s), the cause named.
+unwritable() {
+  mkdir -p "$out/afile" && : > "$out/afile/file"
+  local rc=0
+  timeout 120 torchrun --no-python --standalone --nproc-per-node 2 --master-port $((port++)) \
+    "$train" "${common[@]}" --set pipeline.stages=2 --set gradient_accumulation_steps=4 \
+    --summary-json "$out/afile/file/s.json" \
+    > "$out/unwritable.log" 2>&1 || rc=$?
+  echo "    exit $rc"
+  test $rc -ne 0 -a $rc -ne 124 &&
+    test "$(grep -c '^step' "$out/unwritable.log")" -eq 0 &&
+    grep -q "rank 0: error: .*--summary-json: cannot write" "$out/unwritable.log" &&
+    grep -q "rank 1: error: .*another rank refused its start-up checks" "$out/unwritable.log"
+}
+check "P = 2: an unwritable --summary-json stops every rank before training" unwritable
 check "P = 2 x D = 2 (4 processes) trains, 1f1b" run p2d2 4 --set gradient_accumulation_steps=2 \
   --set pipeline.stages=2
 check "P = 2 x D = 2 trains, gpipe" run p2d2g 4 --set gradient_accumulation_steps=2 \
