@@ -3,7 +3,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_fused_adamw.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
@@ -161,16 +160,13 @@ class CpuAdamW final : public HostOptimizerBase {
   // itself: both runs then round every element alike, whatever the build.
   void apply_remainder(Out kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
                        float grad_scale, std::optional<double> weight_decay, void* out) override {
-    const auto host = [n](float* ptr) { return at::from_blob(ptr, {n}, at::kFloat); };
-    // A copy: ATen writes the unscaled gradient back, and the shard's gradient is not ours.
-    const at::Tensor grad = at::from_blob(const_cast<float*>(g), {n}, at::kFloat).clone();
-    std::optional<at::Tensor> scale;
-    if (grad_scale != 1.0f) scale = at::full({1}, grad_scale, at::kFloat);
-    at::_fused_adamw_({host(p)}, {grad}, {host(exp_avg_.data_ptr<float>() + offset)},
-                      {host(exp_avg_sq_.data_ptr<float>() + offset)}, {},
+    const host::RemainderGrad rg = host::remainder_grad(g, n, grad_scale);
+    at::_fused_adamw_({host::view(p, n)}, {rg.grad},
+                      {host::view(exp_avg_.data_ptr<float>() + offset, n)},
+                      {host::view(exp_avg_sq_.data_ptr<float>() + offset, n)}, {},
                       {at::full({}, static_cast<double>(steps_), at::kFloat)}, lr, o_.beta1,
                       o_.beta2, weight_decay.value_or(o_.weight_decay), o_.eps,
-                      /*amsgrad=*/false, /*maximize=*/false, scale, std::nullopt);
+                      /*amsgrad=*/false, /*maximize=*/false, rg.scale, std::nullopt);
     host::round_to(kind, p, out, n);
   }
 

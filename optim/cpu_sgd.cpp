@@ -4,8 +4,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_fused_sgd.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
 #include <c10/macros/Macros.h>
 
@@ -158,17 +156,14 @@ class CpuSgd final : public HostOptimizerBase {
   // ATen's remainder loop is compiled otherwise again; it runs through ATen's kernel itself.
   void apply_remainder(Out kind, float* p, const float* g, int64_t offset, int64_t n, double lr,
                        float grad_scale, std::optional<double> weight_decay, void* out) override {
-    const auto host = [n](float* ptr) { return at::from_blob(ptr, {n}, at::kFloat); };
-    // A copy: ATen writes the unscaled gradient back, and the shard's gradient is not ours.
-    const at::Tensor grad = at::from_blob(const_cast<float*>(g), {n}, at::kFloat).clone();
+    const host::RemainderGrad rg = host::remainder_grad(g, n, grad_scale);
     std::vector<at::Tensor> buf;
-    if (momentum_buffer_.defined())
-      buf.push_back(host(momentum_buffer_.data_ptr<float>() + offset));
-    std::optional<at::Tensor> scale;
-    if (grad_scale != 1.0f) scale = at::full({1}, grad_scale, at::kFloat);
-    at::_fused_sgd_({host(p)}, {grad}, buf, weight_decay.value_or(o_.weight_decay), o_.momentum, lr,
-                    o_.dampening, o_.nesterov, /*maximize=*/false,
-                    /*is_first_step=*/steps_ == 1, scale, std::nullopt);
+    if (momentum_buffer_.defined()) {
+      buf.push_back(host::view(momentum_buffer_.data_ptr<float>() + offset, n));
+    }
+    at::_fused_sgd_({host::view(p, n)}, {rg.grad}, buf, weight_decay.value_or(o_.weight_decay),
+                    o_.momentum, lr, o_.dampening, o_.nesterov, /*maximize=*/false,
+                    /*is_first_step=*/steps_ == 1, rg.scale, std::nullopt);
     host::round_to(kind, p, out, n);
   }
 

@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
 
 #include <algorithm>
 #include <cmath>
@@ -58,6 +60,15 @@ void round_to(Out kind, const float* p, void* out, int64_t n) {
   with_out(kind, [&](auto k) {
     if constexpr (decltype(k)::value != Out::kNone) round_kernel<decltype(k)::value>(p, out, n);
   });
+}
+
+at::Tensor view(float* ptr, int64_t n) { return at::from_blob(ptr, {n}, at::kFloat); }
+
+RemainderGrad remainder_grad(const float* g, int64_t n, float grad_scale) {
+  RemainderGrad out;
+  out.grad = at::from_blob(const_cast<float*>(g), {n}, at::kFloat).clone();
+  if (grad_scale != 1.0f) out.scale = at::full({1}, grad_scale, at::kFloat);
+  return out;
 }
 
 Rounding pick_rounding(const char* what, const std::function<int64_t(Rounding)>& mismatches) {

@@ -17,6 +17,17 @@ namespace zero::optim::host {
 // The new values of p[0, n) rounded into `out` (of kind `kind`; nothing for kNone).
 void round_to(Out kind, const float* p, void* out, int64_t n);
 
+// A view of n host floats at `ptr` (no copy): a remainder handed to ATen's kernel in place.
+at::Tensor view(float* ptr, int64_t n);
+
+// A remainder's gradient as ATen's fused kernels take it: a copy, since they write the unscaled
+// gradient back and the shard's gradient is not the optimizer's; and the scale (none at 1).
+struct RemainderGrad {
+  at::Tensor grad;
+  std::optional<at::Tensor> scale;
+};
+RemainderGrad remainder_grad(const float* g, int64_t n, float grad_scale);
+
 // The rounding of this process's ATen kernel named `what` (its CPU capability is picked at load
 // time, or by ATEN_CPU_CAPABILITY), by the probe `mismatches(rounding)`: how many elements of
 // whole vectors the host kernel with that rounding and ATen's leave unequal. Should a torch build
