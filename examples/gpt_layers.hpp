@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpt.hpp"
@@ -26,6 +28,34 @@ struct GptHeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(GptHead);
 
+// The rotary tables as a stage's blocks read them: the model's tables in the activations' dtype
+// on their device, made once (not per micro-batch and block) and shared by the blocks. They
+// follow the activations rather than the model: a pipeline that moves only its stage's layers to
+// a GPU (PipelineEngine's `device`) leaves the model's tables on the host, and they reach the GPU
+// at the stage's first forward.
+class RopeRows {
+ public:
+  RopeRows(at::Tensor cos, at::Tensor sin, int64_t max_seq)
+      : cos_(std::move(cos)), sin_(std::move(sin)), max_seq_(max_seq) {}
+  // The first `x.size(1)` rows of both tables, as x's dtype on x's device.
+  std::pair<at::Tensor, at::Tensor> rows(const at::Tensor& x) {
+    const int64_t s = x.size(1);
+    if (s > max_seq_) throw std::invalid_argument("sequence longer than the model's max_seq");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cos_at_.defined() || cos_at_.device() != x.device() ||
+        cos_at_.scalar_type() != x.scalar_type()) {
+      cos_at_ = cos_.to(x.device(), x.scalar_type());
+      sin_at_ = sin_.to(x.device(), x.scalar_type());
+    }
+    return {cos_at_.narrow(0, 0, s), sin_at_.narrow(0, 0, s)};
+  }
+
+ private:
+  at::Tensor cos_, sin_, cos_at_, sin_at_;
+  int64_t max_seq_;
+  std::mutex mu_;
+};
+
 // A GPT (plain or tensor-parallel) as pipeline layers: the embedding, each block run as the
 // model's forward runs it (the first S rows of its rotary tables in the input's dtype), then the
 // head module (final norm and head). A tied table is named "embed" on the first and last layer.
@@ -41,13 +71,11 @@ std::vector<zero::pipeline::Layer> rope_gpt_layers(Embed embed, const torch::nn:
       {}};
   if (tied) first.tied["embed"] = embed->weight;
   layers.push_back(std::move(first));
+  auto rope = std::make_shared<RopeRows>(std::move(cos_table), std::move(sin_table), max_seq);
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto block = blocks->ptr<BlockImpl>(i);
-    auto run = [block, cos_table, sin_table, max_seq](const at::Tensor& x) {
-      const int64_t s = x.size(1);
-      if (s > max_seq) throw std::invalid_argument("sequence longer than the model's max_seq");
-      auto cos = cos_table.narrow(0, 0, s).to(x.scalar_type());
-      auto sin = sin_table.narrow(0, 0, s).to(x.scalar_type());
+    auto run = [block, rope](const at::Tensor& x) {
+      const auto [cos, sin] = rope->rows(x);
       return block->forward(x, cos, sin);
     };
     layers.push_back({"block " + std::to_string(i), block, std::move(run), {}});

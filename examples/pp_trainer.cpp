@@ -157,24 +157,18 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     } else {
       init_like_gpt(*tp_model, init_gen);
     }
-    // The whole model goes to the rank's device (the rotary tables the blocks share with it
-    // included); the pipeline trains this stage's layers. The model lives for the run, so every
-    // stage holds every layer's weights on its device: simple, and wasteful for a model that
-    // needs a pipeline to fit (moving only the stage's layers needs the partition before the
-    // engine; cuda review finding 14).
-    tp_model->to(a.device);
     layers = tp_gpt_pipeline_layers(tp_model);
     loss_fn = tp_gpt_loss(grid.tp);
   } else {
-    model->to(a.device);
     layers = gpt_pipeline_layers(model);
   }
   std::vector<std::string> names;
   for (const auto& l : layers) names.push_back(l.name);
   std::unique_ptr<pipeline::PipelineEngine> pipe;
   try {
+    // The model stays on the host; only this stage's layers go to the rank's device.
     pipe = std::make_unique<pipeline::PipelineEngine>(std::move(layers), std::move(loss_fn), cfg,
-                                                      grid);
+                                                      grid, a.device);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(path + ": " + e.what());
   }

@@ -493,5 +493,77 @@ TEST(PipelineEngine, CheckpointOnAnAcceleratorWithOneReplicaPerStage) {
   }
 }
 
+// PipelineEngine's `device`: the model built on the host, only the stage's layers reach its
+// device (review 2026-12-05, finding 14: zero-train put the whole model on every stage's GPU).
+// On the fake accelerator, P = 2 x D = 1: the other stage's parameters stay on the host, the
+// device holds exactly the model's bytes less theirs (and less the rotary tables, which reach
+// the device at the first forward, in the activations' dtype), and training gives the very
+// losses of the run whose whole model was moved to each stage's device, SGD and AdamW.
+TEST(PipelineEngine, OnlyTheStagesLayersReachItsDevice) {
+  GptConfig c = examples::gpt_preset("tiny");
+  at::manual_seed(1234);
+  const Params init = snapshot(Gpt(c));
+  const auto batches = make_batches(c, kMicroBatches * kRowsPerMicroBatch);
+  for (const Opt o : {Opt::SGD, Opt::AdamW}) {
+    SCOPED_TRACE(o == Opt::SGD ? "SGD" : "AdamW");
+    std::vector<std::vector<float>> whole(2), staged(2);
+    std::vector<int64_t> whole_bytes(2), staged_bytes(2), host_bytes(2);
+    testing::run_ranks(
+        2,
+        [&](std::shared_ptr<comm::Group> w) {
+          const int r = w->rank();
+          comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
+          const c10::Device device = testing::fake::device(r);
+          const Config cfg = engine_config(o, 1, 2, ScheduleKind::OneFOneB);
+          auto train = [&](PipelineEngine& pipe, std::vector<float>& out) {
+            for (size_t i = 0; i < 3; ++i) {
+              std::vector<at::Tensor> in, tg;
+              for (const auto& t : batches[i].inputs.chunk(kMicroBatches, 0))
+                in.push_back(t.to(device));
+              for (const auto& t : batches[i].targets.chunk(kMicroBatches, 0))
+                tg.push_back(t.to(device));
+              out.push_back(pipe.train_batch(in, tg));
+            }
+          };
+          {
+            Gpt model(c);
+            load(model, init);
+            const int64_t before = testing::fake::allocated_bytes(r);
+            model->to(device);
+            PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg,
+                                mesh["pp"], mesh["dp"]);
+            whole_bytes[r] = testing::fake::allocated_bytes(r) - before;
+            train(pipe, whole[r]);
+          }
+          Gpt model(c);
+          load(model, init);
+          const int64_t before = testing::fake::allocated_bytes(r);
+          PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg,
+                              mesh["pp"], mesh["dp"], device);
+          staged_bytes[r] = testing::fake::allocated_bytes(r) - before;
+          // What stayed on the host: the other stage's layers, and the tables.
+          std::set<const void*> seen;
+          auto count = [&](const at::Tensor& t) {
+            if (!seen.insert(t.unsafeGetTensorImpl()).second) return;
+            if (t.device().is_cpu()) host_bytes[r] += t.numel() * t.element_size();
+          };
+          for (const auto& p : model->parameters()) count(p);
+          for (const auto& b : model->buffers()) count(b);
+          for (const auto& p : pipe.engine().module()->parameters()) {
+            EXPECT_EQ(p.device(), device) << "a parameter of this stage";
+          }
+          train(pipe, staged[r]);
+        },
+        std::chrono::seconds(60), testing::fake::device().type());
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      ASSERT_EQ(staged[r].size(), 3u);
+      EXPECT_EQ(staged[r], whole[r]);
+      EXPECT_GT(host_bytes[r], 0) << "the other stage's layers stayed on the host";
+      EXPECT_EQ(staged_bytes[r], whole_bytes[r] - host_bytes[r]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero::pipeline

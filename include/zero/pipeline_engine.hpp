@@ -26,8 +26,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,14 +72,20 @@ class PipelineEngine {
   // `pp`: the pipeline group (rank s = stage s, size cfg.pipeline.stages); `dp`: this stage's
   // data-parallel group. Collective over both. Refuses ZeRO stage 2 and 3 (the step needs each
   // micro-batch's gradients reduced, m times the traffic of stage 1: see config_pipeline.cpp).
+  //
+  // `device`: where this stage's layers go before the engine wraps them; the other stages' layers
+  // stay where they are. A model built on the host then reaches each GPU one stage at a time,
+  // as DeepSpeed's PipelineModule builds only its stage's layers: what P > 1 is for. Unset: the
+  // layers train where they are (the caller moved them).
   PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, std::shared_ptr<Group> pp,
-                 std::shared_ptr<Group> dp);
+                 std::shared_ptr<Group> dp, std::optional<c10::Device> device = std::nullopt);
   // The grid's groups; with grid.tp of size > 1 the layers are tensor-parallel over it: the
   // engine's norm spans tp (the parameters zero/tensor_parallel/placement.hpp calls replicated
   // counted once) and its checkpoints record each rank's block of the split weights. Refuses
   // tensor_parallel.sequence_parallel (the replicated parameters' gradients would be partial
   // sums to all-reduce over tp inside backward, which the engine does not do).
-  PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, const PipelineGrid& grid);
+  PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, const PipelineGrid& grid,
+                 std::optional<c10::Device> device = std::nullopt);
   PipelineEngine(PipelineEngine&&) noexcept;
   PipelineEngine& operator=(PipelineEngine&&) noexcept;
   ~PipelineEngine();

@@ -78,12 +78,13 @@ void refuse_tensor_parallel_checkpoints(int tp) {
 }  // namespace
 
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
-                               std::shared_ptr<Group> pp, std::shared_ptr<Group> dp)
+                               std::shared_ptr<Group> pp, std::shared_ptr<Group> dp,
+                               std::optional<c10::Device> device)
     : PipelineEngine(std::move(layers), std::move(loss), std::move(cfg),
-                     PipelineGrid{std::move(pp), std::move(dp), nullptr}) {}
+                     PipelineGrid{std::move(pp), std::move(dp), nullptr}, device) {}
 
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
-                               const PipelineGrid& grid)
+                               const PipelineGrid& grid, std::optional<c10::Device> device)
     : impl_(std::make_unique<Impl>()) {
   const std::shared_ptr<Group>&pp = grid.pp, &dp = grid.dp;
   if (!pp || !dp) throw std::invalid_argument("pipeline: a pipeline and a data-parallel group");
@@ -94,6 +95,7 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   const ScheduleKind schedule = parse_schedule_kind(cfg.pipeline.schedule);
   StageLayers stage(std::move(layers), parse_partition_method(cfg.pipeline.partition), m.stages,
                     m.stage, cfg.pipeline.activation_checkpoint_interval);
+  if (device) stage.to(*device);
   m.bounds = stage.bounds();
   m.partition = cfg.pipeline.partition;
   m.pp = pp;

@@ -66,6 +66,12 @@ StageLayers::StageLayers(std::vector<Layer> all, PartitionMethod method, int sta
   }
 }
 
+void StageLayers::to(const c10::Device& device) {
+  // Module::to replaces each parameter's data in place (set_data): the stage module's and the
+  // tied maps' handles share those tensors and follow.
+  for (auto& l : layers_) l.module->to(device);
+}
+
 at::Tensor StageLayers::forward(const at::Tensor& x) const {
   at::Tensor y = x;
   const int n = static_cast<int>(layers_.size());

@@ -23,6 +23,9 @@ class StageLayers {
               int activation_checkpoint_interval = 0);
 
   at::Tensor forward(const at::Tensor& x) const;
+  // Moves this stage's layers (their parameters, buffers and tied copies) to `device`; the
+  // other stages' layers stay where they are.
+  void to(const c10::Device& device);
   // The parameters this stage trains, each once (a weight two of its layers tie appears once).
   // A tied weight belongs to the first stage holding it (its owner, as DeepSpeed's tied module
   // lives with the first stage that builds it): a later stage's copy is left out here and
