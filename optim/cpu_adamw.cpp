@@ -103,13 +103,15 @@ int64_t probe_mismatches(Rounding rounding) {
   constexpr int64_t kN = 4096;
   const AdamWOptions o{0.9, 0.999, 1e-8, 0.1};
   at::Generator gen = at::detail::createCPUGenerator(20261205);
-  at::Tensor p = at::randn({kN}, gen), m = at::zeros({kN}), v = at::zeros({kN});
+  at::Tensor p = at::randn({kN}, gen, at::kFloat), m = at::zeros({kN}, at::kFloat),
+             v = at::zeros({kN}, at::kFloat);
   at::Tensor ours = p.clone(), om = m.clone(), ov = v.clone();
   int64_t mismatches = 0;
   for (int t = 1; t <= 3; ++t) {
-    const at::Tensor g = at::randn({kN}, gen);
-    at::_fused_adamw_({p}, {g.clone()}, {m}, {v}, {}, {at::full({}, static_cast<double>(t))}, 1e-2,
-                      o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+    const at::Tensor g = at::randn({kN}, gen, at::kFloat);
+    at::_fused_adamw_({p}, {g.clone()}, {m}, {v}, {},
+                      {at::full({}, static_cast<double>(t), at::kFloat)}, 1e-2, o.beta1, o.beta2,
+                      o.weight_decay, o.eps, /*amsgrad=*/false,
                       /*maximize=*/false, std::nullopt, std::nullopt);
     adamw_with<Out::kNone, true>(rounding, ours.data_ptr<float>(), g.data_ptr<float>(),
                                  om.data_ptr<float>(), ov.data_ptr<float>(), nullptr, kN,

@@ -105,10 +105,10 @@ int64_t probe_mismatches(Rounding rounding) {
   at::Generator gen = at::detail::createCPUGenerator(20261205);
   int64_t mismatches = 0;
   for (const SgdOptions o : {SgdOptions{0.9, 0.1, 0.01, false}, SgdOptions{0.9, 0, 0.01, true}}) {
-    at::Tensor p = at::randn({kN}, gen), buf = at::zeros({kN});
+    at::Tensor p = at::randn({kN}, gen, at::kFloat), buf = at::zeros({kN}, at::kFloat);
     at::Tensor ours = p.clone(), obuf = buf.clone();
     for (int t = 1; t <= 3; ++t) {
-      const at::Tensor g = at::randn({kN}, gen);
+      const at::Tensor g = at::randn({kN}, gen, at::kFloat);
       at::_fused_sgd_({p}, {g.clone()}, {buf}, o.weight_decay, o.momentum, 0.05, o.dampening,
                       o.nesterov, /*maximize=*/false, /*is_first_step=*/t == 1, std::nullopt,
                       std::nullopt);

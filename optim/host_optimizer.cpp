@@ -77,15 +77,11 @@ Rounding pick_rounding(const char* what, const std::function<int64_t(Rounding)>&
   const int64_t rounded = mismatches(Rounding::kRounded);
   if (rounded == 0) return Rounding::kRounded;
   TORCH_WARN("zero: the offloaded ", what, " rounds differently from this torch build's fused CPU ",
-             what, " (", std::min(fused, rounded),
-             " probe updates differ by an ulp): offloaded and non-offloaded runs will agree to "
-             "~1e-7, not bit for bit");
+             what, " (CPU capability ", at::get_cpu_capability(), ": ", std::min(fused, rounded),
+             " probe updates differ by an ulp): on a CPU, offloaded and non-offloaded runs will "
+             "agree to ~1e-7, not bit for bit (on a GPU the device's kernels round otherwise in "
+             "any case)");
   return fused <= rounded ? Rounding::kFused : Rounding::kRounded;
-}
-
-int64_t aten_vector_width() {
-  static const int64_t width = at::get_cpu_capability() == "AVX512" ? 16 : 8;
-  return width;
 }
 
 HostOptimizerBase::HostOptimizerBase(int64_t numel, std::vector<ParamGroup> groups,
@@ -105,6 +101,13 @@ void HostOptimizerBase::update_to(at::Tensor& param, const at::Tensor& grad, dou
               "zero: update window [", window.begin, ", ", window.end, ") outside the shard");
   TORCH_CHECK(param.is_cpu() && grad.is_cpu(), "zero: ", name(),
               " updates host tensors; got param on ", param.device(), ", grad on ", grad.device());
+  // The kernels index both in shard coordinates.
+  TORCH_CHECK(param.numel() == numel() && grad.numel() == numel() && param.is_contiguous() &&
+                  grad.is_contiguous() && param.scalar_type() == at::kFloat &&
+                  grad.scalar_type() == at::kFloat,
+              "zero: ", name(), " takes the whole shard's fp32 contiguous master and gradient (",
+              numel(), " elements); got ", param.numel(), " (", param.scalar_type(), ") and ",
+              grad.numel(), " (", grad.scalar_type(), ")");
   if (out.defined()) {
     TORCH_CHECK(out.is_cpu() && out.is_contiguous() && out.numel() == window.end - window.begin,
                 "zero: the compute-dtype copy must be a contiguous host tensor of the window's ",
@@ -130,13 +133,12 @@ void HostOptimizerBase::update_to(at::Tensor& param, const at::Tensor& grad, dou
   // without offload), then the remainder.
   float* p = param.data_ptr<float>();
   const float* g = grad.data_ptr<float>();
-  const int64_t width = aten_vector_width();
   for (const ParamGroup& group : groups()) {
     const double group_lr = lr * group.lr_scale;
     for (const Range& r : group.ranges) {
       const int64_t b = std::max(r.begin, window.begin), e = std::min(r.end, window.end);
       if (b >= e) continue;
-      const int64_t body_end = e - (e - b) % width;
+      const int64_t body_end = e - (e - b) % kRemainderAlign;
       for_chunks({b, body_end}, [&](int64_t cb, int64_t ce) {
         apply_chunk(kind, p + cb, g + cb, cb, ce - cb, group_lr, grad_scale, group.weight_decay,
                     out_at(cb));

@@ -32,12 +32,14 @@ RemainderGrad remainder_grad(const float* g, int64_t n, float grad_scale);
 // time, or by ATEN_CPU_CAPABILITY), by the probe `mismatches(rounding)`: how many elements of
 // whole vectors the host kernel with that rounding and ATen's leave unequal. Should a torch build
 // round otherwise than both, the closer one is used and offloaded runs are no longer
-// bit-identical to runs without offload (an ulp here and there): said once.
+// bit-identical to runs without offload on a CPU (an ulp here and there): said once per kernel.
 Rounding pick_rounding(const char* what, const std::function<int64_t(Rounding)>& mismatches);
 
-// The float vector width of ATen's CPU kernels in this process: 16 (AVX-512), else 8 (AVX2, and
-// the baseline build's 32-byte Vectorized).
-int64_t aten_vector_width();
+// Where a slice's body of whole vectors ends: a multiple of 16 floats from its start, which is a
+// multiple of every float vector width of ATen's CPU kernels (16 AVX-512, 8 AVX2 and SVE256, 4
+// NEON). The remainder then runs through ATen's kernel, which splits it into its own vectors and
+// remainder exactly where it splits the whole slice.
+constexpr int64_t kRemainderAlign = 16;
 
 class HostOptimizerBase : public HostShardOptimizer {
  public:
@@ -50,11 +52,12 @@ class HostOptimizerBase : public HostShardOptimizer {
  protected:
   // One chunk of the update: n elements at `offset` of the shard (p, g point there), at the
   // group's lr and weight decay (unset: the optimizer's), the copy of kind `out_kind` at `out`
-  // (or none). A chunk is whole vectors of aten_vector_width() elements from its slice's start.
+  // (or none). A chunk is whole vectors of kRemainderAlign elements from its slice's start.
   virtual void apply_chunk(Out out_kind, float* p, const float* g, int64_t offset, int64_t n,
                            double lr, float grad_scale, std::optional<double> weight_decay,
                            void* out) = 0;
-  // A slice's last n < aten_vector_width() elements, where ATen's remainder loop rounds them.
+  // A slice's last n < kRemainderAlign elements, through ATen's kernel (its remainder loop
+  // rounds otherwise than its vector body).
   virtual void apply_remainder(Out out_kind, float* p, const float* g, int64_t offset, int64_t n,
                                double lr, float grad_scale, std::optional<double> weight_decay,
                                void* out) = 0;

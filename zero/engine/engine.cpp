@@ -144,12 +144,10 @@ void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
     o.begin_step(fp.master_window(buckets.front()), lr);  // update() checks each window
   }
   if (!sharding.optimizer || fp.master_aliases_flat()) {
-    if (fp32) {
-      o.update(fp.master, grad, lr, scalars, {0, o.numel()});
-    } else {
-      for (const BucketSlot& b : buckets) {
-        o.update(fp.master, fp32_grad(grad, window_of(b)), lr, scalars, window_of(b));
-      }
+    // Bucket by bucket, as the offloaded step runs: ATen's fused kernels round a slice's last
+    // elements past whole vectors otherwise, so the same windows keep the two bit-identical.
+    for (const BucketSlot& b : buckets) {
+      o.update(fp.master, fp32_grad(grad, window_of(b)), lr, scalars, window_of(b));
     }
     publish_parameters();
     return;

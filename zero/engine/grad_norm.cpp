@@ -16,8 +16,9 @@ namespace {
 // The squared L2 norm of the gradient shard, in fp32, as a one-element tensor on its device,
 // summed bucket by bucket: a narrower shard is converted inside the reduction (CUDA) or through
 // one bucket's fp32 temporary (CPU), not a whole-shard copy. An fp32 shard is summed in the same
-// pieces, so that a bf16 run's norm and its offloaded twin's (whose host shard is fp32) are the
-// same sums in the same order: bit-identical clip coefficients.
+// pieces, so that on a CPU run a bf16 run's norm and its offloaded twin's (whose host shard is
+// fp32) are the same sums in the same order: bit-identical clip coefficients. (On a GPU the
+// offloaded norm is summed on the device piece by piece as the pieces leave: close, not equal.)
 at::Tensor squared_norm(const at::Tensor& g, const FlatLayout& layout) {
   at::Tensor sq = at::zeros({1}, g.options().dtype(at::kFloat));
   for (const BucketSlot& b : layout.buckets()) {
