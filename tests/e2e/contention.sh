@@ -14,7 +14,9 @@ for _ in 1 2; do
   timeout 900 sh -c 'while :; do :; done' &
   busy+=($!)
 done
-for t in test_engine_equivalence test_optimizer_offload test_fake_device test_phase_peaks; do
+for t in test_engine_equivalence test_optimizer_offload test_phase_peaks test_fake_device \
+  test_fake_device_engine test_fake_device_checkpoint test_fake_device_memory \
+  test_fake_device_grad_to_host test_fake_device_bound_group; do
   check "$t under two busy loops" "$tests/$t" --gtest_brief=1
 done
 summary
