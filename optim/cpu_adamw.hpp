@@ -43,6 +43,11 @@ class HostShardOptimizer : public ShardOptimizer {
               Range window) override {
     update_to(param, grad, lr, scalars, window, at::Tensor());
   }
+  // The squared L2 norm of `grad` (the host fp32 shard) over `pieces`, as a one-element fp32 host
+  // tensor, reduced in parallel on this optimizer's threads (torchrun's OMP_NUM_THREADS=1 would
+  // leave a host reduction on one core, as it would the step), in fixed chunks summed in double:
+  // the result does not depend on the thread count.
+  virtual at::Tensor squared_norm(const at::Tensor& grad, const std::vector<Range>& pieces) = 0;
 
  protected:
   HostShardOptimizer(int64_t numel, std::vector<ParamGroup> groups, const at::TensorOptions& opts,

@@ -48,6 +48,7 @@ class HostOptimizerBase : public HostShardOptimizer {
 
   void update_to(at::Tensor& param, const at::Tensor& grad, double lr, const Scalars& s,
                  Range window, const at::Tensor& out) override;
+  at::Tensor squared_norm(const at::Tensor& grad, const std::vector<Range>& pieces) override;
 
  protected:
   // One chunk of the update: n elements at `offset` of the shard (p, g point there), at the

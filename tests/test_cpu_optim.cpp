@@ -252,6 +252,30 @@ TEST(CpuSgd, BitIdenticalToTheFusedShardOptimizer) {
   }
 }
 
+// The host shard's norm over pieces on the optimizer's threads: the pieces' squared norms summed
+// in order (holes left out), reduced in fixed chunks summed in double, so 1 and 3
+// threads give the same bits, and the fp64 sum of squares within 1e-6.
+TEST(CpuOptim, SquaredNormOverPiecesOnItsThreads) {
+  const int64_t big = (int64_t{1} << 24) + 4099, n = big + 3000;
+  at::manual_seed(21);
+  const at::Tensor g = at::randn({n});
+  g.narrow(0, big, 1000).fill_(1e6);  // a hole between the pieces: must not count
+  const std::vector<Range> pieces = {{0, big}, {big + 1000, big + 1777}, {big + 1777, n}};
+  double want = 0;
+  for (const Range& r : pieces) {
+    want += g.narrow(0, r.begin, r.end - r.begin).to(at::kDouble).square().sum().item<double>();
+  }
+  std::vector<float> got;
+  for (const int threads : {1, 3}) {
+    auto opt = make_cpu_sgd({0.9, 0, 0, false}, n, {}, at::kFloat, {threads, false});
+    const at::Tensor sq = opt->squared_norm(g, pieces);
+    ASSERT_TRUE(sq.is_cpu() && sq.scalar_type() == at::kFloat && sq.numel() == 1);
+    got.push_back(sq.item<float>());
+    EXPECT_NEAR(got.back(), want, 1e-6 * want) << threads << " threads";
+  }
+  EXPECT_EQ(got[0], got[1]) << "the thread count changed the bits";
+}
+
 // The kernels unscale the gradient by multiplying with 1 / grad_scale when that reciprocal is
 // exact (a power of two: the engine's usual scale), else by dividing; either way each element
 // must be grad / grad_scale rounded once, as ATen's fused kernel computes it: the same bits as

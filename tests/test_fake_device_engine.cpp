@@ -117,6 +117,21 @@ INSTANTIATE_TEST_SUITE_P(StagesAndOptimizers, FakeDeviceEquivalence,
                                   (c.offload ? "_offload" : "");
                          });
 
+// Offload at stage 2 with gradient accumulation: a range gets a second piece in a window, so the
+// norm is the host shard's, reduced beside the device on the host optimizer's 2 threads
+// (HostShardOptimizer::squared_norm; torchrun's OMP_NUM_THREADS=1 would leave it one core):
+// clipping by it gives single-process training's norms and parameters.
+TEST(FakeDeviceOffloadNorm, HostShardNormOnTheOptimizersThreads) {
+  for (const char* optimizer : {"AdamW", "SGD"}) {
+    SCOPED_TRACE(optimizer);
+    Config cfg = training_config(2, optimizer, /*offload=*/true);
+    cfg.gradient_accumulation_steps = 2;
+    cfg.train_micro_batch_size_per_gpu = kRows / (kWorld * 2);
+    cfg.zero_optimization.offload_optimizer.threads = 2;
+    expect_matches_reference(cfg, 4, train_on_fake(cfg, 4));
+  }
+}
+
 // The forward pass through zero::checkpoint, the block's input offloaded to the host.
 Forward checkpointed(ActivationOffloader& offloader) {
   return [&offloader](TinyNetImpl& net, const at::Tensor& x) {

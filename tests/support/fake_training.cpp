@@ -18,11 +18,14 @@ at::Tensor plain(TinyNetImpl& net, const at::Tensor& x) { return net.forward(x);
 
 void train_steps(Engine& e, TinyNetImpl& net, int rank, int from, int to, const Forward& forward) {
   const at::Tensor p = net.parameters().front();
+  const int ga = static_cast<int>(e.config().gradient_accumulation_steps);
   for (int s = from; s < to; ++s) {
-    Batch b = rank_micro_batch(global_batch(s, kRows), rank, kWorld, 0, 1);
-    const at::Tensor x = b.x.to(p.device(), p.scalar_type());
-    e.backward(mse(forward(net, x).to(at::kFloat), b.y.to(p.device())));
-    e.step();
+    for (int m = 0; m < ga; ++m) {
+      Batch b = rank_micro_batch(global_batch(s, kRows), rank, kWorld, m, ga);
+      const at::Tensor x = b.x.to(p.device(), p.scalar_type());
+      e.backward(mse(forward(net, x).to(at::kFloat), b.y.to(p.device())));
+      e.step();
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <unordered_map>
 
+#include "optim/cpu_adamw.hpp"
 #include "zero/engine/engine_impl.hpp"
 #include "zero/step/deepspeed_norm.hpp"
 
@@ -13,29 +14,47 @@ namespace zero {
 
 namespace {
 
-// The squared L2 norm of the gradient shard, in fp32, as a one-element tensor on its device,
-// summed bucket by bucket: a narrower shard is converted inside the reduction (CUDA) or through
-// one bucket's fp32 temporary (CPU), not a whole-shard copy. An fp32 shard is summed in the same
-// pieces, so that on a CPU run a bf16 run's norm and its offloaded twin's (whose host shard is
-// fp32) are the same sums in the same order: bit-identical clip coefficients. (On a GPU the
-// offloaded norm is summed on the device piece by piece as the pieces leave: close, not equal.)
-at::Tensor squared_norm(const at::Tensor& g, const FlatLayout& layout) {
-  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kFloat));
-  for (const BucketSlot& b : layout.buckets()) {
-    sq.add_(at::linalg_vector_norm(g.narrow(0, b.shard_offset, b.shard.shard_numel()), 2, {}, false,
-                                   at::kFloat)
-                .square());
+// The pieces of the shard the norm sums: each bucket's, or with norm groups the pieces of the
+// parameters this rank counts.
+std::vector<optim::Range> norm_pieces(const FlatLayout& layout, int owner,
+                                      const std::vector<char>& counted) {
+  std::vector<optim::Range> pieces;
+  if (counted.empty()) {
+    for (const BucketSlot& b : layout.buckets())
+      pieces.push_back({b.shard_offset, b.shard_offset + b.shard.shard_numel()});
+  } else {
+    for (const OwnedPiece& p : layout.owned_pieces(owner))
+      if (counted[p.param]) pieces.push_back({p.shard_offset, p.shard_offset + p.numel});
   }
-  return sq;
+  return pieces;
 }
 
-// The same over the pieces of the shard whose parameter this rank counts.
-at::Tensor counted_squared_norm(const at::Tensor& g, const FlatLayout& layout, int owner,
-                                const std::vector<char>& counted) {
+// The squared L2 norm of the gradient shard over `pieces`, in fp32, as a one-element tensor on
+// its device, summed piece by piece: a narrower shard is converted inside the reduction (CUDA)
+// or through one bucket's fp32 temporary (CPU), not a whole-shard copy. An fp32 shard is summed
+// in the same pieces, so that on a CPU run a bf16 run's norm and its offloaded twin's (whose host
+// shard is fp32) are the same sums in the same order: bit-identical clip coefficients. (On a GPU
+// the offloaded norm is summed on the device piece by piece as the pieces leave: close, not
+// equal.)
+at::Tensor squared_norm(const at::Tensor& g, const std::vector<optim::Range>& pieces) {
+  if (g.is_cpu()) {
+    // ATen's CPU vector_norm accumulates a whole tensor in float lanes (1.3e-3 relative error at
+    // 2^24 fp32 elements, 7e-4 in bf16): pieces of 2^16 (~3e-7), summed in double.
+    constexpr int64_t kPiece = int64_t{1} << 16;
+    double total = 0;
+    for (const optim::Range& r : pieces) {
+      for (int64_t b = r.begin; b < r.end; b += kPiece) {
+        const int64_t n = std::min(r.end, b + kPiece) - b;
+        const double norm =
+            at::linalg_vector_norm(g.narrow(0, b, n), 2, {}, false, at::kFloat).item<double>();
+        total += norm * norm;
+      }
+    }
+    return at::full({1}, static_cast<float>(total), g.options().dtype(at::kFloat));
+  }
   at::Tensor sq = at::zeros({1}, g.options().dtype(at::kFloat));
-  for (const OwnedPiece& p : layout.owned_pieces(owner)) {
-    if (!counted[p.param]) continue;
-    sq.add_(at::linalg_vector_norm(g.narrow(0, p.shard_offset, p.numel), 2, {}, false, at::kFloat)
+  for (const optim::Range& r : pieces) {
+    sq.add_(at::linalg_vector_norm(g.narrow(0, r.begin, r.end - r.begin), 2, {}, false, at::kFloat)
                 .square());
   }
   return sq;
@@ -112,8 +131,14 @@ at::Tensor Engine::Impl::squared_grad_norm() {
     // for (a pageable one would synchronise the stream).
     if (offload && norm_counted.empty()) sq = sync->device_squared_norm();
     if (!sq.defined()) {
-      sq = norm_counted.empty() ? squared_norm(g, fp.layout)
-                                : counted_squared_norm(g, fp.layout, sharding.owner, norm_counted);
+      const auto pieces = norm_pieces(fp.layout, sharding.owner, norm_counted);
+      // Beside a device, the host shard's norm runs on the host optimizer's threads (torchrun's
+      // OMP_NUM_THREADS=1 would leave it on one core: ~0.3 s a step for 7B's shard at world 8).
+      // A CPU run keeps the engine's own reduction, bit for bit the one without offload.
+      auto* host = offload && !fp.flat.is_cpu()
+                       ? dynamic_cast<optim::HostShardOptimizer*>(opt.optimizer.get())
+                       : nullptr;
+      sq = host ? host->squared_norm(g, pieces) : squared_norm(g, pieces);
       if (offload && fp.flat.is_cuda()) {
         sq = sq.pin_memory().to(fp.flat.device(), /*non_blocking=*/true);
       } else if (offload) {
