@@ -172,6 +172,10 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError(path + ": " + e.what());
   }
+  // The engine holds this stage's layers; the other stages' go with the model (fp32 on the host:
+  // 7/8 of the model per process at P = 8, kept for nothing).
+  model = Gpt(nullptr);
+  tp_model = TpGpt(nullptr);
   const Engine& engine = pipe->engine();
   const Config& c = engine.config();  // batch sizes resolved for the data-parallel size
   const int rank = world->rank(), world_size = world->size();

@@ -118,8 +118,8 @@ INSTANTIATE_TEST_SUITE_P(StagesAndOptimizers, FakeDeviceEquivalence,
                          });
 
 // Offload at stage 2 with gradient accumulation: a range gets a second piece in a window, so the
-// norm is the host shard's, reduced beside the device on the host optimizer's 2 threads
-// (HostShardOptimizer::squared_norm; torchrun's OMP_NUM_THREADS=1 would leave it one core):
+// norm is the host shard's, reduced beside the device by HostShardOptimizer::squared_norm (on
+// the optimizer's threads for a shard of more than one chunk; test_cpu_optim checks the threads):
 // clipping by it gives single-process training's norms and parameters.
 TEST(FakeDeviceOffloadNorm, HostShardNormOnTheOptimizersThreads) {
   for (const char* optimizer : {"AdamW", "SGD"}) {

@@ -17,7 +17,8 @@ namespace zero::testing {
 namespace {
 
 TEST(GradNorm, LargeBucketWithinAMillionthOfTheDoubleNorm) {
-  // One parameter of 2^24 + 4099 elements: its bucket (and shard at world 1) is that large.
+  // One parameter of 4096 x 4099 = 2^24 + 12288 elements: its bucket (and shard at world 1) is
+  // that large.
   const int64_t in = 4099, out = 4096;
   for (const int stage : {1, 2}) {
     SCOPED_TRACE("stage " + std::to_string(stage));

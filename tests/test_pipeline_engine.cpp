@@ -498,14 +498,16 @@ TEST(PipelineEngine, CheckpointOnAnAcceleratorWithOneReplicaPerStage) {
 // On the fake accelerator, P = 2 x D = 1: the other stage's parameters stay on the host, the
 // device holds exactly the model's bytes less theirs (and less the rotary tables, which reach
 // the device at the first forward, in the activations' dtype), and training gives the very
-// losses of the run whose whole model was moved to each stage's device, SGD and AdamW.
+// losses of the run whose whole model was moved to each stage's device, SGD and AdamW, fp32 and
+// bf16.
 TEST(PipelineEngine, OnlyTheStagesLayersReachItsDevice) {
   GptConfig c = examples::gpt_preset("tiny");
   at::manual_seed(1234);
   const Params init = snapshot(Gpt(c));
   const auto batches = make_batches(c, kMicroBatches * kRowsPerMicroBatch);
-  for (const Opt o : {Opt::SGD, Opt::AdamW}) {
-    SCOPED_TRACE(o == Opt::SGD ? "SGD" : "AdamW");
+  for (const auto& [o, bf16] :
+       {std::pair{Opt::SGD, false}, std::pair{Opt::AdamW, false}, std::pair{Opt::AdamW, true}}) {
+    SCOPED_TRACE(std::string(o == Opt::SGD ? "SGD" : "AdamW") + (bf16 ? " bf16" : ""));
     std::vector<std::vector<float>> whole(2), staged(2);
     std::vector<int64_t> whole_bytes(2), staged_bytes(2), host_bytes(2);
     testing::run_ranks(
@@ -514,7 +516,8 @@ TEST(PipelineEngine, OnlyTheStagesLayersReachItsDevice) {
           const int r = w->rank();
           comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
           const c10::Device device = testing::fake::device(r);
-          const Config cfg = engine_config(o, 1, 2, ScheduleKind::OneFOneB);
+          Config cfg = engine_config(o, 1, 2, ScheduleKind::OneFOneB);
+          cfg.bf16 = bf16;  // the rotary tables then reach the device as bf16
           auto train = [&](PipelineEngine& pipe, std::vector<float>& out) {
             for (size_t i = 0; i < 3; ++i) {
               std::vector<at::Tensor> in, tg;

@@ -138,6 +138,8 @@ at::Tensor Engine::Impl::squared_grad_norm() {
       auto* host = offload && !fp.flat.is_cpu()
                        ? dynamic_cast<optim::HostShardOptimizer*>(opt.optimizer.get())
                        : nullptr;
+      TORCH_INTERNAL_ASSERT(host || !offload || fp.flat.is_cpu(),
+                            "zero: optimizer offload without a host optimizer");
       sq = host ? host->squared_norm(g, pieces) : squared_norm(g, pieces);
       if (offload && fp.flat.is_cuda()) {
         sq = sq.pin_memory().to(fp.flat.device(), /*non_blocking=*/true);
