@@ -74,8 +74,8 @@ class PipelineEngine {
   // micro-batch's gradients reduced, m times the traffic of stage 1: see config_pipeline.cpp).
   //
   // `device`: where this stage's layers go before the engine wraps them; the other stages' layers
-  // stay where they are. A model built on the host then reaches each GPU one stage at a time,
-  // as DeepSpeed's PipelineModule builds only its stage's layers: what P > 1 is for. Unset: the
+  // stay where they are. A model built on the host then reaches each GPU only its stage's share
+  // (what P > 1 is for); drop the other layers afterwards to free their host memory. Unset: the
   // layers train where they are (the caller moved them).
   PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, std::shared_ptr<Group> pp,
                  std::shared_ptr<Group> dp, std::optional<c10::Device> device = std::nullopt);
