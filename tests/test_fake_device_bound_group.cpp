@@ -12,6 +12,7 @@
 #include "comm/group.hpp"
 #include "support/fake_device.hpp"
 #include "support/fake_training.hpp"
+#include "support/forwarding_group.hpp"
 #include "support/thread_group.hpp"
 #include "zero/engine.hpp"
 
@@ -20,43 +21,13 @@ namespace {
 
 // A real gloo group that says it is bound to `bound`, as an NCCL group is bound to LOCAL_RANK's
 // GPU (comm/nccl.cpp): its collectives would run there whatever device the model is on.
-class BoundGroup final : public comm::Group {
+class BoundGroup final : public ForwardingGroup {
  public:
-  BoundGroup(std::shared_ptr<comm::Group> g, c10::Device bound) : g_(std::move(g)), bound_(bound) {}
-  int rank() const override { return g_->rank(); }
-  int size() const override { return g_->size(); }
-  std::string name() const override { return g_->name(); }
-  int global_rank(int r) const override { return g_->global_rank(r); }
-  const comm::GroupOptions& options() const override { return g_->options(); }
+  BoundGroup(std::shared_ptr<comm::Group> g, c10::Device bound)
+      : ForwardingGroup(std::move(g)), bound_(bound) {}
   std::optional<c10::Device> bound_device() const override { return bound_; }
-  comm::Work all_reduce_sum(at::Tensor& t, const std::string& w) override {
-    return g_->all_reduce_sum(t, w);
-  }
-  comm::Work reduce_scatter_sum(at::Tensor& o, at::Tensor& i, const std::string& w) override {
-    return g_->reduce_scatter_sum(o, i, w);
-  }
-  comm::Work all_gather(at::Tensor& o, at::Tensor& i, const std::string& w) override {
-    return g_->all_gather(o, i, w);
-  }
-  comm::Work all_to_all(at::Tensor& o, at::Tensor& i, const std::string& w) override {
-    return g_->all_to_all(o, i, w);
-  }
-  comm::Work broadcast(at::Tensor& t, int root, const std::string& w) override {
-    return g_->broadcast(t, root, w);
-  }
-  void barrier(const std::string& w) override { g_->barrier(w); }
-  comm::Work send(at::Tensor& t, int dst, const std::string& w, int tag) override {
-    return g_->send(t, dst, w, tag);
-  }
-  comm::Work recv(at::Tensor& t, int src, const std::string& w, int tag) override {
-    return g_->recv(t, src, w, tag);
-  }
-  std::shared_ptr<comm::Group> split(int color, int key, const std::string& n) override {
-    return g_->split(color, key, n);
-  }
 
  private:
-  std::shared_ptr<comm::Group> g_;
   c10::Device bound_;
 };
 

@@ -432,6 +432,18 @@ TEST(PipelineEngine, RefusesZeroStageTwoAndAMismatchedStageCount) {
   });
 }
 
+// Trains `pipe` on batches [from, to), each cut into its micro-batches on `device`; appends the
+// losses to `out`.
+void train_on(PipelineEngine& pipe, const std::vector<Batch>& batches, size_t from, size_t to,
+              const c10::Device& device, std::vector<float>& out) {
+  for (size_t i = from; i < to; ++i) {
+    std::vector<at::Tensor> in, tg;
+    for (const auto& t : batches[i].inputs.chunk(kMicroBatches, 0)) in.push_back(t.to(device));
+    for (const auto& t : batches[i].targets.chunk(kMicroBatches, 0)) tg.push_back(t.to(device));
+    out.push_back(pipe.train_batch(in, tg));
+  }
+}
+
 // A checkpoint per stage with one data-parallel rank per stage, every rank on its own device of
 // the fake accelerator: the agreement that ends save and load runs on the stage's device (a
 // data-parallel group of one has no bound device to take it from; review 2026-12-05b, B2), and a
@@ -455,14 +467,7 @@ TEST(PipelineEngine, CheckpointOnAnAcceleratorWithOneReplicaPerStage) {
         const c10::Device device = testing::fake::device(w->rank());
         const Config cfg = engine_config(Opt::AdamW, 1, 2, ScheduleKind::OneFOneB);
         auto train = [&](PipelineEngine& pipe, size_t from, size_t to, std::vector<float>& out) {
-          for (size_t i = from; i < to; ++i) {
-            std::vector<at::Tensor> in, tg;
-            for (const auto& t : batches[i].inputs.chunk(kMicroBatches, 0))
-              in.push_back(t.to(device));
-            for (const auto& t : batches[i].targets.chunk(kMicroBatches, 0))
-              tg.push_back(t.to(device));
-            out.push_back(pipe.train_batch(in, tg));
-          }
+          train_on(pipe, batches, from, to, device, out);
         };
         auto make = [&](const Params& weights, Gpt& model) {
           load(model, weights);
@@ -519,14 +524,7 @@ TEST(PipelineEngine, OnlyTheStagesLayersReachItsDevice) {
           Config cfg = engine_config(o, 1, 2, ScheduleKind::OneFOneB);
           cfg.bf16 = bf16;  // the rotary tables then reach the device as bf16
           auto train = [&](PipelineEngine& pipe, std::vector<float>& out) {
-            for (size_t i = 0; i < 3; ++i) {
-              std::vector<at::Tensor> in, tg;
-              for (const auto& t : batches[i].inputs.chunk(kMicroBatches, 0))
-                in.push_back(t.to(device));
-              for (const auto& t : batches[i].targets.chunk(kMicroBatches, 0))
-                tg.push_back(t.to(device));
-              out.push_back(pipe.train_batch(in, tg));
-            }
+            train_on(pipe, batches, 0, 3, device, out);
           };
           {
             Gpt model(c);

@@ -27,6 +27,7 @@
 #include "gpt.hpp"
 #include "gpt_layers.hpp"
 #include "support/fake_device.hpp"
+#include "support/forwarding_group.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
 #include "zero/comm_errors.hpp"
@@ -316,50 +317,28 @@ struct Log {
       ops;
 };
 
-class RecordingGroup final : public comm::Group {
+class RecordingGroup final : public testing::ForwardingGroup {
  public:
   RecordingGroup(std::shared_ptr<comm::Group> g, std::string channel, std::shared_ptr<Log> log)
-      : g_(std::move(g)), channel_(std::move(channel)), log_(std::move(log)) {}
-  int rank() const override { return g_->rank(); }
-  int size() const override { return g_->size(); }
-  std::string name() const override { return g_->name(); }
-  int global_rank(int r) const override { return g_->global_rank(r); }
-  const comm::GroupOptions& options() const override { return g_->options(); }
-  comm::Work all_reduce_sum(at::Tensor& t, const std::string& w) override {
-    return g_->all_reduce_sum(t, w);
-  }
-  comm::Work reduce_scatter_sum(at::Tensor& o, at::Tensor& i, const std::string& w) override {
-    return g_->reduce_scatter_sum(o, i, w);
-  }
-  comm::Work all_gather(at::Tensor& o, at::Tensor& i, const std::string& w) override {
-    return g_->all_gather(o, i, w);
-  }
-  comm::Work all_to_all(at::Tensor& o, at::Tensor& i, const std::string& w) override {
-    return g_->all_to_all(o, i, w);
-  }
-  comm::Work broadcast(at::Tensor& t, int root, const std::string& w) override {
-    return g_->broadcast(t, root, w);
-  }
-  void barrier(const std::string& w) override { g_->barrier(w); }
+      : ForwardingGroup(std::move(g)), channel_(std::move(channel)), log_(std::move(log)) {}
   comm::Work send(at::Tensor& t, int dst, const std::string& w, int tag) override {
     record("send", dst, t.numel());
-    return g_->send(t, dst, w, tag);
+    return ForwardingGroup::send(t, dst, w, tag);
   }
   comm::Work recv(at::Tensor& t, int src, const std::string& w, int tag) override {
     record("recv", src, t.numel());
-    return g_->recv(t, src, w, tag);
+    return ForwardingGroup::recv(t, src, w, tag);
   }
   std::shared_ptr<comm::Group> split(int color, int key, const std::string& n) override {
-    auto sub = g_->split(color, key, n);
+    auto sub = ForwardingGroup::split(color, key, n);
     return sub ? std::make_shared<RecordingGroup>(sub, channel_ + "/" + n, log_) : nullptr;
   }
 
  private:
   void record(const char* kind, int peer, int64_t numel) {
     std::lock_guard<std::mutex> lock(log_->mu);
-    log_->ops[channel_][g_->rank()][peer].emplace_back(kind, numel);
+    log_->ops[channel_][rank()][peer].emplace_back(kind, numel);
   }
-  std::shared_ptr<comm::Group> g_;
   std::string channel_;
   std::shared_ptr<Log> log_;
 };
