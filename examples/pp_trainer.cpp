@@ -17,13 +17,13 @@
 #include "metrics.hpp"
 #include "monitor.hpp"
 #include "pp_summary.hpp"
+#include "startup_agreement.hpp"
 #include "tp_gpt.hpp"
 #include "tp_gpt_layers.hpp"
 #include "train_summary.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
 #include "zero/pipeline_engine.hpp"
-#include "zero/tensor_parallel.hpp"
 
 namespace zero::examples {
 namespace {
@@ -262,16 +262,7 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   } catch (const std::exception& e) {
     problem = e.what();
   }
-  // Over every process: an all-reduce over any group (as the plain trainer's check).
-  const double failed =
-      tensor_parallel::reduce_from_region(
-          at::full({1}, problem.empty() ? 0.0 : 1.0, at::TensorOptions().device(a.device)), world)
-          .item<double>();
-  if (!problem.empty()) throw ConfigError(problem);
-  if (failed > 0) {
-    throw ConfigError(
-        "another rank refused its start-up checks (its error names the file); stopping");
-  }
+  stop_unless_every_rank_passed(problem, a.device, world);
   MetricsLog metrics(metrics_path);
   PipelineSummary summary;
   const double tokens_per_step = static_cast<double>(c.train_batch_size * a.seq_len);

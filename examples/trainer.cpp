@@ -15,6 +15,7 @@
 
 #include "file_checks.hpp"
 #include "hf_llama.hpp"
+#include "startup_agreement.hpp"
 #include "tp_trainer.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/checkpoint_io.hpp"
@@ -342,17 +343,8 @@ void Trainer::prepare_outputs() {
     problem = e.what();
   }
   // Over every process, not the engine's group (one data-parallel group under tensor
-  // parallelism): reduce_from_region is an all-reduce over any group.
-  const double failed =
-      tensor_parallel::reduce_from_region(
-          at::full({1}, problem.empty() ? 0.0 : 1.0, at::TensorOptions().device(device_)), world_)
-          .item<double>();
-  if (!problem.empty()) throw ConfigError(problem);
-  if (failed > 0) {
-    throw ConfigError(
-        "another rank refused its start-up checks (its error names the file); "
-        "stopping");
-  }
+  // parallelism).
+  stop_unless_every_rank_passed(problem, device_, world_);
 }
 
 bool Trainer::nothing_to_resume() const {
