@@ -17,12 +17,10 @@ namespace zero::testing {
 
 namespace {
 
-// Gloo's worker thread drops its reference to a finished collective (and so to the tensors it
-// carried, such as a bucket's fp32 start-up staging) only after the waiting thread has seen it
-// complete: c10d's run loop resets the work once it relocks its queue. A tensor the engine has
-// let go of may therefore still be freed after the barrier that precedes a reading; on a loaded
-// machine (CI) that was one bucket's 1 MiB staging, freed during the next step. So read until
-// the figure holds still: three equal readings 2 ms apart, within two seconds.
+// c10d may keep a finished gloo collective's tensors after wait() returned; the engine lends its
+// start-up staging by pointer (comm/lent_tensor.hpp), so what it let go of is freed, but other
+// threads' transient buffers may still be in flight at a reading. So read until the figure holds
+// still: three equal readings 2 ms apart, within two seconds.
 int64_t settled_host_allocated_bytes() {
   int64_t last = host_allocated_bytes();
   int same = 0;
@@ -42,9 +40,17 @@ AllocatorRun run_with_allocator_readings(const Config& cfg, int world) {
   AllocatorRun out;
   out.reports.resize(world);
   std::mutex mu;
-  run_ranks(world, [&](std::shared_ptr<comm::Group> group) {
+  const auto make_net = [] {
     torch::nn::Sequential net;
     for (int i = 0; i < 4; ++i) net->push_back(torch::nn::Linear(512, 512));
+    return net;
+  };
+  run_ranks(world, [&](std::shared_ptr<comm::Group> group) {
+    // The first initialize in a process also pays once-per-process costs that are not the
+    // engine's (the host optimizers' rounding probe runs ATen's fused kernel once; the first
+    // parallel ATen call starts OpenMP's team): a throwaway engine pays them before the baseline.
+    { auto warm = initialize(make_net().ptr(), cfg, group); }
+    torch::nn::Sequential net = make_net();
     at::Tensor x = at::randn({4, 512}), y = at::randn({4, 512});
     if (cfg.bf16) x = x.to(at::kBFloat16);
     const auto read = [&](int64_t& into, const char* what) {

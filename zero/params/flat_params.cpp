@@ -5,6 +5,7 @@
 
 #include <unordered_map>
 
+#include "comm/lent_tensor.hpp"
 #include "optim/cpu_adamw.hpp"
 
 namespace zero {
@@ -51,7 +52,10 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
     const BucketSlot& b = buckets[bi];
     const int64_t padded = b.shard.padded_numel();
     at::Tensor flat_b = fp.flat.narrow(0, b.flat_offset, padded);
-    at::Tensor staging = fp32 ? flat_b : at::empty({padded}, f32);
+    // Lent by pointer (comm/lent_tensor.hpp): freed at the end of this iteration, not when gloo
+    // next runs a collective on the thread that broadcast it.
+    comm::LentTensor lent(fp32 ? flat_b : at::empty({padded}, f32));
+    at::Tensor& staging = lent.lent();
     staging.zero_();  // padding
     for (int li : b.params) {
       const ParamSlot& slot = fp.layout.params()[li];
