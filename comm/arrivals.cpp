@@ -28,6 +28,7 @@ Arrivals parse_arrivals(const std::vector<uint8_t>& bytes, int world_size) {
       if (!bad && digits[0] && (field == 0 || sized)) {
         const int r = static_cast<int>(num[0]);
         const int w = sized ? static_cast<int>(num[1]) : world_size;
+        ++out.entries;
         if (w != world_size) {
           out.other_sizes.emplace_back(r, w);
         } else if (r < world_size) {

@@ -17,6 +17,7 @@ struct Arrivals {
   std::vector<int> missing;  // ranks of this world that have not appended their entry
   // (rank, WORLD_SIZE) of the entries that name another world size than this rank's.
   std::vector<std::pair<int, int>> other_sizes;
+  int entries = 0;  // well-formed entries, whatever world size they name
 };
 
 // Reads the key's bytes for a rank launched with `world_size`; malformed entries are skipped,

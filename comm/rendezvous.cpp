@@ -161,8 +161,21 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
     parts->store->append("arrivals", std::vector<uint8_t>(mine.begin(), mine.end()));
     for (;;) {
       const Arrivals a = parse_arrivals(parts->store->get("arrivals"), size);
-      if (!a.other_sizes.empty())
+      if (!a.other_sizes.empty()) {
+        // Rank 0 serves the store: had it exited at once, a rank that had not polled since would
+        // report "the store stopped answering" instead of this (1 run in 10 of
+        // e2e.hostile_inputs). So each rank counts itself as told, and rank 0 waits, 3 s at
+        // most, until every rank that arrived has been.
+        parts->store->add("told_of_world_size_mismatch", 1);
+        if (server) {
+          const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(3));
+          while (parts->store->add("told_of_world_size_mismatch", 0) < a.entries &&
+                 Clock::now() < until) {
+            std::this_thread::sleep_for(milliseconds(20));
+          }
+        }
         throw LaunchError(who + ": " + world_size_mismatch(rank, size, a));
+      }
       const std::vector<int>& missing = a.missing;
       if (missing.empty()) break;
       stage->set(waiting, "rank" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) +

@@ -150,11 +150,13 @@ TEST(Arrivals, MissingRanksAndOtherWorldSizes) {
   EXPECT_EQ(a.missing, (std::vector<int>{0, 2}));
   ASSERT_EQ(a.other_sizes.size(), 1u);
   EXPECT_EQ(a.other_sizes[0], (std::pair<int, int>{0, 2}));
+  EXPECT_EQ(a.entries, 2) << "rank 0 waits until both ranks that arrived have read this";
 
   // Garbage entries are skipped, a torn last entry is not counted yet.
   a = zero::comm::parse_arrivals(bytes("x,0:2,:,1:,9:2,1:2"), 2);
   EXPECT_EQ(a.missing, (std::vector<int>{1}));
   EXPECT_TRUE(a.other_sizes.empty());
+  EXPECT_EQ(a.entries, 2);  // "0:2," and "9:2,"
   // The older form without the size ("RANK,") still counts as an arrival.
   a = zero::comm::parse_arrivals(bytes("0:3,2,"), 3);
   EXPECT_EQ(a.missing, (std::vector<int>{1}));
