@@ -25,6 +25,17 @@ Work& Work::then(std::function<void()> f) {
   return *this;
 }
 
+Work& Work::hold(at::Tensor t) {
+  if (work_ && device_ != c10::DeviceType::CUDA) {
+    // Completion runs, then destroys, the callback (and so this reference) on the backend's
+    // thread before the waiter wakes; if the work completed already it runs here, at once.
+    work_->getFuture()->addCallback([t = std::move(t)](c10::ivalue::Future&) {});
+  } else {
+    held_.push_back(std::move(t));
+  }
+  return *this;
+}
+
 void Work::wait() {
   auto then = std::move(then_);
   then_ = nullptr;
@@ -32,6 +43,7 @@ void Work::wait() {
     auto fn = std::move(wait_fn_);
     wait_fn_ = nullptr;
     fn();
+    held_.clear();
     if (then) then();
     return;
   }
@@ -52,6 +64,7 @@ void Work::wait() {
     throw CommError(who_ + ": " + what_ + " failed (" + c10d_message(e) + "): " + gone +
                     "; collectives give up after comm_timeout_s = " + format_seconds(timeout_));
   }
+  held_.clear();
   if (then) then();
 }
 

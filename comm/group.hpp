@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "zero/group.hpp"
 
@@ -58,6 +59,10 @@ class Work {
   // enforces comm_timeout (comm/backend.hpp says why).
   void wait();
   bool pending() const { return static_cast<bool>(work_) || static_cast<bool>(wait_fn_); }
+  // Keeps `t` alive until the operation completed, whether or not wait() runs: the owner of a
+  // view the operation got from unowned_view (comm/unowned_view.hpp). A c10d gloo work releases
+  // it on its own thread as it completes, before wait() returns; other works with this Work.
+  Work& hold(at::Tensor t);
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -69,6 +74,7 @@ class Work {
   std::shared_ptr<Liveness> liveness_;         // names the gone rank after a failure; may be null
   std::shared_ptr<std::atomic<bool>> failed_;  // the group's: set when this wait fails
   std::function<void()> then_;
+  std::vector<at::Tensor> held_;
 };
 
 class Group : public zero::Group {

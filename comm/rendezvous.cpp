@@ -58,6 +58,26 @@ struct Parts {
   c10::intrusive_ptr<c10d::Backend> backend;
 };
 
+// Rank 0 serves the store: had it exited at once on a WORLD_SIZE mismatch, a rank that had not
+// polled since would report "the store stopped answering" instead of the mismatch (1 run in 10
+// of e2e.hostile_inputs). So each rank counts itself as told, and rank 0 waits until every rank
+// that has arrived so far has been: 3 s at most, and not into the last second before the
+// start-up deadline. A store that fails meanwhile changes nothing: the caller names the mismatch.
+void tell_of_world_size_mismatch(c10d::Store& store, bool server, Clock::time_point deadline) {
+  const std::string told = "told_of_world_size_mismatch";
+  try {
+    store.add(told, 1);
+    if (!server) return;
+    const auto until =
+        std::min(deadline - std::chrono::seconds(1), Clock::now() + std::chrono::seconds(3));
+    while (Clock::now() < until &&
+           store.add(told, 0) < parse_arrivals(store.get("arrivals"), 0).entries) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  } catch (const std::exception&) {
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
@@ -162,18 +182,7 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
     for (;;) {
       const Arrivals a = parse_arrivals(parts->store->get("arrivals"), size);
       if (!a.other_sizes.empty()) {
-        // Rank 0 serves the store: had it exited at once, a rank that had not polled since would
-        // report "the store stopped answering" instead of this (1 run in 10 of
-        // e2e.hostile_inputs). So each rank counts itself as told, and rank 0 waits, 3 s at
-        // most, until every rank that arrived has been.
-        parts->store->add("told_of_world_size_mismatch", 1);
-        if (server) {
-          const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(3));
-          while (parts->store->add("told_of_world_size_mismatch", 0) < a.entries &&
-                 Clock::now() < until) {
-            std::this_thread::sleep_for(milliseconds(20));
-          }
-        }
+        tell_of_world_size_mismatch(*parts->store, server, deadline);
         throw LaunchError(who + ": " + world_size_mismatch(rank, size, a));
       }
       const std::vector<int>& missing = a.missing;

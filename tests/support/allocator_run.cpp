@@ -17,10 +17,10 @@ namespace zero::testing {
 
 namespace {
 
-// c10d may keep a finished gloo collective's tensors after wait() returned; the engine lends its
-// start-up staging by pointer (comm/lent_tensor.hpp), so what it let go of is freed, but other
-// threads' transient buffers may still be in flight at a reading. So read until the figure holds
-// still: three equal readings 2 ms apart, within two seconds.
+// c10d keeps a finished gloo collective's tensors after wait() returned; the engine hands it its
+// start-up staging as a view that does not own it (comm/unowned_view.hpp), so what the engine
+// let go of is freed, but other threads' transient buffers may still be in flight at a reading.
+// So read until the figure holds still: three equal readings 2 ms apart, within two seconds.
 int64_t settled_host_allocated_bytes() {
   int64_t last = host_allocated_bytes();
   int same = 0;

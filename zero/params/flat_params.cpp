@@ -5,7 +5,7 @@
 
 #include <unordered_map>
 
-#include "comm/lent_tensor.hpp"
+#include "comm/unowned_view.hpp"
 #include "optim/cpu_adamw.hpp"
 
 namespace zero {
@@ -52,10 +52,7 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
     const BucketSlot& b = buckets[bi];
     const int64_t padded = b.shard.padded_numel();
     at::Tensor flat_b = fp.flat.narrow(0, b.flat_offset, padded);
-    // Lent by pointer (comm/lent_tensor.hpp): freed at the end of this iteration, not when gloo
-    // next runs a collective on the thread that broadcast it.
-    comm::LentTensor lent(fp32 ? flat_b : at::empty({padded}, f32));
-    at::Tensor& staging = lent.lent();
+    at::Tensor staging = fp32 ? flat_b : at::empty({padded}, f32);
     staging.zero_();  // padding
     for (int li : b.params) {
       const ParamSlot& slot = fp.layout.params()[li];
@@ -63,10 +60,17 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
       staging.narrow(0, slot.flat_offset - b.flat_offset, slot.numel).copy_(p.reshape({-1}));
       p.set_data(fp.flat.narrow(0, slot.flat_offset, slot.numel).view(p.sizes()));
     }
-    group
-        .broadcast(staging, 0,
-                   "broadcast of the initial parameters (bucket " + std::to_string(bi) + ")")
-        .wait();
+    const std::string what =
+        "broadcast of the initial parameters (bucket " + std::to_string(bi) + ")";
+    if (fp32) {
+      group.broadcast(staging, 0, what).wait();
+    } else {
+      // The temporary staging goes to the backend as a view that does not own it, so that it
+      // is freed at the end of this iteration, not whenever c10d lets go of the work
+      // (comm/unowned_view.hpp).
+      at::Tensor lent = comm::unowned_view(staging);
+      group.broadcast(lent, 0, what).hold(staging).wait();
+    }
     // fp32 (not offloaded): the broadcast wrote the master into the flat buffer already.
     if (fp.master.defined() && !fp.master_aliases_flat()) {
       const int64_t S = b.shard.shard_numel();
