@@ -61,7 +61,8 @@ class Work {
   bool pending() const { return static_cast<bool>(work_) || static_cast<bool>(wait_fn_); }
   // Keeps `t` alive until the operation completed, whether or not wait() runs: the owner of a
   // view the operation got from unowned_view (comm/unowned_view.hpp). A c10d gloo work releases
-  // it on its own thread as it completes, before wait() returns; other works with this Work.
+  // it on its own thread as it completes, before wait() returns; any other Work keeps it until
+  // it is waited on or destroyed.
   Work& hold(at::Tensor t);
 
  private:
