@@ -7,13 +7,11 @@
 #include <c10/core/StorageImpl.h>
 
 #include <barrier>
-#include <chrono>
 #include <cstdio>
-#include <thread>
 
 #include "comm/unowned_view.hpp"
+#include "support/allocator_run.hpp"
 #include "support/thread_group.hpp"
-#include "zero/device.hpp"
 
 namespace zero {
 namespace {
@@ -71,17 +69,6 @@ TEST(WorkHold, AGlooWorkLetsGoAsItCompletes) {
   });
 }
 
-int64_t settled_reading() {
-  int64_t last = host_allocated_bytes();
-  for (int same = 0, i = 0; same < 3 && i < 500; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    const int64_t now = host_allocated_bytes();
-    same = now == last ? same + 1 : 0;
-    last = now;
-  }
-  return last;
-}
-
 // Both ranks broadcast a fresh 16 MiB buffer with a barrier queued behind it, wait, drop it;
 // then, with no collective after it (a std::barrier, not the group's), rank 0 reads the
 // allocator. Handed over as a view, nothing of it stays.
@@ -93,7 +80,7 @@ TEST(WorkHold, NothingOfAHeldBufferStaysAllocated) {
   testing::run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
     group->barrier("warm-up");
     sync.arrive_and_wait();
-    if (group->rank() == 0) before = settled_reading();
+    if (group->rank() == 0) before = testing::settled_host_allocated_bytes();
     sync.arrive_and_wait();
     {
       at::Tensor owner = at::full({kFloats}, static_cast<float>(group->rank()));
@@ -104,7 +91,7 @@ TEST(WorkHold, NothingOfAHeldBufferStaysAllocated) {
       EXPECT_EQ(owner[kFloats - 1].item<float>(), 0.0f) << "rank 0's values arrived";
     }
     sync.arrive_and_wait();
-    if (group->rank() == 0) after = settled_reading();
+    if (group->rank() == 0) after = testing::settled_host_allocated_bytes();
     sync.arrive_and_wait();
   });
   std::printf("left allocated after two 16 MiB buffers were broadcast and dropped: %lld B\n",

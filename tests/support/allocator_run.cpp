@@ -15,8 +15,6 @@
 
 namespace zero::testing {
 
-namespace {
-
 // c10d keeps a finished gloo collective's tensors after wait() returned; the engine hands it its
 // start-up staging as a view that does not own it (comm/unowned_view.hpp), so what the engine
 // let go of is freed, but other threads' transient buffers may still be in flight at a reading.
@@ -33,8 +31,6 @@ int64_t settled_host_allocated_bytes() {
   }
   return last;
 }
-
-}  // namespace
 
 AllocatorRun run_with_allocator_readings(const Config& cfg, int world) {
   AllocatorRun out;

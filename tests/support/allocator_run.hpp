@@ -21,4 +21,8 @@ struct AllocatorRun {
 // allocating while they are made, once gloo's threads have let go of finished collectives.
 AllocatorRun run_with_allocator_readings(const Config& cfg, int world);
 
+// The process's allocated host bytes once they hold still (three equal readings 2 ms apart,
+// within two seconds): other threads' transient buffers may be in flight at any one reading.
+int64_t settled_host_allocated_bytes();
+
 }  // namespace zero::testing
