@@ -45,6 +45,7 @@ if ! python3 -c 'import megatron.core' 2> /dev/null; then
     echo "setup: megatron-core not installed; the Megatron data test will skip"
 fi
 
+. scripts/ccache-env.sh
 build=${ZERO_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${ZERO_BUILD_TYPE:-RelWithDebInfo} > /dev/null
 # Two jobs at most: each torch translation unit needs ~1.5 GB of RAM to compile.
