@@ -2,7 +2,7 @@
 """Checks that every relative link in README.md and docs/*.md resolves: the file (or folder)
 exists, and a #anchor names a heading of the target Markdown file (GitHub's slugs).
 
-  check_links.py ROOT        check ROOT/README.md and ROOT/docs/*.md; exit 1 naming each broken link
+  check_links.py ROOT        check ROOT/README.md and ROOT/docs/**/*.md; exit 1 naming each broken link
   check_links.py --self-test  check the checker on a small tree with known good and broken links
 
 Links inside code (fenced blocks, `inline code`) are not links and are skipped; so are absolute
@@ -82,7 +82,8 @@ def check_tree(root):
     files = [os.path.join(root, "README.md")]
     docs = os.path.join(root, "docs")
     if os.path.isdir(docs):
-        files += sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md"))
+        files += sorted(os.path.join(d, f) for d, _, names in os.walk(docs) for f in names
+                        if f.endswith(".md"))
     broken = []
     for f in files:
         if os.path.exists(f):
