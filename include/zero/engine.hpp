@@ -21,6 +21,7 @@
 #include "zero/group.hpp"
 #include "zero/groups.hpp"
 #include "zero/memory.hpp"
+#include "zero/parallel_dims.hpp"
 
 namespace torch::nn {
 class Module;
@@ -176,7 +177,9 @@ class Engine {
 // needs the group before initialize (resolve_auto in auto_strategy.hpp, or to pass it on).
 // `device`: where the model's tensors live (CPU: gloo, CUDA: NCCL).
 std::shared_ptr<Group> process_group_from_env(const Config& cfg, c10::DeviceType device);
-// Process group from the launcher's environment (world size 1 needs none).
+// Data parallelism over the process group from the launcher's environment (world size 1 needs
+// none). Refuses (ConfigError) tensor_parallel.autotp_size or pipeline.stages > 1, which need the
+// model built over a mesh's groups: initialize(model, cfg, mesh) and pipeline::PipelineEngine.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg);
 // Over a given group (tests, or programs that manage their own): Groups{group}.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
@@ -184,10 +187,20 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
 // Over the groups of a mesh (groups.hpp): data parallel over groups.dp, the gradient norm over
 // dp and then groups.norm. rank(), world_size() and the collectives below are dp's.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups groups);
+// A model whose tensor-parallel layers were built over mesh.tp (parallel_dims.hpp): the engine
+// shards over mesh.dp and sums the gradient norm over dp and tp, with the parameters every
+// tensor-parallel rank holds whole counted once (engine_groups(*model, mesh)). cfg's
+// tensor_parallel.autotp_size and sequence_parallel must agree with mesh.dims (the defaults, 1 and
+// false, take the mesh's); mesh.dims.pp > 1 is refused: pipeline::PipelineEngine trains stages.
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, const Mesh& mesh);
 
 template <typename M>
 Engine initialize(const torch::nn::ModuleHolder<M>& model, Config cfg) {
   return initialize(std::shared_ptr<torch::nn::Module>(model.ptr()), std::move(cfg));
+}
+template <typename M>
+Engine initialize(const torch::nn::ModuleHolder<M>& model, Config cfg, const Mesh& mesh) {
+  return initialize(std::shared_ptr<torch::nn::Module>(model.ptr()), std::move(cfg), mesh);
 }
 
 }  // namespace zero

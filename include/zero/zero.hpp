@@ -11,3 +11,4 @@
 #include "zero/group.hpp"
 #include "zero/launcher.hpp"
 #include "zero/memory.hpp"
+#include "zero/parallel_dims.hpp"

@@ -230,6 +230,8 @@ std::shared_ptr<Group> process_group_from_env(const Config& cfg, c10::DeviceType
 }
 
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg) {
+  // Before the process group: every rank refuses alike, with nothing to wait for.
+  refuse_model_parallel_without_mesh(cfg);
   c10::DeviceType device = c10::DeviceType::CPU;
   for (const auto& p : model->parameters()) {
     device = p.device().type();

@@ -23,6 +23,9 @@
 namespace zero {
 
 at::ScalarType to_scalar_type(Dtype d);
+// initialize(model, cfg)'s ConfigError for tensor_parallel.autotp_size or pipeline.stages > 1,
+// naming the call to use instead (initialize_mesh.cpp).
+void refuse_model_parallel_without_mesh(const Config& cfg);
 
 struct Engine::Impl {
   Config cfg;
