@@ -288,6 +288,9 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   const Config& c = impl->cfg;
   impl->module = std::move(model);
   impl->group = std::move(group);
+  // Before the parameter broadcast: every rank's first position is in the store by the time any
+  // rank leaves initialize.
+  impl->entries = std::make_unique<comm::Entries>(impl->group);
   impl->groups = std::move(groups);
   impl->sharding =
       Sharding::of_stage(c.zero_optimization.stage, impl->group->rank(), impl->group->size());
@@ -371,6 +374,8 @@ void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
               "step() after every backward() (it applies the optimizer only at accumulation "
               "boundaries), otherwise gradients would be counted twice");
   const bool window_start = stats.micro_steps % accumulation == 0;
+  // A rank that skipped a call its peers wait in (a save on rank 0 only) shows it here.
+  if (window_start && entries) entries->progress(stats.micro_steps / accumulation + 1);
   if (window_start && order->has_new_order()) {
     // Once, between windows (nothing is held then): buckets reduced in the order they fill.
     apply_arrival_order();
@@ -631,6 +636,7 @@ MemoryReport Engine::memory_report() const {
 }
 
 std::vector<MemoryReport> Engine::gather_memory_reports() const {
+  impl_->enter("gather_memory_reports");
   const MemoryReport mine = memory_report();
   const int n = world_size();
   at::Tensor local = at::tensor(std::vector<int64_t>{mine.measured.params, mine.measured.grads,
@@ -653,6 +659,7 @@ std::vector<MemoryReport> Engine::gather_memory_reports() const {
 }
 
 double Engine::all_reduce_mean(double value) const {
+  impl_->enter("all_reduce_mean");
   at::Tensor t =
       at::full({1}, value, at::TensorOptions().dtype(at::kDouble)).to(impl_->fp.flat.device());
   impl_->group->all_reduce_sum(t, "all_reduce of a logged value").wait();
@@ -660,6 +667,7 @@ double Engine::all_reduce_mean(double value) const {
 }
 
 at::Tensor Engine::all_reduce_mean(const at::Tensor& values) const {
+  impl_->enter("all_reduce_mean");
   at::Tensor t = values.detach().to(impl_->fp.flat.device(), at::kFloat).contiguous().clone();
   impl_->group->all_reduce_sum(t, "all_reduce of logged values").wait();
   return t / world_size();
