@@ -196,6 +196,19 @@ TEST(InitializeWithMesh, RefusesADisagreeingConfigAndPipelineStages) {
   EXPECT_HAS(errors[1], "zero::pipeline::PipelineEngine(layers, loss, cfg, mesh)");
 }
 
+// bf16 casts the module in place; compute_dtype() says to what (the dtype of the inputs).
+TEST(InitializeWithoutMesh, Bf16CastsTheModuleToComputeDtype) {
+  torch::nn::Linear model(4, 2);
+  Config cfg;
+  cfg.bf16 = true;
+  Engine e = initialize(model.ptr(), cfg, comm::Group::single());
+  EXPECT_EQ(e.compute_dtype(), at::kBFloat16);
+  EXPECT_EQ(model->weight.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(model->forward(at::ones({3, 4}).to(e.compute_dtype())).scalar_type(), at::kBFloat16);
+  torch::nn::Linear plain(4, 2);
+  EXPECT_EQ(initialize(plain.ptr(), Config{}, comm::Group::single()).compute_dtype(), at::kFloat);
+}
+
 // ---- initialize(model, cfg, mesh) trains like the unsplit model ----------------------------
 
 constexpr int kSteps = 4;

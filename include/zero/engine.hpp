@@ -108,6 +108,9 @@ class Engine {
 
   int rank() const;
   int world_size() const;
+  // The dtype the module's parameters hold (and compute in) since initialize: bf16 or fp16
+  // under mixed precision, else fp32. Feed the model inputs of this dtype.
+  at::ScalarType compute_dtype() const;
   int stage() const;
   double lr() const;          // the learning rate the next optimizer step will use
   double loss_scale() const;  // fp16: the current dynamic loss scale; 1 otherwise
@@ -177,6 +180,12 @@ class Engine {
 // needs the group before initialize (resolve_auto in auto_strategy.hpp, or to pass it on).
 // `device`: where the model's tensors live (CPU: gloo, CUDA: NCCL).
 std::shared_ptr<Group> process_group_from_env(const Config& cfg, c10::DeviceType device);
+// Mixed precision changes the model in place: under bf16: {enabled: true} (fp16 likewise)
+// initialize turns the module's floating-point parameters and buffers (frozen ones too, as
+// DeepSpeed casts the whole module) into bf16 tensors; the engine keeps the fp32 master weights
+// itself. The model's inputs must then be bf16 too, or LibTorch stops with "mat1 and mat2 must
+// have the same dtype": x.to(engine.compute_dtype()).
+//
 // Data parallelism over the process group from the launcher's environment (world size 1 needs
 // none). Refuses (ConfigError) tensor_parallel.autotp_size or pipeline.stages > 1, which need the
 // model built over a mesh's groups: initialize(model, cfg, mesh) and pipeline::PipelineEngine.

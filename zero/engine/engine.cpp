@@ -658,6 +658,8 @@ std::vector<MemoryReport> Engine::gather_memory_reports() const {
   return out;
 }
 
+at::ScalarType Engine::compute_dtype() const { return impl_->param_dtype; }
+
 double Engine::all_reduce_mean(double value) const {
   impl_->enter("all_reduce_mean");
   at::Tensor t =
