@@ -118,7 +118,9 @@ void Entries::enter(const std::string& call) {
     // A peer killed before it could say anything: the heartbeat knows (real launches).
     const std::string gone = c10d_->gone_peers();
     if (!gone.empty())
-      throw CommError("zero: " + describe_peer(me) + " waits in " + call + ", but " + gone);
+      throw CommError("zero: rank " + std::to_string(me) + " of " + std::to_string(size) +
+                      (group_->name() == "world" ? "" : " in group " + group_->name()) + ": " +
+                      call + " failed: " + gone);
     const auto values = store_->multiGet(keys);
     std::vector<std::string> absent;
     std::vector<std::string> not_here;  // no word either way: on timeout, these are named
