@@ -4,6 +4,7 @@
 #include "zero/activation_checkpointing.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/checkpoint_io.hpp"
+#include "zero/command_line.hpp"
 #include "zero/config.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
