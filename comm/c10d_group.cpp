@@ -307,4 +307,6 @@ std::shared_ptr<Group> C10dGroup::split(int color, int key, const std::string& n
   return std::make_shared<C10dGroup>(std::move(c));
 }
 
+std::string C10dGroup::gone_peers() const { return p_.liveness ? p_.liveness->gone_now() : ""; }
+
 }  // namespace zero::comm

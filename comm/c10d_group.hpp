@@ -56,6 +56,15 @@ class C10dGroup final : public Group {
   Work send(at::Tensor& t, int dst, const std::string& what, int tag) override;
   Work recv(at::Tensor& t, int src, const std::string& what, int tag) override;
   std::shared_ptr<Group> split(int color, int key, const std::string& name) override;
+  // The store this group's ranks share, in a namespace of the group's own: checks that need no
+  // backend (comm/entries.hpp).
+  const c10::intrusive_ptr<c10d::Store>& store() const { return p_.store; }
+  // 0, 1, 2, ... per call on this rank: the same on every rank when each makes the same objects
+  // over the group in the same order (a store key namespace for each).
+  int next_instance() { return instances_++; }
+  // The world heartbeat's word on the peers gone now ("rank 2 is gone (...)"; world ranks), for
+  // a wait outside the backend; "" when none is known gone or there is no heartbeat (tests).
+  std::string gone_peers() const;
 
  private:
   Work wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const;
@@ -74,6 +83,7 @@ class C10dGroup final : public Group {
   // A collective of this group failed: closing it then aborts instead of flushing.
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
   int splits_ = 0;  // split() calls so far: each gets store keys of its own
+  int instances_ = 0;
 };
 
 }  // namespace zero::comm

@@ -148,6 +148,28 @@ void Liveness::watch_peers() {
   state_->watching = true;
 }
 
+std::string Liveness::gone_now() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.watching) return "";
+  const auto now = Clock::now();
+  if (!s.store_error.empty())
+    return "the rendezvous store served by " + s.owner + " stopped answering (" + s.store_error +
+           "): " + s.owner + " is gone";
+  if (now - s.last_ok >= kStale) return "";  // this rank's own view is stale: no verdict
+  std::string out;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || s.failed[r] || now - s.changed[r] < kStale) continue;
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "%srank %d is gone (no heartbeat for %.1f s: killed, crashed or stopped)",
+                  out.empty() ? "" : "; ", r,
+                  std::chrono::duration<double>(now - s.changed[r]).count());
+    out += buf;
+  }
+  return out;
+}
+
 std::string Liveness::diagnose(std::chrono::milliseconds max_wait) {
   State& s = *state_;
   std::unique_lock<std::mutex> lock(s.mu);

@@ -41,6 +41,9 @@ class Liveness {
   // "rank 2 is gone (no heartbeat for 3.1 s: killed, crashed or stopped)", or "" when nothing
   // could be learned.
   std::string diagnose(std::chrono::milliseconds max_wait);
+  // The same sentence about the peers gone now, at once and without reporting a failure of this
+  // rank's own: "" while every peer's heartbeat is fresh (or peers are not watched yet).
+  std::string gone_now();
 
   struct State;
 

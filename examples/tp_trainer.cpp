@@ -31,22 +31,7 @@ tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_pt
 
 Groups engine_groups(const tensor_parallel::Groups& groups,
                      const std::vector<tensor_parallel::NamedPlacement>& placements) {
-  // The norm sums over dp and then over tp; a replicated parameter (the norms) is the same on
-  // every tp rank and counts once (Megatron's get_grad_norm_fp32 and DeepSpeed count it on
-  // tensor-parallel rank 0 only).
-  // Under sequence parallelism the norms (and the row-parallel biases) see this rank's part of
-  // the sequence only: the engine sums their gradients over tp before its dp reduction
-  // (Megatron's _allreduce_layernorm_grads).
-  NormGroup tp_norm{groups.tp, {}, {}};
-  for (const auto& p : placements) {
-    if (p.placement.sharded) continue;
-    auto& list = p.placement.grad_needs_all_reduce ? tp_norm.partial : tp_norm.replicated;
-    list.push_back(p.name);
-  }
-  // Checkpoints record each rank's block of the split weights: a save of one autotp_size loads
-  // under another and consolidates into whole tensors.
-  return Groups{
-      groups.dp, {std::move(tp_norm)}, tensor_parallel::checkpoint_parts(placements, *groups.tp)};
+  return zero::engine_groups(placements, groups.mesh());
 }
 
 }  // namespace zero::examples

@@ -22,12 +22,8 @@ tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_pt
                                                const GptConfig& mc, int64_t seq_len,
                                                const std::string& source);
 
-// The one place that says what the engine is handed under tensor parallelism: it shards and
-// reduces over the data-parallel group, and its gradient norm (clipping, the progress line's
-// grad_norm, fp16's overflow verdict) sums over dp and then over the tensor-parallel group, with
-// the parameters that are not split (the norms) counted once. Under sequence parallelism those
-// parameters' gradients are partial sums over the tensor-parallel ranks: the engine sums them
-// over tp as they arrive, before its dp reduction (Groups::norm's `partial`).
+// What the engine is handed under tensor parallelism: zero::engine_groups
+// (zero/parallel_dims.hpp) over the layout's mesh.
 Groups engine_groups(const tensor_parallel::Groups& groups,
                      const std::vector<tensor_parallel::NamedPlacement>& placements);
 

@@ -21,6 +21,7 @@
 #include "zero/group.hpp"
 #include "zero/groups.hpp"
 #include "zero/memory.hpp"
+#include "zero/parallel_dims.hpp"
 
 namespace torch::nn {
 class Module;
@@ -107,6 +108,9 @@ class Engine {
 
   int rank() const;
   int world_size() const;
+  // The dtype the module's parameters hold (and compute in) since initialize: bf16 or fp16
+  // under mixed precision, else fp32. Feed the model inputs of this dtype.
+  at::ScalarType compute_dtype() const;
   int stage() const;
   double lr() const;          // the learning rate the next optimizer step will use
   double loss_scale() const;  // fp16: the current dynamic loss scale; 1 otherwise
@@ -176,7 +180,15 @@ class Engine {
 // needs the group before initialize (resolve_auto in auto_strategy.hpp, or to pass it on).
 // `device`: where the model's tensors live (CPU: gloo, CUDA: NCCL).
 std::shared_ptr<Group> process_group_from_env(const Config& cfg, c10::DeviceType device);
-// Process group from the launcher's environment (world size 1 needs none).
+// Mixed precision changes the model in place: under bf16: {enabled: true} (fp16 likewise)
+// initialize turns the module's floating-point parameters and buffers (frozen ones too, as
+// DeepSpeed casts the whole module) into bf16 tensors; the engine keeps the fp32 master weights
+// itself. The model's inputs must then be bf16 too, or LibTorch stops with "mat1 and mat2 must
+// have the same dtype": x.to(engine.compute_dtype()).
+//
+// Data parallelism over the process group from the launcher's environment (world size 1 needs
+// none). Refuses (ConfigError) tensor_parallel.autotp_size or pipeline.stages > 1, which need the
+// model built over a mesh's groups: initialize(model, cfg, mesh) and pipeline::PipelineEngine.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg);
 // Over a given group (tests, or programs that manage their own): Groups{group}.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
@@ -184,10 +196,20 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
 // Over the groups of a mesh (groups.hpp): data parallel over groups.dp, the gradient norm over
 // dp and then groups.norm. rank(), world_size() and the collectives below are dp's.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups groups);
+// A model whose tensor-parallel layers were built over mesh.tp (parallel_dims.hpp): the engine
+// shards over mesh.dp and sums the gradient norm over dp and tp, with the parameters every
+// tensor-parallel rank holds whole counted once (engine_groups(*model, mesh)). cfg's
+// tensor_parallel.autotp_size and sequence_parallel must agree with mesh.dims (the defaults, 1 and
+// false, take the mesh's); mesh.dims.pp > 1 is refused: pipeline::PipelineEngine trains stages.
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, const Mesh& mesh);
 
 template <typename M>
 Engine initialize(const torch::nn::ModuleHolder<M>& model, Config cfg) {
   return initialize(std::shared_ptr<torch::nn::Module>(model.ptr()), std::move(cfg));
+}
+template <typename M>
+Engine initialize(const torch::nn::ModuleHolder<M>& model, Config cfg, const Mesh& mesh) {
+  return initialize(std::shared_ptr<torch::nn::Module>(model.ptr()), std::move(cfg), mesh);
 }
 
 }  // namespace zero

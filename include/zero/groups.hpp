@@ -2,8 +2,11 @@
 // and the further groups the global gradient norm spans (tensor or pipeline parallel ranks that
 // hold other parts of the same model).
 //
-//   comm::Mesh mesh = comm::Mesh::megatron(world, /*tp=*/2, /*pp=*/1);
-//   zero::Groups groups{mesh["dp"], {{mesh["tp"], {"ln.weight", "ln.bias", "fc2.bias"}}}};
+// initialize(model, cfg, mesh) makes them from a mesh and the model's placements
+// (engine_groups in parallel_dims.hpp); a program with layers of its own can write them out:
+//
+//   zero::Mesh mesh = zero::ParallelDims{.tp = 2}.build_mesh(world);
+//   zero::Groups groups{mesh.dp, {{mesh.tp, {"ln.weight", "ln.bias", "fc2.bias"}}}};
 //   auto engine = zero::initialize(model, cfg, groups);
 //
 // initialize(model, cfg, group) is Groups{group} (dp alone, no further norm groups).

@@ -2,8 +2,8 @@
 // of layers (pipeline.hpp), wrapped by zero::initialize at ZeRO stage 0 or 1 over the stage's
 // data-parallel group, its micro-batches run by the GPipe or 1F1B schedule (cfg.pipeline).
 //
-//   comm::Mesh mesh = comm::Mesh::megatron(world, /*tp=*/1, /*pp=*/2);
-//   zero::pipeline::PipelineEngine pipe(layers, loss_fn, cfg, mesh["pp"], mesh["dp"]);
+//   zero::Mesh mesh = zero::ParallelDims{.pp = 2}.build_mesh(world);   // zero/parallel_dims.hpp
+//   zero::pipeline::PipelineEngine pipe(layers, loss_fn, cfg, mesh);
 //   float loss = pipe.train_batch(micro_inputs, micro_targets);  // one optimizer step
 //
 // As DeepSpeed's PipelineEngine: micro-batches = gradient_accumulation_steps, the step after
@@ -21,8 +21,8 @@
 // norm then sums over dp, then tp (a replicated parameter, a norm's weight, counted on tensor
 // rank 0 only), then pp:
 //
-//   PipelineGrid grid = make_pipeline_grid(world, /*stages=*/2, /*tp=*/2);
-//   PipelineEngine pipe(tp_layers_built_on(grid.tp), loss_fn, cfg, grid);
+//   zero::Mesh mesh = zero::ParallelDims{.tp = 2, .pp = 2}.build_mesh(world);
+//   PipelineEngine pipe(tp_layers_built_on(mesh.tp), loss_fn, cfg, mesh);
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,17 +36,21 @@
 #include "zero/config.hpp"
 #include "zero/engine.hpp"
 #include "zero/group.hpp"
+#include "zero/parallel_dims.hpp"
 #include "zero/pipeline.hpp"
 
 namespace zero::pipeline {
 
-// Megatron's rank order over `world`: tensor parallel innermost, then data parallel, pipeline
-// outermost (world rank = tp_rank + tp * (dp_rank + dp * stage)). A collective over `world`;
-// std::invalid_argument naming the numbers when stages x tp does not divide its size.
+// Deprecated: a view of zero::Mesh (ParallelDims{.tp = tp, .pp = stages}.build_mesh(world)),
+// kept for the programs written against it. Megatron's rank order over `world`: tensor parallel
+// innermost, then data parallel, pipeline outermost (world rank = tp_rank + tp * (dp_rank + dp *
+// stage)). A collective over `world`; std::invalid_argument naming the numbers when stages x tp
+// does not divide its size.
 struct PipelineGrid {
   std::shared_ptr<Group> pp, dp, tp;  // tp: size 1 without tensor parallelism
   int stage = 0, dp_rank = 0, tp_rank = 0;
   std::string describe() const;  // "pp 2 x dp 2 x tp 1"
+  static PipelineGrid of(const Mesh& mesh);
 };
 PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages, int tp = 1);
 
@@ -85,6 +89,9 @@ class PipelineEngine {
   // tensor_parallel.sequence_parallel (the replicated parameters' gradients would be partial
   // sums to all-reduce over tp inside backward, which the engine does not do).
   PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, const PipelineGrid& grid,
+                 std::optional<c10::Device> device = std::nullopt);
+  // The same over a mesh's pp, dp and tp groups (mesh.dims.pp must be pipeline.stages).
+  PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, const Mesh& mesh,
                  std::optional<c10::Device> device = std::nullopt);
   PipelineEngine(PipelineEngine&&) noexcept;
   PipelineEngine& operator=(PipelineEngine&&) noexcept;

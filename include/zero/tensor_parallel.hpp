@@ -1,6 +1,7 @@
 // Tensor parallelism, Megatron-LM style: #include <zero/tensor_parallel.hpp>.
 //
-//   groups.hpp         the tp x dp process groups (tensor-parallel ranks adjacent)
+//   groups.hpp         the tp x dp process groups (tensor-parallel ranks adjacent); new code
+//                      makes them with zero::ParallelDims (zero/parallel_dims.hpp)
 //   mappings.hpp       the conjugate communication functions as autograd functions
 //   linear.hpp         ColumnParallelLinear, RowParallelLinear
 //   embedding.hpp      VocabParallelEmbedding
@@ -9,8 +10,9 @@
 //                      all-reduce of replicated gradients; the global gradient norm
 //   init.hpp           full initial weights from a seed, the same on every rank
 //
-// The layers take the tensor-parallel group (Groups::tp); the ZeRO engine is given the
-// data-parallel one (Groups::dp).
+// The layers take the tensor-parallel group (mesh.tp); the ZeRO engine is given the whole mesh,
+// zero::initialize(model, cfg, mesh): it shards over mesh.dp and clips by the norm over dp and tp.
+// Given mesh.dp alone it would clip by the data-parallel ranks' part of the norm only.
 #pragma once
 
 #include "zero/tensor_parallel/cross_entropy.hpp"

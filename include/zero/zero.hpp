@@ -4,6 +4,7 @@
 #include "zero/activation_checkpointing.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/checkpoint_io.hpp"
+#include "zero/command_line.hpp"
 #include "zero/config.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
@@ -11,3 +12,4 @@
 #include "zero/group.hpp"
 #include "zero/launcher.hpp"
 #include "zero/memory.hpp"
+#include "zero/parallel_dims.hpp"

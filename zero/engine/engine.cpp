@@ -230,6 +230,8 @@ std::shared_ptr<Group> process_group_from_env(const Config& cfg, c10::DeviceType
 }
 
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg) {
+  // Before the process group: every rank refuses alike, with nothing to wait for.
+  refuse_model_parallel_without_mesh(cfg);
   c10::DeviceType device = c10::DeviceType::CPU;
   for (const auto& p : model->parameters()) {
     device = p.device().type();
@@ -286,6 +288,9 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   const Config& c = impl->cfg;
   impl->module = std::move(model);
   impl->group = std::move(group);
+  // Before the parameter broadcast: every rank's first position is in the store by the time any
+  // rank leaves initialize.
+  impl->entries = std::make_unique<comm::Entries>(impl->group);
   impl->groups = std::move(groups);
   impl->sharding =
       Sharding::of_stage(c.zero_optimization.stage, impl->group->rank(), impl->group->size());
@@ -369,6 +374,8 @@ void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
               "step() after every backward() (it applies the optimizer only at accumulation "
               "boundaries), otherwise gradients would be counted twice");
   const bool window_start = stats.micro_steps % accumulation == 0;
+  // A rank that skipped a call its peers wait in (a save on rank 0 only) shows it here.
+  if (window_start && entries) entries->progress(stats.micro_steps / accumulation + 1);
   if (window_start && order->has_new_order()) {
     // Once, between windows (nothing is held then): buckets reduced in the order they fill.
     apply_arrival_order();
@@ -629,6 +636,7 @@ MemoryReport Engine::memory_report() const {
 }
 
 std::vector<MemoryReport> Engine::gather_memory_reports() const {
+  impl_->enter("gather_memory_reports");
   const MemoryReport mine = memory_report();
   const int n = world_size();
   at::Tensor local = at::tensor(std::vector<int64_t>{mine.measured.params, mine.measured.grads,
@@ -650,7 +658,10 @@ std::vector<MemoryReport> Engine::gather_memory_reports() const {
   return out;
 }
 
+at::ScalarType Engine::compute_dtype() const { return impl_->param_dtype; }
+
 double Engine::all_reduce_mean(double value) const {
+  impl_->enter("all_reduce_mean");
   at::Tensor t =
       at::full({1}, value, at::TensorOptions().dtype(at::kDouble)).to(impl_->fp.flat.device());
   impl_->group->all_reduce_sum(t, "all_reduce of a logged value").wait();
@@ -658,6 +669,7 @@ double Engine::all_reduce_mean(double value) const {
 }
 
 at::Tensor Engine::all_reduce_mean(const at::Tensor& values) const {
+  impl_->enter("all_reduce_mean");
   at::Tensor t = values.detach().to(impl_->fp.flat.device(), at::kFloat).contiguous().clone();
   impl_->group->all_reduce_sum(t, "all_reduce of logged values").wait();
   return t / world_size();

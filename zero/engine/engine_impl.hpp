@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 
+#include "comm/entries.hpp"
 #include "comm/group.hpp"
 #include "device/host_readback.hpp"
 #include "zero/engine.hpp"
@@ -23,12 +24,18 @@
 namespace zero {
 
 at::ScalarType to_scalar_type(Dtype d);
+// initialize(model, cfg)'s ConfigError for tensor_parallel.autotp_size or pipeline.stages > 1,
+// naming the call to use instead (initialize_mesh.cpp).
+void refuse_model_parallel_without_mesh(const Config& cfg);
 
 struct Engine::Impl {
   Config cfg;
   std::shared_ptr<torch::nn::Module> module;
   Groups groups;                       // as handed to initialize
   std::shared_ptr<comm::Group> group;  // groups.dp: what the engine shards and averages over
+  // The calls a program makes itself on every rank, announced over dp's store: a rank that did
+  // not enter one is named within seconds (comm/entries.hpp). Null before initialize sets it.
+  std::unique_ptr<comm::Entries> entries;
   Sharding sharding;                   // what the stage shards (zero/params/sharding.hpp)
   // groups.norm's groups, and per layout parameter whether this rank counts it in the gradient
   // norm (not when it is replicated across a norm group whose rank 0 this rank is not). Both
@@ -73,6 +80,11 @@ struct Engine::Impl {
   // bookkeeping (the device already left the weights alone). On CUDA this waits only for the
   // work queued up to that step's end, which is normally long done.
   void settle();
+  // Announces the collective `call` ("save_checkpoint") and returns once every rank of dp
+  // entered it; throws CommError naming a rank that cannot (comm/entries.hpp).
+  void enter(const std::string& call) const {
+    if (entries) entries->enter(call);
+  }
 
   // Called by the post-accumulate-grad hook of parameter `index` (layout index).
   void on_grad(int index, const at::Tensor& param);

@@ -22,6 +22,7 @@
 #include <memory>
 
 #include "zero/checkpoint/checkpoint_parts.hpp"
+#include "zero/errors.hpp"
 #include "zero/engine/engine_checkpoint.hpp"
 
 namespace zero {
@@ -230,6 +231,11 @@ std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
   at::NoGradGuard no_grad;
   const int rank = m.group->rank(), world = m.group->size();
   TORCH_CHECK(!dirs.empty(), "zero: load_checkpoint: no checkpoint directory given");
+  try {
+    m.enter("load_checkpoint");
+  } catch (const CommError& e) {
+    throw CheckpointError(e.what());
+  }
   const std::string what =
       "load_checkpoint('" + dirs.front() + "'" +
       (dirs.size() > 1 ? " and " + std::to_string(dirs.size() - 1) + " more" : "") + ")";

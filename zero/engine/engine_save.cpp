@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "zero/errors.hpp"
 #include "zero/engine/engine_checkpoint.hpp"
 
 namespace zero {
@@ -100,6 +101,11 @@ ckpt::Manifest make_manifest(const Engine::Impl& m, const std::string& tag,
   return man;
 }
 
+// The save once every rank entered it: the directory, the shards, the manifest, `latest`.
+void save_into(Engine::Impl& m, const std::string& tag, const fs::path& root,
+               const fs::path& final_dir, const fs::path& tmp_dir, int keep_last,
+               const std::string& what);
+
 }  // namespace
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg, int keep_last) {
@@ -120,8 +126,33 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg,
   const fs::path root(dir);
   const fs::path final_dir = root / tag;
   const fs::path tmp_dir = root / (tag + ".tmp");
-  const int rank = m.group->rank(), world = m.group->size();
+  const int rank = m.group->rank();
+  // Before anything is written: a rank whose peers never come (a save on rank 0 only) hears so
+  // within seconds and leaves no directory behind.
+  try {
+    m.enter("save_checkpoint");
+  } catch (const CommError& e) {
+    throw CheckpointError(e.what());
+  }
+  try {
+    save_into(m, tag, root, final_dir, tmp_dir, keep_last, what);
+  } catch (...) {
+    // A failed save leaves no half-written tag.tmp (rank 0 made it; every rank fails alike).
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);
+    }
+    throw;
+  }
+}
 
+namespace {
+
+void save_into(Engine::Impl& m, const std::string& tag, const fs::path& root,
+               const fs::path& final_dir, const fs::path& tmp_dir, int keep_last,
+               const std::string& what) {
+  const std::string dir = root.string();
+  const int rank = m.group->rank(), world = m.group->size();
   std::string err;
   if (rank == 0) {
     err = ckpt::attempt([&] {
@@ -159,5 +190,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg,
   }
   ckpt::agree(m, err, what);
 }
+
+}  // namespace
 
 }  // namespace zero

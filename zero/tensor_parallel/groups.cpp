@@ -2,12 +2,24 @@
 
 #include <stdexcept>
 
-#include "comm/mesh.hpp"
+#include "zero/parallel_dims.hpp"
 
 namespace zero::tensor_parallel {
 
 std::string Groups::describe() const {
   return "tp " + std::to_string(tp->size()) + " x dp " + std::to_string(dp->size());
+}
+
+Groups Groups::of(const Mesh& mesh) { return Groups{mesh.world, mesh.tp, mesh.dp, mesh.pp}; }
+
+Mesh Groups::mesh(bool sequence_parallel) const {
+  Mesh m;
+  m.dims = ParallelDims{dp->size(), tp->size(), 1, sequence_parallel};
+  m.world = world;
+  m.dp = dp;
+  m.tp = tp;
+  m.pp = pp;  // make_groups's group of one; null in a Groups a program put together (no pipeline)
+  return m;
 }
 
 Groups make_groups(std::shared_ptr<zero::Group> world, int tp) {
@@ -21,13 +33,7 @@ Groups make_groups(std::shared_ptr<zero::Group> world, int tp) {
         "size that divides " +
         std::to_string(size) + " or launch a multiple of " + std::to_string(tp) + " ranks");
   }
-  // Megatron's order pp, dp, tp (comm/mesh_layout.hpp): tp varies fastest.
-  comm::Mesh mesh = comm::Mesh::megatron(comm::of(world), tp, /*pp=*/1);
-  Groups g;
-  g.world = std::move(world);
-  g.tp = mesh.group("tp");
-  g.dp = mesh.group("dp");
-  return g;
+  return Groups::of(ParallelDims{0, tp, 1, false}.build_mesh(std::move(world)));
 }
 
 }  // namespace zero::tensor_parallel

@@ -1,8 +1,6 @@
-// make_pipeline_grid (include/zero/pipeline_engine.hpp): comm::Mesh's Megatron order, which the
-// public API does not expose.
+// make_pipeline_grid (include/zero/pipeline_engine.hpp): a view of ParallelDims's mesh.
 #include <stdexcept>
 
-#include "comm/mesh.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace zero::pipeline {
@@ -19,8 +17,11 @@ PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages, int tp
         " does not divide the world size " + std::to_string(world->size()) +
         "; launch a multiple of " + std::to_string(static_cast<int64_t>(stages) * tp) +
         " processes");
-  comm::Mesh mesh = comm::Mesh::megatron(comm::of(world), tp, stages);
-  return {mesh["pp"], mesh["dp"], mesh["tp"], mesh.coord("pp"), mesh.coord("dp"), mesh.coord("tp")};
+  return PipelineGrid::of(ParallelDims{0, tp, stages, false}.build_mesh(std::move(world)));
+}
+
+PipelineGrid PipelineGrid::of(const Mesh& mesh) {
+  return {mesh.pp, mesh.dp, mesh.tp, mesh.pp_rank(), mesh.dp_rank(), mesh.tp_rank()};
 }
 
 std::string PipelineGrid::describe() const {

@@ -36,7 +36,8 @@ void check(const Config& cfg, const Group& pp) {
     throw std::invalid_argument(
         "pipeline.stages is " + std::to_string(cfg.pipeline.stages) +
         " but the pipeline group has " + std::to_string(pp.size()) +
-        " ranks; build the mesh with pp = pipeline.stages (comm::Mesh::megatron(world, tp, pp))");
+        " ranks; build the mesh with pp = pipeline.stages "
+        "(zero::ParallelDims::from_config(cfg).build_mesh(world))");
   if (cfg.zero_optimization.stage >= 2)
     throw std::invalid_argument(
         "zero_optimization.stage " + std::to_string(cfg.zero_optimization.stage) +
@@ -82,6 +83,11 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
                                std::optional<c10::Device> device)
     : PipelineEngine(std::move(layers), std::move(loss), std::move(cfg),
                      PipelineGrid{std::move(pp), std::move(dp), nullptr}, device) {}
+
+PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
+                               const Mesh& mesh, std::optional<c10::Device> device)
+    : PipelineEngine(std::move(layers), std::move(loss), std::move(cfg), PipelineGrid::of(mesh),
+                     device) {}
 
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
                                const PipelineGrid& grid, std::optional<c10::Device> device)
