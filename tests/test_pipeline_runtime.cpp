@@ -242,8 +242,13 @@ void run_case(const Case& k) {
       const std::string what = "stage " + std::to_string(s) + " " + key;
       // A tied weight's gradient is summed in another order here (the embedding's m parts on the
       // first stage, the head's on the last, then the two) than in one process (the two parts
-      // of each micro-batch in turn); AdamW magnifies that rounding into every later step.
-      const double acc_tol = k.tied && k.opt == Opt::AdamW ? kTol : kAccumTol;
+      // of each micro-batch in turn); AdamW magnifies that rounding into every later step, by as
+      // much as another summation order does in one process (accumulation against the whole
+      // batch: how much depends on the CPU's kernels, 1.46e-5 for blocks.0.w_down on an AVX2
+      // machine where a fixed 1e-5 failed).
+      double acc_tol = kAccumTol;
+      if (k.tied && k.opt == Opt::AdamW)
+        acc_tol = std::max(kTol, 2 * testing::max_rel_err(acc.params.at(key), ref.params.at(key)));
       testing::expect_rel_close(t, acc.params.at(key), acc_tol, what + " (vs accumulation)");
       // SGD's update is proportional to the gradient: the whole batch's sums in another order
       // move the parameters by a rounding. AdamW divides by sqrt(v): where a gradient is ~0 it
