@@ -36,6 +36,12 @@ struct GptConfig {
   RopeScaling rope;
   bool qkv_bias = false;  // biases on the q/k/v projections (Qwen2; LLaMA's attention_bias)
   bool o_bias = false;    // a bias on the output projection (LLaMA's attention_bias)
+  // What a Hugging Face config.json said beyond the shape, kept for the export to write back
+  // (examples/hf_llama.hpp): "mistral" for a Mistral checkpoint ("": LLaMA or Qwen2, chosen by
+  // the biases), and its sliding_window (0: null). The GPT attends over the full causal window;
+  // it loads only a window of at least max_seq, which no sequence it runs can reach.
+  std::string hf_model_type;
+  int64_t hf_sliding_window = 0;
 
   int64_t ffn_dim() const;
   int64_t kv_heads_count() const { return kv_heads > 0 ? kv_heads : heads; }

@@ -181,10 +181,13 @@ std::string rope_json(const RopeScaling& r) {
 
 std::string config_json(const GptConfig& c, const HfExportOptions& opts) {
   // Biases on q/k/v only are Qwen2's attention; LLaMA's attention_bias puts one on o_proj too.
-  const bool qwen2 = c.qkv_bias && !c.o_bias;
+  const bool mistral = c.hf_model_type == "mistral" && !c.qkv_bias && !c.o_bias;
+  const bool qwen2 = !mistral && c.qkv_bias && !c.o_bias;
+  const std::string type = mistral ? "mistral" : (qwen2 ? "qwen2" : "llama");
+  const std::string arch =
+      mistral ? "MistralForCausalLM" : (qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
   std::string j =
-      qwen2 ? "{\n  \"architectures\": [\"Qwen2ForCausalLM\"],\n  \"model_type\": \"qwen2\",\n"
-            : "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n";
+      "{\n  \"architectures\": [\"" + arch + "\"],\n  \"model_type\": \"" + type + "\",\n";
   auto add = [&](const char* key, const std::string& value) {
     j += std::string("  \"") + key + "\": " + value + ",\n";
   };
@@ -204,6 +207,9 @@ std::string config_json(const GptConfig& c, const HfExportOptions& opts) {
     add("use_sliding_window", "false");
     add("sliding_window", "null");
     add("max_window_layers", std::to_string(c.layers));
+  } else if (mistral) {
+    add("sliding_window",
+        c.hf_sliding_window > 0 ? std::to_string(c.hf_sliding_window) : std::string("null"));
   } else {
     add("attention_bias", c.qkv_bias ? "true" : "false");
     add("mlp_bias", "false");
@@ -282,6 +288,29 @@ void read_rope(const ConfigReader& r, const std::string& key, GptConfig& c) {
   if (t == "dynamic" && c.head_dim() <= 2) r.fail(key + ".rope_type", "dynamic needs head_dim > 2");
 }
 
+// Mistral's sliding_window (0: null). transformers masks key j for query i when i - j >=
+// sliding_window, so a window of at least max_position_embeddings never masks anything in a
+// sequence the GPT runs (it runs at most max_seq = max_position_embeddings tokens, and
+// transformers then takes the same plain causal path, not merely an equal mask). A smaller
+// window would change the attention of long sequences: refused, by name.
+int64_t mistral_window(const ConfigReader& r, int64_t max_seq) {
+  const YAML::Node n = r.get("sliding_window");
+  if (n.IsDefined() && n.IsNull()) return 0;
+  // Absent: MistralConfig's default, 4096.
+  const int64_t w = n.IsDefined() ? r.as<int64_t>(n, "sliding_window") : 4096;
+  if (w < 1) r.fail("sliding_window", "is not positive");
+  if (w < max_seq) {
+    r.fail("sliding_window",
+           "is " + std::to_string(w) +
+               std::string(n.IsDefined() ? "" : " (MistralConfig's default)") +
+               ", below max_position_embeddings " + std::to_string(max_seq) +
+               ": longer sequences would attend over that window only, and the GPT attends over "
+               "the full causal window; zero loads Mistral with sliding_window null or at least "
+               "max_position_embeddings");
+  }
+  return w;
+}
+
 }  // namespace
 
 GptConfig hf_llama_config(const std::string& dir) {
@@ -290,13 +319,18 @@ GptConfig hf_llama_config(const std::string& dir) {
                            "a Hugging Face model directory holds config.json and its "
                            "*.safetensors; save one with save_pretrained()"),
                  path);
-  // Qwen2 is LLaMA with biases on q/k/v (and optional sliding-window layers, refused below).
+  // Qwen2 is LLaMA with biases on q/k/v (and optional sliding-window layers, refused below);
+  // Mistral is LLaMA without biases and with an optional sliding window (refused below unless
+  // no sequence the GPT runs can reach it).
   const std::string type = r.optional<std::string>("model_type", "llama");
-  if (type != "llama" && type != "qwen2") {
-    r.fail("model_type", "is '" + type + "'; zero's GPT loads LLaMA ('llama') and Qwen2 ('qwen2')");
+  if (type != "llama" && type != "qwen2" && type != "mistral") {
+    r.fail("model_type", "is '" + type +
+                             "'; zero's GPT loads LLaMA ('llama'), Qwen2 ('qwen2') and Mistral "
+                             "('mistral')");
   }
-  const bool qwen2 = type == "qwen2";
-  const std::string arch = qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  const bool qwen2 = type == "qwen2", mistral = type == "mistral";
+  const std::string arch =
+      qwen2 ? "Qwen2ForCausalLM" : (mistral ? "MistralForCausalLM" : "LlamaForCausalLM");
   if (r.has("architectures")) {
     bool ok = false;
     std::string all;
@@ -316,7 +350,8 @@ GptConfig hf_llama_config(const std::string& dir) {
   c.layers = r.required<int64_t>("num_hidden_layers");
   c.heads = r.required<int64_t>("num_attention_heads");
   c.kv_heads = r.optional<int64_t>("num_key_value_heads", c.heads);
-  c.max_seq = r.optional<int64_t>("max_position_embeddings", 2048);
+  // MistralConfig's default is 4096 * 32.
+  c.max_seq = r.optional<int64_t>("max_position_embeddings", mistral ? 131072 : 2048);
   c.norm_eps = r.optional<double>("rms_norm_eps", 1e-6);
   c.tied = r.optional<bool>("tie_word_embeddings", false);
   if (c.vocab < 1 || c.dim < 1 || c.ffn < 1 || c.layers < 1 || c.heads < 1 || c.max_seq < 1) {
@@ -353,6 +388,10 @@ GptConfig hf_llama_config(const std::string& dir) {
         }
       }
     }
+  } else if (mistral) {
+    // MistralAttention has no biases whatever the config says.
+    c.hf_model_type = "mistral";
+    c.hf_sliding_window = mistral_window(r, c.max_seq);
   } else {
     c.qkv_bias = c.o_bias = r.optional<bool>("attention_bias", false);
   }

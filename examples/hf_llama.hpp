@@ -5,8 +5,10 @@
 // Shapes: LLaMA with grouped-query attention, tied or untied head, attention_bias (q/k/v/o
 // biases), and the RoPE types transformers ships for it (rope_parameters or rope_scaling:
 // default, linear, dynamic, llama3 as in Llama 3.1/3.2, yarn; rope.hpp); Qwen2/2.5 (q/k/v
-// biases, no sliding window). Exports write Qwen2ForCausalLM for q/k/v-only biases, else
-// LlamaForCausalLM.
+// biases, no sliding window); Mistral (LLaMA's weights and names, no biases, with
+// sliding_window null or at least max_position_embeddings, where it masks nothing). Exports
+// write MistralForCausalLM for a model loaded from one (its sliding_window kept),
+// Qwen2ForCausalLM for q/k/v-only biases, else LlamaForCausalLM.
 //
 // The GPT is LLaMA's architecture, so the mapping is names only:
 //   model.embed_tokens.weight                      embed.weight

@@ -114,6 +114,32 @@ void refuse_orphaned_checkpoints(const std::string& save_dir, const std::string&
                     " to continue from it, or give an empty trainer.save_dir to start afresh");
 }
 
+// The "auto" values HF's Trainer fills from the run (transformers' trainer_config_finalize:
+// scheduler.params.total_num_steps from the run's optimizer steps), filled from zero-train's
+// own settings. The batch sizes resolve in Config::resolve_batch; warmup_num_steps is not
+// derivable (zero-train has no warmup setting of its own, HF's comes from --warmup_steps or
+// --warmup_ratio), so it keeps the DeepSpeed default the config load noted.
+void fill_run_autos(Config& cfg, int64_t steps) {
+  SchedulerConfig& s = cfg.scheduler;
+  if (!s.total_num_steps_auto || s.total_num_steps > 0) return;
+  // A decaying schedule needs a positive horizon even for a run of no steps.
+  s.total_num_steps = std::max<int64_t>(1, steps);
+  cfg.warnings.push_back("zero: " + cfg.source +
+                         ": 'scheduler.params.total_num_steps' is \"auto\": using " +
+                         std::to_string(s.total_num_steps) + " (trainer.steps" +
+                         (steps < 1 ? " is 0, and a decaying schedule needs at least 1"
+                                    : ", the run's optimizer steps") +
+                         ", as HF's Trainer fills it)");
+  if (s.warmup_num_steps > s.total_num_steps) {
+    cfg.warnings.push_back("zero: " + cfg.source + ": 'scheduler.params.warmup_num_steps' (" +
+                           std::to_string(s.warmup_num_steps) +
+                           ") exceeds 'scheduler.params.total_num_steps' (" +
+                           std::to_string(s.total_num_steps) +
+                           "): the run ends inside the warmup; set warmup_num_steps to the "
+                           "warmup you want");
+  }
+}
+
 }  // namespace
 
 Trainer::~Trainer() = default;
@@ -134,6 +160,7 @@ Trainer::Trainer(const TrainerOptions& options) : options_(options) {
   preset_ = hf_dir_.empty() ? cfg_.extra_string("trainer.model") : init_from;
   mc_ = hf_dir_.empty() ? gpt_preset(preset_) : hf_llama_config(hf_dir_);
   steps_ = cfg_.extra_int("trainer.steps");
+  fill_run_autos(cfg_, steps_);
   seq_ = cfg_.extra_int("trainer.seq_len");
   if (seq_ > mc_.max_seq || seq_ < 1) {
     throw ConfigError(config_path + ": trainer.seq_len " + std::to_string(seq_) +

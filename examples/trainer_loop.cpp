@@ -82,7 +82,8 @@ StepRecord Trainer::run_step(int64_t step) {
     // host-to-device copy would synchronise the stream.
     at::Tensor tokens = cuda ? batch.tokens.pin_memory() : batch.tokens;
     at::Tensor targets = cuda ? batch.targets.pin_memory() : batch.targets;
-    tokens = tokens.to(device_, /*non_blocking=*/cuda);
+    // fp16.auto_cast casts floating-point inputs only: token ids pass unchanged, as in DeepSpeed.
+    tokens = engine_->cast_input(tokens.to(device_, /*non_blocking=*/cuda));
     targets = targets.to(device_, cuda);
     at::Tensor l = loss(tokens, targets);
     loss_sum += l.detach().to(at::kFloat);

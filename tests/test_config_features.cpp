@@ -91,7 +91,8 @@ TEST(Config, UnsupportedDeepSpeedKeysAreErrors) {
   EXPECT_FALSE(load("bf16: {enabled: true}\n").gradient_predivide_factor.has_value());
   EXPECT_HAS(load_error("gradient_predivide_factor: 0\n"), "gradient_predivide_factor");
   EXPECT_HAS(load_error("gradient_predivide_factor: -2\n"), "a positive number");
-  EXPECT_HAS(load_error("fp16: {enabled: true, auto_cast: true}\n"), "not supported yet");
+  EXPECT_HAS(load_error("fp16: {enabled: true, auto_cast: 2}\n"),
+             "'fp16.auto_cast' must be true or false");
   EXPECT_HAS(load_error("optimizer: {type: Lamb}\n"),
              "'optimizer.type' 'Lamb' is not supported by zero; use AdamW, Adam or SGD");
   EXPECT_HAS(load_error("optimizer: {type: Adam, params: {adam_w_mode: false}}\n"),
@@ -251,4 +252,58 @@ TEST(Config, PipelineSection) {
              "with pipeline.stages 4 is not supported");
   EXPECT_HAS(load_error("pipeline: {stages: 2}\nzero_optimization: {stage: auto}\n"),
              "the planner does not model pipeline stages yet; set 0 or 1");
+}
+
+namespace {
+
+bool any_warning_has(const Config& c, const std::string& text) {
+  for (const auto& w : c.warnings) {
+    if (w.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// DeepSpeed casts the floating-point inputs of its forward to fp16 (engine._cast_inputs_half,
+// 0.19); zero applies it through Engine::cast_input (tests/test_mixed_precision.cpp).
+TEST(Config, Fp16AutoCastIsAcceptedAndSaysWhatItCasts) {
+  Config c = load("fp16: {enabled: true, auto_cast: true}\n");
+  EXPECT_TRUE(c.fp16.auto_cast);
+  EXPECT_TRUE(any_warning_has(c, "t.yaml:1: 'fp16.auto_cast': floating-point inputs"));
+  EXPECT_TRUE(any_warning_has(c, "integer inputs (token ids) stay as they are"));
+  EXPECT_FALSE(load("fp16: {enabled: true, auto_cast: false}\n").fp16.auto_cast);
+  EXPECT_TRUE(load("fp16: {enabled: true, auto_cast: false}\n").warnings.empty());
+  // Without fp16 the model is not fp16: nothing to cast to, said so.
+  for (const char* y :
+       {"fp16: {enabled: false, auto_cast: true}\n", "fp16: {enabled: auto, auto_cast: true}\n",
+        "bf16: {enabled: true}\nfp16: {auto_cast: true}\n"}) {
+    SCOPED_TRACE(y);
+    c = load(y);
+    EXPECT_FALSE(c.fp16.auto_cast);
+    EXPECT_TRUE(any_warning_has(c,
+                                "'fp16.auto_cast' has no effect here and is ignored: fp16 is "
+                                "not enabled"));
+  }
+}
+
+// torch.compile / DeepCompile settings: accepted with a warning, as DeepSpeed accepts them and
+// applies them only to a Python module it is asked to compile.
+TEST(Config, CompileBlockHasNoEffectAndSaysWhy) {
+  Config c = load("compile:\n  deepcompile: true\n  offload_activation: false\n");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_HAS(c.warnings[0], "t.yaml:1: 'compile' has no effect here and is ignored");
+  EXPECT_HAS(c.warnings[0], "torch.compile");
+  EXPECT_TRUE(load("compile: {enabled: false}\n").warnings.empty());
+  EXPECT_TRUE(load("compile: false\n").warnings.empty());
+}
+
+// total_num_steps "auto" stays for the application to fill (zero-train fills it from
+// trainer.steps: tests/e2e/deepspeed_keys.sh); the load does not invent a horizon.
+TEST(Config, TotalNumStepsAutoIsLeftForTheApplication) {
+  const Config c = load(
+      "scheduler: {type: WarmupDecayLR, params: {total_num_steps: auto, warmup_num_steps: 5}}\n");
+  EXPECT_TRUE(c.scheduler.total_num_steps_auto);
+  EXPECT_EQ(c.scheduler.total_num_steps, 0);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 5);
 }

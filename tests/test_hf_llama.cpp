@@ -9,6 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gpt.hpp"
 #include "hf_llama.hpp"
@@ -304,6 +307,78 @@ TEST(HfLlama, ShapesTheGptCannotExpressFailNamingTheKey) {
   expect("\"use_sliding_window\": false", "\"use_sliding_window\": true", "use_sliding_window");
   expect("\"rope_theta\"", "\"partial_rotary_factor\": 0.5, \"rope_theta\"",
          "partial_rotary_factor");
+}
+
+// Mistral: LLaMA's weights and names under model_type mistral. A sliding window that no sequence
+// the GPT runs can reach (null, or at least max_position_embeddings) loads and is written back
+// on export; a shorter one, or MistralConfig's default 4096 when the key is absent and the
+// positions go further, is refused by name. (Against transformers itself: hf_variants.sh.)
+TEST(HfLlama, MistralLoadsWhenItsWindowMasksNothing) {
+  TempDir dir;
+  GptConfig c = gqa_config();  // max_seq 16
+  c.hf_model_type = "mistral";
+  at::manual_seed(5);
+  Gpt src(c);
+  save_hf_llama(c, named(*src), dir.str(), {});
+  const std::string cfg_path = dir.str("config.json");
+  auto text = [&] {
+    std::ifstream in(cfg_path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string exported = text();
+  EXPECT_NE(exported.find("\"architectures\": [\"MistralForCausalLM\"]"), std::string::npos);
+  EXPECT_NE(exported.find("\"model_type\": \"mistral\""), std::string::npos);
+  EXPECT_NE(exported.find("\"sliding_window\": null"), std::string::npos) << exported;
+  EXPECT_EQ(exported.find("attention_bias"), std::string::npos) << "Mistral has no such key";
+  GptConfig back = hf_llama_config(dir.str());
+  EXPECT_EQ(back.hf_model_type, "mistral");
+  EXPECT_EQ(back.hf_sliding_window, 0);
+  EXPECT_EQ(back.num_params(), c.num_params());
+  Gpt dst(back);
+  load_hf_llama(*dst, dir.str());
+  auto dp = dst->named_parameters();
+  for (const auto& [name, t] : named(*src)) EXPECT_TRUE(at::equal(dp[name], t)) << name;
+
+  // The export's config.json with each `from` replaced by its `to`.
+  auto with = [&](const std::vector<std::pair<std::string, std::string>>& edits) {
+    std::string t = exported;
+    for (const auto& [from, to] : edits) {
+      const size_t at = t.find(from);
+      EXPECT_NE(at, std::string::npos) << from;
+      if (at != std::string::npos) t.replace(at, from.size(), to);
+    }
+    std::ofstream(cfg_path) << t;
+  };
+  auto refused = [&](const std::string& want) {
+    try {
+      hf_llama_config(dir.str());
+      ADD_FAILURE() << "accepted: " << text();
+    } catch (const zero::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  // A window as long as the positions: loaded, and kept for the export.
+  with({{"\"sliding_window\": null", "\"sliding_window\": 16"}});
+  back = hf_llama_config(dir.str());
+  EXPECT_EQ(back.hf_sliding_window, 16);
+  TempDir again;
+  save_hf_llama(back, named(*src), again.str(), {});
+  EXPECT_EQ(hf_llama_config(again.str()).hf_sliding_window, 16);
+  // Shorter: sequences of 16 tokens would see a window of 15.
+  with({{"\"sliding_window\": null", "\"sliding_window\": 15"}});
+  refused("sliding_window is 15, below max_position_embeddings 16");
+  with({{"\"sliding_window\": null", "\"sliding_window\": 0"}});
+  refused("sliding_window is not positive");
+  // Absent: MistralConfig's default 4096, longer than these 16 positions (loads) ...
+  with({{"  \"sliding_window\": null,\n", ""}});
+  EXPECT_EQ(hf_llama_config(dir.str()).hf_sliding_window, 4096);
+  // ... but not than 8192.
+  with({{"  \"sliding_window\": null,\n", ""},
+        {"\"max_position_embeddings\": 16,", "\"max_position_embeddings\": 8192,"}});
+  refused("sliding_window is 4096 (MistralConfig's default), below max_position_embeddings 8192");
+  // Another architecture under model_type mistral is refused as for llama.
+  with({{"\"MistralForCausalLM\"", "\"LlamaForCausalLM\""}});
+  refused("for model_type 'mistral' zero's GPT loads MistralForCausalLM only");
 }
 
 }  // namespace

@@ -172,6 +172,59 @@ TEST_P(Fp16Overflow, OneRanksInfSkipsTheSameStepEverywhere) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, Fp16Overflow, ::testing::Values(0, 1, 2));
 
+// fp16.auto_cast as DeepSpeed 0.19's engine applies it to a forward's positional inputs
+// (_cast_inputs_half): a floating-point tensor becomes fp16, anything else passes as it is. The
+// reference is that rule written out: x.to(kHalf) for float inputs, the input itself otherwise.
+TEST(Fp16AutoCast, CastsFloatingPointInputsOnly) {
+  Config cfg = test_config(2, kRows / 2, 1, 0);
+  cfg.fp16.enabled = true;
+  cfg.fp16.auto_cast = true;
+  Config off = cfg;
+  off.fp16.auto_cast = false;
+  std::mutex mu;
+  std::vector<at::Tensor> cast_params, manual_params;
+  for (bool use_cast : {true, false}) {
+    run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+      const int r = group->rank();
+      auto net = make_tiny_net(5);
+      auto engine = initialize(net, use_cast ? cfg : off, group);
+      const at::Tensor f32 = at::randn({3, 4});
+      const at::Tensor ids = at::arange(6, at::kLong);
+      if (use_cast) {
+        const at::Tensor h = engine.cast_input(f32);
+        EXPECT_EQ(h.scalar_type(), at::kHalf);
+        EXPECT_TRUE(h.equal(f32.to(at::kHalf)));
+        EXPECT_TRUE(engine.cast_input(f32.to(at::kDouble)).equal(f32.to(at::kHalf)));
+        EXPECT_TRUE(engine.cast_input(ids).is_same(ids)) << "token ids are not floating point";
+        const at::Tensor mask = ids > 2;
+        EXPECT_TRUE(engine.cast_input(mask).is_same(mask));
+      } else {
+        EXPECT_TRUE(engine.cast_input(f32).is_same(f32)) << "auto_cast off: unchanged";
+      }
+      // An fp32 batch into the fp16 model: auto_cast makes the forward work as the manual
+      // cast does, and the training is the same.
+      for (int s = 0; s < 3; ++s) {
+        Batch b = rank_micro_batch(global_batch(s, kRows), r, 2, 0, 1);
+        const at::Tensor x = use_cast ? engine.cast_input(b.x) : b.x.to(at::kHalf);
+        engine.backward(mse(net->forward(x).to(at::kFloat), b.y));
+        engine.step();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (r == 0) (use_cast ? cast_params : manual_params).push_back(engine.flat_parameters());
+    });
+  }
+  ASSERT_EQ(cast_params.size(), 1u);
+  ASSERT_EQ(manual_params.size(), 1u);
+  EXPECT_TRUE(cast_params[0].equal(manual_params[0]));
+  Config fp32 = cfg;
+  fp32.fp16.enabled = false;  // the load clears auto_cast then; a hand-made config may not
+  run_ranks(1, [&](std::shared_ptr<comm::Group> group) {
+    auto engine = initialize(make_tiny_net(5), fp32, group);
+    const at::Tensor f32 = at::randn({2});
+    EXPECT_TRUE(engine.cast_input(f32).is_same(f32)) << "no fp16 model: nothing to cast to";
+  });
+}
+
 // The overflow messages name the step as DeepSpeed counts it (skipped ones included: every one
 // said "step 0" while all overflowed), and an overflow hysteresis absorbs says so instead of
 // showing an unchanged scale. The expected scales follow fp16.hysteresis 2 by hand: the first

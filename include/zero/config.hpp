@@ -126,6 +126,10 @@ struct Fp16Config {
   int loss_scale_window = 1000;
   int hysteresis = 2;
   double min_loss_scale = 1.0;
+  // DeepSpeed's fp16.auto_cast: the model's floating-point inputs are cast to fp16 before its
+  // forward (integer inputs such as token ids are left alone, as DeepSpeed 0.19 does). zero
+  // does not call the model's forward, so the application applies it with Engine::cast_input.
+  bool auto_cast = false;
 };
 
 // tensor_parallel: DeepSpeed's AutoTP section (tensor_parallel.autotp_size) and Megatron's

@@ -115,6 +115,11 @@ class Engine {
   double lr() const;          // the learning rate the next optimizer step will use
   double loss_scale() const;  // fp16: the current dynamic loss scale; 1 otherwise
   const Config& config() const;
+  // DeepSpeed's fp16.auto_cast, which its engine applies to each positional input of the
+  // model's forward: with fp16 enabled and auto_cast set, a floating-point `input` comes back
+  // as fp16; anything else (auto_cast off, integer token ids, masks) comes back unchanged.
+  // zero does not call the model's forward, so the application passes its inputs through here.
+  at::Tensor cast_input(const at::Tensor& input) const;
   // Counters as the host knows them now, without waiting for the device. On CUDA the last
   // step's outcome (last_grad_norm, an fp16 skip) arrives with the next step(); settled_stats()
   // waits for it (a sync: call it at print time, not every step). On CPU both are the same.

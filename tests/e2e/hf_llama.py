@@ -40,12 +40,17 @@ VARIANTS = {
     "llama-bias": dict(attention_bias=True),
     "qwen2": dict(qwen2=True),
     "qwen2-tied": dict(qwen2=True, tie_word_embeddings=True),
+    # Mistral: LLaMA's weights under MistralForCausalLM; a null sliding window, and one as long
+    # as max_position_embeddings (no sequence reaches it: transformers takes the causal path).
+    "mistral": dict(family="mistral", sliding_window=None),
+    "mistral-window": dict(family="mistral", sliding_window=128),
 }
 
 
 def make(out, tokens_path, tied=""):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM)
 
     torch.manual_seed(0)
     if tied in VARIANTS:
@@ -54,9 +59,12 @@ def make(out, tokens_path, tied=""):
                   rms_norm_eps=1e-6, rope_theta=50000.0, tie_word_embeddings=False,
                   initializer_range=0.1, bos_token_id=1, eos_token_id=2)
         kw.update(VARIANTS[tied])
-        qwen2 = kw.pop("qwen2", False)
-        cfg = (Qwen2Config if qwen2 else LlamaConfig)(**kw)
-        model = (Qwen2ForCausalLM if qwen2 else LlamaForCausalLM)(cfg).float()
+        family = "qwen2" if kw.pop("qwen2", False) else kw.pop("family", "llama")
+        config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
+                                 "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                                 "mistral": (MistralConfig, MistralForCausalLM)}[family]
+        cfg = config_cls(**kw)
+        model = model_cls(cfg).float()
         with torch.no_grad():  # biases start at 0 and norms at 1: make both matter
             for name, p in model.named_parameters():
                 if "norm" in name:

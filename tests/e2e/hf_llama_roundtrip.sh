@@ -44,7 +44,7 @@ bad() {  # bad NAME HELPER-ARGS...: a copy of the base model, edited by the help
   cp -r "$out/base" "$out/$name"
   python3 "$helper" "$@" "$out/$name"
 }
-bad arch set-key model_type '"mistral"'
+bad arch set-key model_type '"gpt_neox"'
 check "another architecture names model_type" fails_naming "model_type" "$out/arch"
 bad bias set-key mlp_bias true
 check "MLP biases name mlp_bias" fails_naming "mlp_bias" "$out/bias"

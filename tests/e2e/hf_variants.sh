@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Hugging Face interop for the model shapes beyond plain LLaMA, against transformers itself:
 # each RoPE type transformers ships for LLaMA (llama3 with a tied head as in Llama 3.2, linear,
-# dynamic, yarn), LLaMA's attention_bias, and Qwen2 (q/k/v biases) untied and tied. For each:
+# dynamic, yarn), LLaMA's attention_bias, Qwen2 (q/k/v biases) untied and tied, and Mistral
+# (sliding_window null, and one of max_position_embeddings, which masks nothing). For each:
 # the model transformers saved loads into zero with logits equal to transformers' bit for bit
 # (fp32); 2 ranks fine-tune it with ZeRO-2; zero-consolidate --format hf exports the result and
-# transformers' logits of the export equal zero's of the trained checkpoint (<= 1e-4). A rope
-# type the GPT cannot express (longrope) and Qwen2's sliding window fail naming the key.
+# transformers' logits of the export equal zero's of the trained checkpoint (<= 1e-4; Mistral's
+# bit for bit, and zero reloads its export bit for bit). A rope type the GPT cannot express
+# (longrope), Qwen2's sliding window and a Mistral window shorter than the positions fail naming
+# the key.
 # Skipped (exit 77) when the transformers package is absent.
 set -euo pipefail
 source "$2/tests/e2e/lib/hf.sh" "$@"  # train, src, logits, ..., out; skips without transformers
 port=$((35500 + RANDOM % 2000))
-variants=(llama32 linear dynamic yarn llama-bias qwen2 qwen2-tied)
+variants=(llama32 linear dynamic yarn llama-bias qwen2 qwen2-tied mistral mistral-window)
 
 python3 "$helper" make-variants "$out"
 loaded=() trained=()
@@ -30,6 +33,26 @@ check "the llama32 export keeps the llama3 rope and the tie" \
   "$out/llama32.export/config.json"
 check "the qwen2 export is a Qwen2ForCausalLM" \
   grep -q Qwen2ForCausalLM "$out/qwen2.export/config.json"
+for v in mistral mistral-window; do
+  check "the $v export is a MistralForCausalLM" \
+    grep -q '"architectures": \["MistralForCausalLM"\]' "$out/$v.export/config.json"
+done
+check "the mistral export keeps sliding_window null, mistral-window's 128" \
+  python3 -c 'import json, sys
+a, b = (json.load(open(f"{d}/config.json"))["sliding_window"] for d in sys.argv[1:])
+sys.exit(0 if (a, b) == (None, 128) else 1)' "$out/mistral.export" "$out/mistral-window.export"
+check "mistral: transformers' logits of the export equal zero's of the trained checkpoint bit for bit" \
+  python3 "$helper" compare-all "$out/tokens.txt" 0 "$out/mistral.export" \
+  "$out/mistral.trained.safetensors" "$out/mistral-window.export" \
+  "$out/mistral-window.trained.safetensors"
+"$logits" --model "hf:$out/mistral.export" --tokens "$out/tokens.txt" \
+  --out "$out/mistral.reloaded.safetensors"
+check "mistral: zero reloads its export bit for bit (logits of the reload = of the checkpoint)" \
+  python3 -c 'import sys
+from safetensors.torch import load_file
+a, b = (load_file(p)["logits"] for p in sys.argv[1:])
+sys.exit(0 if a.shape == b.shape and bool((a == b).all()) else 1)' \
+  "$out/mistral.reloaded.safetensors" "$out/mistral.trained.safetensors"
 check "training changed the model" \
   python3 "$helper" differ "$out/qwen2.zero.safetensors" "$out/qwen2.trained.safetensors" 1e-3
 check "exported weights: transformers' logits equal zero's of the trained checkpoints" \
@@ -54,4 +77,18 @@ cp -r "$out/qwen2" "$out/sliding"
 python3 "$helper" set-key use_sliding_window true "$out/sliding"
 check "Qwen2's sliding window names use_sliding_window" \
   fails_naming "use_sliding_window" "$out/sliding"
+cp -r "$out/mistral" "$out/mistral-short"
+python3 "$helper" set-key sliding_window 32 "$out/mistral-short"
+check "a Mistral window shorter than the positions names sliding_window" \
+  fails_naming "sliding_window is 32, below max_position_embeddings 128" "$out/mistral-short"
+python3 - "$out/mistral-short/config.json" <<'PY'
+import json, sys
+cfg = json.load(open(sys.argv[1]))
+del cfg["sliding_window"]
+cfg["max_position_embeddings"] = 8192
+json.dump(cfg, open(sys.argv[1], "w"))
+PY
+check "an absent sliding_window is MistralConfig's 4096: refused by name below 8192 positions" \
+  fails_naming "sliding_window is 4096 (MistralConfig's default), below max_position_embeddings 8192" \
+  "$out/mistral-short"
 summary

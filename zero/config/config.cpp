@@ -136,6 +136,11 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
       l.no_effect("comet",
                   "comet is not available in C++; use tensorboard (zero writes "
                   "DeepSpeed's TensorBoard events) or csv_monitor"),
+      // torch.compile / DeepCompile settings: DeepSpeed applies them only when the script calls
+      // engine.compile() on a Python module.
+      l.no_effect("compile",
+                  "it configures torch.compile (DeepCompile) of a Python model, and a C++ "
+                  "model is not compiled by torch.compile"),
       {"gradient_predivide_factor",
        [&](const Entry& e) {
          const double f = l.number(e);
@@ -152,7 +157,7 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
        words("amp sparse_gradients curriculum_learning "
              "data_efficiency compression_training elasticity autotuning checkpoint "
              "aio sparse_attention eigenvalue progressive_layer_drop "
-             "quantize_training nebula hybrid_engine weight_quantization compile "
+             "quantize_training nebula hybrid_engine weight_quantization "
              "disable_allgather fp32_allreduce torch_autocast")) {
     f.push_back(l.unsupported(k));
   }
@@ -199,6 +204,19 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
                (*c.grad_accum_dtype == Dtype::kBFloat16 ? "bf16" : "fp16") + " or remove it");
   }
   check_pipeline(l, c);
+  if (c.fp16.auto_cast && !c.fp16.enabled) {
+    // DeepSpeed casts whenever auto_cast is set; into a model that is not fp16 that only
+    // makes the first layer's dtypes disagree.
+    l.warn(*l.seen("fp16.auto_cast"),
+           "'fp16.auto_cast' has no effect here and is ignored: fp16 is not enabled, so the "
+           "model is not fp16 (DeepSpeed would still cast floating-point inputs to fp16)");
+    c.fp16.auto_cast = false;
+  } else if (c.fp16.auto_cast) {
+    l.warn(*l.seen("fp16.auto_cast"),
+           "'fp16.auto_cast': floating-point inputs the application passes through "
+           "Engine::cast_input become fp16, as DeepSpeed casts its forward's positional "
+           "inputs; integer inputs (token ids) stay as they are, as in DeepSpeed 0.19");
+  }
   const Entry* torch_adam = l.seen("optimizer.params.torch_adam");
   if (torch_adam && c.optimizer.torch_adam && c.zero_optimization.offload_optimizer.enabled) {
     l.warn(*torch_adam,

@@ -62,7 +62,7 @@ void load_fp16(Loader& l, const Entry& s, Fp16Config& f) {
                    f.min_loss_scale = l.number(e);
                    l.require(e, f.min_loss_scale > 0, "a number > 0");
                  }},
-                only_bool(l, "auto_cast", false, "is not supported yet"),
+                {"auto_cast", [&](const Entry& e) { f.auto_cast = l.boolean(e); }},
                 only_bool(l, "consecutive_hysteresis", false, "is not supported yet"),
                 only_bool(l, "fp16_master_weights_and_grads", false,
                           "keeps master weights in fp16, which zero does not implement (its master "

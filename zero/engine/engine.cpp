@@ -563,6 +563,12 @@ int Engine::stage() const { return impl_->sharding.stage(); }
 double Engine::lr() const { return impl_->opt.schedule->lr_at(impl_->stats.optimizer_steps); }
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 const Config& Engine::config() const { return impl_->cfg; }
+
+at::Tensor Engine::cast_input(const at::Tensor& input) const {
+  const Fp16Config& f = impl_->cfg.fp16;
+  if (!f.enabled || !f.auto_cast || !input.defined() || !input.is_floating_point()) return input;
+  return input.to(at::kHalf);
+}
 const EngineStats& Engine::stats() const { return impl_->stats; }
 const EngineStats& Engine::settled_stats() const {
   impl_->settle();
