@@ -8,7 +8,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -222,14 +226,86 @@ std::string Liveness::diagnose(std::chrono::milliseconds max_wait) {
   return out;
 }
 
+namespace {
+
+struct ProcStat {
+  int ppid = 0;
+  char state = '?';
+  unsigned long long start = 0;  // clock ticks after boot: tells a reused pid apart
+};
+
+// /proc/<pid>/stat; nullopt where there is none (the process is gone, or no /proc).
+std::optional<ProcStat> proc_stat(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!f || !std::getline(f, line)) return std::nullopt;
+  // The command name (field 2) is in parentheses and may hold spaces and ')': the fields
+  // after it start after the last ')'.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream rest(line.substr(close + 1));
+  ProcStat st;
+  std::string field;
+  rest >> st.state >> st.ppid;
+  for (int i = 5; i <= 21; ++i) rest >> field;  // pgrp .. itrealvalue
+  if (!(rest >> st.start)) return std::nullopt;
+  return st;
+}
+
+// Whether /proc/<pid>/environ (the environment the process started with) holds `entry`
+// ("NAME=value"). False where it cannot be read (another user's process).
+bool started_with(int pid, const std::string& entry) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::string var;
+  while (f && std::getline(f, var, '\0')) {
+    if (var == entry) return true;
+  }
+  return false;
+}
+
+std::atomic<int> g_direct_parent{0};
+std::atomic<unsigned long long> g_launcher_start{0};
+
+}  // namespace
+
+int find_launcher() {
+  const int parent = static_cast<int>(getppid());
+  // torchrun hands its workers TORCHELASTIC_RUN_ID, which its own process (the elastic agent)
+  // did not start with; a wrapper between the agent and this rank (torchrun --no-python run.sh,
+  // the script starting the trainer) inherits it. The launcher is the nearest ancestor that did
+  // not start with it: the agent itself, however many wrappers deep.
+  const char* run = std::getenv("TORCHELASTIC_RUN_ID");
+  if (run == nullptr || *run == '\0') return parent;
+  const std::string entry = std::string("TORCHELASTIC_RUN_ID=") + run;
+  int pid = parent;
+  for (int depth = 0; depth < 64 && pid > 1; ++depth) {
+    if (!started_with(pid, entry)) return pid;
+    const auto st = proc_stat(pid);
+    if (!st) break;
+    pid = st->ppid;
+  }
+  return parent;  // no /proc, or the agent was not found below init: the parent, as before
+}
+
 void remember_launcher() {
   int expected = 0;
-  g_parent.compare_exchange_strong(expected, static_cast<int>(getppid()));
+  const int launcher = find_launcher();
+  if (!g_parent.compare_exchange_strong(expected, launcher)) return;
+  g_direct_parent.store(static_cast<int>(getppid()));
+  if (const auto st = proc_stat(launcher)) g_launcher_start.store(st->start);
 }
 
 bool launcher_gone() {
   const int p = g_parent.load();
-  return p != 0 && static_cast<int>(getppid()) != p;
+  if (p == 0) return false;
+  // This process was re-parented: its parent (the launcher, or a wrapper under it) exited.
+  if (static_cast<int>(getppid()) != g_direct_parent.load()) return true;
+  if (p == g_direct_parent.load()) return false;
+  // The launcher further up: gone when its pid is, names another process (reused), or is a
+  // zombie its own parent has not reaped yet.
+  const auto st = proc_stat(p);
+  const unsigned long long start = g_launcher_start.load();
+  return !st || st->state == 'Z' || st->state == 'X' || (start != 0 && st->start != start);
 }
 
 int launcher_pid() { return g_parent.load(); }

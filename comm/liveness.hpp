@@ -5,7 +5,8 @@
 // connection of its own, so a long store wait elsewhere never delays it) and reads everyone
 // else's. A rank whose heartbeat stopped, and that did not report a failure of its own, is the
 // one that died or stalled; when the store itself stops answering, whoever serves it is gone.
-// The thread also notices when this process's parent (the launcher) exits.
+// The thread also notices when this process's launcher exits (the parent, or torchrun's agent
+// further up).
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
@@ -53,11 +54,16 @@ class Liveness {
   int size_;
 };
 
-// The parent process (the launcher) as it was when the first group was set up, and whether it
-// has exited since. Cheap (one getppid()); false until remember_launcher() was called (a
-// multi-rank group does at its start).
+// The launcher as it was when the first group was set up, and whether it has exited since.
+// The launcher is the parent process, or under torchrun the elastic agent however deep it sits
+// (a wrapper script between it and this rank: find_launcher). Cheap (one getppid(), and one
+// read of /proc/<pid>/stat when the launcher is not the parent); false until
+// remember_launcher() was called (a multi-rank group does at its start).
 void remember_launcher();
 bool launcher_gone();
 int launcher_pid();
+// The process remember_launcher() records: the nearest ancestor that did not start with this
+// process's TORCHELASTIC_RUN_ID (torchrun's agent), else the parent.
+int find_launcher();
 
 }  // namespace zero::comm

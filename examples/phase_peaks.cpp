@@ -66,6 +66,13 @@ void PhasePeaks::end(Phase p) {
   if (p != Phase::kInitialize && p != Phase::kSave) step_peak_ = std::max(step_peak_, peak);
 }
 
+void PhasePeaks::end_phases() {
+  if (!available_) return;
+  const int64_t peak = read(device_).peak;
+  overall_ = std::max(overall_, peak);
+  step_peak_ = std::max(step_peak_, peak);
+}
+
 void PhasePeaks::end_step() {
   if (!available_) return;
   step_peaks_.push_back(step_peak_);

@@ -31,6 +31,10 @@ class PhasePeaks {
   void begin();
   // Ends phase `p`: its peak joins the most that phase has reached.
   void end(Phase p);
+  // Ends a window that holds several phases at once (a pipeline's train_batch interleaves the
+  // micro-batches' forward and backward passes and ends with the step): its peak joins the
+  // step's and the run's, no single phase's.
+  void end_phases();
   // -1 when the allocator keeps no peak (CPU).
   int64_t measured(Phase p) const { return measured_[static_cast<int>(p)]; }
   // The most any phase reached.

@@ -6,8 +6,23 @@
 #include <stdexcept>
 
 #include "json_text.hpp"
+#include "zero/pipeline_engine.hpp"
 
 namespace zero::examples {
+
+ParamStats pipeline_model_stats(const pipeline::PipelineEngine& pipe,
+                                const std::shared_ptr<Group>& tp) {
+  const ParamStats mine = whole_model_stats(*pipe.engine().module(), tp);
+  const auto per_stage = pipe.gather_over_stages({mine.checksum, mine.norm * mine.norm});
+  ParamStats out;
+  double norm_sq = 0;
+  for (const auto& s : per_stage) {
+    out.checksum += s[0];
+    norm_sq += s[1];
+  }
+  out.norm = std::sqrt(norm_sq);
+  return out;
+}
 
 void PipelineSummary::add_stage_times(const std::vector<std::vector<double>>& times) {
   if (first_.empty()) {
@@ -59,7 +74,8 @@ void PipelineSummary::write_json(const std::string& path) const {
       << ",\n  \"data_s_mean\": " << Num{mean(&StepRecord::data_s)}
       << ",\n  \"tokens_per_s_mean\": " << Num{mean(&StepRecord::tokens_per_s)}
       << ",\n  \"skipped_steps\": " << skipped_steps << ",\n  \"seq_len\": " << seq_len
-      << ",\n  \"train_batch_size\": " << train_batch_size << ",\n  \"stages\": [";
+      << ",\n  \"train_batch_size\": " << train_batch_size << memory.json_fields()
+      << ",\n  \"stages\": [";
   const auto times = mean_stage_times();
   for (size_t s = 0; s < stages.size(); ++s) {
     const auto& r = stages[s];

@@ -7,16 +7,33 @@
 // Whose numbers: the loss is the last stage's, the same on every rank (PipelineEngine); the
 // plain keys' times (forward_s_mean, ...) are rank 0's, i.e. stage 0's; the checksum and norm
 // are the whole model's (each stage's own parameters, a tied weight once, summed over the
-// stages; under tensor parallelism tensor-parallel rank 0's shards, as the plain summary).
+// stages; under tensor parallelism over the tensor-parallel ranks too, the replicated norms
+// once: whole_model_stats), and the memory keys are the plain summary's (memory_figures.hpp):
+// each rank's peaks over the whole world, the start-up peaks, per phase the allocator's peak
+// (a pipeline's forward, backward and step interleave: measured together, per step, in
+// phase_step_peaks; initialize and save apart).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "memory_figures.hpp"
 #include "metrics.hpp"
+#include "train_summary.hpp"
+
+namespace zero::pipeline {
+class PipelineEngine;
+}
 
 namespace zero::examples {
+
+// The whole model's parameter checksum and norm from a pipeline: each stage's own parameters (a
+// tied copy is its owner's; under tensor parallelism over `tp`, whole_model_stats), summed over
+// the stages. A collective over tp and the pipeline group; the same on every rank.
+ParamStats pipeline_model_stats(const pipeline::PipelineEngine& pipe,
+                                const std::shared_ptr<Group>& tp);
 
 struct PipelineStageReport {
   int first_layer = 0, last_layer = 0;
@@ -31,6 +48,7 @@ struct PipelineSummary {
   double param_checksum = 0, param_norm = 0;
   std::vector<StepRecord> records;  // rank 0's, one per step
   std::vector<PipelineStageReport> stages;
+  MemoryFigures memory;
 
   // Adds one step's times of every stage ([stage] = {forward, backward, optimizer, comm}).
   void add_stage_times(const std::vector<std::vector<double>>& times);

@@ -10,19 +10,26 @@
 #include <stdexcept>
 #include <vector>
 
+#include "checkpoint_agreement.hpp"
 #include "file_checks.hpp"
 #include "gpt.hpp"
 #include "gpt_layers.hpp"
 #include "hf_llama.hpp"
+#include "launcher_check.hpp"
+#include "memory_figures.hpp"
 #include "metrics.hpp"
 #include "monitor.hpp"
+#include "phase_peaks.hpp"
 #include "pp_summary.hpp"
 #include "startup_agreement.hpp"
 #include "tp_gpt.hpp"
 #include "tp_gpt_layers.hpp"
 #include "train_summary.hpp"
 #include "zero/checkpoint_io.hpp"
+#include "zero/device.hpp"
 #include "zero/engine.hpp"
+#include "zero/errors.hpp"
+#include "zero/launcher.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace zero::examples {
@@ -78,32 +85,45 @@ std::string format_stages(const std::vector<std::vector<double>>& v) {
 // The --summary-json file (pp_summary.hpp says whose numbers): collectives over the stages and
 // data-parallel groups on every rank, the file written by rank 0.
 void write_summary(const PipelineTrainerArgs& a, const pipeline::PipelineEngine& pipe,
-                   const pipeline::PipelineGrid& grid, int rank, int world_size,
-                   PipelineSummary& summary) {
+                   const pipeline::PipelineGrid& grid, const std::shared_ptr<Group>& world,
+                   const PhasePeaks& phases, PipelineSummary& summary) {
   if (a.summary_path.empty()) return;
+  const int rank = world->rank(), world_size = world->size();
   const Engine& engine = pipe.engine();
   const Config& c = engine.config();
-  // This stage's own parameters (a tied copy is its owner's), then summed over the stages.
-  const ParamStats stats = parameter_stats(engine.module()->parameters());
+  // The memory figures first (the checksum below allocates), every rank's over the world: the
+  // plain summary's keys (memory_figures.hpp).
+  MemoryFigures& mem = summary.memory;
+  mem.peak_rss_per_rank = gather_over(world, peak_rss_bytes(), a.device);
+  mem.peak_rss_bytes =
+      *std::max_element(mem.peak_rss_per_rank.begin(), mem.peak_rss_per_rank.end());
+  const DeviceMemory dm = device_memory(a.device);
+  mem.device_peak_per_rank = gather_over(
+      world, dm.available ? std::max(dm.peak_allocated, phases.overall()) : 0, a.device);
+  mem.device_peak_allocated_bytes =
+      *std::max_element(mem.device_peak_per_rank.begin(), mem.device_peak_per_rank.end());
+  for (int i = 0; i < kPhases; ++i)
+    mem.phase_measured[i] = max_over(world, phases.measured(static_cast<Phase>(i)), a.device);
+  mem.step_peaks.clear();
+  for (int64_t p : phases.step_peaks()) mem.step_peaks.push_back(max_over(world, p, a.device));
+  mem.steady_states = max_over(world, phases.after_step(), a.device);
+  // The whole model's (every stage's, every tensor-parallel rank's shards).
+  const ParamStats stats = pipeline_model_stats(pipe, grid.tp);
   const auto peaks = engine.all_gather_values(peak_rss_bytes());  // over the stage's dp ranks
   const int64_t peak = *std::max_element(peaks.begin(), peaks.end());
-  const auto per_stage =
-      pipe.gather_over_stages({stats.checksum, stats.norm * stats.norm, static_cast<double>(peak),
-                               static_cast<double>(engine.memory_report().measured.total())});
+  const auto per_stage = pipe.gather_over_stages(
+      {static_cast<double>(peak), static_cast<double>(engine.memory_report().measured.total())});
   if (rank != 0) return;
-  double norm_sq = 0;
-  summary.param_checksum = 0;
+  summary.param_checksum = stats.checksum;
+  summary.param_norm = stats.norm;
   const auto& b = pipe.bounds();
   summary.stages.resize(per_stage.size());
   for (size_t s = 0; s < per_stage.size(); ++s) {
-    summary.param_checksum += per_stage[s][0];
-    norm_sq += per_stage[s][1];
     summary.stages[s].first_layer = b[s];
     summary.stages[s].last_layer = b[s + 1] - 1;
-    summary.stages[s].peak_rss_bytes = static_cast<int64_t>(per_stage[s][2]);
-    summary.stages[s].model_states_bytes = static_cast<int64_t>(per_stage[s][3]);
+    summary.stages[s].peak_rss_bytes = static_cast<int64_t>(per_stage[s][0]);
+    summary.stages[s].model_states_bytes = static_cast<int64_t>(per_stage[s][1]);
   }
-  summary.param_norm = std::sqrt(norm_sq);
   summary.grid = grid.describe();
   summary.schedule = c.pipeline.schedule;
   summary.model = a.preset;
@@ -176,6 +196,10 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   // 7/8 of the model per process at P = 8, kept for nothing).
   model = Gpt(nullptr);
   tp_model = TpGpt(nullptr);
+  // Start-up memory as the plain trainer records it (the model and this stage's engine), and
+  // the allocator's peaks from here on: each step's, and the saves'.
+  const int64_t startup_peak = peak_rss_bytes(), after_initialize = rss_bytes();
+  PhasePeaks phases(a.device);
   const Engine& engine = pipe->engine();
   const Config& c = engine.config();  // batch sizes resolved for the data-parallel size
   const int rank = world->rank(), world_size = world->size();
@@ -225,7 +249,12 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   if (resume != "false" &&
       !(resume == "auto" && latest_checkpoint_tag(save_dir + "/stage0").empty())) {
     const std::string want = resume == "true" || resume == "auto" ? "" : resume;
-    const std::string tag = pipe->load_checkpoint(save_dir, want);
+    // One tag for every rank: the newest complete in every stage directory of its layout (a save
+    // cut short after stage 0 had published its part resumes every stage from the older one).
+    std::string note;
+    const std::string agreed = agree_pipeline_resume_tag(save_dir, want, &note, a.device, world);
+    if (rank == 0 && !note.empty()) std::printf("checkpoint: %s\n", note.c_str());
+    const std::string tag = pipe->load_checkpoint(save_dir, agreed);
     start_step = engine.stats().optimizer_steps;
     if (rank == 0) {
       std::printf("checkpoint: loaded %s/stage*/%s (step %lld)\n", save_dir.c_str(), tag.c_str(),
@@ -265,9 +294,29 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   stop_unless_every_rank_passed(problem, a.device, world);
   MetricsLog metrics(metrics_path);
   PipelineSummary summary;
+  summary.memory.startup_peak_rss_bytes = max_over(world, startup_peak, a.device);
+  summary.memory.rss_after_initialize_bytes = max_over(world, after_initialize, a.device);
   const double tokens_per_step = static_cast<double>(c.train_batch_size * a.seq_len);
   double first_loss = 0, last_loss = 0;
   const auto t0 = Clock::now();
+  // Each stage saves into save_dir/stage<s>/ over its data-parallel group; the tags keep_last
+  // drops go only once every rank has published the new one (checkpoint_agreement.hpp).
+  auto save = [&] {
+    phases.begin();
+    save_over_world([&] { pipe->save_checkpoint(save_dir, "", 0); },
+                    [&] {
+                      if (grid.dp_rank == 0)
+                        prune_checkpoints(pipe->stage_dir(save_dir), keep_last);
+                    },
+                    a.device, world);
+    phases.end(Phase::kSave);
+    if (rank == 0)
+      std::printf("checkpoint: saved %s/stage*/step%lld\n", save_dir.c_str(),
+                  (long long)engine.stats().optimizer_steps);
+  };
+  LauncherCheck launcher(
+      std::min(2.0, std::chrono::duration<double>(c.comm_timeout).count() / 4), c.steps_per_print,
+      world, a.device, [] { return launcher_exited(); }, start_step);
   for (int64_t step = start_step; step < a.steps; ++step) {
     const auto start = Clock::now();
     // Every rank draws its data-parallel share (the sampler stays in step); the first stage
@@ -279,7 +328,11 @@ int train_pipeline(const PipelineTrainerArgs& a) {
       targets.push_back(batch.targets.to(a.device));
     }
     const double data_s = std::chrono::duration<double>(Clock::now() - start).count();
+    phases.begin_step();
+    phases.begin();
     const float loss = pipe->train_batch(inputs, targets);
+    phases.end_phases();
+    phases.end_step();
     StepRecord rec;
     rec.step = step + 1;
     rec.total_steps = a.steps;
@@ -315,21 +368,31 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     metrics.write(rec);
     if (monitors) monitors->write(rec, rec.step * c.train_batch_size);  // DeepSpeed's x: samples
     if (rank == 0) summary.records.push_back(rec);
-    if (save_interval > 0 && rec.step % save_interval == 0) {
-      pipe->save_checkpoint(save_dir, "", keep_last);
-      if (rank == 0)
-        std::printf("checkpoint: saved %s/stage*/step%lld\n", save_dir.c_str(),
-                    (long long)rec.step);
-    }
+    const bool saved = save_interval > 0 && rec.step % save_interval == 0;
+    if (saved) save();
     const bool log = rec.step % c.steps_per_print == 0 || step == 0 || rec.step == a.steps;
     if (rank == 0 && log) {
       std::printf("%s\n", format_progress(rec).c_str());
       std::printf("%s\n", format_stages(stage_values).c_str());
       std::fflush(stdout);
     }
+    // Ranks whose launcher died stop together, every stage at the same step, after a last
+    // checkpoint when saving is on (the plain trainer's check_launcher).
+    if (launcher.launcher_gone(rec.step, log)) {
+      std::string what = "stopping at step " + std::to_string(rec.step);
+      if (save_interval > 0) {
+        if (!saved) save();
+        what += " after saving " + save_dir + "/stage*/step" + std::to_string(rec.step) +
+                " (continue with trainer.resume: auto)";
+      }
+      throw LaunchError(
+          "the launcher" +
+          (launcher_pid() > 0 ? " (pid " + std::to_string(launcher_pid()) + ")" : std::string()) +
+          " exited during training; " + what);
+    }
   }
   if (rank == 0) std::printf("done: loss %.4f -> %.4f\n", first_loss, last_loss);
-  write_summary(a, *pipe, grid, rank, world_size, summary);
+  write_summary(a, *pipe, grid, world, phases, summary);
   return 0;
 }
 

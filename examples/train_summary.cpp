@@ -1,6 +1,7 @@
 #include "train_summary.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include "json_text.hpp"
 #include "zero/device.hpp"
+#include "zero/tensor_parallel.hpp"
 
 namespace zero::examples {
 namespace {
@@ -54,12 +56,41 @@ ParamStats parameter_stats(const std::vector<at::Tensor>& params, int64_t chunk_
   return out;
 }
 
+ParamStats whole_model_stats(const torch::nn::Module& model, const std::shared_ptr<Group>& tp) {
+  if (!tp || tp->size() == 1) return parameter_stats(model.parameters());
+  std::vector<at::Tensor> split, replicated;
+  for (const auto& p : tensor_parallel::placements(model, /*sequence_parallel=*/false))
+    (p.placement.sharded ? split : replicated).push_back(p.param);
+  const ParamStats mine = parameter_stats(split), once = parameter_stats(replicated);
+  at::NoGradGuard no_grad;
+  const c10::Device device =
+      split.empty() ? c10::Device(c10::kCPU) : split.front().device();  // what the group moves
+  const at::Tensor sums =
+      tensor_parallel::reduce_from_region(
+          at::tensor({mine.checksum, mine.norm * mine.norm}, at::kDouble).to(device), tp)
+          .cpu();
+  ParamStats out;
+  out.checksum = sums[0].item<double>() + once.checksum;
+  out.norm = std::sqrt(sums[1].item<double>() + once.norm * once.norm);
+  return out;
+}
+
 int64_t peak_rss_bytes() { return status_bytes("VmHWM:"); }
 int64_t rss_bytes() { return status_bytes("VmRSS:"); }
 
+namespace {
+
+// Every rank's value: over the whole world when the trainer set it (under tensor or pipeline
+// parallelism the engine's group is one data-parallel group), else the engine's group.
+std::vector<int64_t> over_ranks(const TrainSummary& s, const Engine& engine, int64_t v) {
+  return s.world ? gather_over(s.world, v, s.device) : engine.all_gather_values(v);
+}
+
+}  // namespace
+
 void TrainSummary::record_startup(const Engine& engine, int64_t peak, int64_t after) {
   // Max over ranks, like every memory figure of the summary.
-  const auto peaks = engine.all_gather_values(peak), afters = engine.all_gather_values(after);
+  const auto peaks = over_ranks(*this, engine, peak), afters = over_ranks(*this, engine, after);
   startup_peak_rss_bytes = *std::max_element(peaks.begin(), peaks.end());
   rss_after_initialize_bytes = *std::max_element(afters.begin(), afters.end());
 }
@@ -74,7 +105,7 @@ void TrainSummary::record_phases(const Engine& engine, const PhasePeaks& phases,
                                  const std::array<int64_t, kPhases>& predicted,
                                  int64_t bucket_bytes, int64_t activations) {
   auto max_over_ranks = [&](int64_t v) {
-    const auto all = engine.all_gather_values(v);
+    const auto all = over_ranks(*this, engine, v);
     return *std::max_element(all.begin(), all.end());
   };
   for (int i = 0; i < kPhases; ++i) {
@@ -95,7 +126,7 @@ void TrainSummary::finish(const Engine& engine, torch::nn::Module& model,
                           double loader_wait_s, RunShape run) {
   // Every rank's peak, not rank 0's alone: ranks differ (rank 0 serves the store, shards and
   // buckets are uneven), and what must fit is the largest.
-  peak_rss_per_rank = engine.all_gather_values(examples::peak_rss_bytes());
+  peak_rss_per_rank = over_ranks(*this, engine, examples::peak_rss_bytes());
   peak_rss_bytes = *std::max_element(peak_rss_per_rank.begin(), peak_rss_per_rank.end());
   offload_peak_host_bytes = offloader ? offloader->stats().peak_host_bytes : 0;
   const auto params = model.parameters();
@@ -103,13 +134,13 @@ void TrainSummary::finish(const Engine& engine, torch::nn::Module& model,
     const DeviceMemory m = device_memory(params.front().device());
     // The allocator's peak restarts with each phase (phase_peaks.hpp): the run's is theirs.
     device_peak_per_rank =
-        engine.all_gather_values(m.available ? std::max(m.peak_allocated, phase_overall_) : 0);
+        over_ranks(*this, engine, m.available ? std::max(m.peak_allocated, phase_overall_) : 0);
     device_peak_allocated_bytes =
         *std::max_element(device_peak_per_rank.begin(), device_peak_per_rank.end());
   }
   // Only now, so that the peaks above are training's: the checksum allocates (one parameter's
   // worth at most).
-  const ParamStats stats = parameter_stats(params);
+  const ParamStats stats = whole_model_stats(model, tensor_parallel);
   param_checksum = stats.checksum;
   param_norm = stats.norm;
   checkpointing = policy.enabled;
@@ -154,20 +185,23 @@ double TrainSummary::median_step_s() const {
   return t[t.size() / 2];
 }
 
-std::string TrainSummary::phase_json() const {
-  // {"forward": {"measured": 123, "predicted": 120}, ...}; measured null where no allocator
-  // peak exists (CPU). Predicted: the planner's model states on the device plus the activations
-  // alive in that phase (initialize: plan_startup_peak); the step's and backward's transients
-  // are not modelled, so a measured phase above its prediction by about a bucket is expected.
-  std::string j = "{";
-  for (int i = 0; i < kPhases; ++i) {
-    j += std::string(i ? ", " : "") + "\"" + phase_name(static_cast<Phase>(i)) +
-         "\": {\"measured\": " +
-         (phase_measured[i] >= 0 ? std::to_string(phase_measured[i]) : std::string("null")) +
-         ", \"predicted\": " + std::to_string(phase_predicted[i]) + "}";
-  }
-  return j + "}";
+MemoryFigures TrainSummary::memory_figures() const {
+  MemoryFigures m;
+  m.peak_rss_bytes = peak_rss_bytes;
+  m.peak_rss_per_rank = peak_rss_per_rank;
+  m.device_peak_per_rank = device_peak_per_rank;
+  m.device_peak_allocated_bytes = device_peak_allocated_bytes;
+  m.startup_peak_rss_bytes = startup_peak_rss_bytes;
+  m.rss_after_initialize_bytes = rss_after_initialize_bytes;
+  m.phase_measured = phase_measured;
+  m.phase_predicted = phase_predicted;
+  m.step_peaks = step_peaks;
+  m.steady_states = steady_states;
+  m.phase_bound = phase_bound;
+  return m;
 }
+
+std::string TrainSummary::phase_json() const { return memory_figures().phase_json(); }
 
 void TrainSummary::write_json(const std::string& path, const Engine& engine,
                               const std::string& preset, const GptConfig& mc, int64_t seq_len,
@@ -181,11 +215,6 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
     return s / std::max<size_t>(1, records.size() - (records.size() > 1 ? 1 : 0));
   };
   auto b = [](bool v) { return v ? "true" : "false"; };
-  auto list = [](const std::vector<int64_t>& v) {
-    std::string j = "[";
-    for (size_t i = 0; i < v.size(); ++i) j += (i ? ", " : "") + std::to_string(v[i]);
-    return j + "]";
-  };
   out.precision(17);
   out << "{\n  \"world_size\": " << engine.world_size() << ",\n  \"stage\": " << engine.stage()
       << ",\n  \"steps\": " << records.size() << ",\n  \"model\": " << quoted(preset)
@@ -201,7 +230,6 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"data_s_mean\": " << Num{mean(&StepRecord::data_s)}
       << ",\n  \"tokens_per_s_mean\": " << Num{mean(&StepRecord::tokens_per_s)}
       << ",\n  \"mfu_mean\": " << Num{mean(&StepRecord::mfu)}
-      << ",\n  \"device_peak_allocated_bytes\": " << device_peak_allocated_bytes
       << ",\n  \"data_wait_s\": " << Num{data_wait_s}
       << ",\n  \"comm_wait_seconds\": " << Num{engine.stats().comm_wait_seconds}
       << ",\n  \"skipped_steps\": " << engine.settled_stats().skipped_steps
@@ -210,15 +238,7 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"optimizer_offload\": " << b(c.zero_optimization.offload_optimizer.enabled)
       << ",\n  \"offload_peak_host_bytes\": " << offload_peak_host_bytes
       << ",\n  \"allgather_wait_s_mean\": " << Num{mean(&StepRecord::allgather_wait_s)}
-      << ",\n  \"peak_rss_bytes\": " << peak_rss_bytes
-      << ",\n  \"startup_peak_rss_bytes\": " << startup_peak_rss_bytes
-      << ",\n  \"rss_after_initialize_bytes\": " << rss_after_initialize_bytes
-      << ",\n  \"peak_rss_bytes_per_rank\": " << list(peak_rss_per_rank)
-      << ",\n  \"device_peak_allocated_bytes_per_rank\": " << list(device_peak_per_rank)
-      << ",\n  \"phase_peaks\": " << phase_json()
-      << ",\n  \"phase_step_peaks\": " << list(step_peaks)
-      << ",\n  \"steady_states_bytes\": " << steady_states
-      << ",\n  \"phase_bound_bytes\": " << phase_bound << ",\n  \"seq_len\": " << seq_len
+      << memory_figures().json_fields() << ",\n  \"seq_len\": " << seq_len
       << ",\n  \"train_batch_size\": " << c.train_batch_size;
   const Verdict& v = verdict;
   out << ",\n  \"bottleneck\": {\"verdict\": " << quoted(bottleneck_name(v.kind))

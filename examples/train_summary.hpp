@@ -5,11 +5,13 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "bottleneck.hpp"
 #include "gpt.hpp"
+#include "memory_figures.hpp"
 #include "metrics.hpp"
 #include "phase_peaks.hpp"
 #include "zero/engine.hpp"
@@ -17,6 +19,12 @@
 namespace zero::examples {
 
 struct TrainSummary {
+  // The ranks the memory figures are gathered over and the checksum's tensor-parallel group:
+  // every process of the run (set by the trainer; unset: the engine's data-parallel group), and
+  // the device the gathers move.
+  std::shared_ptr<Group> world, tensor_parallel;
+  c10::Device device = c10::Device(c10::kCPU);
+
   double first_loss = NAN, final_loss = NAN;
   double param_checksum = 0, param_norm = 0;
   std::vector<StepRecord> records;
@@ -53,7 +61,8 @@ struct TrainSummary {
   // the full parameters (every rank holds them after a step), one at a time. `run` says what
   // the verdict's advice depends on; its memory_used is filled in here.
   // `model`: the trained module (under tensor parallelism this rank's shards: the checksum and
-  // norm are then tensor-parallel rank 0's part); `offloader`: the activation offloader, if any.
+  // norm are the whole model's, whole_model_stats over `tensor_parallel`); `offloader`: the
+  // activation offloader, if any.
   void finish(const Engine& engine, torch::nn::Module& model,
               const zero::ActivationOffloader* offloader, const CheckpointPolicy& policy,
               const std::string& data_description, double loader_wait_s, RunShape run);
@@ -61,6 +70,8 @@ struct TrainSummary {
   StepTimes mean_times() const;
   // Median over the steps after the first, which pays for allocations and connection set-up.
   double median_step_s() const;
+  // The memory keys as every layout's summary writes them (memory_figures.hpp).
+  MemoryFigures memory_figures() const;
   void write_json(const std::string& path, const Engine& engine, const std::string& preset,
                   const GptConfig& mc, int64_t seq_len,
                   const std::vector<MemoryReport>& reports) const;
@@ -74,6 +85,11 @@ struct ParamStats {
   double checksum = 0, norm = 0;
 };
 ParamStats parameter_stats(const std::vector<at::Tensor>& params, int64_t chunk_numel = 1 << 24);
+// The same for the whole model when `model` is this rank's part of a tensor-parallel model over
+// `tp` (null or size 1: `model` is whole): the split parameters' sums and squares are added over
+// the group, the replicated ones (tensor_parallel::placements: the norms) counted once, so the
+// figures equal the unsplit model's (up to the order of the fp64 sums). A collective over `tp`.
+ParamStats whole_model_stats(const torch::nn::Module& model, const std::shared_ptr<Group>& tp);
 
 // Peak resident memory of this process (Linux VmHWM): on CPU it is where activations show up.
 int64_t peak_rss_bytes();

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "checkpoint_agreement.hpp"
 #include "file_checks.hpp"
 #include "hf_llama.hpp"
 #include "startup_agreement.hpp"
@@ -386,12 +387,16 @@ void Trainer::resume() {
   }
   const auto t = Clock::now();
   const std::string want = resume_ == "true" || resume_ == "auto" ? "" : resume_;
-  // The directories that hold the save, this rank's own first (its random-generator states).
-  std::vector<std::string> dirs = checkpoint_dirs(save_root_, want);
-  if (dirs.empty()) dirs = {save_dir_};  // load_checkpoint says what is missing
-  const auto own = std::find(dirs.begin(), dirs.end(), save_dir_);
-  if (own != dirs.end()) std::rotate(dirs.begin(), own, own + 1);
-  const std::string tag = engine_->load_checkpoint(dirs, want);
+  // The save's directories (this rank's own first: its random-generator states) and one tag for
+  // every rank of the world: the newest complete in every tensor-parallel rank's directory, so
+  // that a save cut short after some of them had published theirs resumes all from the older.
+  const ResumePoint point = agree_resume_point(save_root_, want, save_dir_, device_, world_);
+  const std::vector<std::string>& dirs = point.dirs;
+  if (rank_ == 0 && !point.note.empty()) {
+    std::printf("checkpoint: %s\n", point.note.c_str());
+    std::fflush(stdout);
+  }
+  const std::string tag = engine_->load_checkpoint(dirs, point.tag);
   report_io("loaded", dirs.front(), tag, std::chrono::duration<double>(Clock::now() - t).count());
   const size_t saved_tp = dirs.front() == save_root_ ? 1 : dirs.size();
   const int tp_size = tp_model_ ? layout_.tp->size() : 1;

@@ -73,6 +73,8 @@ class Trainer {
   StepRecord run_step(int64_t step);
   // Saves when the interval says so; true if it saved.
   bool maybe_save(const StepRecord& rec);
+  // Saves this rank's part (save_dir_), agreed over the world (checkpoint_agreement.hpp).
+  void save();
   // Ranks whose launcher died stop together, after a last checkpoint (throws LaunchError).
   void check_launcher(const StepRecord& rec, bool log, bool saved);
   // Print step: the window's losses read back once, written to the metrics and monitors.
@@ -120,8 +122,7 @@ class Trainer {
   std::optional<LauncherCheck> launcher_check_;
   TrainSummary sum_;
   int64_t start_step_ = 0;
-  Clock::time_point t0_, last_check_;
-  int64_t checked_step_ = 0;
+  Clock::time_point t0_;
   // Losses stay on the device until a print step: then the window's losses are averaged over
   // ranks in one collective and read once, so the host never waits for the device mid-window.
   std::vector<StepRecord> window_;

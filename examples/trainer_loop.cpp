@@ -8,10 +8,13 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "checkpoint_agreement.hpp"
 #include "trainer.hpp"
 #include "zero/auto_strategy.hpp"
+#include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/errors.hpp"
+#include "zero/launcher.hpp"
 #include "zero/memory_plan.hpp"
 #include "zero/parallel_plan.hpp"
 #include "zero/time_plan.hpp"
@@ -43,6 +46,10 @@ void Trainer::report_io(const char* verb, const std::string& dir, const std::str
 void Trainer::train() {
   const Config& c = engine_->config();
   metrics_.emplace(rank_ == 0 ? cfg_.extra_string("trainer.metrics_file") : "");
+  // The summary's memory figures over every process, its checksum and norm the whole model's.
+  sum_.world = world_;
+  sum_.device = device_;
+  if (tp_model_) sum_.tensor_parallel = layout_.tp;
   sum_.record_startup(*engine_, startup_peak_, after_initialize_);
   t0_ = Clock::now();
   utilisation_.emplace(device_);  // rank 0's device, per print interval
@@ -50,9 +57,11 @@ void Trainer::train() {
   // rest for the last checkpoint; an all-reduce of two numbers and a host sync every 2 s are a
   // negligible share of the training time).
   const double comm_timeout_s = std::chrono::duration<double>(c.comm_timeout).count();
-  launcher_check_.emplace(std::min(2.0, comm_timeout_s / 4), c.steps_per_print);
-  last_check_ = Clock::now();
-  checked_step_ = start_step_;
+  // Agreed over every process (the tensor-parallel and data-parallel ranks alike), so that all
+  // of them check at the same steps and stop at the same one.
+  launcher_check_.emplace(
+      std::min(2.0, comm_timeout_s / 4), c.steps_per_print, world_, device_,
+      [] { return launcher_exited(); }, start_step_);
   for (int64_t step = start_step_; step < steps_; ++step) {
     StepRecord rec = run_step(step);
     window_.push_back(rec);
@@ -122,11 +131,22 @@ bool Trainer::maybe_save(const StepRecord& rec) {
   if (save_interval_ <= 0 || rec.step % save_interval_ != 0) return false;
   const auto t = Clock::now();
   phases_->begin();
-  engine_->save_checkpoint(save_dir_, "", keep_last_);
+  save();
   phases_->end(Phase::kSave);
   report_io("saved", save_dir_, "step" + std::to_string(engine_->stats().optimizer_steps),
             since(t));
   return true;
+}
+
+void Trainer::save() {
+  // Each tensor-parallel rank saves into its own directory over its data-parallel group; the
+  // tags keep_last drops go only once every rank of the world has published the new one, so a
+  // save cut short leaves every directory the previous tag (agree_resume_point resumes from it).
+  save_over_world([&] { engine_->save_checkpoint(save_dir_, "", 0); },
+                  [&] {
+                    if (engine_->rank() == 0) prune_checkpoints(save_dir_, keep_last_);
+                  },
+                  device_, world_);
 }
 
 void Trainer::check_launcher(const StepRecord& rec, bool log, bool saved) {
@@ -134,21 +154,10 @@ void Trainer::check_launcher(const StepRecord& rec, bool log, bool saved) {
   // they agree to stop at the same step, after a last checkpoint when saving is on. Agreeing
   // costs an all-reduce and a host sync: at print steps, and often enough between them to stop
   // within a few seconds (LauncherCheck), not at every step.
-  if (!launcher_check_->due(rec.step, log)) return;
-  const at::Tensor agreed =
-      engine_
-          ->all_reduce_mean(
-              at::tensor({launcher_exited() ? 1.0 : 0.0,
-                          since(last_check_) / static_cast<double>(rec.step - checked_step_)},
-                         at::kDouble))
-          .cpu();
-  launcher_check_->checked(rec.step, agreed[1].item<double>());
-  last_check_ = Clock::now();
-  checked_step_ = rec.step;
-  if (agreed[0].item<double>() == 0) return;
+  if (!launcher_check_->launcher_gone(rec.step, log)) return;
   std::string what = "stopping at step " + std::to_string(rec.step);
   if (save_interval_ > 0) {
-    if (!saved) engine_->save_checkpoint(save_dir_, "", keep_last_);
+    if (!saved) save();
     what += " after saving " + save_dir_ + "/step" +
             std::to_string(engine_->stats().optimizer_steps) +
             " (continue with trainer.resume: auto)";

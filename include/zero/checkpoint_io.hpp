@@ -85,6 +85,19 @@ std::vector<std::pair<std::string, at::Tensor>> read_consolidated(
 // steps (tag ""), or the flat one. Empty when neither does. Reads manifests only.
 std::vector<std::string> checkpoint_dirs(const std::string& save_dir, const std::string& tag = "");
 
+// Whether dir/tag is a complete checkpoint: its manifest.json reads back and every shard file it
+// lists is there with the size it records (a save writes the manifest last, into a directory it
+// renames into place only then, so a save cut short leaves no such directory). Reads no payload.
+bool checkpoint_complete(const std::string& dir, const std::string& tag);
+// The complete checkpoints in `dir`, newest (most optimizer steps) first; `latest` is not
+// consulted. Empty when there are none (or no such directory).
+std::vector<CheckpointInfo> complete_checkpoints(const std::string& dir);
+// The newest tag that is complete in every one of `dirs` (the tensor-parallel ranks' or the
+// pipeline stages' directories of one save): the one a run resumes from when a save was cut
+// short after some of them had written theirs (their `latest` then names a tag the others lack).
+// "" when no tag is complete in all of them.
+std::string newest_common_checkpoint(const std::vector<std::string>& dirs);
+
 // Writes `tensors` as a safetensors file (cast to `dtype`: at::kFloat or at::kBFloat16),
 // atomically. `metadata` lands in the header's "__metadata__".
 void write_safetensors(const std::string& path,

@@ -125,6 +125,24 @@ one, two = json.load(open(f"{out}/p1.json")), json.load(open(f"{out}/p2.json"))
 rel = abs(one["param_norm"] - two["param_norm"]) / one["param_norm"]
 print("parameter norm P = 1", one["param_norm"], "P = 2", two["param_norm"], "rel diff", rel)
 assert rel < 1e-5
+# P = 2 x T = 2's is the whole model's too (the tensor-parallel shards summed, the replicated
+# norms once), not tensor-parallel rank 0's shards.
+rel = abs(one["param_norm"] - s["param_norm"]) / one["param_norm"]
+print("parameter norm P = 1", one["param_norm"], "P = 2 x T = 2", s["param_norm"], "rel diff", rel)
+assert rel < 1e-4
+# One schema: the pipeline's summary has every memory key of the plain one, measured.
+memory = ["peak_rss_bytes", "peak_rss_bytes_per_rank", "device_peak_allocated_bytes",
+          "device_peak_allocated_bytes_per_rank", "startup_peak_rss_bytes",
+          "rss_after_initialize_bytes", "phase_peaks", "phase_step_peaks", "steady_states_bytes",
+          "phase_bound_bytes"]
+missing = [(k, f) for k in memory for f, d in (("p1", one), ("p2", two)) if k not in d]
+assert not missing, missing
+assert set(two["phase_peaks"]) == set(one["phase_peaks"]), (two["phase_peaks"], one["phase_peaks"])
+assert len(two["peak_rss_bytes_per_rank"]) == 2 and min(two["peak_rss_bytes_per_rank"]) > 0, two
+assert len(s["peak_rss_bytes_per_rank"]) == 4, s
+assert len(two["phase_step_peaks"]) == two["steps"] and min(two["phase_step_peaks"]) > 0, two
+assert two["phase_peaks"]["initialize"]["measured"] > 0, two["phase_peaks"]
+assert two["startup_peak_rss_bytes"] > 0 and two["steady_states_bytes"] > 0, two
 PY
 }
 check "the summary reports each stage, the monitor the losses" pipeline_reports
