@@ -56,6 +56,9 @@ class C10dGroup final : public Group {
   Work send(at::Tensor& t, int dst, const std::string& what, int tag) override;
   Work recv(at::Tensor& t, int src, const std::string& what, int tag) override;
   std::shared_ptr<Group> split(int color, int key, const std::string& name) override;
+  void connect(const std::string& what) override;
+  bool connected() const override { return p_.size == 1 || connected_; }
+  void connect_peer(int peer, bool sender, const std::string& what) override;
 
  private:
   Work wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const;
@@ -69,11 +72,15 @@ class C10dGroup final : public Group {
   void check_peer(int r, const char* role, const std::string& what) const;
   // Every rank's (color, key) for split number `n`, in rank order.
   std::vector<std::pair<int, int>> exchange(int n, int color, int key);
+  // The one-element tensor connect() and connect_peer() move: on the bound GPU under NCCL, on
+  // the host otherwise (a staged group's backend is gloo).
+  at::Tensor probe() const;
 
   Parts p_;
   // A collective of this group failed: closing it then aborts instead of flushing.
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
   int splits_ = 0;  // split() calls so far: each gets store keys of its own
+  bool connected_ = false;
 };
 
 }  // namespace zero::comm
