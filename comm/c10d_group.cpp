@@ -224,6 +224,47 @@ Work C10dGroup::recv(at::Tensor& t, int src, const std::string& what, int tag) {
   return w;
 }
 
+at::Tensor C10dGroup::probe() const {
+  if (p_.opts.device != c10::DeviceType::CUDA) return at::ones({1});
+  const auto device = p_.backend->getBoundDeviceId();
+  TORCH_CHECK(device, "zero: ", who(), ": an NCCL group without a bound device");
+  return at::ones({1}, at::TensorOptions().device(*device));
+}
+
+void C10dGroup::connect(const std::string& what) {
+  if (p_.size == 1) return;
+  if (p_.opts.device == c10::DeviceType::CUDA) {
+    // This thread's current GPU must be the group's (from_env builds on a helper thread).
+    nccl_use_bound_device(*p_.backend);
+    if (const auto device = p_.backend->getBoundDeviceId()) {
+      p_.backend->eagerConnectSingleDevice(*device);
+    }
+  }
+  at::Tensor t = probe();
+  std::vector<at::Tensor> ts{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = p_.opts.timeout;
+  wrap(p_.backend->allreduce(ts, o), "connecting group " + p_.name + " (" + what + ")").wait();
+  // On the host the sum is there to check; on a GPU reading it would sync the host for nothing.
+  if (p_.opts.device != c10::DeviceType::CUDA) {
+    TORCH_CHECK(t.item<float>() == static_cast<float>(p_.size), "zero: ", who(),
+                ": connecting group ", p_.name, " summed ", t.item<float>(), " over ", p_.size,
+                " ranks");
+  }
+  connected_ = true;
+}
+
+void C10dGroup::connect_peer(int r, bool sender, const std::string& what) {
+  check_peer(r, sender ? "destination" : "source", what);
+  std::vector<at::Tensor> ts{probe()};
+  if (sender) {
+    wrap(p_.backend->send(ts, r, 0), what + " (connecting, send to " + peer(r) + ")").wait();
+  } else {
+    wrap(p_.backend->recv(ts, r, 0), what + " (connecting, recv from " + peer(r) + ")").wait();
+  }
+}
+
 std::vector<std::pair<int, int>> C10dGroup::exchange(int n, int color, int key) {
   const std::string base = "split/" + std::to_string(n) + "/";
   std::vector<std::string> keys;
@@ -304,7 +345,10 @@ std::shared_ptr<Group> C10dGroup::split(int color, int key, const std::string& n
                       join(c.global_ranks) + ") failed (" + c10d_message(e) + "): " + gone);
     }
   }
-  return std::make_shared<C10dGroup>(std::move(c));
+  auto child = std::make_shared<C10dGroup>(std::move(c));
+  // The split's groups are disjoint: each connects among its own ranks, none waits on another.
+  child->connect("made by split " + std::to_string(n) + " of group " + p_.name);
+  return child;
 }
 
 std::string C10dGroup::gone_peers() const { return p_.liveness ? p_.liveness->gone_now() : ""; }

@@ -65,6 +65,9 @@ class C10dGroup final : public Group {
   // The world heartbeat's word on the peers gone now ("rank 2 is gone (...)"; world ranks), for
   // a wait outside the backend; "" when none is known gone or there is no heartbeat (tests).
   std::string gone_peers() const;
+  void connect(const std::string& what) override;
+  bool connected() const override { return p_.size == 1 || connected_; }
+  void connect_peer(int peer, bool sender, const std::string& what) override;
 
  private:
   Work wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const;
@@ -78,12 +81,16 @@ class C10dGroup final : public Group {
   void check_peer(int r, const char* role, const std::string& what) const;
   // Every rank's (color, key) for split number `n`, in rank order.
   std::vector<std::pair<int, int>> exchange(int n, int color, int key);
+  // The one-element tensor connect() and connect_peer() move: on the bound GPU under NCCL, on
+  // the host otherwise (a staged group's backend is gloo).
+  at::Tensor probe() const;
 
   Parts p_;
   // A collective of this group failed: closing it then aborts instead of flushing.
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
   int splits_ = 0;  // split() calls so far: each gets store keys of its own
   int instances_ = 0;
+  bool connected_ = false;
 };
 
 }  // namespace zero::comm

@@ -48,6 +48,11 @@ class CountingGroup final : public Group {
   Work all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) override;
   Work broadcast(at::Tensor& t, int root, const std::string& what) override;
   void barrier(const std::string& what) override { inner_->barrier(what); }
+  void connect(const std::string& what) override { inner_->connect(what); }
+  bool connected() const override { return inner_->connected(); }
+  void connect_peer(int peer, bool sender, const std::string& what) override {
+    inner_->connect_peer(peer, sender, what);
+  }
   Work send(at::Tensor& t, int dst, const std::string& what, int tag) override;
   Work recv(at::Tensor& t, int src, const std::string& what, int tag) override;
   // A subgroup is counted on its own: split() returns a CountingGroup around the inner group's

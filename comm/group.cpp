@@ -87,7 +87,9 @@ std::shared_ptr<Group> Group::over_store(const c10::intrusive_ptr<c10d::Store>& 
                     ? make_nccl(store, rank, size, opts)
                     : make_gloo(store, rank, size, opts, p.interface_hint);
   }
-  return std::make_shared<C10dGroup>(std::move(p));
+  auto g = std::make_shared<C10dGroup>(std::move(p));
+  g->connect("over_store");
+  return g;
 }
 
 }  // namespace zero::comm

@@ -120,6 +120,28 @@ class Group : public zero::Group {
   virtual Work send(at::Tensor& t, int dst, const std::string& what, int tag = 0) = 0;
   virtual Work recv(at::Tensor& t, int src, const std::string& what, int tag = 0) = 0;
 
+  // Eager connection. NCCL creates a group's communicator at its first collective and a pair's
+  // point-to-point channel at its first message: lazily, in the middle of step 1 with kernels in
+  // flight, each rank reaching them in its own order (NCCL's maintainers warn that this can
+  // deadlock). So every group is connected as it is made (from_env, over_store and split call
+  // connect() before they return: in the order the ranks make their groups, which split already
+  // requires to be the same everywhere), and whoever will send point to point connects its pairs
+  // at construction in one global order (the pipeline runtime).
+  //
+  // connect(): a collective over the group. NCCL: the bound device's communicator
+  // (ProcessGroupNCCL::eagerConnectSingleDevice, what init_process_group(device_id=) does), then
+  // one one-element all-reduce; gloo, which connects every pair when it is built: the
+  // all-reduce, so a rank that never gets here fails now, not in step 1. No-op for a group of
+  // one or without a backend of its own.
+  virtual void connect(const std::string& what) { (void)what; }
+  // Whether connect() completed (true for a group of one or without a backend).
+  virtual bool connected() const { return true; }
+  // This rank and `peer` call it together, `sender` true on the side whose messages will go to
+  // the other: one one-element message that way (NCCL: the pair's channel is made now).
+  virtual void connect_peer(int peer, bool sender, const std::string& what) {
+    (void)peer, (void)sender, (void)what;
+  }
+
   // MPI_Comm_split / MLX's Group::split: every rank of this group calls it (in the same order
   // as its other splits); the ranks that pass the same `color` form a new group, ordered by
   // `key` (ties by their rank here). A negative color takes no part: that rank gets nullptr.

@@ -225,8 +225,8 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
     }
 
     // 4. A first barrier: every rank got this far. Gloo only: NCCL's barrier runs on the calling
-    // thread's current CUDA device, which this helper thread does not share; there the
-    // engine's first collective, on the right device and under comm_timeout_s, stands in.
+    // thread's current CUDA device, which this helper thread does not share; there the group's
+    // connect() on the caller's thread, on the right device and under comm_timeout_s, stands in.
     if (opts.device != c10::DeviceType::CPU) return;
     stage->set("the first barrier across all ranks",
                "a rank connected but did not reach the first barrier: check its log");
@@ -267,7 +267,11 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& opts) {
   g.opts = opts;
   g.interface_hint = is_loopback(info.master_addr) ? "127.0.0.1" : "";
   g.liveness = parts->live;
-  return std::make_shared<C10dGroup>(std::move(g));
+  auto group = std::make_shared<C10dGroup>(std::move(g));
+  // NCCL's communicator now, on this (the caller's) thread and its GPU, not at the first
+  // collective of step 1 (comm/group.hpp, connect()).
+  group->connect("start-up");
+  return group;
 }
 
 }  // namespace zero::comm

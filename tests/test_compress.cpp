@@ -20,9 +20,11 @@
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/group.hpp"
+#include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
 #include "zero/compress/error_feedback.hpp"
 #include "zero/compress/quantize.hpp"
@@ -256,8 +258,8 @@ struct Drift {
   double last_half_scale = 0;      // max over blocks of the last step's scale / 2
 };
 
-Drift drift(int bits, int steps, int64_t n, int64_t block) {
-  ErrorFeedback ef({n}, bits, block, at::TensorOptions());
+Drift drift(int bits, int steps, int64_t n, int64_t block, at::ScalarType store = at::kFloat) {
+  ErrorFeedback ef({n}, bits, block, at::TensorOptions(), store);
   at::Tensor sum_g = at::zeros({n}, at::kDouble);
   at::Tensor sum_sent = at::zeros({n}, at::kDouble);
   at::Tensor sum_plain = at::zeros({n}, at::kDouble);
@@ -300,6 +302,89 @@ TEST(ErrorFeedback, AccumulatedSumIsExactAndWithoutItErrorGrows) {
     // and far beyond the half step that feedback keeps.
     EXPECT_GT(d.plain_err, 2.0 * short_run.plain_err);
     EXPECT_GT(d.plain_err, 5.0 * d.last_half_scale);
+  }
+}
+
+// Residuals kept in 16 bits or as int8 codes (zero_quantized_gradients_error_feedback_dtype):
+// what the storage rounds away is lost once per step, a small fraction of a quantization step,
+// so the sum sent stays far closer to the sum of the gradients than without feedback.
+TEST(ErrorFeedback, NarrowStorageStaysWithinItsRoundingOfExact) {
+  const int64_t n = 5000, block = 128;
+  const int steps = 100;
+  for (int bits : {8, 4}) {
+    const double qmax = bits == 8 ? 127.0 : 7.0;
+    for (auto [store, lost] : {std::pair{at::kBFloat16, std::ldexp(1.0, -8)},
+                               std::pair{at::kHalf, std::ldexp(1.0, -10)},
+                               std::pair{at::kChar, 1.0 / 254}}) {
+      const Drift d = drift(bits, steps, n, block, store);
+      // Per step at most `lost` of the residual, itself at most half a step of max|x| / qmax
+      // (randn inputs: max|x| < 6).
+      const double bound = steps * lost * 6.0 / (2 * qmax);
+      std::printf("int%d, residual as %s: max|sum sent + residual - sum g| = %.3g (bound %.3g), "
+                  "without feedback %.3g\n",
+                  bits, c10::toString(store), d.feedback_err, bound, d.plain_err);
+      EXPECT_LE(d.feedback_err, bound) << c10::toString(store);
+      EXPECT_LT(d.feedback_err, d.plain_err / 20) << c10::toString(store);
+      EXPECT_LE(d.residual_over_bound, 1.0 + 1e-2) << c10::toString(store);
+    }
+  }
+}
+
+// The residuals' bytes as the fake accelerator's allocator counts them, exactly, against
+// bytes() (what the memory report adds) and residual_bytes (what planners use): per element 4
+// (fp32), 2 (bf16, fp16), 1 + 4 / block (int8 codes, one fp32 scale per block).
+TEST(ErrorFeedback, StorageBytesAreWhatTheAllocatorCounts) {
+  const c10::Device dev = testing::fake::device(0);
+  const std::vector<int64_t> numels{5000, 37, 4096};
+  const int64_t block = 128, total = 5000 + 37 + 4096;
+  for (auto [store, per_element] :
+       {std::pair{at::kFloat, 4.0}, std::pair{at::kBFloat16, 2.0}, std::pair{at::kHalf, 2.0},
+        std::pair{at::kChar, 1.0 + 4.0 / block}}) {
+    const int64_t before = testing::fake::allocated_bytes(0);
+    int64_t held = 0, formula = 0;
+    {
+      ErrorFeedback ef(numels, 8, block, at::TensorOptions().device(dev), store);
+      held = testing::fake::allocated_bytes(0) - before;
+      for (int64_t n : numels) formula += residual_bytes(n, store, block);
+      EXPECT_EQ(held, ef.bytes()) << c10::toString(store);
+      // A step on the device keeps the storage where and as it was.
+      ef.compress_rows(0, randn(5000, 1).to(dev), 2);
+      ef.compress(2, randn(4096, 2).to(dev));
+      EXPECT_EQ(ef.bytes(), held);
+      EXPECT_GT(ef.residual(0).abs().max().item<float>(), 0.0f);
+    }
+    EXPECT_EQ(held, formula) << c10::toString(store);
+    std::printf("residual as %s: %lld bytes for %lld elements, %.4f per element\n",
+                c10::toString(store), static_cast<long long>(held),
+                static_cast<long long>(total), static_cast<double>(held) / total);
+    // Padding to whole blocks (int8) adds at most one block per buffer.
+    EXPECT_NEAR(static_cast<double>(held) / total, per_element,
+                store == at::kChar ? 3.0 * (block + 4) / total : 0.0);
+    EXPECT_EQ(testing::fake::allocated_bytes(0), before) << "freed with the ErrorFeedback";
+  }
+  EXPECT_EQ(residual_store("auto", at::kBFloat16), at::kBFloat16);
+  EXPECT_EQ(residual_store("auto", at::kFloat), at::kFloat);
+  EXPECT_EQ(residual_store("int8", at::kBFloat16), at::kChar);
+  expect_invalid([] { residual_store("int4", at::kFloat); },
+                 {"zero_quantized_gradients_error_feedback_dtype", "'int4'", "int8"});
+}
+
+// A residual saved under one storage loads into another (a run that switched
+// zero_quantized_gradients_error_feedback_dtype): converted, rounded once.
+TEST(ErrorFeedback, StateLoadsAcrossStorage) {
+  ErrorFeedback a({1000}, 4, 64, at::TensorOptions());
+  for (int t = 0; t < 3; ++t) a.compress(0, randn(1000, 40 + t));
+  const at::Tensor exact = a.residual(0);
+  for (at::ScalarType store : {at::kBFloat16, at::kHalf, at::kChar}) {
+    ErrorFeedback b({1000}, 4, 64, at::TensorOptions(), store);
+    b.load_state(a.state());
+    const double tol = store == at::kChar ? exact.abs().max().item<double>() / 254 * 1.01
+                                          : exact.abs().max().item<double>() * std::ldexp(1.0, -8);
+    EXPECT_LE((b.residual(0) - exact).abs().max().item<double>(), tol) << c10::toString(store);
+    // And back: the narrow state into fp32 is the narrow values exactly.
+    ErrorFeedback c({1000}, 4, 64, at::TensorOptions());
+    c.load_state(b.state());
+    EXPECT_TRUE(at::equal(c.residual(0), b.residual(0))) << c10::toString(store);
   }
 }
 

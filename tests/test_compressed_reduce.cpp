@@ -10,6 +10,7 @@
 //  - a resumed run continues exactly (the residual is in the checkpoint); resharding drops it.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/serialize.h>
 
 #include <cmath>
 #include <filesystem>
@@ -353,6 +354,29 @@ TEST(QuantizedResume, ResidualInCheckpointMakesResumeExact) {
   EXPECT_FALSE(at::equal(straight, without));
   fs::remove_all(dir);
   fs::remove_all(copy);
+}
+
+// A residual kept in bf16 is saved as bf16 and resumes exactly; a checkpoint of an fp32-residual
+// run resumes under int8 residuals (converted, rounded once, no warning: nothing was dropped).
+TEST(QuantizedResume, NarrowResidualResumesAndConvertsAcrossStorage) {
+  const fs::path dir = fs::temp_directory_path() / "zero_test_quantized_resume_bf16";
+  fs::remove_all(dir);
+  Config cfg = resume_config(2);
+  cfg.zero_optimization.quantized_gradients.error_feedback_dtype = "bf16";
+  const at::Tensor straight = run_segment(cfg, 2, 0, 8, "", dir.string(), 4);
+  std::vector<at::Tensor> saved;
+  torch::load(saved, (dir / "mid" / "error_feedback.rank0_of_2.pt").string());
+  ASSERT_GE(saved.size(), 2u);
+  EXPECT_EQ(saved[1].scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(straight, run_segment(cfg, 2, 4, 4, dir.string(), "", 0)));
+
+  cfg.zero_optimization.quantized_gradients.error_feedback_dtype = "int8";
+  ::testing::internal::CaptureStderr();
+  const at::Tensor converted = run_segment(cfg, 2, 4, 4, dir.string(), "", 0);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.find("error-feedback residuals start at zero"), std::string::npos) << err;
+  EXPECT_TRUE(converted.isfinite().all().item<bool>());
+  fs::remove_all(dir);
 }
 
 TEST(QuantizedResume, ReshardingDropsTheResidualWithAWarning) {

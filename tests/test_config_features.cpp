@@ -141,6 +141,17 @@ TEST(Config, QuantizedGradientsKeys) {
   EXPECT_TRUE(d.zero_optimization.quantized_gradients.enabled);
   EXPECT_EQ(d.zero_optimization.quantized_gradients.bits, 8);
   EXPECT_TRUE(d.zero_optimization.quantized_gradients.error_feedback);
+  EXPECT_EQ(d.zero_optimization.quantized_gradients.error_feedback_dtype, "auto");
+  for (const char* v : {"fp32", "bf16", "fp16", "int8", "auto"}) {
+    const Config e = load(std::string("zero_optimization: {stage: 2, zero_quantized_gradients: "
+                                      "true, zero_quantized_gradients_error_feedback_dtype: ") +
+                          v + "}\n");
+    EXPECT_EQ(e.zero_optimization.quantized_gradients.error_feedback_dtype, v);
+  }
+  const std::string bad = load_error(
+      "zero_optimization: {stage: 2, zero_quantized_gradients_error_feedback_dtype: int4}\n");
+  EXPECT_NE(bad.find("zero_quantized_gradients_error_feedback_dtype"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("int8"), std::string::npos) << bad;
 
   std::string m = load_error(
       "zero_optimization: {stage: 2, zero_quantized_gradients: true, "

@@ -8,14 +8,17 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "device/pinned_host.hpp"
 #include "support/fake_device.hpp"
 #include "support/fake_training.hpp"
 #include "support/thread_group.hpp"
+#include "zero/auto_strategy.hpp"
 #include "zero/engine.hpp"
 #include "zero/memory.hpp"
+#include "zero/memory_plan.hpp"
 
 namespace zero::testing {
 namespace {
@@ -77,6 +80,72 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_tuple(0, false, false), std::make_tuple(1, false, false),
                       std::make_tuple(2, false, false), std::make_tuple(2, true, false),
                       std::make_tuple(1, false, true), std::make_tuple(2, true, true)));
+
+// zero_quantized_gradients' error feedback on a bf16 model: the residual of the whole gradient
+// each rank keeps, as the allocator counts it (the device bytes initialize adds beyond the same
+// run without feedback), as the memory report states it (MemoryReport::error_feedback, inside
+// comm_buffers) and as the planner predicts it. By default it is stored in the gradients' own
+// dtype: 2 bytes per element here, where it was fp32's 4 (issue 32).
+TEST(FakeDeviceErrorFeedback, ResidualBytesAreCountedByTheAllocatorTheReportAndThePlanner) {
+  struct Rank {
+    int64_t added = 0;
+    MemoryReport rep;
+  };
+  auto run = [](const Config& cfg) {
+    std::vector<Rank> out(kWorld);
+    run_ranks(
+        kWorld,
+        [&](std::shared_ptr<comm::Group> group) {
+          const int r = group->rank();
+          auto net = net_on(5, rank_device(*group));
+          const int64_t before = fake::allocated_bytes(r);
+          auto engine = initialize(net, cfg, group);
+          out[r].added = fake::allocated_bytes(r) - before;
+          out[r].rep = engine.memory_report();
+          // It trains with the residual where it was allocated.
+          train_steps(engine, *net, r, 0, 2);
+          EXPECT_EQ(engine.memory_report().error_feedback, out[r].rep.error_feedback);
+        },
+        std::chrono::seconds(60), fake::device().type());
+    return out;
+  };
+  for (int stage : {1, 2}) {
+    Config cfg = training_config(stage, "AdamW");
+    cfg.bf16 = true;
+    auto& q = cfg.zero_optimization.quantized_gradients;
+    q = {true, 8, 32, false};
+    const std::vector<Rank> off = run(cfg);
+    q.error_feedback = true;
+    for (auto [dtype, per_element] : {std::pair{"auto", 2.0}, std::pair{"bf16", 2.0},
+                                      std::pair{"fp32", 4.0}, std::pair{"int8", 1.0 + 4.0 / 32}}) {
+      q.error_feedback_dtype = dtype;
+      const std::vector<Rank> on = run(cfg);
+      for (int r = 0; r < kWorld; ++r) {
+        const MemoryReport& rep = on[r].rep;
+        const int64_t ef = rep.error_feedback;
+        const double per = static_cast<double>(ef) / static_cast<double>(rep.padded_params);
+        const PlanInput in = plan_input_for(cfg, rep.num_params, kWorld);
+        const int64_t planned = error_feedback_bytes(in, stage);
+        std::printf("stage %d bf16 model, residual %s: allocator +%lld B, report %lld B "
+                    "(%.3f B per padded element), planner %lld B\n",
+                    stage, dtype, static_cast<long long>(on[r].added - off[r].added),
+                    static_cast<long long>(ef), per, static_cast<long long>(planned));
+        EXPECT_EQ(on[r].added - off[r].added, ef) << dtype << " rank " << r;
+        EXPECT_EQ(rep.measured.comm_buffers - off[r].rep.measured.comm_buffers, ef) << dtype;
+        EXPECT_EQ(off[r].rep.error_feedback, 0);
+        // int8: each bucket's residual rounds up to whole blocks.
+        EXPECT_NEAR(per, per_element, std::string(dtype) == "int8" ? 0.1 : 0.0) << dtype;
+        // The planner counts Ψ (not the padded buffer) in one piece (not per bucket).
+        EXPECT_NEAR(static_cast<double>(planned), static_cast<double>(ef),
+                    per_element * static_cast<double>(rep.padded_params - rep.num_params) +
+                        (std::string(dtype) == "int8" ? 0.1 * rep.padded_params : 0.0))
+            << dtype;
+        EXPECT_NE(format_memory_report(rep).find("of which error-feedback residuals"),
+                  std::string::npos);
+      }
+    }
+  }
+}
 
 // Optimizer offload's host buffers (master, moments, gradient shard, compute-dtype copy, the
 // gradient ring) are long-lived and large. The page-locked memory the process holds for them

@@ -207,13 +207,24 @@ TEST(TimePlan, QuantizedGradientsShrinkTheReduceScatter) {
   const double plain0 = predict_step_time(s0, {.stage = 0}, round_hw()).grad_comm_s;
   s0.quantized_bits = 8;
   EXPECT_DOUBLE_EQ(predict_step_time(s0, {.stage = 0}, round_hw()).grad_comm_s, plain0);
-  // Error feedback's residual: 4 bytes per parameter on top of the bucket buffers.
+  // Error feedback's residual on top of the bucket buffers: by default in the dtype gradients
+  // travel in (bf16 here: 2 bytes per parameter, not fp32's 4), fp32 or int8 codes with one
+  // fp32 scale per block when asked; nothing when off.
   PlanInput m = billion(8);
+  ASSERT_EQ(m.comm_bytes, 2);
   const int64_t before = plan_model_states(m, 2).comm_buffers;
   m.quantized_bits = 8;
+  EXPECT_EQ(plan_model_states(m, 2).comm_buffers - before, 2 * m.num_params);
+  EXPECT_EQ(error_feedback_bytes(m, 2), 2 * m.num_params);
+  m.error_feedback_store_bytes = 4;
   EXPECT_EQ(plan_model_states(m, 2).comm_buffers - before, 4 * m.num_params);
+  m.error_feedback_store_bytes = 1;
+  const int64_t blocks = (m.num_params + 2047) / 2048;
+  EXPECT_EQ(plan_model_states(m, 2).comm_buffers - before, blocks * (2048 + 4));
+  EXPECT_EQ(error_feedback_bytes(m, 0), 0) << "stage 0 does not quantize";
   m.error_feedback = false;
   EXPECT_EQ(plan_model_states(m, 2).comm_buffers, before);
+  EXPECT_EQ(error_feedback_bytes(m, 2), 0);
 }
 
 // Hierarchical qgZ (zero_quantized_gradients_hierarchical, on by default): 8 ranks as 2 nodes of

@@ -324,6 +324,7 @@ int run(int argc, char** argv) {
   std::string gpu = "h100", link = "ib400", recompute = "none", time_svg;
   int per_node = 8, top = 10;
   std::string schedule = "1f1b", partition = "equal";
+  std::string error_feedback = "auto";
   double peak_tflops = 0, efficiency = 0, memory_bw = 0, bus_bw = 0, ar_bw = 0, rs_bw = 0,
          ag_bw = 0, latency_us = -1, host_bw = 0;
   PlanInput in;
@@ -356,6 +357,12 @@ int run(int argc, char** argv) {
       "grad-accum-bytes", po::value(&in.grad_accum_bytes)->default_value(0),
       "gradient accumulator and shard bytes (data_types.grad_accum_dtype): 4 fp32; 2 16-bit, "
       "the ZeRO paper's and DeepSpeed's default for bf16; 0 (default): the --dtype's")(
+      "quantized-gradients", po::value(&in.quantized_bits)->default_value(0),
+      "zero_quantized_gradients at stages 1 and 2: 8 or 4 bits (0, default: off)")(
+      "error-feedback", po::value(&error_feedback),
+      "with --quantized-gradients, the residual's storage "
+      "(zero_quantized_gradients_error_feedback_dtype): auto (default: the --dtype's), fp32, "
+      "bf16, fp16, int8, or off")(
       "optimizer-states", po::value(&in.optimizer_states)->default_value(2),
       "fp32 states per parameter: AdamW 2, SGD with momentum 1")(
       "svg", po::value(&svg), "also write a stacked bar chart of the stages here")(
@@ -428,6 +435,18 @@ int run(int argc, char** argv) {
   if (dtype != "bf16" && dtype != "fp32") throw std::invalid_argument("--dtype: bf16 or fp32");
   in.param_bytes = in.comm_bytes = dtype == "bf16" ? 2 : 4;
   if (in.grad_accum_bytes == 0) in.grad_accum_bytes = in.param_bytes;
+  if (in.quantized_bits != 0 && in.quantized_bits != 8 && in.quantized_bits != 4)
+    throw std::invalid_argument("--quantized-gradients: 8 or 4 bits (or 0: off)");
+  in.error_feedback = error_feedback != "off";
+  if (error_feedback == "fp32") {
+    in.error_feedback_store_bytes = 4;
+  } else if (error_feedback == "bf16" || error_feedback == "fp16") {
+    in.error_feedback_store_bytes = 2;
+  } else if (error_feedback == "int8") {
+    in.error_feedback_store_bytes = 1;
+  } else if (error_feedback != "auto" && error_feedback != "off") {
+    throw std::invalid_argument("--error-feedback: auto, fp32, bf16, fp16, int8 or off");
+  }
   in.bucket_elements = parse_count(bucket);
   lim.device_bytes = parse_byte_size(device);
   lim.host_bytes = parse_byte_size(host_memory);

@@ -106,12 +106,17 @@ struct ZeroOptimizationConfig {
   // zero_quantized_gradients at stage 3 only): each bucket is quantized blockwise (int8 or int4,
   // one fp32 scale per block) and exchanged with one all-to-all, so every rank receives only
   // its shard's blocks, dequantizes them and sums in fp32. Error feedback keeps each rank's
-  // quantization residual (fp32, one full gradient's worth) and adds it to the next step.
+  // quantization residual (one full gradient's worth of elements) and adds it to the next step.
   struct QuantizedGradientsConfig {
     bool enabled = false;        // zero_quantized_gradients
     int bits = 8;                // zero_quantized_gradients_bits: 8 or 4
     int64_t block = 2048;        // zero_quantized_gradients_block: elements per scale
     bool error_feedback = true;  // zero_quantized_gradients_error_feedback
+    // zero_quantized_gradients_error_feedback_dtype: how the residual is stored, per gradient
+    // element per rank: "auto" the dtype gradients travel in (communication_data_type: 2 bytes
+    // for a bf16/fp16 model, 4 for fp32), "fp32" 4, "bf16"/"fp16" 2, "int8" 1 + 4/block (codes
+    // and one fp32 scale per zero_quantized_gradients_block, as DeepSpeed's LoCo keeps it).
+    std::string error_feedback_dtype = "auto";
     // zero_quantized_gradients_hierarchical: within the node first, then across nodes, when
     // the data-parallel group spans several nodes with several ranks on each (as ZeRO++'s qgZ);
     // false: one flat all-to-all.

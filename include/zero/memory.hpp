@@ -76,6 +76,10 @@ struct MemoryReport {
   // block of the caching host allocator, which rounds each request up to a power of two.
   // Equal to host_measured when nothing is pinned (CPU-only builds, pin_memory: false).
   int64_t host_pinned = 0;
+  // zero_quantized_gradients' error-feedback residuals, part of measured.comm_buffers: a
+  // residual of the whole gradient per rank (not its shard), in its storage dtype
+  // (zero_quantized_gradients_error_feedback_dtype). 0 without error feedback.
+  int64_t error_feedback = 0;
 };
 
 // A fixed-width table, one row per category, measured vs predicted.

@@ -98,10 +98,14 @@ struct PlanInput {
   int comm_bytes = 2;        // gradients travel in the compute dtype (communication_data_type)
   // zero_quantized_gradients (stages 1 and 2): gradients travel as `quantized_bits`-bit codes
   // plus one fp32 scale per `quantized_block` elements (0: off, comm_bytes per element), and
-  // error feedback keeps an fp32 residual per gradient element beside the bucket buffers.
+  // error feedback keeps a residual per gradient element (the whole gradient, not the shard)
+  // beside the bucket buffers, of `error_feedback_store_bytes` each (error_feedback_bytes).
   int quantized_bits = 0;
   int64_t quantized_block = 2048;
   bool error_feedback = true;
+  // zero_quantized_gradients_error_feedback_dtype: 0 "auto" (comm_bytes), 4 fp32, 2 bf16/fp16,
+  // 1 int8 (plus one fp32 scale per quantized_block elements).
+  int error_feedback_store_bytes = 0;
   bool quantized_hierarchical = true;     // zero_quantized_gradients_hierarchical (time_plan.hpp)
   int64_t bucket_elements = 500'000'000;  // zero_optimization.reduce_bucket_size
   int64_t accumulation = 1;               // gradient_accumulation_steps (stage 1's accumulator)
@@ -158,6 +162,11 @@ int64_t plan_host_states(const PlanInput& in, int stage);
 // bucket: flat_params.cpp) and the final model states (plan_model_states). In allocator terms
 // (a caching allocator reserves at::empty at once); bench/startup_step.py measures RSS.
 int64_t plan_startup_peak(const PlanInput& in, int stage);
+// The error-feedback residuals of zero_quantized_gradients per rank (0 when off or at stage 0):
+// Ψ elements of error_feedback_store_bytes (int8: plus 4 bytes per quantized_block). Part of
+// plan_model_states' comm_buffers. The engine pads each bucket to a multiple of the world size
+// and keeps a second residual of Ψ·nodes/N under the hierarchical exchange; neither is counted.
+int64_t error_feedback_bytes(const PlanInput& in, int stage);
 // "2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ": the terms of predict_model_states, buffers left out.
 std::string model_state_formula(const PlanInput& in, int stage);
 

@@ -37,6 +37,11 @@ class ForwardingGroup : public comm::Group {
     return g_->broadcast(t, root, w);
   }
   void barrier(const std::string& w) override { g_->barrier(w); }
+  void connect(const std::string& w) override { g_->connect(w); }
+  bool connected() const override { return g_->connected(); }
+  void connect_peer(int peer, bool sender, const std::string& w) override {
+    g_->connect_peer(peer, sender, w);
+  }
   comm::Work send(at::Tensor& t, int dst, const std::string& w, int tag) override {
     return g_->send(t, dst, w, tag);
   }

@@ -86,7 +86,8 @@ QuantizedReduceScatter::QuantizedReduceScatter(comm::Group& group, const Setting
   }
   if (s.error_feedback) {
     feedback_ = std::make_unique<ErrorFeedback>(residuals, s.bits, s.block,
-                                                at::TensorOptions().device(device));
+                                                at::TensorOptions().device(device),
+                                                s.feedback_store);
   }
 }
 

@@ -6,7 +6,9 @@
 // them in fp32. Error feedback (optional): each rank keeps, per reduction slot, the residual of
 // what it sent and adds it to the next step's gradient before quantizing, as DeepSpeed's LoCo
 // variant (all_to_all_loco_quant_reduce, its error buffers) and 1-bit Adam do; plain qgZ sends
-// int4 without it.
+// int4 without it. The residual spans the whole bucket (every peer's chunk: the error is known
+// only where it was made), so its storage dtype is what sets its cost: 4, 2 or ~1 byte per
+// gradient element per rank (Settings::feedback_store).
 //
 // Hierarchical (qgZ's layout, when the group spans several nodes with several ranks on each,
 // node_layout.hpp): a first all-to-all within the node hands local rank l the rows of every dp
@@ -43,6 +45,9 @@ struct Settings {
   bool error_feedback = true;  // zero_quantized_gradients_error_feedback
   // zero_quantized_gradients_hierarchical: two stages when the nodes allow (two_level()).
   bool hierarchical = true;
+  // zero_quantized_gradients_error_feedback_dtype, resolved (residual_store): how the residuals
+  // are kept between steps (error_feedback.hpp).
+  at::ScalarType feedback_store = at::kFloat;
 };
 
 // Bytes one rank hands the all-to-all for a reduce-scatter of world x n elements: each of the
@@ -63,8 +68,8 @@ SentBytes hierarchical_sent_bytes(int64_t n, int nodes, int per_node, int bits, 
 class QuantizedReduceScatter {
  public:
   // `slots`: the input elements (world x shard part) of each reduction the caller will run, one
-  // error-feedback residual each (fp32, on `device`), when s.error_feedback (hierarchical: two,
-  // the second of nodes x shard part). `node_of`: the node of each rank of `group` (empty: one
+  // error-feedback residual each (s.feedback_store, on `device`), when s.error_feedback
+  // (hierarchical: two, the second of nodes x shard part). `node_of`: the node of each rank of `group` (empty: one
   // node); with s.hierarchical and a two-level layout, the constructor splits `group` into the
   // node's group and the group across nodes (a collective: every rank constructs it together).
   QuantizedReduceScatter(comm::Group& group, const Settings& s, const std::vector<int64_t>& slots,

@@ -72,6 +72,8 @@ PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size) 
   in.quantized_bits = q.enabled ? q.bits : 0;
   in.quantized_block = q.block;
   in.error_feedback = q.error_feedback;
+  const std::string& ef = q.error_feedback_dtype;
+  in.error_feedback_store_bytes = ef == "fp32" ? 4 : ef == "int8" ? 1 : ef == "auto" ? 0 : 2;
   in.quantized_hierarchical = q.hierarchical;
   return in;
 }

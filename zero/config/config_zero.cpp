@@ -176,6 +176,14 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
                }});
   f.push_back({"zero_quantized_gradients_error_feedback",
                [&](const Entry& e) { q.error_feedback = l.boolean(e); }});
+  f.push_back({"zero_quantized_gradients_error_feedback_dtype", [&](const Entry& e) {
+                 const std::string v = l.string(e);
+                 l.require(e,
+                           v == "auto" || v == "fp32" || v == "bf16" || v == "fp16" ||
+                               v == "int8",
+                           "auto (the gradients' communication dtype), fp32, bf16, fp16 or int8");
+                 q.error_feedback_dtype = v;
+               }});
   f.push_back({"zero_quantized_gradients_hierarchical",
                [&](const Entry& e) { q.hierarchical = l.boolean(e); }});
   // Keys that only ZeRO stage 3 reads: DeepSpeed ignores them below stage 3 too, and zero

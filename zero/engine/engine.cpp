@@ -337,7 +337,8 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   so.overlap = c.zero_optimization.overlap_comm;
   so.reduce_scatter = c.zero_optimization.reduce_scatter;
   const auto& qg = c.zero_optimization.quantized_gradients;
-  so.compress = {qg.enabled, qg.bits, qg.block, qg.error_feedback, qg.hierarchical};
+  so.compress = {qg.enabled, qg.bits, qg.block, qg.error_feedback, qg.hierarchical,
+                 compress::residual_store(qg.error_feedback_dtype, so.comm_dtype)};
   // The node of each data-parallel rank, from the launcher's ranks per node: the compressed
   // reduction goes within the node first when the group spans nodes (node_layout.hpp).
   if (qg.enabled && qg.hierarchical) {
@@ -592,6 +593,7 @@ MemoryReport Engine::memory_report() const {
   // Scratch too (none with the fused kernels): every byte the optimizer keeps between steps.
   r.measured.optimizer = m.opt.optimizer->state_bytes() + m.opt.optimizer->scratch_bytes();
   r.measured.comm_buffers = m.sync->comm_buffer_bytes();
+  if (const compress::ErrorFeedback* ef = m.sync->error_feedback()) r.error_feedback = ef->bytes();
   if (m.offload) {
     // The compute-dtype copy the CPU step writes and the ring the reduced gradient shards land
     // in are the offload's transfer buffers, both in host memory.

@@ -1,7 +1,9 @@
 // The error-feedback residuals of zero_quantized_gradients in checkpoints: each rank writes its
 // own (they are what that rank's quantization dropped, in its bucket layout) to
 // error_feedback.rank<r>_of_<N>.pt beside its shard file, and reads it back on resume, so a
-// resumed run sends exactly what the uninterrupted one would have.
+// resumed run sends exactly what the uninterrupted one would have. Each residual is written in
+// its storage dtype (fp32, bf16, fp16; int8 storage as its fp32 values) and converted on load, so
+// a run may resume under another zero_quantized_gradients_error_feedback_dtype (rounded once).
 //
 // Resharding drops them: a residual is laid out as the world x shard rows of each bucket of the
 // saved world size, and what it holds (at most half a quantization step per element, summed

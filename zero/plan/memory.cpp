@@ -60,6 +60,15 @@ std::string to_json(const MemoryBreakdown& b) {
   return buf;
 }
 
+namespace {
+std::string format_per_element(int64_t bytes, int64_t elements) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.3f B",
+                elements > 0 ? static_cast<double>(bytes) / static_cast<double>(elements) : 0.0);
+  return s;
+}
+}  // namespace
+
 std::string format_memory_report(const MemoryReport& r) {
   std::ostringstream os;
   os << "rank " << r.rank << "/" << r.world_size << "  ZeRO stage " << r.stage << "  params "
@@ -78,6 +87,10 @@ std::string format_memory_report(const MemoryReport& r) {
   row("fp32 master", r.measured.master, r.predicted.master, r.stage0.master);
   row("optimizer", r.measured.optimizer, r.predicted.optimizer, r.stage0.optimizer);
   row("comm buffers", r.measured.comm_buffers, r.predicted.comm_buffers, r.stage0.comm_buffers);
+  if (r.error_feedback > 0) {
+    os << "    of which error-feedback residuals: " << format_bytes(r.error_feedback) << " ("
+       << format_per_element(r.error_feedback, r.padded_params) << " per gradient element)\n";
+  }
   row("total", r.measured.total(), r.predicted.total(), r.stage0.total());
   if (r.host_measured > 0 || r.host_predicted > 0) {
     std::snprintf(line, sizeof line, "  %-14s %14s %14s\n  %-14s %14s %14s\n", "  in host mem",

@@ -149,6 +149,17 @@ int64_t landing_ring_bytes(const PlanInput& in, int stage) {
 
 }  // namespace
 
+int64_t error_feedback_bytes(const PlanInput& in, int stage) {
+  if (stage == 0 || in.quantized_bits == 0 || !in.error_feedback) return 0;
+  // A residual of every gradient element this rank sends (the whole gradient, not its shard):
+  // the error of a peer's chunk is known only where it was quantized.
+  const int store =
+      in.error_feedback_store_bytes > 0 ? in.error_feedback_store_bytes : in.comm_bytes;
+  if (store != 1) return store * in.num_params;
+  const int64_t blocks = (in.num_params + in.quantized_block - 1) / in.quantized_block;
+  return blocks * (in.quantized_block + 4);
+}
+
 MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   MemoryModelInput mi;
   mi.num_params = in.num_params;
@@ -176,9 +187,7 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + out);
   mi.offload = offload;
   if (offload) mi.comm_buffer_bytes += staging_bytes(in) + landing_ring_bytes(in, stage);
-  // zero_quantized_gradients' error feedback: an fp32 residual of every gradient element this
-  // rank sends (the whole gradient, not its shard), declared beside the bucket buffers.
-  if (quantized && in.error_feedback) mi.comm_buffer_bytes += 4 * in.num_params;
+  mi.comm_buffer_bytes += error_feedback_bytes(in, stage);
   return predict_model_states(mi);
 }
 

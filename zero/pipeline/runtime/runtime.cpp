@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
+#include <utility>
 #include <stdexcept>
 
 #include "comm/group.hpp"
@@ -70,7 +72,10 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
   std::vector<at::Tensor> held = layers_.parameters();
   for (const auto& t : layers_.foreign_tied()) held.push_back(t);
   if (!held.empty()) device_ = held.front().device();
-  if (stages_ > 1) down_ = pp_->split(0, stage_, pp_->name() + "/to-earlier-stages");
+  if (stages_ > 1) {
+    down_ = pp_->split(0, stage_, pp_->name() + "/to-earlier-stages");
+    connect_pairs();
+  }
   instructions_ = opts_.schedule == ScheduleKind::GPipe
                       ? gpipe_schedule(stages_, opts_.micro_batches, stage_)
                       : one_f_one_b_schedule(stages_, opts_.micro_batches, stage_);
@@ -357,6 +362,30 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
     pp_->broadcast(loss, stages_ - 1, where("broadcast of the loss from the last stage")).wait();
   wait_sends();  // the tied weights sent after the step
   return loss.item<float>();
+}
+
+// Every pair of stages that will exchange messages, connected now (comm/group.hpp,
+// connect_peer) rather than at its first message in step 1: adjacent stages (activations go up
+// on pp_, gradients down on down_) and a tied weight's owner with each other holder (the weight
+// up, its gradient down). In one sorted order on every stage, so the two ranks of a pair reach
+// it having finished every earlier pair either takes part in: no cycle of waits.
+void PipelineRuntime::connect_pairs() {
+  std::set<std::pair<int, int>> pairs;
+  for (int s = 0; s + 1 < stages_; ++s) pairs.insert({s, s + 1});
+  for (const auto& [key, holders] : layers_.tie_stages()) {
+    for (size_t i = 1; i < holders.size(); ++i) {
+      if (holders[i] != holders[0])
+        pairs.insert({std::min(holders[0], holders[i]), std::max(holders[0], holders[i])});
+    }
+  }
+  for (const auto& [a, b] : pairs) {
+    if (stage_ != a && stage_ != b) continue;
+    const int other = stage_ == a ? b : a;
+    const std::string what =
+        where("connecting stages " + std::to_string(a) + " and " + std::to_string(b));
+    pp_->connect_peer(other, stage_ == a, what);
+    down_->connect_peer(other, stage_ == b, what);
+  }
 }
 
 }  // namespace zero::pipeline

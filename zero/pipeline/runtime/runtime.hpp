@@ -101,6 +101,7 @@ class PipelineRuntime {
   void recv(at::Tensor& t, int src, const std::string& what);
   // The group that carries a message from stage `from` to stage `to` (see above).
   comm::Group& channel(int from, int to) const;
+  void connect_pairs();
   void send_tied_grads();
   std::vector<at::Tensor> recv_tied_grads();
   void exchange_tied_weights();
