@@ -35,8 +35,8 @@ Groups engine_groups(const tensor_parallel::Groups& groups,
   // every tp rank and counts once (Megatron's get_grad_norm_fp32 and DeepSpeed count it on
   // tensor-parallel rank 0 only).
   // Under sequence parallelism the norms (and the row-parallel biases) see this rank's part of
-  // the sequence only: the engine sums their gradients over tp before its dp reduction
-  // (Megatron's _allreduce_layernorm_grads).
+  // the sequence only: the engine sums their gradients over tp once per step, after its dp
+  // reduction (Megatron's _allreduce_layernorm_grads).
   NormGroup tp_norm{groups.tp, {}, {}};
   for (const auto& p : placements) {
     if (p.placement.sharded) continue;

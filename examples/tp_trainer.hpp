@@ -27,7 +27,7 @@ tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_pt
 // grad_norm, fp16's overflow verdict) sums over dp and then over the tensor-parallel group, with
 // the parameters that are not split (the norms) counted once. Under sequence parallelism those
 // parameters' gradients are partial sums over the tensor-parallel ranks: the engine sums them
-// over tp as they arrive, before its dp reduction (Groups::norm's `partial`).
+// over tp once per step, after its dp reduction, in one all-reduce (Groups::norm's `partial`).
 Groups engine_groups(const tensor_parallel::Groups& groups,
                      const std::vector<tensor_parallel::NamedPlacement>& placements);
 
