@@ -69,6 +69,11 @@ TpBlockImpl::TpBlockImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
   mlp_norm = register_module("mlp_norm", RMSNorm(c.dim, c.norm_eps));
 }
 
+tp::SequenceShare TpBlockImpl::sequence_share(const std::string& name) const {
+  const bool norm = name.rfind("attn_norm.", 0) == 0 || name.rfind("mlp_norm.", 0) == 0;
+  return norm ? tp::SequenceShare::kPartial : tp::SequenceShare::kUnsaid;
+}
+
 at::Tensor TpBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   // Each sub-block's input enters the tensor-parallel region once, shared by its column layers,
   // as Megatron's fused linear_qkv and linear_fc1 do: one all-reduce of its gradient in
@@ -141,7 +146,19 @@ at::Tensor TpGptImpl::forward(const at::Tensor& tokens) {
 }
 
 at::Tensor TpGptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  return tp::vocab_parallel_cross_entropy(forward(tokens), targets, group).mean();
+  // The mean over the targets that are not -100, as Gpt::loss (at::cross_entropy_loss).
+  return tp::vocab_parallel_cross_entropy(forward(tokens), targets, group, -100,
+                                         at::Reduction::Mean, check_inputs_);
+}
+
+void TpGptImpl::set_check_inputs(bool on) {
+  check_inputs_ = on;
+  embed->set_check_ids(on);
+}
+
+tp::SequenceShare TpGptImpl::sequence_share(const std::string& name) const {
+  // The final norm runs before the head gathers the sequence.
+  return name.rfind("norm.", 0) == 0 ? tp::SequenceShare::kPartial : tp::SequenceShare::kUnsaid;
 }
 
 std::vector<tp::NamedPlacement> TpGptImpl::placements() const {

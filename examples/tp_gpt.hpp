@@ -35,8 +35,11 @@ namespace zero::examples {
 // (heads, kv_heads, ffn or vocab not divisible), before anything is allocated.
 void check_tensor_parallel_shape(const GptConfig& c, int tp);
 
-struct TpBlockImpl : torch::nn::Module {
+// Under sequence parallelism the norms see this rank's part of the sequence (between the
+// parallel regions): the block and the model mark theirs partial (SequenceParallelModule).
+struct TpBlockImpl : torch::nn::Module, tensor_parallel::SequenceParallelModule {
   TpBlockImpl(tensor_parallel::GroupPtr tp, const GptConfig& c, bool sequence_parallel);
+  tensor_parallel::SequenceShare sequence_share(const std::string& name) const override;
   // x: [B, S, D], or under sequence parallelism this rank's [B, S / T, D]; cos/sin [S, hd].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
@@ -49,15 +52,26 @@ struct TpBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(TpBlock);
 
-struct TpGptImpl : torch::nn::Module {
+struct TpGptImpl : torch::nn::Module, tensor_parallel::SequenceParallelModule {
   // Weights: the layers' own draws (tensor_parallel::init_full_*); load_full gives a plain
   // model's. Built on the CPU in fp32; move it with ->to().
   TpGptImpl(tensor_parallel::GroupPtr tp, const GptConfig& c, bool sequence_parallel = false);
 
   // tokens [batch, seq] -> this rank's logits [batch, seq, vocab / T].
   at::Tensor forward(const at::Tensor& tokens);
-  // The mean next-token cross-entropy, the same on every tensor-parallel rank (Gpt::loss).
+  // The mean next-token cross-entropy over the targets that are not -100 (ignored), the same on
+  // every tensor-parallel rank (Gpt::loss: at::cross_entropy_loss).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
+
+  // The final norm: partial under sequence parallelism (the blocks say theirs).
+  tensor_parallel::SequenceShare sequence_share(const std::string& name) const override;
+
+  // The per-call checks of the token ids (the embedding) and targets (the loss), each an
+  // all-gather over the group and a host read, on by default (the layers' check_ids,
+  // vocab_parallel_cross_entropy's check_targets). zero-train turns them off: its datasets check
+  // every token against the vocabulary when they open, and the hot path then has neither.
+  void set_check_inputs(bool on);
+  bool check_inputs() const { return check_inputs_; }
 
   // How each parameter lies across the tensor-parallel ranks, by its plain-Gpt name.
   std::vector<tensor_parallel::NamedPlacement> placements() const;
@@ -76,6 +90,9 @@ struct TpGptImpl : torch::nn::Module {
   tensor_parallel::ColumnParallelLinear head{nullptr};  // null when tied to the embedding
   at::Tensor rope_cos, rope_sin;
   CheckpointPolicy checkpointing;  // recompute blocks in backward (collectives included)
+
+ private:
+  bool check_inputs_ = true;
 };
 TORCH_MODULE(TpGpt);
 

@@ -44,7 +44,7 @@ std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model) {
 
 zero::pipeline::LossFn tp_gpt_loss(tp::GroupPtr group) {
   return [group](const at::Tensor& logits, const at::Tensor& targets) {
-    return tp::vocab_parallel_cross_entropy(logits, targets, group).mean();
+    return tp::vocab_parallel_cross_entropy(logits, targets, group);  // mean over targets != -100
   };
 }
 

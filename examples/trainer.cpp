@@ -243,6 +243,9 @@ void Trainer::build() {
   if (tp_size > 1) {
     layout_ = tensor_parallel_layout(cfg_, world_, mc_, seq_, config_path);
     tp_model_ = TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel);
+    // open_dataset checked every token against the vocabulary: no per-micro-batch check (an
+    // all-gather and a host read each in the embedding and the loss) on the hot path.
+    tp_model_->set_check_inputs(false);
     groups = engine_groups(layout_, tp_model_->placements());
     if (model_) {
       tp_model_->load_full(*model_);

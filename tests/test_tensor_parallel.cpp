@@ -10,9 +10,11 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "comm/group.hpp"
 #include "support/thread_group.hpp"
@@ -286,34 +288,77 @@ TEST(TensorParallelEmbedding, EqualsFullEmbedding) {
 
 // ---- vocabulary-parallel cross-entropy --------------------------------------------------
 
+// Every reduction against at::cross_entropy_loss with the same one on the full logits, on
+// targets of which some are ignored (-100, supervised fine-tuning's masked prompt): the mean
+// (the default, as torch's) divides by the tokens that are not ignored, never by every token.
 TEST(TensorParallelCrossEntropy, EqualsCrossEntropyOnFullLogits) {
   constexpr int64_t V = 24, B = 3, S = 5;
   for (double scale : {1.0, 60.0}) {  // 60: exp() of unshifted logits would overflow fp32
     const at::Tensor logits = randn({B, S, V}, 5) * scale;
     at::Tensor target = randint(V, {B, S}, 6);
-    target.index_put_({0, 1}, -100);  // ignored tokens: no loss, no gradient
-    target.index_put_({2, 4}, -100);
-    at::Tensor ref_logits = logits.clone().requires_grad_();
-    at::Tensor ref = at::cross_entropy_loss(ref_logits.view({-1, V}), target.view({-1}));
-    ref.backward();
+    // 6 of 15 ignored: a mean over every token would be 40 % too small.
+    const std::initializer_list<std::pair<int, int>> ignored = {{0, 1}, {2, 4}, {1, 0},
+                                                                {1, 1}, {1, 2}, {2, 0}};
+    for (const auto& [b, s] : ignored) {
+      target.index_put_({b, s}, -100);
+    }
+    for (const int64_t reduction :
+         {at::Reduction::Mean, at::Reduction::Sum, at::Reduction::None}) {
+      at::Tensor ref_logits = logits.clone().requires_grad_();
+      const at::Tensor ref = at::cross_entropy_loss(ref_logits.view({-1, V}), target.view({-1}),
+                                                    {}, reduction)
+                                 .view(reduction == at::Reduction::None ? target.sizes()
+                                                                        : at::IntArrayRef{});
+      // A gradient that weighs each token differently: a per-token loss's gradient is checked
+      // for every token, not only their sum's.
+      const at::Tensor weights = randn(ref.sizes(), 7);
+      (ref * weights).sum().backward();
 
-    for (int world : {1, 2, 4}) {
-      SCOPED_TRACE("T=" + std::to_string(world) + " scale=" + std::to_string(scale));
-      run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
-        at::Tensor shard = part(logits, -1, *g).clone().requires_grad_();
-        at::Tensor per_token = vocab_parallel_cross_entropy(shard, target, g);
-        EXPECT_EQ(per_token.sizes(), target.sizes());
-        EXPECT_EQ(per_token[0][1].item<float>(), 0.0f);
-        const at::Tensor counted = (target != -100).sum();
-        at::Tensor loss = per_token.sum() / counted;
-        loss.backward();
-        const bool print = g->rank() == 0;
-        expect_rel_close(loss, ref, kTol, "loss", print);
-        expect_rel_close(shard.grad(), part(ref_logits.grad(), -1, *g), kTol,
-                         "logits gradient (own vocabulary part)", print);
-      });
+      for (int world : {1, 2, 4}) {
+        SCOPED_TRACE("T=" + std::to_string(world) + " scale=" + std::to_string(scale) +
+                     " reduction=" + std::to_string(reduction));
+        run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
+          at::Tensor shard = part(logits, -1, *g).clone().requires_grad_();
+          const at::Tensor loss =
+              reduction == at::Reduction::Mean
+                  ? vocab_parallel_cross_entropy(shard, target, g)  // the default
+                  : vocab_parallel_cross_entropy(shard, target, g, -100, reduction);
+          ASSERT_EQ(loss.sizes(), ref.sizes());
+          if (reduction == at::Reduction::None) EXPECT_EQ(loss[0][1].item<float>(), 0.0f);
+          (loss * weights).sum().backward();
+          const bool print = g->rank() == 0;
+          expect_rel_close(loss, ref.detach(), kTol, "loss", print);
+          expect_rel_close(shard.grad(), part(ref_logits.grad(), -1, *g), kTol,
+                           "logits gradient (own vocabulary part)", print);
+        });
+      }
     }
   }
+}
+
+// Every target ignored (a batch of prompt only): torch's mean is NaN (0 / 0) and its gradient
+// zero, and so is this one's, on every rank; the sum is 0.
+TEST(TensorParallelCrossEntropy, EveryTargetIgnoredAsTorch) {
+  constexpr int64_t V = 8;
+  const at::Tensor logits = randn({2, 3, V}, 8);
+  const at::Tensor target = at::full({2, 3}, -7, at::kLong);  // a custom ignore_index
+  at::Tensor ref_logits = logits.clone().requires_grad_();
+  const at::Tensor ref =
+      at::cross_entropy_loss(ref_logits.view({-1, V}), target.view({-1}), {}, at::Reduction::Mean,
+                             /*ignore_index=*/-7);
+  ref.backward();
+  ASSERT_TRUE(std::isnan(ref.item<double>()));
+  ASSERT_EQ(ref_logits.grad().abs().sum().item<double>(), 0.0);
+  run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+    at::Tensor shard = part(logits, -1, *g).clone().requires_grad_();
+    const at::Tensor mean = vocab_parallel_cross_entropy(shard, target, g, -7);
+    mean.backward();
+    EXPECT_TRUE(std::isnan(mean.item<double>()));
+    ASSERT_TRUE(shard.grad().defined());
+    EXPECT_EQ(shard.grad().abs().sum().item<double>(), 0.0);
+    EXPECT_EQ(vocab_parallel_cross_entropy(shard, target, g, -7, at::Reduction::Sum).item<double>(),
+              0.0);
+  });
 }
 
 TEST(TensorParallelCrossEntropy, BadTargetsNameTheProblem) {
@@ -384,6 +429,43 @@ TEST(TensorParallelBadInput, OneRanksBadIdsStopEveryRankAtOnce) {
       << m;
 }
 
+// The checks off (check_ids, check_targets: data checked before, no collective or host read per
+// call): valid input gives exactly the checked result; an id outside the vocabulary embeds to
+// zeros and a target outside it gets Megatron-LM's masked loss (the target's shifted logit taken
+// as 0: log sum exp minus the row's maximum), on
+// every tensor-parallel size, T = 1 included: never an out-of-bounds read, never a throw.
+TEST(TensorParallelBadInput, UncheckedInputsMaskWhatIsOutOfRange) {
+  constexpr int64_t V = 16, D = 4;
+  const at::Tensor logits = randn({2, 3, V}, 9);
+  at::Tensor target = randint(V, {2, 3}, 10);
+  const at::Tensor masked_loss = at::logsumexp(logits, -1) - logits.amax(-1);
+  for (int world : {1, 2}) {
+    SCOPED_TRACE("T=" + std::to_string(world));
+    run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
+      VocabParallelEmbedding checked(g, VocabParallelEmbeddingOptions(V, D).seed(3));
+      VocabParallelEmbedding unchecked(
+          g, VocabParallelEmbeddingOptions(V, D).seed(3).check_ids(false));
+      const at::Tensor ids = at::tensor(std::vector<int64_t>{3, 15, 0});
+      EXPECT_TRUE(at::equal(unchecked->forward(ids), checked->forward(ids)));
+      const at::Tensor out = unchecked->forward(at::tensor(std::vector<int64_t>{3, V + 2, -1}));
+      EXPECT_TRUE(at::equal(out[0], checked->forward(ids)[0]));
+      EXPECT_EQ(out[1].abs().sum().item<float>(), 0.0f);
+      EXPECT_EQ(out[2].abs().sum().item<float>(), 0.0f);
+
+      const at::Tensor shard = part(logits, -1, *g);
+      const auto ce = [&](const at::Tensor& t, bool check) {
+        return vocab_parallel_cross_entropy(shard, t, g, -100, at::Reduction::None, check);
+      };
+      EXPECT_TRUE(at::equal(ce(target, false), ce(target, true)));
+      at::Tensor bad = target.clone();
+      bad.index_put_({0, 1}, V + 5);
+      const at::Tensor loss = ce(bad, false);
+      EXPECT_NEAR(loss[0][1].item<float>(), masked_loss[0][1].item<float>(), 1e-5);
+      EXPECT_TRUE(at::equal(loss[1], ce(target, true)[1]));
+    });
+  }
+}
+
 // ---- sequence parallelism ---------------------------------------------------------------
 
 // TpNet (tests/support/tp_net.hpp): vocabulary-parallel embedding, LayerNorm, column -> row MLP,
@@ -449,6 +531,71 @@ TEST(TensorParallelSequence, SequenceParallelEqualsTensorParallelEqualsFull) {
       }
     });
   }
+}
+
+// Sequence parallelism cannot tell a replicated parameter acting on this rank's part of the
+// sequence (partial gradient: sum it) from one acting on the whole sequence (whole gradient:
+// summing would multiply it by T). An unmarked one is refused with its name and the fix; a
+// marked one gets what its innermost marking module says.
+struct SpTail : torch::nn::Module, SequenceParallelModule {
+  explicit SpTail(bool mark) : mark(mark) {
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({4})));
+  }
+  SequenceShare sequence_share(const std::string& name) const override {
+    // Says kWhole for its norm's bias: the outer model's kPartial for it must not win.
+    return mark && name == "ln.bias" ? SequenceShare::kWhole : SequenceShare::kUnsaid;
+  }
+  bool mark;
+  torch::nn::LayerNorm ln{nullptr};
+};
+
+struct SpModel : torch::nn::Module, SequenceParallelModule {
+  SpModel(GroupPtr g, bool mark) : mark(mark) {
+    fc = register_module("fc", ColumnParallelLinear(g, ColumnParallelLinearOptions(4, 8)
+                                                           .gather_output(false)
+                                                           .sequence_parallel(true)));
+    tail = register_module("tail", std::make_shared<SpTail>(mark));
+    gate = register_parameter("gate", at::ones({1}));
+  }
+  SequenceShare sequence_share(const std::string& name) const override {
+    if (!mark) return SequenceShare::kUnsaid;
+    if (name == "gate") return SequenceShare::kWhole;
+    return name.rfind("tail.ln.", 0) == 0 ? SequenceShare::kPartial : SequenceShare::kUnsaid;
+  }
+  bool mark;
+  ColumnParallelLinear fc{nullptr};
+  std::shared_ptr<SpTail> tail;
+  at::Tensor gate;
+};
+
+TEST(TensorParallelSequence, UnmarkedReplicatedParameterIsRefusedByName) {
+  run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+    const SpModel unmarked(g, false);
+    try {
+      placements(unmarked, /*sequence_parallel=*/true);
+      ADD_FAILURE() << "an unmarked replicated parameter was guessed";
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("'gate', 'tail.ln.weight', 'tail.ln.bias' are not marked"),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find("SequenceParallelModule"), std::string::npos) << m;
+      EXPECT_EQ(m.find("fc."), std::string::npos) << "the layer's own are not asked: " << m;
+    }
+    // Without sequence parallelism nothing is partial and nothing needs saying.
+    for (const auto& p : placements(unmarked, false)) {
+      EXPECT_FALSE(p.placement.grad_needs_all_reduce) << p.name;
+    }
+
+    const SpModel marked(g, true);
+    std::map<std::string, Placement> got;
+    for (const auto& p : placements(marked, true)) got[p.name] = p.placement;
+    ASSERT_EQ(got.size(), 5u);
+    EXPECT_TRUE(got.at("fc.weight").sharded);
+    EXPECT_FALSE(got.at("gate").grad_needs_all_reduce);
+    EXPECT_TRUE(got.at("tail.ln.weight").grad_needs_all_reduce);
+    EXPECT_FALSE(got.at("tail.ln.bias").grad_needs_all_reduce) << "the inner module's word wins";
+  });
 }
 
 }  // namespace

@@ -51,6 +51,16 @@ examples::GptConfig shape() { return tiny_gpt(kSeq); }
 using Batch = TokenBatch;
 Batch batch(int step, int64_t vocab) { return token_batch(500 + step, kBatch, kSeq, vocab); }
 
+// Supervised fine-tuning's batches: each row's prompt (its first 3 + 2 * row + step % 3 tokens)
+// has its targets ignored (-100), 24 .. 32 of the 64 per step, a different count each step.
+Batch masked_batch(int step, int64_t vocab) {
+  Batch b = batch(step, vocab);
+  for (int64_t row = 0; row < kBatch; ++row) {
+    b.targets[row].narrow(0, 0, 3 + 2 * row + step % 3).fill_(-100);
+  }
+  return b;
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, std::vector<at::Tensor> params) {
   if (opt == Opt::kSgd) {
     return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(kSgdLr));
@@ -85,7 +95,9 @@ examples::Gpt initial_model() {
 
 // `clip` > 0: the gradient clipped to that global norm before each step, as
 // torch::nn::utils::clip_grad_norm_ does (the coefficient clip / (norm + 1e-6), at most 1).
-Reference train_plain(Opt opt, const examples::Gpt& init, double clip = 0, int steps = kSteps) {
+// `masked`: on masked_batch's batches.
+Reference train_plain(Opt opt, const examples::Gpt& init, double clip = 0, int steps = kSteps,
+                      bool masked = false) {
   examples::Gpt gpt(shape());
   {
     torch::NoGradGuard no_grad;
@@ -95,7 +107,7 @@ Reference train_plain(Opt opt, const examples::Gpt& init, double clip = 0, int s
   auto optimizer = make_optimizer(opt, gpt->parameters());
   Reference ref;
   for (int step = 0; step < steps; ++step) {
-    const Batch b = batch(step, shape().vocab);
+    const Batch b = masked ? masked_batch(step, shape().vocab) : batch(step, shape().vocab);
     optimizer->zero_grad();
     at::Tensor loss = gpt->loss(b.tokens, b.targets);
     loss.backward();
@@ -181,6 +193,34 @@ TEST_P(TpGptTraining, T2EqualsSingleProcessTraining) {
   });
 }
 
+// Masked targets (-100, supervised fine-tuning): the tensor-parallel loss is the mean over the
+// targets that are not ignored, as the plain GPT's at::cross_entropy_loss, so training on
+// masked batches stays equal. (A mean over every token scaled each step's loss and gradient
+// by the step's share of unmasked targets, 0.5 .. 0.625 here.)
+TEST_P(TpGptTraining, MaskedTargetsEqualSingleProcessTraining) {
+  const auto [opt, sp] = GetParam();
+  const examples::Gpt init = initial_model();
+  const Reference ref = train_plain(opt, init, 0, kSteps, /*masked=*/true);
+  ASSERT_LT(ref.losses.back(), ref.losses.front());
+  run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+    const bool print = g->rank() == 0;
+    examples::TpGpt model(g, shape(), sp);
+    model->load_full(*init);
+    const auto params = model->placements();
+    auto optimizer = make_optimizer(opt, model->parameters());
+    for (int step = 0; step < kSteps; ++step) {
+      const Batch b = masked_batch(step, shape().vocab);
+      optimizer->zero_grad();
+      at::Tensor loss = model->loss(b.tokens, b.targets);
+      loss.backward();
+      tensor_parallel::all_reduce_partial_grads(params, *g);
+      optimizer->step();
+      expect_loss(loss.item<double>(), ref, step, print);
+    }
+    expect_trained_like(*model, ref, opt, print);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Optimizers, TpGptTraining,
                          ::testing::Combine(::testing::Values(Opt::kSgd, Opt::kAdamW),
                                             ::testing::Bool()),
@@ -194,7 +234,7 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, TpGptTraining,
 // the data-parallel groups ({0,2} {1,3}; a group of one at D = 1) with the tensor-parallel group
 // as a norm group, as zero-train wires it (examples::engine_groups, used here): replicated
 // parameters counted once in the clipping norm and, under sequence parallelism, the norms' and
-// row-parallel biases' partial gradients summed over tp by the engine before its dp reduction
+// row-parallel biases' partial gradients summed over tp by the engine after its dp reduction
 // (groups.norm.partial). Each data-parallel rank takes its rows of every batch, split again over
 // the accumulation micro-steps; the tensor-parallel ranks of a pair take the same rows.
 struct EngineCase {

@@ -35,10 +35,11 @@ struct NormGroup {
   // Parameters replicated across the group whose gradient each rank holds only a part of:
   // Megatron's sequence parallelism, where a norm's weight or a row-parallel layer's bias sees
   // this rank's part of the sequence only (tensor_parallel::Placement::grad_needs_all_reduce).
-  // The engine sums their gradients over the group as they arrive, before the data-parallel
-  // reduction (every stage; under stage 2 before the gradient enters its bucket), so they are
-  // then the same on every rank of the group and counted once in the norm, as `replicated` ones
-  // are (a name here need not be listed there too). Unknown names are an error at initialize.
+  // The engine reduces them over dp like any other gradient and then, once per optimizer step,
+  // sums the pieces of them in this rank's gradient shard over the group in one all-reduce
+  // (Megatron's finalize_model_grads order), so they are then the same on every rank of the
+  // group and counted once in the norm, as `replicated` ones are (a name here need not be
+  // listed there too). Unknown names are an error at initialize.
   std::vector<std::string> partial;
 };
 

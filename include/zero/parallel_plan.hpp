@@ -106,8 +106,8 @@ RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
 //              one all-gather B/T more, as the blocks')
 //   per step   the replicated parameters' gradients (2 RMSNorms per block, the final norm),
 //              p bytes each, all-reduced in one call (tensor_parallel::all_reduce_partial_grads;
-//              the engine instead sums each in its gradient hook, every micro-batch: the same
-//              bytes m times, one call per parameter, zero/grads/partial_grads.hpp)
+//              the engine's too, after its dp reduction, zero/grads/partial_grads.hpp: under
+//              ZeRO 1/2 each dp rank sends the pieces in its gradient shard, 1/D of it)
 // Both:
 //   recompute  a checkpointed block re-runs its forward in backward: its forward collectives
 //   loss       vocab_parallel_cross_entropy in fp32: an all-gather of each rank's maximum per
@@ -115,7 +115,9 @@ RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
 //              exponentials (8·b·s); Megatron all-reduces the three (12·b·s): equal at T = 2
 //   checks     the embedding's token ids and the loss's targets are checked on every rank
 //              alike (comm/agree.hpp): an all-gather of 2 and of 3 int64 per rank (not in
-//              Megatron, whose checks are rank-local)
+//              Megatron, whose checks are rank-local). Counted as the layers' default; zero-train
+//              turns them off (its datasets check every token when they open): 2 calls fewer
+//              per micro-batch, and no host read
 // The first stage has the embedding, the last the head and the loss. None at T = 1. `bytes` is
 // what a rank hands each call (comm::CountingGroup's payload); sent_bytes() the ring volume
 // it puts on the wire, as CountingGroup counts it: all-reduce 2B(T-1)/T, reduce-scatter

@@ -54,7 +54,7 @@ at::Tensor TpNetImpl::forward(const at::Tensor& ids, const at::Tensor& target) {
   at::Tensor x = emb->forward(ids);  // sequence parallel: [B, S / T, H]
   x = x + fc2->forward(at::gelu(fc1->forward(norm1->forward(x))));
   at::Tensor logits = head->forward(norm2->forward(x));  // [B, S, V / T]
-  return tp::vocab_parallel_cross_entropy(logits, target, group);
+  return tp::vocab_parallel_cross_entropy(logits, target, group, -100, at::Reduction::None);
 }
 
 FullNetImpl::FullNetImpl(TpNetShape s) {

@@ -10,10 +10,12 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 
 #include "comm/group.hpp"
 #include "zero/tensor_parallel/embedding.hpp"
 #include "zero/tensor_parallel/linear.hpp"
+#include "zero/tensor_parallel/placement.hpp"
 
 namespace zero::testing {
 
@@ -23,9 +25,14 @@ struct TpNetShape {
   int64_t ffn = 16;
 };
 
-class TpNetImpl : public torch::nn::Module {
+class TpNetImpl : public torch::nn::Module, public tensor_parallel::SequenceParallelModule {
  public:
   TpNetImpl(std::shared_ptr<comm::Group> group, bool sequence_parallel, TpNetShape shape = {});
+  // Both LayerNorms run on this rank's part of the sequence under sequence parallelism.
+  tensor_parallel::SequenceShare sequence_share(const std::string& name) const override {
+    return name.rfind("norm", 0) == 0 ? tensor_parallel::SequenceShare::kPartial
+                                      : tensor_parallel::SequenceShare::kUnsaid;
+  }
   // The per-token losses [B, S], the same on every rank (the head gathers the sequence).
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& target);
 

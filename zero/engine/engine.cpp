@@ -47,7 +47,6 @@ void Engine::Impl::on_grad(int index, const at::Tensor& param) {
               "loss.backward()");
   order->on_grad(index);
   at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
-  if (!partial_sum.empty()) partial_sum.on_grad(index, fp.layout.params()[index].name, grad);
   sync->on_grad(index, grad);
   // The engine owns the gradient now; freeing autograd's copy is what makes stage 2 save memory.
   grad.reset();
@@ -515,6 +514,9 @@ bool Engine::step() {
   // the loss scale stay on the device and reach the fused kernel as grad_scale / found_inf.
   // (torch_adam's op-by-op AdamW cannot mask itself on the device: it reads found_inf once.)
   at::Tensor& g = m.sync->grad_shard();
+  // Sequence parallelism's partial gradients, reduced over dp like any other, summed over tp:
+  // one all-reduce per step (zero/grads/partial_grads.hpp), before anything reads the shard.
+  m.partial_sum.sum_shard(g, m.fp.layout, m.sharding.owner);
   const at::Tensor sq = m.squared_grad_norm();
   // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
   // predivide / (world x loss_scale), i.e. divided by `divisor`.

@@ -42,8 +42,9 @@ struct Engine::Impl {
   // empty without norm groups: the one-group norm, as it always was.
   std::vector<std::shared_ptr<comm::Group>> norm_groups;
   std::vector<char> norm_counted;
-  // groups.norm's `partial` parameters: their gradients summed over the group in on_grad, before
-  // the gradient path sees them (zero/grads/partial_grads.hpp). Empty without any.
+  // groups.norm's `partial` parameters: their gradients summed over the group at the step, after
+  // the data-parallel reduction, in one all-reduce (zero/grads/partial_grads.hpp). Empty without
+  // any.
   PartialGradSum partial_sum;
   int64_t accumulation = 1;
   at::ScalarType param_dtype = at::kFloat;

@@ -11,22 +11,39 @@ void PartialGradSum::add(int param, const std::shared_ptr<comm::Group>& group) {
   // Listed twice (by two names of a tied weight): summed once.
   if (std::find(groups.begin(), groups.end(), group) != groups.end()) return;
   groups.push_back(group);
+  if (std::find(groups_.begin(), groups_.end(), group) == groups_.end()) groups_.push_back(group);
   empty_ = false;
 }
 
-void PartialGradSum::on_grad(int param, const std::string& name, at::Tensor& grad) const {
-  const auto& groups = groups_of_[param];
-  if (groups.empty() || !grad.defined()) return;
-  // A contiguous fp32 copy: the collective needs a dense buffer, and fp32 keeps the sum exact
-  // up to one rounding into the gradient's own dtype. These are small (norm weights, biases).
-  at::Tensor sum = grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
-  for (const auto& g : groups) {
+void PartialGradSum::sum_shard(at::Tensor& shard, const FlatLayout& layout, int owner) const {
+  if (empty_) return;
+  const std::vector<OwnedPiece> pieces = layout.owned_pieces(owner);
+  for (const auto& g : groups_) {
     if (g->size() == 1) continue;
-    g->all_reduce_sum(sum, "all_reduce over group " + g->name() +
-                               " of the partial (sequence-parallel) gradient of '" + name + "'")
+    std::vector<at::Tensor> parts;
+    for (const OwnedPiece& p : pieces) {
+      const auto& of = groups_of_[p.param];
+      if (std::find(of.begin(), of.end(), g) == of.end()) continue;
+      parts.push_back(shard.narrow(0, p.shard_offset, p.numel));
+    }
+    // The same on every rank of the group (the same layout and owner): all skip, or none.
+    if (parts.empty()) continue;
+    // A dense fp32 buffer: the collective needs one, and fp32 keeps the sum exact up to one
+    // rounding into the shard's dtype. These are small (norm weights, biases).
+    at::Tensor flat = at::cat(parts).to(at::kFloat);
+    if (const auto bound = g->bound_device(); bound && flat.device() != *bound) {
+      flat = flat.to(*bound);
+    }
+    g->all_reduce_sum(flat, "all_reduce over group " + g->name() + " of the partial (sequence-" +
+                                "parallel) gradients of " + std::to_string(parts.size()) +
+                                " parameter pieces")
         .wait();
+    int64_t offset = 0;
+    for (at::Tensor& part : parts) {
+      part.copy_(flat.narrow(0, offset, part.numel()));
+      offset += part.numel();
+    }
   }
-  grad.copy_(sum);
 }
 
 }  // namespace zero

@@ -1,23 +1,27 @@
 // Gradients that each rank of a further group (tensor parallel) holds only a part of, summed
-// over that group as they arrive, before the data-parallel reduction sees them.
+// over that group once per optimizer step, after the data-parallel reduction.
 //
 // Under Megatron's sequence parallelism a norm's weight (and a row-parallel layer's bias) is
 // replicated across the tensor-parallel ranks but acts on this rank's part of the sequence
 // only, so its gradient on each rank is a partial sum: the whole gradient is their sum over the
 // tensor-parallel group. Megatron sums them in finalize_model_grads (_allreduce_layernorm_grads,
-// the parameters marked `sequence_parallel`). Here the sum runs in the post-accumulate hook,
-// before GradSync::on_grad: under stage 2 the gradient then enters its bucket (and the
-// reduce-scatter over dp) already whole, and every stage reduces the same values. Summing is
-// linear, so summing each micro-step's gradient equals summing the window's.
+// the parameters marked `sequence_parallel`), after the data-parallel gradient sync and in one
+// coalesced all-reduce. So does this: the data-parallel path (every stage, accumulation,
+// compression) reduces the partial gradients like any other, and at the step the pieces of them
+// in this rank's gradient shard go over the group in one flat all-reduce per group. Sums are
+// linear, so summing over dp then tp equals summing over tp then dp, and summing the window's
+// sum equals summing each micro-step's. The tensor-parallel peers of a data-parallel rank hold
+// the same layout (the same model, each rank's shards of equal size) and the same owner rank,
+// so their pieces line up element for element.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "comm/group.hpp"
+#include "zero/params/shard_info.hpp"
 
 namespace zero {
 
@@ -31,16 +35,17 @@ class PartialGradSum {
   bool empty() const { return empty_; }
   bool partial(int param) const { return !groups_of_[param].empty(); }
 
-  // From the gradient hook of `param` (`name` for the error of a failed collective): sums
-  // `grad` in place over each group `param` is partial across. Every rank of such a group calls
-  // it for the same parameters in the same order: the model is the same on every
-  // tensor-parallel rank, so autograd delivers their gradients in the same order. The sum runs
-  // in fp32 (a bf16/fp16 gradient is rounded once, after it); the wait is bounded by the
-  // group's comm_timeout.
-  void on_grad(int param, const std::string& name, at::Tensor& grad) const;
+  // At the optimizer step, once the data-parallel reduction completed: sums, over each group,
+  // the pieces of the partial parameters that `shard` (this rank's gradient shard, laid out as
+  // `layout`'s shard of `owner`) holds, in place. One all-reduce per group, of those pieces
+  // gathered into one fp32 buffer (a 16-bit shard is rounded once, after the sum) on the
+  // group's bound device (an offloaded host shard's pieces travel there and back). Every rank
+  // of such a group calls it at the same step; the wait is bounded by the group's comm_timeout.
+  void sum_shard(at::Tensor& shard, const FlatLayout& layout, int owner) const;
 
  private:
   std::vector<std::vector<std::shared_ptr<comm::Group>>> groups_of_;  // per layout parameter
+  std::vector<std::shared_ptr<comm::Group>> groups_;                  // each once, first seen first
   bool empty_ = true;
 };
 

@@ -60,11 +60,20 @@ void check_target(const at::Tensor& logits, const at::Tensor& target, int64_t vo
 
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& target, const GroupPtr& group, int64_t ignore_index) {
+                            const at::Tensor& target, const GroupPtr& group, int64_t ignore_index,
+                            bool check) {
     auto& g = comm::of(*group);
     const int64_t part = logits.size(-1);
     const int64_t start = part * g.rank();
-    check_target(logits, target, part * g.size(), ignore_index, g);
+    if (check) {
+      check_target(logits, target, part * g.size(), ignore_index, g);
+    } else {
+      TORCH_CHECK(target.sizes() == logits.sizes().slice(0, logits.dim() - 1),
+                  "zero: vocab_parallel_cross_entropy: target shape ", target.sizes(),
+                  " must be the logits' shape ", logits.sizes(),
+                  " without its last (vocabulary) dimension (on tensor-parallel rank ", g.rank(),
+                  " only: the targets are unchecked)");
+    }
 
     const at::Tensor z = logits.to(at::kFloat);
     // The shift only has to be the same on every rank and at least each row's maximum for
@@ -104,16 +113,30 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
                       elsewhere.logical_not().to(grad.scalar_type()).neg().unsqueeze(-1));
     grad.mul_(grads[0].to(at::kFloat).masked_fill(ignored, 0).unsqueeze(-1));
     return {grad.to(ctx->saved_data["dtype"].toScalarType()), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+            at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
-                                        const GroupPtr& group, int64_t ignore_index) {
+                                        const GroupPtr& group, int64_t ignore_index,
+                                        int64_t reduction, bool check_targets) {
   TORCH_CHECK(group, "zero: vocab_parallel_cross_entropy needs the tensor-parallel process group");
-  return VocabParallelCrossEntropy::apply(logits_shard, target, group, ignore_index);
+  TORCH_CHECK(reduction == at::Reduction::None || reduction == at::Reduction::Mean ||
+                  reduction == at::Reduction::Sum,
+              "zero: vocab_parallel_cross_entropy: reduction ", reduction,
+              " is none of at::Reduction::None, Mean, Sum");
+  at::Tensor per_token =
+      VocabParallelCrossEntropy::apply(logits_shard, target, group, ignore_index, check_targets);
+  if (reduction == at::Reduction::None) return per_token;
+  at::Tensor sum = per_token.sum();
+  if (reduction == at::Reduction::Sum) return sum;
+  // The divisor counts the tokens that are not ignored (torch's nll_loss total_weight), on the
+  // device: no host read. Every target ignored: 0 / 0 = NaN as in torch, and backward's
+  // gradient, infinite per token, meets only ignored tokens, whose gradient is zeroed before it
+  // is multiplied in: zero, as torch's.
+  return sum / (target != ignore_index).sum().to(sum.scalar_type());
 }
 
 }  // namespace zero::tensor_parallel

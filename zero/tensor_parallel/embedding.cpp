@@ -51,16 +51,17 @@ void check_ids(const at::Tensor& ids, int64_t vocab, comm::Group& g) {
 }  // namespace
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
-  check_ids(ids, options_.vocab(), comm::of(*group_));
+  if (options_.check_ids()) check_ids(ids, options_.vocab(), comm::of(*group_));
   const int64_t start = vocab_start();
   const int64_t end = start + weight.size(0);
   at::Tensor out;
-  if (group_->size() == 1) {
+  if (group_->size() == 1 && options_.check_ids()) {
     out = at::embedding(weight, ids);
   } else {
     const at::Tensor outside = (ids < start) | (ids >= end);
     const at::Tensor local = (ids - start).masked_fill(outside, 0);
-    // Row 0 stands in for the ids of other ranks; zeroing its output also zeroes its gradient.
+    // Row 0 stands in for the ids of other ranks (and, unchecked, for ids outside the
+    // vocabulary); zeroing its output also zeroes its gradient.
     out = at::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
   }
   return options_.sequence_parallel()

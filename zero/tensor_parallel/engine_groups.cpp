@@ -25,8 +25,9 @@ Groups engine_groups(const std::vector<tensor_parallel::NamedPlacement>& placeme
     for (const auto& p : params) {
       if (p.placement.sharded) continue;
       // Sequence parallelism: a norm's weight saw this rank's part of the sequence only; the
-      // engine sums its gradient over tp before the dp reduction (Megatron's
-      // _allreduce_layernorm_grads). Either way it counts once in the norm.
+      // engine sums its gradient over tp once per step, after its dp reduction, in one
+      // all-reduce (Megatron's _allreduce_layernorm_grads). Either way it counts once in the
+      // norm.
       auto& list = p.placement.grad_needs_all_reduce ? tp_norm.partial : tp_norm.replicated;
       list.push_back(p.name);
     }

@@ -5,6 +5,7 @@
 
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "comm/group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
@@ -14,29 +15,69 @@ namespace zero::tensor_parallel {
 
 namespace {
 
-void add_own(const torch::nn::Module& m, const std::string& prefix, bool sequence_parallel,
-             std::vector<NamedPlacement>& out) {
+struct Walk {
+  bool sequence_parallel;
+  // The modules enclosing the one being listed, outermost first, with their path prefixes.
+  std::vector<std::pair<std::string, const SequenceParallelModule*>> marks;
+  std::vector<std::string> unmarked;
+  std::vector<NamedPlacement> out;
+};
+
+// A replicated parameter's share of the sequence, asked innermost module first.
+SequenceShare share_of(const Walk& w, const std::string& name) {
+  for (auto it = w.marks.rbegin(); it != w.marks.rend(); ++it) {
+    const std::string& prefix = it->first;
+    const std::string relative = prefix.empty() ? name : name.substr(prefix.size() + 1);
+    const SequenceShare s = it->second->sequence_share(relative);
+    if (s != SequenceShare::kUnsaid) return s;
+  }
+  return SequenceShare::kUnsaid;
+}
+
+void add_tree(const torch::nn::Module& m, const std::string& prefix, Walk& w) {
+  const auto* mark = dynamic_cast<const SequenceParallelModule*>(&m);
+  if (mark) w.marks.emplace_back(prefix, mark);
   const auto* layer = dynamic_cast<const TensorParallelLayer*>(&m);
   for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    const std::string name = prefix.empty() ? p.key() : prefix + "." + p.key();
     Placement where;
     if (layer) {
       where = layer->placement(p.key());
-    } else {
-      where.grad_needs_all_reduce = sequence_parallel;
+    } else if (w.sequence_parallel) {
+      const SequenceShare s = share_of(w, name);
+      if (s == SequenceShare::kUnsaid) w.unmarked.push_back(name);
+      where.grad_needs_all_reduce = s == SequenceShare::kPartial;
     }
-    out.push_back({prefix.empty() ? p.key() : prefix + "." + p.key(), p.value(), where});
+    w.out.push_back({name, p.value(), where});
   }
+  for (const auto& c : m.named_children()) {
+    add_tree(*c.value(), prefix.empty() ? c.key() : prefix + "." + c.key(), w);
+  }
+  if (mark) w.marks.pop_back();
 }
 
 }  // namespace
 
 std::vector<NamedPlacement> placements(const torch::nn::Module& model, bool sequence_parallel) {
-  std::vector<NamedPlacement> out;
-  add_own(model, "", sequence_parallel, out);
-  for (const auto& m : model.named_modules("", /*include_self=*/false)) {
-    add_own(*m.value(), m.key(), sequence_parallel, out);
+  Walk w{sequence_parallel, {}, {}, {}};
+  add_tree(model, "", w);
+  if (!w.unmarked.empty()) {
+    std::ostringstream msg;
+    msg << "zero: tensor_parallel::placements: under sequence parallelism the replicated "
+           "parameter"
+        << (w.unmarked.size() > 1 ? "s " : " ");
+    for (size_t i = 0; i < w.unmarked.size(); ++i) msg << (i ? ", '" : "'") << w.unmarked[i] << "'";
+    msg << (w.unmarked.size() > 1 ? " are" : " is")
+        << " not marked, and a guess would be wrong for one of the two kinds: a parameter acting "
+           "on this rank's part of the sequence (a norm between the parallel regions) holds a "
+           "partial gradient that must be summed over the tensor-parallel group, one acting on "
+           "the whole sequence would get the group's size times its gradient if summed. Implement "
+           "zero::tensor_parallel::SequenceParallelModule on the module holding it (or any "
+           "enclosing one, the model itself) and return SequenceShare::kPartial or kWhole for "
+           "it from sequence_share(name), as examples::TpGpt does for its norms";
+    throw std::invalid_argument(msg.str());
   }
-  return out;
+  return std::move(w.out);
 }
 
 void all_reduce_partial_grads(const std::vector<NamedPlacement>& params, zero::Group& tp) {

@@ -21,6 +21,13 @@ struct VocabParallelEmbeddingOptions {
   TORCH_ARG(bool, sequence_parallel) = false;
   TORCH_ARG(int64_t, sequence_dim) = 1;  // of the output [batch, sequence, dim]
   TORCH_ARG(uint64_t, seed) = 0;         // of the full initial table (init_full_embedding)
+  // forward checks the ids against the vocabulary, agreed over the group (each rank's [min, max]
+  // id all-gathered: a collective and a host read per call, which on a GPU waits for the
+  // queued work) and every rank throws naming the bad id and its rank. Off: no collective and
+  // no host read; an id outside the vocabulary embeds to zeros, as in Megatron-LM (never an
+  // out-of-bounds read). For data checked already (zero-train's datasets check every token
+  // against the model's vocabulary when they open).
+  TORCH_ARG(bool, check_ids) = true;
 };
 
 class VocabParallelEmbeddingImpl : public torch::nn::Module, public TensorParallelLayer {
@@ -29,9 +36,11 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module, public TensorParall
   VocabParallelEmbeddingImpl(GroupPtr group, int64_t vocab, int64_t dim)
       : VocabParallelEmbeddingImpl(std::move(group), VocabParallelEmbeddingOptions(vocab, dim)) {}
 
-  // ids: integer tensor of any shape, every id in [0, vocab) (checked: an id out of range would
-  // otherwise silently embed to zeros). Returns [ids..., dim].
+  // ids: integer tensor of any shape, every id in [0, vocab) (checked unless options().check_ids
+  // is off: an id out of range would otherwise silently embed to zeros). Returns [ids..., dim].
   at::Tensor forward(const at::Tensor& ids);
+  // Turns options().check_ids on or off (the same on every rank of the group).
+  void set_check_ids(bool on) { options_.check_ids(on); }
 
   // Keeps this rank's rows of the full table [vocab, dim].
   void load_full(const at::Tensor& weight);

@@ -36,6 +36,28 @@ class TensorParallelLayer {
   virtual Placement placement(const std::string& param_name) const = 0;
 };
 
+// Under sequence parallelism a replicated parameter outside this folder's layers acts either on
+// this rank's part of the sequence (a norm between the parallel regions: its gradient is a
+// partial sum, all-reduced over the group) or on the whole sequence, or on none (a parameter
+// applied after a gather: its gradient is whole on every rank already; summing it would
+// multiply it by the group's size). The module cannot tell which, so the model says, as
+// Megatron-LM marks its layers' parameters `sequence_parallel`: the module holding the parameter,
+// or any module enclosing it, implements SequenceParallelModule. placements() refuses an unmarked
+// one under sequence parallelism, naming it; without sequence parallelism none is asked.
+enum class SequenceShare {
+  kUnsaid,   // not this module's to say; an enclosing module may
+  kPartial,  // acts on this rank's part of the sequence: gradient all-reduced over the group
+  kWhole,    // acts on the whole sequence (or none): gradient left as it is
+};
+
+class SequenceParallelModule {
+ public:
+  virtual ~SequenceParallelModule() = default;
+  // For a parameter below this module, by its name relative to this module
+  // ("attn_norm.weight"). Asked innermost module first; the first answer other than kUnsaid wins.
+  virtual SequenceShare sequence_share(const std::string& param_name) const = 0;
+};
+
 struct NamedPlacement {
   std::string name;  // as in module.named_parameters()
   at::Tensor param;
@@ -43,7 +65,10 @@ struct NamedPlacement {
 };
 
 // Every parameter of `model`: the layers of this folder say theirs; any other parameter (a norm,
-// a replicated head) is replicated, needing its gradient all-reduced when `sequence_parallel`.
+// a replicated head) is replicated, and when `sequence_parallel` needs its gradient all-reduced
+// if the SequenceParallelModule around it says kPartial. Throws std::invalid_argument naming
+// every replicated parameter that no enclosing module marks, under sequence parallelism (the
+// same on every rank: no communication).
 std::vector<NamedPlacement> placements(const torch::nn::Module& model, bool sequence_parallel);
 
 // All-reduces (sums), over the tensor-parallel `group`, the gradients of the parameters whose
