@@ -4,10 +4,9 @@
 // Megatron-LM's forward_backward_pipelining_without_interleaving keeps), GPipe holds all m.
 //
 // Before the runtime freed its buffers as they stopped being needed, every micro-batch's sent
-// output and sent input gradient stayed referenced until the step's ReduceGrads: 1F1B's peak
-// grew by two micro-batch buffers per micro-batch (P = 2, stage 0: m = 4 -> 16 added 12 x 2
-// buffers).
-//
+// output and sent input gradient stayed referenced until the step's ReduceGrads, so 1F1B's peak
+// grew by one or two buffers per micro-batch (not measured here against the old code).
+
 // The model is cut so each stage's per-micro-batch bytes are known: one block per stage,
 // Linear -> ReLU -> Linear, on rows x width fp32 activations (one "buffer", B bytes). While a
 // micro-batch is in flight on stage s its graph keeps the block's input (received from the
