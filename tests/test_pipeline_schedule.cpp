@@ -15,8 +15,10 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "zero/pipeline/figures.hpp"
@@ -553,6 +555,117 @@ TEST(PipelineSchedule, SimulatorRefusesBrokenSchedules) {
   EXPECT_NE(extra.find("stage 0's SendActivation(micro-batch 3) to stage 1 is never received"),
             std::string::npos)
       << extra;
+}
+
+// ---- when a send is known delivered ----------------------------------------------------
+
+// delivered_sends against an execution of every stage's list: the stages run round-robin, each
+// as far as its receives allow (a send posts its message, a receive takes one posted for it).
+// When a receive completes, every send it vouches for must have been taken by its receiver
+// already; every send is vouched for at most once. And the sends left to the step's end (no
+// receive vouches for them) do not grow with m under 1F1B: at most P - s + 1 gradients on
+// stage s (the previous stage's last activation went out before its last P - s + 1 gradients
+// came in) and no activation (the next stage's gradient of the same micro-batch vouches).
+TEST(PipelineSchedule, DeliveredSendsAreTakenBeforeTheReceiveThatVouchesForThem) {
+  struct Msg {
+    Op op;  // the send
+    int mb, chunk, from;
+    bool operator<(const Msg& o) const {
+      return std::tie(op, mb, chunk, from) < std::tie(o.op, o.mb, o.chunk, o.from);
+    }
+  };
+  auto check = [](ScheduleKind kind, int P, int m, int v) {
+    SCOPED_TRACE(std::string(schedule_name(kind)) + " P=" + std::to_string(P) +
+                 " m=" + std::to_string(m) + " v=" + std::to_string(v));
+    const Schedule sch = make_schedule(kind, P, m, v);
+    // A message: (virtual stage it goes to, activation?, micro-batch).
+    using Key = std::tuple<int, bool, int>;
+    auto key_of_send = [&](const Instruction& ins, int s) {
+      const int vs = ins.chunk * P + s;
+      return ins.op == Op::SendActivation ? Key{vs + 1, true, ins.micro_batch}
+                                          : Key{vs - 1, false, ins.micro_batch};
+    };
+    auto key_of_recv = [&](const Instruction& ins, int s) {
+      return Key{ins.chunk * P + s, ins.op == Op::RecvActivation, ins.micro_batch};
+    };
+    std::vector<std::vector<std::vector<Instruction>>> delivered(P);
+    for (int s = 0; s < P; ++s) {
+      delivered[s] = delivered_sends(sch, s);
+      ASSERT_EQ(delivered[s].size(), sch.per_stage[s].size());
+    }
+    std::set<Key> posted, taken;
+    std::vector<size_t> pc(P, 0);
+    std::vector<std::set<Key>> vouched(P);
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (int s = 0; s < P; ++s) {
+        for (; pc[s] < sch.per_stage[s].size(); ++pc[s]) {
+          const Instruction& ins = sch.per_stage[s][pc[s]];
+          if (ins.op == Op::SendActivation || ins.op == Op::SendGrad) {
+            posted.insert(key_of_send(ins, s));
+          } else if (ins.op == Op::RecvActivation || ins.op == Op::RecvGrad) {
+            const Key k = key_of_recv(ins, s);
+            if (!posted.count(k)) break;
+            taken.insert(k);
+          }
+          for (const Instruction& sent : delivered[s][pc[s]]) {
+            ASSERT_TRUE(sent.op == Op::SendActivation || sent.op == Op::SendGrad);
+            ASSERT_NE(std::find(sch.per_stage[s].begin(), sch.per_stage[s].begin() + pc[s], sent),
+                      sch.per_stage[s].begin() + pc[s])
+                << to_string(sent, true) << " vouched for before stage " << s << " sent it";
+            const Key k = key_of_send(sent, s);
+            EXPECT_TRUE(taken.count(k)) << "stage " << s << ": " << to_string(sent, true)
+                                        << " not yet received when "
+                                        << to_string(ins, true) << " vouched for it";
+            EXPECT_TRUE(vouched[s].insert(k).second) << to_string(sent, true) << " twice";
+          }
+          progress = true;
+        }
+      }
+    }
+    for (int s = 0; s < P; ++s) ASSERT_EQ(pc[s], sch.per_stage[s].size()) << "stage " << s;
+    if (kind != ScheduleKind::OneFOneB) return;
+    for (int s = 0; s < P; ++s) {
+      int left_grads = 0, left_acts = 0;
+      for (const auto& ins : sch.per_stage[s]) {
+        if (ins.op != Op::SendActivation && ins.op != Op::SendGrad) continue;
+        if (vouched[s].count(key_of_send(ins, s))) continue;
+        (ins.op == Op::SendGrad ? left_grads : left_acts)++;
+      }
+      EXPECT_EQ(left_acts, 0) << "stage " << s;
+      EXPECT_LE(left_grads, std::min(P - s + 1, m)) << "stage " << s;
+      if (s > 0) EXPECT_GE(left_grads, 1) << "stage " << s;  // the last gradient, at least
+    }
+  };
+  for (int P : {2, 3, 4})
+    for (int m : {1, 2, 4, 8, 64}) {
+      check(ScheduleKind::GPipe, P, m, 1);
+      check(ScheduleKind::OneFOneB, P, m, 1);
+      if (m % P == 0) check(ScheduleKind::Interleaved, P, m, 2);
+    }
+}
+
+// In 1F1B the next stage's gradient of micro-batch j arrives after it received activation
+// j + P - s - 2: that receive vouches for those activations (worked out by hand for P = 4,
+// stage 1: warm-up forwards 0 and 1, then F(2) B(0): RecvGrad(0) vouches for activations 0 and
+// 1, RecvGrad(1) for activation 2, ...). And stage 1's gradient of micro-batch j is vouched for
+// by the activation stage 0 sends after receiving it: activation j + 4.
+TEST(PipelineSchedule, DeliveredSendsOfOneFOneBByHand) {
+  const Schedule sch = make_schedule(ScheduleKind::OneFOneB, 4, 8);
+  const auto d = delivered_sends(sch, 1);
+  const auto& list = sch.per_stage[1];
+  std::map<std::string, std::vector<std::string>> got;
+  for (size_t i = 0; i < list.size(); ++i)
+    for (const auto& sent : d[i]) got[to_string(list[i])].push_back(to_string(sent));
+  auto act = [](int mb) { return to_string(Instruction{Op::SendActivation, mb}); };
+  auto grad = [](int mb) { return to_string(Instruction{Op::SendGrad, mb}); };
+  auto recv_grad = [](int mb) { return to_string(Instruction{Op::RecvGrad, mb}); };
+  auto recv_act = [](int mb) { return to_string(Instruction{Op::RecvActivation, mb}); };
+  EXPECT_EQ(got[recv_grad(0)], (std::vector<std::string>{act(0), act(1)}));
+  for (int j = 1; j < 6; ++j) EXPECT_EQ(got[recv_grad(j)], std::vector<std::string>{act(j + 1)});
+  for (int j = 0; j + 4 < 8; ++j)
+    EXPECT_EQ(got[recv_act(j + 4)], std::vector<std::string>{grad(j)});
 }
 
 }  // namespace

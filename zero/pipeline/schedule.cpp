@@ -1,6 +1,9 @@
 #include "zero/pipeline/schedule.hpp"
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <tuple>
 #include <stdexcept>
 
 namespace zero::pipeline {
@@ -165,6 +168,80 @@ Schedule make_schedule(ScheduleKind kind, int stages, int micro_batches, int vir
         out.per_stage.push_back(interleaved_schedule(stages, micro_batches, s, virtual_stages));
         break;
     }
+  }
+  return out;
+}
+
+namespace {
+
+// A message between virtual stages: an activation or a gradient of a micro-batch, named by the
+// virtual stage that receives it.
+struct Message {
+  bool activation;
+  int micro_batch;
+  int to;  // virtual stage
+  bool operator<(const Message& o) const {
+    return std::tie(activation, micro_batch, to) < std::tie(o.activation, o.micro_batch, o.to);
+  }
+};
+
+// The message instruction `ins` of stage `stage` sends or receives, if it does.
+std::optional<Message> message_of(const Instruction& ins, int stages, int stage) {
+  const int vs = ins.chunk * stages + stage;
+  switch (ins.op) {
+    case Op::SendActivation:
+      return Message{true, ins.micro_batch, vs + 1};
+    case Op::RecvActivation:
+      return Message{true, ins.micro_batch, vs};
+    case Op::SendGrad:
+      return Message{false, ins.micro_batch, vs - 1};
+    case Op::RecvGrad:
+      return Message{false, ins.micro_batch, vs};
+    default:
+      return std::nullopt;
+  }
+}
+
+bool is_send(Op op) { return op == Op::SendActivation || op == Op::SendGrad; }
+
+}  // namespace
+
+std::vector<std::vector<Instruction>> delivered_sends(const Schedule& schedule, int stage) {
+  const int p = schedule.stages;
+  check_shape(p, schedule.micro_batches, stage, schedule.virtual_stages);
+  if (static_cast<int>(schedule.per_stage.size()) != p)
+    throw std::invalid_argument("pipeline: a schedule of " + std::to_string(p) + " stages lists " +
+                                std::to_string(schedule.per_stage.size()));
+  auto stage_of = [&](int vs) { return vs % p; };
+  auto sender_of = [&](const Message& m) { return stage_of(m.activation ? m.to - 1 : m.to + 1); };
+  // What each message to `stage` vouches for: this stage's messages its sender had received
+  // before sending it.
+  std::map<Message, std::vector<Message>> vouches;
+  for (int t = 0; t < p; ++t) {
+    if (t == stage) continue;
+    std::vector<Message> received;  // from `stage`, not yet vouched for
+    for (const auto& ins : schedule.per_stage[t]) {
+      const auto m = message_of(ins, p, t);
+      if (!m) continue;
+      if (!is_send(ins.op)) {
+        if (sender_of(*m) == stage) received.push_back(*m);
+      } else if (stage_of(m->to) == stage) {
+        vouches[*m] = std::move(received);
+        received.clear();
+      }
+    }
+  }
+  const auto& mine = schedule.per_stage[stage];
+  std::map<Message, Instruction> sends;
+  for (const auto& ins : mine)
+    if (is_send(ins.op)) sends.emplace(*message_of(ins, p, stage), ins);
+  std::vector<std::vector<Instruction>> out(mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const auto m = message_of(mine[i], p, stage);
+    if (!m || is_send(mine[i].op)) continue;
+    auto it = vouches.find(*m);
+    if (it == vouches.end()) continue;
+    for (const auto& sent : it->second) out[i].push_back(sends.at(sent));
   }
   return out;
 }

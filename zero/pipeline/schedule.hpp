@@ -58,6 +58,16 @@ std::vector<Instruction> interleaved_schedule(int stages, int micro_batches, int
 // Every stage's list. virtual_stages must be 1 for GPipe and 1F1B.
 Schedule make_schedule(ScheduleKind kind, int stages, int micro_batches, int virtual_stages = 1);
 
+// When each send of `stage`'s list is known to have arrived: delivered[i] lists the sends
+// (SendActivation, SendGrad) of that list whose message the neighbour had received before it
+// sent what instruction i (a receive) gets, each send once, at the first such receive. Once the
+// receive completed, waiting on those sends returns at once and waits on nothing the schedule
+// has not done yet: the runtime frees a send's buffer there instead of at the step's end (in
+// 1F1B the next stage's gradient for micro-batch j arrives after it received activation
+// j + P - s - 2). Sends no later message vouches for (1F1B's cool-down gradients, GPipe's
+// gradients) are left to the step's end.
+std::vector<std::vector<Instruction>> delivered_sends(const Schedule& schedule, int stage);
+
 std::string_view op_name(Op op);
 // "Forward(micro-batch 3)", with ", chunk 1" when show_chunk.
 std::string to_string(const Instruction& ins, bool show_chunk = false);

@@ -41,7 +41,24 @@ class Charge {
 struct PipelineRuntime::Pending {
   comm::Work work;
   at::Tensor buffer;
+  std::optional<Instruction> ins;
 };
+
+namespace {
+
+// Megatron's deallocate_output_tensor: the stage's output, once sent, is needed only as the root
+// of its backward (its graph); the next stage holds its values. Its data becomes one element
+// broadcast to the output's shape, so the output keeps its sizes (the engine's backward checks
+// them against the gradient's) while its storage goes. Not for a view (its base holds the
+// storage anyway) nor a tensor without a graph (a stage passing its input through: that data is
+// the input's).
+void release_data(at::Tensor& y) {
+  if (!y.defined() || !y.grad_fn() || y.is_view()) return;
+  at::Tensor one = at::empty({1}, y.options()).expand(y.sizes());
+  y.set_data(one);
+}
+
+}  // namespace
 
 PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_ptr<comm::Group> pp,
                                  std::unique_ptr<StageOptimizer> optimizer, RuntimeOptions opts,
@@ -76,9 +93,11 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
     down_ = pp_->split(0, stage_, pp_->name() + "/to-earlier-stages");
     connect_pairs();
   }
-  instructions_ = opts_.schedule == ScheduleKind::GPipe
-                      ? gpipe_schedule(stages_, opts_.micro_batches, stage_)
-                      : one_f_one_b_schedule(stages_, opts_.micro_batches, stage_);
+  {
+    const Schedule all = make_schedule(opts_.schedule, stages_, opts_.micro_batches);
+    instructions_ = all.per_stage[stage_];
+    delivered_ = delivered_sends(all, stage_);
+  }
   for (size_t i = 0; i < instructions_.size(); ++i)
     if (instructions_[i].op == Op::Backward) last_backward_ = static_cast<int>(i);
   for (const auto& [key, holders] : layers_.tie_stages()) {
@@ -179,10 +198,12 @@ void PipelineRuntime::send_activation(int mb, const at::Tensor& y) {
     m[0] = static_cast<int64_t>(y.scalar_type());
     m[1] = y.dim();
     for (int64_t d = 0; d < y.dim(); ++d) m[2 + d] = y.size(d);
-    post_send(meta.to(y.device()), next, "send of the activation's shape" + to);
+    post_send(meta.to(y.device()), next, "send of the activation's shape" + to,
+              Instruction{Op::SendActivation, mb});
   }
   post_send(y.detach().contiguous(), next,
-            "send of micro-batch " + std::to_string(mb) + "'s activation" + to);
+            "send of micro-batch " + std::to_string(mb) + "'s activation" + to,
+            Instruction{Op::SendActivation, mb});
 }
 
 comm::Group& PipelineRuntime::channel(int from, int to) const { return to > from ? *pp_ : *down_; }
@@ -196,9 +217,24 @@ void PipelineRuntime::wait_sends() {
   sends_.clear();
 }
 
-void PipelineRuntime::post_send(at::Tensor t, int dst, const std::string& what) {
+void PipelineRuntime::settle(const std::vector<Instruction>& sent) {
+  for (const auto& ins : sent) {
+    for (auto it = sends_.begin(); it != sends_.end();) {
+      if ((*it)->ins == ins) {
+        (*it)->work.wait();
+        it = sends_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void PipelineRuntime::post_send(at::Tensor t, int dst, const std::string& what,
+                                std::optional<Instruction> ins) {
   auto p = std::make_unique<Pending>();
   p->buffer = std::move(t);
+  p->ins = ins;
   p->work = channel(stage_, dst).send(p->buffer, dst, where(what));
   sends_.push_back(std::move(p));
 }
@@ -287,6 +323,7 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
       case Op::RecvActivation:
         in[mb] = recv_activation(mb);
         if (in[mb].is_floating_point()) in[mb].requires_grad_(true);
+        settle(delivered_[idx]);
         break;
       case Op::Forward: {
         at::Tensor x = first ? inputs[mb] : in[mb];
@@ -300,12 +337,14 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
       }
       case Op::SendActivation:
         send_activation(mb, out[mb]);
+        release_data(out[mb]);
         break;
       case Op::RecvGrad: {
         grad_out[mb] = at::empty_like(out[mb], at::MemoryFormat::Contiguous);
         recv(grad_out[mb], stage_ + 1,
              "recv of micro-batch " + std::to_string(mb) + "'s gradient from stage " +
                  std::to_string(stage_ + 1));
+        settle(delivered_[idx]);
         break;
       }
       case Op::Backward:
@@ -333,7 +372,8 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         post_send(in[mb].grad().defined() ? in[mb].grad().contiguous() : at::zeros_like(in[mb]),
                   stage_ - 1,
                   "send of micro-batch " + std::to_string(mb) + "'s gradient to stage " +
-                      std::to_string(stage_ - 1));
+                      std::to_string(stage_ - 1),
+                  Instruction{Op::SendGrad, mb});
         in[mb] = at::Tensor();
         // After the gradient of the last micro-batch: the owner receives in this order.
         if (mb == instructions_[last_backward_].micro_batch) send_tied_grads();

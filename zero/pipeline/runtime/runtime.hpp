@@ -11,10 +11,21 @@
 // owner (first holder) trains it with the other holders' gradients added in, and sends them the
 // result after each step (see Tie).
 //
-// Sends are posted without waiting (their buffers kept until the step's ReduceGrads), receives
-// are waited on: a schedule whose receives are acyclic then cannot deadlock, whatever the
-// transport does with an unmatched send. Every wait is bounded by the group's comm_timeout_s,
-// and its error names this stage, the instruction and the peer stage and rank.
+// Sends are posted without waiting, receives are waited on: a schedule whose receives are
+// acyclic then cannot deadlock, whatever the transport does with an unmatched send. Every wait
+// is bounded by the group's comm_timeout_s, and its error names this stage, the instruction and
+// the peer stage and rank.
+//
+// Nothing is kept per micro-batch beyond what the schedule has in flight, so 1F1B holds P - s
+// micro-batches on stage s however many the step has (Megatron-LM's schedules do the same):
+//  - a send (its Work and buffer) is waited on and dropped at the first receive that shows the
+//    neighbour had it (delivered_sends in schedule.hpp); the rest at ReduceGrads. A gloo send's
+//    Work holds its tensor until destroyed and reports completion only when waited on, so
+//    there is no earlier moment to learn of it;
+//  - the stage's output keeps its autograd graph but not its data once sent (Megatron's
+//    deallocate_output_tensor): the next stage has it, backward needs only the graph;
+//  - the received gradient goes after its backward, the received activation once its gradient
+//    was sent.
 //
 // Under NCCL the point-to-point operations of one process group between two ranks run in
 // order on one stream, and a send does not finish before its receive started: a send of
@@ -33,6 +44,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,7 +109,9 @@ class PipelineRuntime {
   std::string where(const std::string& what) const;
   at::Tensor recv_activation(int mb);
   void send_activation(int mb, const at::Tensor& y);
-  void post_send(at::Tensor t, int dst, const std::string& what);
+  // `ins`: the schedule's send this belongs to (settle finds it by it); none for tied weights.
+  void post_send(at::Tensor t, int dst, const std::string& what,
+                 std::optional<Instruction> ins = std::nullopt);
   void recv(at::Tensor& t, int src, const std::string& what);
   // The group that carries a message from stage `from` to stage `to` (see above).
   comm::Group& channel(int from, int to) const;
@@ -106,6 +120,8 @@ class PipelineRuntime {
   std::vector<at::Tensor> recv_tied_grads();
   void exchange_tied_weights();
   void wait_sends();
+  // Waits on and drops the posted sends of these instructions (delivered, see above).
+  void settle(const std::vector<Instruction>& sent);
 
   StageLayers layers_;
   LossFn loss_;
@@ -117,7 +133,9 @@ class PipelineRuntime {
   std::vector<Instruction> instructions_;
   std::vector<Tie> ties_;
   int last_backward_ = -1;  // index in instructions_ of this stage's last Backward
-  std::vector<std::unique_ptr<Pending>> sends_;  // posted this step, waited at ReduceGrads
+  std::vector<std::unique_ptr<Pending>> sends_;  // posted, not yet known delivered
+  // delivered_sends(...) of this stage's list: the sends to settle after each receive.
+  std::vector<std::vector<Instruction>> delivered_;
   std::vector<int64_t> recv_shape_;              // the activation's shape from the previous stage
   c10::ScalarType recv_dtype_ = c10::ScalarType::Float;
   c10::Device device_{c10::kCPU};  // the stage's: every buffer sent or received lives there
