@@ -236,9 +236,11 @@ void C10dGroup::connect(const std::string& what) {
   if (p_.opts.device == c10::DeviceType::CUDA) {
     // This thread's current GPU must be the group's (from_env builds on a helper thread).
     nccl_use_bound_device(*p_.backend);
-    if (const auto device = p_.backend->getBoundDeviceId()) {
-      p_.backend->eagerConnectSingleDevice(*device);
-    }
+    // Not eagerConnectSingleDevice: it puts the group in torch's eager-init mode, where every
+    // send/recv runs on the group's one communicator and stream, so a middle pipeline stage's
+    // receive from the stage before and send to the stage after would serialise. The all-reduce
+    // below creates the group's communicator now, on the bound GPU; connect_peer creates each
+    // pair's (review cuda_review_2026-12-06b, M1).
   }
   at::Tensor t = probe();
   std::vector<at::Tensor> ts{t};

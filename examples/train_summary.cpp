@@ -63,8 +63,12 @@ ParamStats whole_model_stats(const torch::nn::Module& model, const std::shared_p
     (p.placement.sharded ? split : replicated).push_back(p.param);
   const ParamStats mine = parameter_stats(split), once = parameter_stats(replicated);
   at::NoGradGuard no_grad;
-  const c10::Device device =
-      split.empty() ? c10::Device(c10::kCPU) : split.front().device();  // what the group moves
+  // The group's device (an NCCL group refuses host tensors): any parameter's, the split ones'
+  // first, since a rank may hold none of them.
+  const std::vector<at::Tensor> all = model.parameters();
+  const c10::Device device = !split.empty() ? split.front().device()
+                             : !all.empty() ? all.front().device()
+                                            : c10::Device(c10::kCPU);
   const at::Tensor sums =
       tensor_parallel::reduce_from_region(
           at::tensor({mine.checksum, mine.norm * mine.norm}, at::kDouble).to(device), tp)
