@@ -71,7 +71,11 @@ void Entries::publish() {
 void Entries::progress(int64_t window) {
   if (!store_ || window == me_.window) return;
   me_.window = window;
-  publish();
+  try {
+    publish();
+  } catch (const c10::Error&) {
+    store_.reset();  // see enter()
+  }
 }
 
 std::string Entries::describe_peer(int r) const {
@@ -82,6 +86,17 @@ std::string Entries::describe_peer(int r) const {
 
 void Entries::enter(const std::string& call) {
   if (!store_) return;
+  try {
+    enter_checked(call);
+  } catch (const c10::Error&) {
+    // The store stopped answering: under torchrun it lives in the launcher, which may have died
+    // (the ranks then agree to stop and save, which must still work). The check is a courtesy:
+    // the collective that follows has its own timeout and names a dead rank, so go on unchecked.
+    store_.reset();
+  }
+}
+
+void Entries::enter_checked(const std::string& call) {
   const int64_t seq = ++entered_[call];
   const int64_t want = seq * group_->size();
   const std::string key = prefix_ + "enter/" + call;

@@ -61,6 +61,7 @@ class Entries {
     bool gone = false;
   };
   void publish();
+  void enter_checked(const std::string& call);
   std::string describe_peer(int r) const;
 
   std::shared_ptr<Group> group_;

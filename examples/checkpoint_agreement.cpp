@@ -96,6 +96,11 @@ ResumePoint agree_resume_point(const std::string& save_root, const std::string& 
     if (p.dirs.empty()) p.dirs = {own_dir};  // the load says what is missing
     if (!want.empty()) {
       p.tag = want;
+    } else if (p.dirs.size() == 1) {
+      // One directory: its save is atomic (written aside, then renamed), so a latest that is
+      // damaged or names an incomplete tag is damage, not a save cut short. The load reads and
+      // checks latest itself and names what is wrong (falling back to an older tag would hide
+      // it); the ranks still agree below that they all load that directory's latest.
     } else {
       // Every directory's latest, when they agree and it is complete everywhere (the common
       // case); else the newest tag every directory completed.

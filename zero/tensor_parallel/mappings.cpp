@@ -84,14 +84,14 @@ struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
     return x;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_reduce(grads[0], group_of(ctx), "tensor-parallel all-reduce (copy_to_region)"),
+    return {all_reduce(grads[0], group_of(ctx), "all_reduce (tensor-parallel, copy_to_region)"),
             at::Tensor()};
   }
 };
 
 struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& x, const GroupPtr& group) {
-    return all_reduce(x, comm::of(*group), "tensor-parallel all-reduce (reduce_from_region)");
+    return all_reduce(x, comm::of(*group), "all_reduce (reduce_from_region)");
   }
   static variable_list backward(AutogradContext*, variable_list grads) {
     return {grads[0], at::Tensor()};
@@ -105,7 +105,7 @@ struct ScatterToRegion : torch::autograd::Function<ScatterToRegion> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {all_gather_along(grads[0], -1, group_of(ctx),
-                             "tensor-parallel all-gather (scatter_to_region backward)"),
+                             "all_gather (tensor-parallel, scatter_to_region backward)"),
             at::Tensor()};
   }
 };
@@ -114,7 +114,7 @@ struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
     save_group(ctx, group);
     return all_gather_along(x, -1, comm::of(*group),
-                            "tensor-parallel all-gather (gather_from_region)");
+                            "all_gather (gather_from_region)");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {split_along(grads[0], -1, group_of(ctx), "gather_from_region backward"), at::Tensor()};
