@@ -98,22 +98,26 @@ void Entries::enter(const std::string& call) {
 
 void Entries::enter_checked(const std::string& call) {
   const int64_t seq = ++entered_[call];
-  const int64_t want = seq * group_->size();
+  const int me = group_->rank(), size = group_->size();
+  const int64_t want = seq * size;
   const std::string key = prefix_ + "enter/" + call;
-  if (store_->add(key, 1) >= want) return;  // the last to arrive waits for nobody
+  const int64_t arrived = store_->add(key, 1);
+  if (arrived >= want) return;  // the last to arrive waits for nobody
+  // Reading every peer's position is a look at N keys: done by every waiter it would cost the
+  // store O(N^2) per look at thousands of ranks. The first to arrive looks for all of them and
+  // leaves what it found under a key of this call; the others read that key.
+  const bool looker = arrived == want - size + 1;
+  const std::string verdict_key = key + "/" + std::to_string(seq) + "/verdict";
 
   const auto start = Clock::now();
   const auto timeout = group_->options().timeout;
-  const int me = group_->rank(), size = group_->size();
   auto pause = std::chrono::microseconds(20);
   bool published = false;
   auto last_look = start;
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r)
-    if (r != me) keys.push_back(prefix_ + "pos/" + std::to_string(r));
   for (;;) {
     std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
+    // Quick at first (most waits are short); a wait past kPublishAfter polls at kSlowPoll.
+    pause = std::min<std::chrono::microseconds>(pause * 2, published ? kSlowPoll : kQuickPoll);
     if (store_->add(key, 0) >= want) break;
     const auto now = Clock::now();
     if (!published && now - start >= kPublishAfter) {
@@ -128,54 +132,28 @@ void Entries::enter_checked(const std::string& call) {
     const bool timed_out = now - start >= timeout;
     if (!published || (!timed_out && now - last_look < kPublishAfter)) continue;
     last_look = now;
-    // Who cannot come: a peer that went on to its next accumulation window, whose engine is
-    // gone, or that waits in another call (each a call the program skipped on some rank).
     // A peer killed before it could say anything: the heartbeat knows (real launches).
     const std::string gone = c10d_->gone_peers();
     if (!gone.empty())
       throw CommError("zero: rank " + std::to_string(me) + " of " + std::to_string(size) +
                       (group_->name() == "world" ? "" : " in group " + group_->name()) + ": " +
                       call + " failed: " + gone);
-    const auto values = store_->multiGet(keys);
-    std::vector<std::string> absent;
-    std::vector<std::string> not_here;  // no word either way: on timeout, these are named
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const int r = static_cast<int>(i) < me ? static_cast<int>(i) : static_cast<int>(i) + 1;
-      const Parsed p = decode(values[i]);
-      if (p.waiting_in == call && p.seq == seq) continue;  // here, waiting too
-      const std::string who = describe_peer(r);
-      // A record of a wait that has completed since (the peer has not cleared it yet) says
-      // nothing: that call's counter tells.
-      const bool elsewhere =
-          !p.waiting_in.empty() && (p.waiting_in != call || p.seq != seq) &&
-          store_->add(prefix_ + "enter/" + p.waiting_in, 0) < p.seq * size;
-      if (elsewhere) {
-        // Waiting there now, or failed there (a rank keeps the call it failed in).
-        absent.push_back(who + " did not call " + call + " (it called " + p.waiting_in +
-                         (p.waiting_in == call ? " for the " + std::to_string(p.seq) + "th time"
-                                               : std::string()) +
-                         " instead)");
-      } else if (p.gone) {
-        absent.push_back(who + " did not call " + call + " (its engine was destroyed: it ended " +
-                         "or went on without it)");
-      } else if (p.window > me_.window) {
-        absent.push_back(who + " did not call " + call + " (it went on to training: its " +
-                         "accumulation window " + std::to_string(p.window) + ", this rank's " +
-                         std::to_string(me_.window) + ")");
-      } else {
-        not_here.push_back(who);
-      }
+    Verdict v;
+    if (looker || timed_out) {
+      v = look(call, seq);
+      if (looker && !v.absent.empty()) store_->set(verdict_key, bytes(v.absent));
+    } else if (store_->check({verdict_key})) {
+      const auto b = store_->get(verdict_key);
+      v.absent.assign(b.begin(), b.end());
     }
-    if (absent.empty() && !timed_out) continue;
+    if (v.absent.empty() && !timed_out) continue;
     std::string text = "zero: " + describe_peer(me) + " waits in " + call + ", but ";
-    if (absent.empty()) {
-      std::string names;
-      for (const auto& n : not_here) names += (names.empty() ? "" : ", ") + n;
-      text += names + " did not call " + call + " within comm_timeout_s = " +
+    if (v.absent.empty()) {
+      text += v.not_here + " did not call " + call + " within comm_timeout_s = " +
               std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
               " s";
     } else {
-      for (size_t i = 0; i < absent.size(); ++i) text += (i ? "; " : "") + absent[i];
+      text += v.absent;
     }
     // This rank's position keeps the call it failed in: a peer stuck in another call names it.
     throw CommError(text + ". " + call +
@@ -185,6 +163,47 @@ void Entries::enter_checked(const std::string& call) {
     me_.waiting_in.clear();
     publish();
   }
+}
+
+// Who cannot come: a peer that went on to its next accumulation window, whose engine is gone,
+// or that waits in another call (each a call the program skipped on some rank).
+Entries::Verdict Entries::look(const std::string& call, int64_t seq) const {
+  const int me = group_->rank(), size = group_->size();
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r)
+    if (r != me) keys.push_back(prefix_ + "pos/" + std::to_string(r));
+  const auto values = store_->multiGet(keys);
+  Verdict v;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const int r = static_cast<int>(i) < me ? static_cast<int>(i) : static_cast<int>(i) + 1;
+    const Parsed p = decode(values[i]);
+    if (p.waiting_in == call && p.seq == seq) continue;  // here, waiting too
+    const std::string who = describe_peer(r);
+    // A record of a wait that has completed since (the peer has not cleared it yet) says
+    // nothing: that call's counter tells.
+    const bool elsewhere = !p.waiting_in.empty() && (p.waiting_in != call || p.seq != seq) &&
+                           store_->add(prefix_ + "enter/" + p.waiting_in, 0) < p.seq * size;
+    std::string why;
+    if (elsewhere) {
+      // Waiting there now, or failed there (a rank keeps the call it failed in).
+      why =
+          who + " did not call " + call + " (it called " + p.waiting_in +
+          (p.waiting_in == call ? " for the " + std::to_string(p.seq) + "th time" : std::string()) +
+          " instead)";
+    } else if (p.gone) {
+      why = who + " did not call " + call + " (its engine was destroyed: it ended " +
+            "or went on without it)";
+    } else if (p.window > me_.window) {
+      why = who + " did not call " + call + " (it went on to training: its " +
+            "accumulation window " + std::to_string(p.window) + ", " + describe_peer(me) + "'s " +
+            std::to_string(me_.window) + ")";
+    } else {
+      v.not_here += (v.not_here.empty() ? "" : ", ") + who;  // no word either way
+      continue;
+    }
+    v.absent += (v.absent.empty() ? "" : "; ") + why;
+  }
+  return v;
 }
 
 }  // namespace zero::comm

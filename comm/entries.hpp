@@ -10,7 +10,9 @@
 // after kPublishAfter writes where it is (which call, which accumulation window) and reads the
 // others', to tell a peer that is merely late (keep waiting) from one that cannot come: it went on
 // to the next accumulation window (Entries::progress, once per window), its engine was
-// destroyed, or it waits in another call. Every wait ends by comm_timeout_s.
+// destroyed, or it waits in another call. Only the first rank to arrive reads the others'
+// positions and leaves what it found for the rest: a slow wait costs the store O(1) requests per
+// waiter per poll, not O(N). Every wait ends by comm_timeout_s.
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
@@ -34,6 +36,10 @@ class Entries {
  public:
   // A waiter that has waited this long publishes its position and reads the others'.
   static constexpr std::chrono::milliseconds kPublishAfter{200};
+  // How often a waiter reads the call's counter: quickly until kPublishAfter, then slowly (a
+  // store request per waiter per poll: at thousands of ranks the store is the bottleneck).
+  static constexpr std::chrono::milliseconds kQuickPoll{20};
+  static constexpr std::chrono::milliseconds kSlowPoll{100};
 
   // Over `group`'s store, in a key namespace of its own (one per Entries made over the group:
   // every rank makes them in the same order). Writes this rank's first position, so make it
@@ -60,12 +66,18 @@ class Entries {
     int64_t window = 0;
     bool gone = false;
   };
+  // What the first waiter found of the peers that are not here: `absent`, those that cannot
+  // come, with why; `not_here`, those with no word either way (named on timeout).
+  struct Verdict {
+    std::string absent, not_here;
+  };
   void publish();
+  Verdict look(const std::string& call, int64_t seq) const;
   void enter_checked(const std::string& call);
   std::string describe_peer(int r) const;
 
   std::shared_ptr<Group> group_;
-  C10dGroup* c10d_ = nullptr;        // group_ as the real group, or null
+  C10dGroup* c10d_ = nullptr;              // group_ as the real group, or null
   c10::intrusive_ptr<c10d::Store> store_;  // null: no checks
   std::string prefix_;
   std::map<std::string, int64_t> entered_;  // per call name: entries so far

@@ -6,9 +6,13 @@
 // merely late (2 s behind, beyond the point where waiters publish their position) is waited for,
 // and two ranks in different calls both name the other's.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <atomic>
 
 #include <chrono>
 #include <filesystem>
@@ -17,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/entries.hpp"
 #include "comm/group.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
@@ -99,8 +104,8 @@ void leave(Engine&, TinyNetImpl&) {}  // the thread ends: its engine is destroye
 
 TEST(CollectiveEntry, SaveOnRankZeroOnlyNamesRankOneAndLeavesNoTmp) {
   const fs::path dir = temp_dir("save");
-  const Outcome o = rank0_alone(train_one, [&](Engine& e) { e.save_checkpoint(dir.string()); },
-                                go_on_training);
+  const Outcome o = rank0_alone(
+      train_one, [&](Engine& e) { e.save_checkpoint(dir.string()); }, go_on_training);
   std::printf("rank 0 failed after %.2f s: %s\n", o.seconds, o.error.c_str());
   EXPECT_HAS(o.error, "rank 1 did not call save_checkpoint");
   EXPECT_HAS(o.error, "it went on to training");
@@ -113,8 +118,8 @@ TEST(CollectiveEntry, SaveOnRankZeroOnlyNamesRankOneAndLeavesNoTmp) {
 
 TEST(CollectiveEntry, SaveOnRankZeroAfterRankOneEndedNamesIt) {
   const fs::path dir = temp_dir("save_end");
-  const Outcome o =
-      rank0_alone(train_one, [&](Engine& e) { e.save_checkpoint(dir.string()); }, leave);
+  const Outcome o = rank0_alone(
+      train_one, [&](Engine& e) { e.save_checkpoint(dir.string()); }, leave);
   std::printf("rank 0 failed after %.2f s: %s\n", o.seconds, o.error.c_str());
   EXPECT_HAS(o.error, "rank 1 did not call save_checkpoint (its engine was destroyed");
   EXPECT_LT(o.seconds, kBoundS);
@@ -129,8 +134,8 @@ TEST(CollectiveEntry, LoadOnRankZeroOnlyNamesRankOne) {
     train_one(e, net);
     e.save_checkpoint(dir.string());
   };
-  const Outcome o = rank0_alone(save_both, [&](Engine& e) { e.load_checkpoint(dir.string()); },
-                                go_on_training);
+  const Outcome o = rank0_alone(
+      save_both, [&](Engine& e) { e.load_checkpoint(dir.string()); }, go_on_training);
   std::printf("rank 0 failed after %.2f s: %s\n", o.seconds, o.error.c_str());
   EXPECT_HAS(o.error, "rank 1 did not call load_checkpoint");
   EXPECT_HAS(o.error, "load_checkpoint is a collective: call it on every rank");
@@ -139,8 +144,8 @@ TEST(CollectiveEntry, LoadOnRankZeroOnlyNamesRankOne) {
 }
 
 TEST(CollectiveEntry, AllReduceMeanOnRankZeroOnlyNamesRankOne) {
-  const Outcome o =
-      rank0_alone(train_one, [](Engine& e) { e.all_reduce_mean(1.0); }, go_on_training);
+  const Outcome o = rank0_alone(
+      train_one, [](Engine& e) { e.all_reduce_mean(1.0); }, go_on_training);
   std::printf("rank 0 failed after %.2f s: %s\n", o.seconds, o.error.c_str());
   EXPECT_HAS(o.error, "rank 1 did not call all_reduce_mean");
   EXPECT_HAS(o.error, "all_reduce_mean is a collective: call it on every rank");
@@ -148,8 +153,8 @@ TEST(CollectiveEntry, AllReduceMeanOnRankZeroOnlyNamesRankOne) {
 }
 
 TEST(CollectiveEntry, MemoryReportsOnRankZeroOnlyNamesRankOne) {
-  const Outcome o =
-      rank0_alone(train_one, [](Engine& e) { e.gather_memory_reports(); }, leave);
+  const Outcome o = rank0_alone(
+      train_one, [](Engine& e) { e.gather_memory_reports(); }, leave);
   EXPECT_HAS(o.error, "rank 1 did not call gather_memory_reports");
   EXPECT_LT(o.seconds, kBoundS);
 }
@@ -173,8 +178,10 @@ TEST(CollectiveEntry, DifferentCallsNameEachOther) {
         });
       },
       kTimeout);
-  EXPECT_HAS(out[0].error, "rank 1 did not call save_checkpoint (it called all_reduce_mean instead)");
-  EXPECT_HAS(out[1].error, "rank 0 did not call all_reduce_mean (it called save_checkpoint instead)");
+  EXPECT_HAS(out[0].error,
+             "rank 1 did not call save_checkpoint (it called all_reduce_mean instead)");
+  EXPECT_HAS(out[1].error,
+             "rank 0 did not call all_reduce_mean (it called save_checkpoint instead)");
   for (const auto& o : out) EXPECT_LT(o.seconds, kBoundS);
   EXPECT_FALSE(fs::exists(dir / "step1.tmp"));
   fs::remove_all(dir);
@@ -241,6 +248,140 @@ TEST(CollectiveEntry, PerCallCostIsSmall) {
   std::printf("all_reduce_mean: %.1f us per call (rank 0), %.1f us (rank 1)\n", per_call_us[0],
               per_call_us[1]);
   EXPECT_LT(per_call_us[0], 5000.0);
+}
+
+// One optimizer step of this rank's share on `world` ranks.
+void train_step_of(Engine& e, TinyNetImpl& net, int step, int world) {
+  const Batch b = rank_micro_batch(global_batch(step, 2 * world), e.rank(), world, 0, 1);
+  e.backward(mse(net.forward(b.x), b.y));
+  e.step();
+}
+
+// Two of three ranks save, the third trains on: with more than two ranks only the first to arrive
+// reads the others' positions; the rest learn from it. Both waiters name the rank that went on.
+TEST(CollectiveEntry, EveryWaiterNamesTheRankThatWentOn) {
+  constexpr int kWorld = 3;
+  const fs::path dir = temp_dir("three");
+  std::vector<Outcome> out(kWorld);
+  run_ranks(
+      kWorld,
+      [&](std::shared_ptr<comm::Group> g) {
+        auto net = make_tiny_net(3);
+        auto e = initialize(net, test_config(2, 2, 1, 0.0), g);
+        train_step_of(e, *net, 0, kWorld);
+        if (g->rank() < 2) {
+          out[g->rank()] = timed([&] { e.save_checkpoint(dir.string()); });
+        } else {
+          try {
+            train_step_of(e, *net, 1, kWorld);
+          } catch (const std::exception&) {
+            // The savers gave up and their connections closed under this rank's collective.
+          }
+        }
+      },
+      kTimeout);
+  for (int r = 0; r < 2; ++r) {
+    std::printf("rank %d failed after %.2f s: %s\n", r, out[r].seconds, out[r].error.c_str());
+    EXPECT_HAS(out[r].error, "rank " + std::to_string(r) +
+                                 " waits in save_checkpoint, but rank 2 "
+                                 "did not call save_checkpoint (it went on to training");
+    EXPECT_LT(out[r].seconds, kBoundS);
+  }
+  EXPECT_FALSE(fs::exists(dir / "step1.tmp"));
+  fs::remove_all(dir);
+}
+
+// The store every rank's check talks to, counting what it is asked.
+class CountingStore : public c10d::HashStore {
+ public:
+  std::atomic<int64_t> adds{0}, multi_gets{0}, others{0};
+  int64_t add(const std::string& key, int64_t value) override {
+    ++adds;
+    return HashStore::add(key, value);
+  }
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override {
+    ++multi_gets;
+    return HashStore::multiGet(keys);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    ++others;
+    return HashStore::check(keys);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    ++others;
+    return HashStore::get(key);
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    ++others;
+    HashStore::set(key, value);
+  }
+  int64_t total() const { return adds + multi_gets + others; }
+};
+
+// What a long wait costs the store: three ranks wait 1.5 s for a fourth. Reading every peer's
+// position is done by one waiter (at 1000s of ranks, N waiters each reading N keys every look
+// would be O(N^2) per look), and the counter is polled every kSlowPoll once a wait is long: the
+// requests stay within one looker's looks plus each waiter's polls, counted from the constants.
+TEST(CollectiveEntry, ALongWaitCostsTheStoreFewRequests) {
+  constexpr int kWorld = 4;
+  constexpr auto kLate = std::chrono::milliseconds(1500);
+  at::set_num_threads(1);  // as run_ranks: rank threads share two cores
+  setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+  auto store = c10::make_intrusive<CountingStore>();
+  std::vector<std::string> errors(kWorld);
+  std::vector<double> means(kWorld);
+  int64_t adds = 0, multi_gets = 0, total = 0;
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        comm::GroupOptions opts;
+        opts.timeout = kTimeout;
+        auto g = comm::Group::over_store(store, r, kWorld, opts);
+        auto net = make_tiny_net(3);
+        auto e = initialize(net, test_config(2, 2, 1, 0.0), g);
+        e.all_reduce_mean(0.0);
+        // Counted from here: every rank has left the first call (and its polls) behind.
+        if (++ready == kWorld) {
+          store->adds = 0;
+          store->multi_gets = 0;
+          store->others = 0;
+        }
+        while (ready < kWorld) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (r == kWorld - 1) std::this_thread::sleep_for(kLate);
+        means[r] = e.all_reduce_mean(static_cast<double>(r));
+        if (r == kWorld - 1) {
+          adds = store->adds;
+          multi_gets = store->multi_gets;
+          total = store->total();
+        }
+      } catch (const std::exception& ex) {
+        errors[r] = ex.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(means[r], 1.5) << "rank " << r;
+  }
+  const double late = std::chrono::duration<double>(kLate).count();
+  const double look = std::chrono::duration<double>(comm::Entries::kPublishAfter).count();
+  const double slow = std::chrono::duration<double>(comm::Entries::kSlowPoll).count();
+  // One looker: a look per kPublishAfter after the first.
+  const double max_looks = late / look + 1;
+  // Per waiter: ~11 quick polls doubling up to kQuickPoll, then kQuickPoll until kPublishAfter
+  // (10), then kSlowPoll; a 1.5x margin for the steps between.
+  const double max_polls = (kWorld - 1) * 1.5 * (11 + 10 + late / slow);
+  std::printf(
+      "1.5 s wait of 3 ranks: %lld adds, %lld multiGets, %lld requests in all "
+      "(bounds %.0f polls, %.0f looks)\n",
+      (long long)adds, (long long)multi_gets, (long long)total, max_polls, max_looks);
+  EXPECT_LE(multi_gets, max_looks);
+  EXPECT_LE(adds, max_polls + kWorld);  // + the arrivals' own adds
+  EXPECT_LE(total, max_polls + 4 * max_looks + 4 * kWorld);
 }
 
 }  // namespace
