@@ -11,7 +11,9 @@ bin=$(dirname "$train")
 logits=$bin/zero-logits
 consolidate=$bin/../tools/zero-consolidate
 helper=$src/tests/e2e/hf_llama.py
-if ! python3 -c 'import transformers' 2> /dev/null; then
+# find_spec looks the package up without importing it (an import costs a second or more, once per
+# test; the helper's first command imports it anyway).
+if ! python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("transformers") is None)'; then
   echo "SKIP: the transformers package is not installed (pip install transformers)"
   exit 77
 fi
