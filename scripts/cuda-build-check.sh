@@ -26,6 +26,7 @@ fi
 "$venv/bin/python" -c 'import torch; print("cuda-check: torch", torch.__version__, "CUDA", torch.version.cuda)'
 build=${ZERO_CUDA_BUILD_DIR:-build-cuda}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_BUILD_TESTS=OFF \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(scripts/relwithdebinfo-flags.sh)" \
   -DZERO_INSTALL=OFF -DPython3_EXECUTABLE="$venv/bin/python" | grep -E "zero:|CUDAToolkit"
 ninja -C "$build" -j "${ZERO_JOBS:-2}"
 # The evidence: the device-specific objects exist, and the binaries link the CUDA runtime,

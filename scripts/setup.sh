@@ -47,6 +47,7 @@ fi
 
 . scripts/ccache-env.sh
 build=${ZERO_BUILD_DIR:-build}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${ZERO_BUILD_TYPE:-RelWithDebInfo} > /dev/null
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${ZERO_BUILD_TYPE:-RelWithDebInfo} \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(scripts/relwithdebinfo-flags.sh)" > /dev/null
 # Two jobs at most: each torch translation unit needs ~1.5 GB of RAM to compile.
 ninja -C "$build" -j "${ZERO_JOBS:-2}" "$@"
