@@ -10,6 +10,7 @@
 # only mean something on a GPU (scripts/gpu-check.sh builds and runs them there). What it runs
 # instead: zero-train from this build, a few CPU steps, to show the CUDA-linked binary starts and
 # trains.
+# --venv-only: create the venv and stop (.ci/run does that while the CPU build and tests run).
 set -euo pipefail
 export PYTHONWARNINGS=ignore  # the CUDA wheel warns about a missing numpy on import
 cd "$(dirname "$0")/.."
@@ -23,9 +24,11 @@ if ! "$venv/bin/python" -c 'import torch,sys; sys.exit(0 if torch.version.cuda e
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q "torch==$torch_version"
 fi
+[[ ${1:-} == --venv-only ]] && exit 0
 "$venv/bin/python" -c 'import torch; print("cuda-check: torch", torch.__version__, "CUDA", torch.version.cuda)'
 build=${ZERO_CUDA_BUILD_DIR:-build-cuda}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_BUILD_TESTS=OFF \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(scripts/relwithdebinfo-flags.sh)" \
   -DZERO_INSTALL=OFF -DPython3_EXECUTABLE="$venv/bin/python" | grep -E "zero:|CUDAToolkit"
 ninja -C "$build" -j "${ZERO_JOBS:-2}"
 # The evidence: the device-specific objects exist, and the binaries link the CUDA runtime,

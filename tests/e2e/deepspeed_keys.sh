@@ -14,7 +14,7 @@ use_scratch
 export OMP_NUM_THREADS=1
 file=$src/tests/data/ds_corpus/hf_zero2_compile_autocast.json
 steps=6
-port=$(free_port 40000)
+port=$(free_port 28000)
 for r in 0 1; do
   env RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
     "$train" --config "$file" --set trainer.model=tiny --set trainer.seq_len=32 \

@@ -14,9 +14,14 @@
   hf_llama.py differ A B MIN       fails unless two logits files differ by more than MIN
   hf_llama.py set-key KEY JSON DIR sets a config.json key
   hf_llama.py drop-tensor NAME DIR removes a tensor from the index
+  hf_llama.py serve CALLS CODES     runs the commands above read from the FIFO CALLS, one per
+                                   line (arguments tab-separated), and writes each one's exit
+                                   code to the FIFO CODES (tests/e2e/lib/hf.sh, hf_helper): a test
+                                   imports torch and transformers once instead of once per command
 """
 import json
 import sys
+import traceback
 
 TOL = 1e-4
 
@@ -163,9 +168,30 @@ def drop_tensor(name, model_dir):
     json.dump(index, open(path, "w"))
 
 
+COMMANDS = {"make": make, "compare": compare, "compare-all": compare_all,
+            "make-variants": make_variants, "differ": differ, "set-key": set_key,
+            "drop-tensor": drop_tensor}
+
+
+def serve(calls_path, codes_path):
+    # Every command seeds what it draws (make: torch.manual_seed(0)) and keeps no state, so a
+    # command gives the same result here as in a process of its own.
+    with open(calls_path) as calls, open(codes_path, "w") as codes:
+        for line in calls:  # ends when the test's shell, the only writer, exits
+            cmd, *args = line.rstrip("\n").split("\t")
+            try:
+                code = COMMANDS[cmd](*args) or 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            codes.write(f"{code}\n")
+            codes.flush()
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    sys.exit({"make": make, "compare": compare, "compare-all": compare_all,
-              "make-variants": make_variants, "differ": differ,
-              "set-key": set_key,
-              "drop-tensor": drop_tensor}[cmd](*args) or 0)
+    sys.exit((serve if cmd == "serve" else COMMANDS[cmd])(*args) or 0)

@@ -9,7 +9,7 @@ set -euo pipefail
 source "$2/tests/e2e/lib/hf.sh" "$@"  # train, src, logits, ..., out; skips without transformers
 port=$((33500 + RANDOM % 2000))
 
-python3 "$helper" make "$out/base" "$out/tokens.txt"
+hf_helper make "$out/base" "$out/tokens.txt"
 ls "$out/base"
 check "transformers saved sharded safetensors with an index" \
   test -f "$out/base/model.safetensors.index.json"
@@ -18,15 +18,15 @@ check "transformers saved sharded safetensors with an index" \
 # Bit for bit: the GPT computes RoPE, RMSNorm and attention op for op as transformers' Llama
 # does (fp32), so loaded weights give the very same logits, not merely close ones.
 check "loaded weights: zero's logits equal transformers' bit for bit" \
-  python3 "$helper" compare "$out/base" "$out/tokens.txt" "$out/zero_base.safetensors" 0
+  hf_helper compare "$out/base" "$out/tokens.txt" "$out/zero_base.safetensors" 0
 
 hf_train_export 6
 ls "$out/export"
 check "the export is sharded with an index" test -f "$out/export/model.safetensors.index.json"
 check "training changed the model" \
-  python3 "$helper" differ "$out/zero_base.safetensors" "$out/zero_trained.safetensors" 1e-3
+  hf_helper differ "$out/zero_base.safetensors" "$out/zero_trained.safetensors" 1e-3
 check "exported weights: transformers' logits equal zero's of the trained checkpoint" \
-  python3 "$helper" compare "$out/export" "$out/tokens.txt" "$out/zero_trained.safetensors"
+  hf_helper compare "$out/export" "$out/tokens.txt" "$out/zero_trained.safetensors"
 
 # Bad input: each must fail and name what is wrong.
 fails_naming() {
@@ -42,7 +42,7 @@ bad() {  # bad NAME HELPER-ARGS...: a copy of the base model, edited by the help
   local name=$1
   shift
   cp -r "$out/base" "$out/$name"
-  python3 "$helper" "$@" "$out/$name"
+  hf_helper "$@" "$out/$name"
 }
 bad arch set-key model_type '"gpt_neox"'
 check "another architecture names model_type" fails_naming "model_type" "$out/arch"

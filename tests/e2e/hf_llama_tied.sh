@@ -8,13 +8,13 @@ set -euo pipefail
 source "$2/tests/e2e/lib/hf.sh" "$@"  # train, src, logits, ..., out; skips without transformers
 port=$((39500 + RANDOM % 2000))
 
-python3 "$helper" make "$out/base" "$out/tokens.txt" tied
+hf_helper make "$out/base" "$out/tokens.txt" tied
 check "transformers saved no lm_head for the tied model" \
   bash -c "! grep -q lm_head '$out/base/model.safetensors.index.json'"
 
 "$logits" --model "hf:$out/base" --tokens "$out/tokens.txt" --out "$out/zero_base.safetensors"
 check "loaded tied weights: zero's logits equal transformers'" \
-  python3 "$helper" compare "$out/base" "$out/tokens.txt" "$out/zero_base.safetensors"
+  hf_helper compare "$out/base" "$out/tokens.txt" "$out/zero_base.safetensors"
 
 hf_train_export 4
 check "the export says tie_word_embeddings: true" \
@@ -22,7 +22,7 @@ check "the export says tie_word_embeddings: true" \
 check "the export holds no lm_head tensor" \
   bash -c "! grep -q lm_head '$out/export/model.safetensors.index.json'"
 check "training changed the model" \
-  python3 "$helper" differ "$out/zero_base.safetensors" "$out/zero_trained.safetensors" 1e-3
+  hf_helper differ "$out/zero_base.safetensors" "$out/zero_trained.safetensors" 1e-3
 check "exported tied weights: transformers' logits equal zero's of the trained checkpoint" \
-  python3 "$helper" compare "$out/export" "$out/tokens.txt" "$out/zero_trained.safetensors"
+  hf_helper compare "$out/export" "$out/tokens.txt" "$out/zero_trained.safetensors"
 summary

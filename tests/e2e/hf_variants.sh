@@ -15,14 +15,14 @@ source "$2/tests/e2e/lib/hf.sh" "$@"  # train, src, logits, ..., out; skips with
 port=$((35500 + RANDOM % 2000))
 variants=(llama32 linear dynamic yarn llama-bias qwen2 qwen2-tied mistral mistral-window)
 
-python3 "$helper" make-variants "$out"
+hf_helper make-variants "$out"
 loaded=() trained=()
 for v in "${variants[@]}"; do
   "$logits" --model "hf:$out/$v" --tokens "$out/tokens.txt" --out "$out/$v.zero.safetensors"
   loaded+=("$out/$v" "$out/$v.zero.safetensors")
 done
 check "loaded weights: zero's logits equal transformers' bit for bit (${variants[*]})" \
-  python3 "$helper" compare-all "$out/tokens.txt" 0 "${loaded[@]}"
+  hf_helper compare-all "$out/tokens.txt" 0 "${loaded[@]}"
 
 for v in "${variants[@]}"; do
   hf_train_export 3 "$v"
@@ -42,7 +42,7 @@ check "the mistral export keeps sliding_window null, mistral-window's 128" \
 a, b = (json.load(open(f"{d}/config.json"))["sliding_window"] for d in sys.argv[1:])
 sys.exit(0 if (a, b) == (None, 128) else 1)' "$out/mistral.export" "$out/mistral-window.export"
 check "mistral: transformers' logits of the export equal zero's of the trained checkpoint bit for bit" \
-  python3 "$helper" compare-all "$out/tokens.txt" 0 "$out/mistral.export" \
+  hf_helper compare-all "$out/tokens.txt" 0 "$out/mistral.export" \
   "$out/mistral.trained.safetensors" "$out/mistral-window.export" \
   "$out/mistral-window.trained.safetensors"
 "$logits" --model "hf:$out/mistral.export" --tokens "$out/tokens.txt" \
@@ -54,9 +54,9 @@ a, b = (load_file(p)["logits"] for p in sys.argv[1:])
 sys.exit(0 if a.shape == b.shape and bool((a == b).all()) else 1)' \
   "$out/mistral.reloaded.safetensors" "$out/mistral.trained.safetensors"
 check "training changed the model" \
-  python3 "$helper" differ "$out/qwen2.zero.safetensors" "$out/qwen2.trained.safetensors" 1e-3
+  hf_helper differ "$out/qwen2.zero.safetensors" "$out/qwen2.trained.safetensors" 1e-3
 check "exported weights: transformers' logits equal zero's of the trained checkpoints" \
-  python3 "$helper" compare-all "$out/tokens.txt" 1e-4 "${trained[@]}"
+  hf_helper compare-all "$out/tokens.txt" 1e-4 "${trained[@]}"
 
 fails_naming() {
   local want=$1 dir=$2
@@ -68,17 +68,17 @@ fails_naming() {
   grep -qF -- "$want" <<< "$msg" || { echo "error does not name '$want': $msg"; return 1; }
 }
 cp -r "$out/llama32" "$out/longrope"
-python3 "$helper" set-key rope_parameters \
+hf_helper set-key rope_parameters \
   '{"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1], "long_factor": [1]}' \
   "$out/longrope"
 check "longrope names rope_parameters.rope_type" \
   fails_naming "rope_parameters.rope_type is 'longrope'" "$out/longrope"
 cp -r "$out/qwen2" "$out/sliding"
-python3 "$helper" set-key use_sliding_window true "$out/sliding"
+hf_helper set-key use_sliding_window true "$out/sliding"
 check "Qwen2's sliding window names use_sliding_window" \
   fails_naming "use_sliding_window" "$out/sliding"
 cp -r "$out/mistral" "$out/mistral-short"
-python3 "$helper" set-key sliding_window 32 "$out/mistral-short"
+hf_helper set-key sliding_window 32 "$out/mistral-short"
 check "a Mistral window shorter than the positions names sliding_window" \
   fails_naming "sliding_window is 32, below max_position_embeddings 128" "$out/mistral-short"
 python3 - "$out/mistral-short/config.json" <<'PY'

@@ -38,7 +38,7 @@ launch() {
 # 1. LLaMA-Factory's configs.
 for cfg in ds_z0_config ds_z2_config ds_z2_offload_config; do
   file=$src/tests/data/ds_corpus/llamafactory_$cfg.json
-  launch "$cfg" "$(free_port 40000)" 0:2 1:2 -- --config "$file" "${tiny[@]}" --set trainer.steps=3
+  launch "$cfg" "$(free_port 26000)" 0:2 1:2 -- --config "$file" "${tiny[@]}" --set trainer.steps=3
   rcs=()
   for pid in "${launched[@]}"; do wait "$pid"; rcs+=($?); done
   check "$cfg: both ranks train 3 steps and exit 0" test "${rcs[*]}" = "0 0"
@@ -53,7 +53,7 @@ for cfg in ds_z0_config ds_z2_config ds_z2_offload_config; do
 done
 
 # 2. WORLD_SIZE 2 next to WORLD_SIZE 3: both ranks say so, long before comm_timeout_s.
-port=$(free_port 40000)
+port=$(free_port 26000)
 start=$SECONDS
 launch ws "$port" 0:2 1:3 -- --config "$src/configs/zero2.yaml" "${tiny[@]}" --set trainer.steps=2 \
   --set comm_timeout_s=60

@@ -9,7 +9,7 @@ train=$1
 src=$2
 source "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"
 use_scratch
-port=$((36000 + RANDOM % 2000))
+port=$(free_port 24000)
 common=(--config "$src/configs/zero2.yaml" --set trainer.model=tiny --set trainer.seq_len=32
         --set train_micro_batch_size_per_gpu=2 --set steps_per_print=100000 --set comm_timeout_s=30
         --set trainer.save_dir="$out/ckpt" --set trainer.save_interval=1000)
@@ -62,7 +62,7 @@ timeout 300 torchrun --no-python --standalone --nproc-per-node 2 --master-port $
 check "a resumed run continues from step$step" grep -q "loaded $out/ckpt/step$step" "$out/resume.out"
 
 # A lone rank under torchrun (a world of one needs no process group) is supervised too.
-torchrun --no-python --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((port + 2)) \
+torchrun --no-python --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $(free_port 24000) \
   --redirects 3 --log-dir "$out/logs1" "$train" "${common[@]}" --set trainer.steps=100000 \
   --set trainer.save_dir="$out/ckpt1" > "$out/run1.out" 2> "$out/run1.err" &
 launcher=$!

@@ -10,7 +10,7 @@ train=$1
 src=$2
 source "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"
 use_scratch
-port=$(free_port 40000)
+port=$(free_port 30000)
 cat > "$out/run.sh" << 'SH'
 #!/usr/bin/env bash
 # Starts the trainer as a child (no exec) and records its exit status.

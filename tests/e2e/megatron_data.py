@@ -1,18 +1,26 @@
-"""Writes a Megatron indexed dataset with megatron-core's own IndexedDatasetBuilder
+"""Writes Megatron indexed datasets with megatron-core's own IndexedDatasetBuilder
 (tests/e2e/megatron_data.sh).
 
-  megatron_data.py OUT DTYPE   OUT/corpus.{bin,idx} in numpy DTYPE (uint16 or int32): 300 random
-                               documents, some split into several sequences (as preprocess_data.py
-                               --split-sentences does); OUT/documents.txt, every document's tokens
-                               one per line, as megatron-core's IndexedDataset reads them back;
-                               OUT/flat.bin, the same tokens back to back as headerless uint16
-                               (zero's bin: source), for the training comparison
+  megatron_data.py OUT DTYPE...  for each DTYPE (uint16, int32) in OUT/DTYPE/: corpus.{bin,idx}
+                               in numpy DTYPE: 300 random documents, some split into several
+                               sequences (as preprocess_data.py --split-sentences does);
+                               documents.txt, every document's tokens one per line, as
+                               megatron-core's IndexedDataset reads them back; flat.bin, the same
+                               tokens back to back as headerless uint16 (zero's bin: source), for
+                               the training comparison. Exit code 77 when megatron-core (its
+                               indexed_dataset module) cannot be imported.
+One process for every dtype: importing megatron-core takes seconds.
 """
+import os
 import sys
 
-import numpy
-import torch
-from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+try:
+    import numpy
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+except ImportError as e:
+    print(f"megatron-core cannot be imported: {e}")
+    sys.exit(77)
 
 
 def main(out, dtype):
@@ -41,4 +49,6 @@ def main(out, dtype):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    for dtype in sys.argv[2:]:
+        os.makedirs(f"{sys.argv[1]}/{dtype}", exist_ok=True)
+        main(f"{sys.argv[1]}/{dtype}", dtype)

@@ -16,7 +16,7 @@ use_scratch
 # KILL (it dies, its sockets close) or STOP (it hangs with sockets open: only the collective
 # timeout can end the survivors' wait).
 scenario() {
-  local victim=$1 sig=$2 port=$((35500 + RANDOM % 2000))
+  local victim=$1 sig=$2 port=$(free_port 22000)
   local tag="${sig,,}$victim"
   pids=()
   for r in 0 1 2; do

@@ -32,8 +32,11 @@ _scratch_cleanup() {
 # `free_port LOW`: a port in [LOW, LOW + 2000) that nothing listens on or is bound to now. A bare
 # random pick collided on a loaded machine (rank 0 then fails with EADDRINUSE, not the error the
 # test expects); the check leaves only the race with a program binding it in the next seconds.
+# Callers pick LOW below 32768, the start of Linux's ephemeral range (ip_local_port_range), and
+# each script its own 2000: the gloo and store connections of the tests ctest runs beside this
+# one take their ports from the ephemeral range, never from below it.
 free_port() {
-  local low=${1:-38000} p
+  local low=${1:-20000} p
   for _ in $(seq 50); do
     p=$((low + RANDOM % 2000))
     if python3 -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' \
