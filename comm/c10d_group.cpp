@@ -11,6 +11,7 @@
 
 #include "comm/backend.hpp"
 #include "comm/liveness.hpp"
+#include "comm/staging.hpp"
 #include "comm/startup.hpp"
 #include "zero/comm_errors.hpp"
 
@@ -19,8 +20,22 @@ namespace {
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+thread_local bool t_staging = false;
+
 // The host copy a staged operation runs on; `t` itself when it is on the host already.
-at::Tensor on_host(const at::Tensor& t) { return t.is_cpu() ? t : t.cpu(); }
+at::Tensor on_host(const at::Tensor& t) {
+  if (t.is_cpu()) return t;
+  t_staging = true;
+  at::Tensor host;
+  try {
+    host = t.cpu();
+  } catch (...) {
+    t_staging = false;
+    throw;
+  }
+  t_staging = false;
+  return host;
+}
 
 std::string join(const std::vector<int>& v) {
   std::string s;
@@ -29,6 +44,8 @@ std::string join(const std::vector<int>& v) {
 }
 
 }  // namespace
+
+bool staging_copy() { return t_staging; }
 
 C10dGroup::C10dGroup(Parts parts) : p_(std::move(parts)) {
   TORCH_CHECK(p_.size >= 1 && p_.rank >= 0 && p_.rank < p_.size, "zero: rank ", p_.rank,

@@ -317,6 +317,47 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   LauncherCheck launcher(
       std::min(2.0, std::chrono::duration<double>(c.comm_timeout).count() / 4), c.steps_per_print,
       world, a.device, [] { return launcher_exited(); }, start_step);
+  // Nothing in a step reads the device on the host (a GPU run queues steps ahead): the loss stays
+  // a tensor, the stage times and the norm are host values, and at each print step one
+  // all-gather over the stages and one read of the window's losses fill the window's records
+  // (the plain trainer's log_window does the same).
+  std::vector<StepRecord> window;
+  std::vector<at::Tensor> window_losses;  // each step's, on the stage's device
+  std::vector<double> window_times;       // 5 per step: forward, backward, step, comm, memory
+  // A GPU engine learns a step's norm at the next step (Engine::stats); on the host at once.
+  const bool norm_lags = !a.device.is_cpu();
+  bool first_window = true;
+  auto flush = [&](bool print) {
+    const at::Tensor losses = at::cat(window_losses).to(at::kDouble).cpu();
+    const auto all = pipe->gather_over_stages(window_times);  // [stage][5 x steps]
+    const double norm = engine.settled_stats().last_grad_norm;
+    const double loss_scale = engine.loss_scale();
+    std::vector<std::vector<double>> stage_values;
+    for (size_t i = 0; i < window.size(); ++i) {
+      StepRecord& rec = window[i];
+      rec.loss = losses[static_cast<int64_t>(i)].item<double>();
+      if (i + 1 == window.size()) rec.grad_norm = norm;
+      rec.loss_scale = loss_scale;  // known at print steps; earlier records repeat it
+      stage_values.assign(all.size(), {});
+      for (size_t s = 0; s < all.size(); ++s)
+        stage_values[s].assign(all[s].begin() + 5 * i, all[s].begin() + 5 * (i + 1));
+      summary.add_stage_times(stage_values);
+      if (first_window && i == 0) first_loss = rec.loss;
+      last_loss = rec.loss;
+      metrics.write(rec);
+      if (monitors) monitors->write(rec, rec.step * c.train_batch_size);  // DeepSpeed's x
+      if (rank == 0) summary.records.push_back(rec);
+    }
+    first_window = false;
+    if (rank == 0 && print) {
+      std::printf("%s\n", format_progress(window.back()).c_str());
+      std::printf("%s\n", format_stages(stage_values).c_str());
+      std::fflush(stdout);
+    }
+    window.clear();
+    window_losses.clear();
+    window_times.clear();
+  };
   for (int64_t step = start_step; step < a.steps; ++step) {
     const auto start = Clock::now();
     // Every rank draws its data-parallel share (the sampler stays in step); the first stage
@@ -330,19 +371,18 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     const double data_s = std::chrono::duration<double>(Clock::now() - start).count();
     phases.begin_step();
     phases.begin();
-    const float loss = pipe->train_batch(inputs, targets);
+    window_losses.push_back(pipe->train_batch(inputs, targets).reshape({1}));
     phases.end_phases();
     phases.end_step();
+    // The previous step's norm, now known without waiting (the step above settled it).
+    if (norm_lags && !window.empty()) window.back().grad_norm = engine.stats().last_grad_norm;
     StepRecord rec;
     rec.step = step + 1;
     rec.total_steps = a.steps;
-    rec.loss = loss;
     rec.lr = engine.lr();
     rec.skipped = !pipe->last_step_applied();
-    // The global norm (every stage's), settled: on a GPU stats() holds the previous step's until
-    // the next step (the loss's read above already waited for the device).
-    rec.grad_norm = engine.settled_stats().last_grad_norm;
-    rec.loss_scale = engine.loss_scale();
+    // The global norm (every stage's): here on the host, else at the next step or the flush.
+    if (!norm_lags) rec.grad_norm = engine.stats().last_grad_norm;
     rec.step_s = std::chrono::duration<double>(Clock::now() - start).count();
     // This rank's stage (rank 0: stage 0), by the instructions it ran (pipeline::StepTimes):
     // the exposed communication is the pipeline's, waiting on the neighbouring stages (the
@@ -358,27 +398,19 @@ int train_pipeline(const PipelineTrainerArgs& a) {
                 static_cast<double>(rec.step - start_step) *
                 static_cast<double>(a.steps - rec.step);
     rec.memory_bytes = engine.memory_report().measured.total();
-    // Every stage's split and model states, for the per-stage line and the summary (a small
-    // all-gather over the pipeline group, every step on every rank).
-    const auto stage_values = pipe->gather_over_stages(
-        {t.forward_s, t.backward_s, t.step_s, t.comm_s, static_cast<double>(rec.memory_bytes)});
-    summary.add_stage_times(stage_values);
-    if (step == start_step) first_loss = loss;
-    last_loss = loss;
-    metrics.write(rec);
-    if (monitors) monitors->write(rec, rec.step * c.train_batch_size);  // DeepSpeed's x: samples
-    if (rank == 0) summary.records.push_back(rec);
+    // Every stage's split and model states, for the per-stage line and the summary (gathered
+    // over the pipeline group at the print step).
+    window_times.insert(window_times.end(), {t.forward_s, t.backward_s, t.step_s, t.comm_s,
+                                             static_cast<double>(rec.memory_bytes)});
+    window.push_back(rec);
     const bool saved = save_interval > 0 && rec.step % save_interval == 0;
     if (saved) save();
     const bool log = rec.step % c.steps_per_print == 0 || step == 0 || rec.step == a.steps;
-    if (rank == 0 && log) {
-      std::printf("%s\n", format_progress(rec).c_str());
-      std::printf("%s\n", format_stages(stage_values).c_str());
-      std::fflush(stdout);
-    }
+    if (log) flush(true);
     // Ranks whose launcher died stop together, every stage at the same step, after a last
     // checkpoint when saving is on (the plain trainer's check_launcher).
     if (launcher.launcher_gone(rec.step, log)) {
+      if (!window.empty()) flush(false);  // the records of the steps since the last print
       std::string what = "stopping at step " + std::to_string(rec.step);
       if (save_interval > 0) {
         if (!saved) save();

@@ -187,7 +187,8 @@ Phase run_phase(const GptConfig& c, Opt o, const Layout& l, const Params& init,
     for (int i = from; i < to; ++i) {
       const auto& b = batches[i];
       out.losses[rank].push_back(pipe.train_batch(b.inputs.narrow(0, d * rows, rows).chunk(m, 0),
-                                                  b.targets.narrow(0, d * rows, rows).chunk(m, 0)));
+                                                  b.targets.narrow(0, d * rows, rows).chunk(m, 0))
+                                     .item<float>());
     }
     if (save) pipe.save_checkpoint(dir);
     std::set<const void*> mine;  // this stage's layers' parameters (a tied copy included)

@@ -170,7 +170,7 @@ Trial run_case(const Case& k, const GptConfig& c, const Params& init,
             in.push_back(t.to(device));
           for (const auto& t : b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0))
             tg.push_back(t.to(device));
-          run.losses[rank].push_back(pipe.train_batch(in, tg));
+          run.losses[rank].push_back(pipe.train_batch(in, tg).item<float>());
           ASSERT_TRUE(pipe.last_step_applied());
           // Settled: on an accelerator stats() has the step's norm only after the next step.
           if (rank == 0) run.norms.push_back(pipe.engine().settled_stats().last_grad_norm);
@@ -318,7 +318,7 @@ TEST(PipelineEngine, Fp16OverflowOnOneStageSkipsTheStepOnEveryStage) {
               in.push_back(t.to(device));
             for (const auto& t : b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0))
               tg.push_back(t.to(device));
-            const float loss = pipe.train_batch(in, tg);
+            const float loss = pipe.train_batch(in, tg).item<float>();
             EXPECT_TRUE(std::isfinite(loss));
             applied[rank].push_back(pipe.last_step_applied());
             if (poison) {
@@ -369,9 +369,9 @@ TEST(PipelineEngine, CheckpointPerStageResumes) {
     auto train = [&](PipelineEngine& pipe, size_t from, size_t to, std::vector<float>& out) {
       for (size_t i = from; i < to; ++i) {
         const auto& b = batches[i];
-        out.push_back(
-            pipe.train_batch(b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0),
-                             b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0)));
+        out.push_back(pipe.train_batch(b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0),
+                                       b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0))
+                          .item<float>());
       }
     };
     {
@@ -440,7 +440,7 @@ void train_on(PipelineEngine& pipe, const std::vector<Batch>& batches, size_t fr
     std::vector<at::Tensor> in, tg;
     for (const auto& t : batches[i].inputs.chunk(kMicroBatches, 0)) in.push_back(t.to(device));
     for (const auto& t : batches[i].targets.chunk(kMicroBatches, 0)) tg.push_back(t.to(device));
-    out.push_back(pipe.train_batch(in, tg));
+    out.push_back(pipe.train_batch(in, tg).item<float>());
   }
 }
 

@@ -222,7 +222,7 @@ void run_case(const Case& k) {
           std::vector<at::Tensor> in, tg;
           for (const auto& t : b.inputs.chunk(k.micro_batches, 0)) in.push_back(t.to(device));
           for (const auto& t : b.targets.chunk(k.micro_batches, 0)) tg.push_back(t.to(device));
-          losses[stage].push_back(rt.train_batch(in, tg));
+          losses[stage].push_back(rt.train_batch(in, tg).item<float>());
         }
         for (const auto& p : model->named_parameters())
           if (mine.count(p.value().unsafeGetTensorImpl())) {

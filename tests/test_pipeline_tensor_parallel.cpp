@@ -171,7 +171,7 @@ Trial run_case(const Case& k, const GptConfig& c, const Gpt& init,
     for (const auto& b : batches) {
       auto in = b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
       auto tg = b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
-      run.losses[rank].push_back(pipe.train_batch(in, tg));
+      run.losses[rank].push_back(pipe.train_batch(in, tg).item<float>());
       ASSERT_TRUE(pipe.last_step_applied());
       if (rank == 0) run.norms.push_back(pipe.engine().stats().last_grad_norm);
     }

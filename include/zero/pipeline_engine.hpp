@@ -4,7 +4,7 @@
 //
 //   zero::Mesh mesh = zero::ParallelDims{.pp = 2}.build_mesh(world);   // zero/parallel_dims.hpp
 //   zero::pipeline::PipelineEngine pipe(layers, loss_fn, cfg, mesh);
-//   float loss = pipe.train_batch(micro_inputs, micro_targets);  // one optimizer step
+//   at::Tensor loss = pipe.train_batch(micro_inputs, micro_targets);  // one optimizer step
 //
 // As DeepSpeed's PipelineEngine: micro-batches = gradient_accumulation_steps, the step after
 // the last one; only the last stage scales (its backward(loss)); every other stage
@@ -99,8 +99,12 @@ class PipelineEngine {
 
   // One optimizer step over micro_batches() micro-batches: `inputs` read on the first stage,
   // `targets` on the last (the others may pass empty lists). Returns the step's mean loss on
-  // every rank.
-  float train_batch(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
+  // every rank as a one-element fp32 tensor on the stage's device, as DeepSpeed's train_batch:
+  // reading it (item()) waits for the device, so read it when printing, not every step. Every
+  // step's activations must have the first step's shape (zero/pipeline/runtime/
+  // runtime.hpp).
+  at::Tensor train_batch(const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& targets);
 
   // Checkpoints per stage: each stage's engine writes its own shards under dir/stage<s>/ (over
   // its data-parallel group; every rank calls it), its parameters named by their layer's index

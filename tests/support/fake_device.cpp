@@ -14,17 +14,21 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Backtrace.h>
 #include <c10/util/llvmMathExtras.h>
 #include <torch/library.h>
 
 #include <array>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "comm/staging.hpp"
 #include "device/pinned_host.hpp"
 
 namespace zero::testing::fake {
@@ -40,6 +44,22 @@ thread_local DeviceIndex t_device = 0;
 thread_local std::array<c10::StreamId, kDevices> t_stream{};
 
 DeviceIndex index_of(c10::Device d) { return d.has_index() ? d.index() : t_device; }
+
+// ---- host reads ------------------------------------------------------------------------------
+
+// What a GPU would make the host wait for, per device (host_reads in fake_device.hpp).
+std::array<std::atomic<int64_t>, kDevices> g_host_reads{}, g_async_copies{};
+// > 0 while the CPU fallback runs a kernel: its copies to and from the host are how the fake
+// computes, not reads a program asked for.
+thread_local int t_in_fallback = 0;
+
+// ZERO_FAKE_TRACE_READS=1 prints where each counted read came from (finding a read in a test).
+void count_read(DeviceIndex d) {
+  g_host_reads[d].fetch_add(1);
+  static const bool trace = std::getenv("ZERO_FAKE_TRACE_READS") != nullptr;
+  if (trace)
+    std::fprintf(stderr, "fake:%d host read at\n%s\n", d, c10::get_backtrace(2, 40).c_str());
+}
 
 // ---- memory ----------------------------------------------------------------------------------
 
@@ -355,11 +375,22 @@ at::Tensor host_alias(const at::Tensor& t) {
       .set_(storage, t.storage_offset(), t.sizes(), t.strides());
 }
 
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.device().type() == kType || self.is_cpu(), "fake device: cannot copy from ",
               self.device());
   TORCH_CHECK(dst.device().type() == kType || dst.is_cpu(), "fake device: cannot copy to ",
               dst.device());
+  if (self.device().type() == kType && dst.is_cpu() && t_in_fallback == 0 &&
+      !comm::staging_copy()) {
+    // A non_blocking copy into page-locked memory is queued on a GPU (the host waits only if it
+    // reads the result before an event says so); any other copy to the host waits for the device.
+    const bool queued = non_blocking && PinnedAllocator::get().pinned(dst.storage().data());
+    if (queued) {
+      g_async_copies[index_of(self.device())].fetch_add(1);
+    } else {
+      count_read(index_of(self.device()));
+    }
+  }
   host_alias(dst).copy_(host_alias(self));
   return dst;
 }
@@ -397,8 +428,37 @@ bool compatible_shallow_copy(const at::Tensor& self, const at::Tensor& from) {
          (dense(self) && dense(from));
 }
 
+// Operators whose result the host needs before it can go on (a value, or an output size that
+// depends on the data): on a GPU each waits for the device.
+bool reads_host(const c10::OperatorHandle& op) {
+  static const std::unordered_set<std::string> names{
+      "aten::_local_scalar_dense", "aten::equal",    "aten::nonzero",
+      "aten::masked_select",       "aten::_unique2", "aten::unique_dim",
+      "aten::unique_consecutive"};
+  return names.count(op.schema().name()) > 0;
+}
+
+// The fake device an operator's arguments are on (the current one when none is).
+DeviceIndex device_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t n = op.schema().arguments().size();
+  for (size_t i = stack.size() - std::min(n, stack.size()); i < stack.size(); ++i) {
+    if (!stack[i].isTensor()) continue;
+    const at::Tensor& t = stack[i].toTensor();
+    if (t.defined() && t.device().type() == kType) return index_of(t.device());
+  }
+  return t_device;
+}
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  at::native::cpu_fallback(op, stack);
+  if (reads_host(op)) count_read(device_of(op, *stack));
+  ++t_in_fallback;
+  try {
+    at::native::cpu_fallback(op, stack);
+  } catch (...) {
+    --t_in_fallback;
+    throw;
+  }
+  --t_in_fallback;
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -461,5 +521,10 @@ int64_t pinned_in_use_bytes() { return PinnedAllocator::get().in_use(); }
 int64_t pinned_allocations() { return PinnedAllocator::get().allocations(); }
 
 void set_event_delay(std::chrono::microseconds delay) { g_event_delay_us = delay.count(); }
+
+int64_t host_reads(int index) { return g_host_reads.at(static_cast<size_t>(index)).load(); }
+int64_t async_host_copies(int index) {
+  return g_async_copies.at(static_cast<size_t>(index)).load();
+}
 
 }  // namespace zero::testing::fake

@@ -43,6 +43,16 @@ int64_t pinned_in_use_bytes();
 // Page-locked blocks handed out so far (a cached block handed out again counts again).
 int64_t pinned_allocations();
 
+// Host reads of fake:`index` so far (since the process started; take differences): what would
+// make the host wait for a GPU. The copies to the host a program makes (tensor.cpu(),
+// .to(kCPU), copy_ into a host tensor), item() and the operators whose result or output size the
+// host needs (equal, nonzero, masked_select, unique). Not counted: a non_blocking copy into
+// page-locked memory (queued on a GPU; counted by async_host_copies), the fallback's own copies
+// (how the fake runs a kernel on the host), and a staged group's copies (comm/staging.hpp: what
+// NCCL moves device to device). Host code reading a fake tensor's data_ptr() is not seen.
+int64_t host_reads(int index);
+int64_t async_host_copies(int index);
+
 // Events recorded from now on complete `delay` after they were recorded (zero: at once). A
 // delay widens the window between "queued" and "done" that the host side must respect.
 void set_event_delay(std::chrono::microseconds delay);

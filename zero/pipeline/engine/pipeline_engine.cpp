@@ -123,8 +123,8 @@ PipelineEngine::PipelineEngine(PipelineEngine&&) noexcept = default;
 PipelineEngine& PipelineEngine::operator=(PipelineEngine&&) noexcept = default;
 PipelineEngine::~PipelineEngine() = default;
 
-float PipelineEngine::train_batch(const std::vector<at::Tensor>& inputs,
-                                  const std::vector<at::Tensor>& targets) {
+at::Tensor PipelineEngine::train_batch(const std::vector<at::Tensor>& inputs,
+                                       const std::vector<at::Tensor>& targets) {
   return impl_->runtime->train_batch(inputs, targets);
 }
 

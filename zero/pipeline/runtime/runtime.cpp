@@ -13,9 +13,9 @@
 namespace zero::pipeline {
 namespace {
 
-// An activation's shape and dtype travel before its first micro-batch of a step (DeepSpeed's
-// _send_tensor_meta): [dtype, ndim, sizes..., 0 padding]. Gradients take the shape of the
-// activation they belong to, so only activations carry it.
+// An activation's shape and dtype travel before the first activation (before every one under
+// dynamic_shape; DeepSpeed's _send_tensor_meta): [dtype, ndim, sizes..., 0 padding]. Gradients
+// take the shape of the activation they belong to, so only activations carry it.
 constexpr int64_t kMaxDims = 8;
 constexpr int64_t kMetaLen = 2 + kMaxDims;
 
@@ -166,28 +166,41 @@ std::string PipelineRuntime::where(const std::string& what) const {
 at::Tensor PipelineRuntime::recv_activation(int mb) {
   const int prev = stage_ - 1;
   const std::string from = " from stage " + std::to_string(prev);
-  if (mb == 0) {
+  if (opts_.dynamic_shape || !recv_known_) {
     at::Tensor meta = at::zeros({kMetaLen}, at::TensorOptions(at::kLong).device(device_));
     recv(meta, prev, "recv of the activation's shape" + from);
-    // The host read copies after the receive landed (NCCL's wait() only orders the stream).
+    // The step's one host read (the first step's only, unless dynamic_shape): the copy runs
+    // after the receive landed (NCCL's wait() only orders the stream).
     const at::Tensor host = meta.cpu();
     auto m = host.accessor<int64_t, 1>();
     if (m[1] < 0 || m[1] > kMaxDims)
       throw std::runtime_error(where("received an activation shape of " + std::to_string(m[1]) +
                                      " dimensions" + from +
-                                     "; the stages disagree on the protocol"));
+                                     "; the stages disagree on the protocol (RuntimeOptions::"
+                                     "dynamic_shape must be the same on every stage)"));
     recv_dtype_ = static_cast<c10::ScalarType>(m[0]);
     recv_shape_.assign(m.data() + 2, m.data() + 2 + m[1]);
+    recv_known_ = true;
   }
   at::Tensor x = at::empty(recv_shape_, at::TensorOptions(recv_dtype_).device(device_));
   recv(x, prev, "recv of micro-batch " + std::to_string(mb) + "'s activation" + from);
   return x;
 }
 
+namespace {
+
+std::string describe(c10::IntArrayRef shape, c10::ScalarType dtype) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "] " + c10::toString(dtype);
+}
+
+}  // namespace
+
 void PipelineRuntime::send_activation(int mb, const at::Tensor& y) {
   const int next = stage_ + 1;
   const std::string to = " to stage " + std::to_string(next);
-  if (mb == 0) {
+  if (opts_.dynamic_shape || !sent_known_) {
     if (y.dim() > kMaxDims)
       throw std::invalid_argument(where("an activation of " + std::to_string(y.dim()) +
                                         " dimensions (at most " + std::to_string(kMaxDims) + ")"));
@@ -200,10 +213,30 @@ void PipelineRuntime::send_activation(int mb, const at::Tensor& y) {
     for (int64_t d = 0; d < y.dim(); ++d) m[2 + d] = y.size(d);
     post_send(meta.to(y.device()), next, "send of the activation's shape" + to,
               Instruction{Op::SendActivation, mb});
+    sent_shape_.assign(y.sizes().begin(), y.sizes().end());
+    sent_dtype_ = y.scalar_type();
+    sent_known_ = true;
+  } else if (y.sizes() != c10::IntArrayRef(sent_shape_) || y.scalar_type() != sent_dtype_) {
+    // The next stage receives into a buffer of the announced shape: a message of another size
+    // would hang it (NCCL) or fill it with the wrong values. Host metadata, no device read.
+    throw std::invalid_argument(where(
+        "step " + std::to_string(steps_) + ", micro-batch " + std::to_string(mb) +
+        ": the activation" + to + " is " + describe(y.sizes(), y.scalar_type()) +
+        ", but the shape sent once, before the first activation, was " +
+        describe(sent_shape_, sent_dtype_) + " and stage " + std::to_string(next) +
+        " receives every activation as that. Keep every micro-batch's activation one shape (pad "
+        "the sequences to one length) or run the pipeline with RuntimeOptions::dynamic_shape "
+        "(the shape then travels before every micro-batch, one host read each; DeepSpeed's "
+        "dynamic_shape, Megatron's variable_seq_lengths)"));
   }
   post_send(y.detach().contiguous(), next,
             "send of micro-batch " + std::to_string(mb) + "'s activation" + to,
             Instruction{Op::SendActivation, mb});
+  // The caller releases y's data next (release_data): the send must hold another TensorImpl
+  // over the storage (detach() makes one), which keeps the storage alive until settle() waited
+  // on the send. Passing y itself would free the storage under a queued send on a GPU.
+  TORCH_INTERNAL_ASSERT(sends_.back()->buffer.unsafeGetTensorImpl() != y.unsafeGetTensorImpl(),
+                        "pipeline: the activation's send holds the output it releases");
 }
 
 comm::Group& PipelineRuntime::channel(int from, int to) const { return to > from ? *pp_ : *down_; }
@@ -294,9 +327,10 @@ void PipelineRuntime::exchange_tied_weights() {
   }
 }
 
-float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
-                                   const std::vector<at::Tensor>& targets) {
+at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
+                                        const std::vector<at::Tensor>& targets) {
   const int m = opts_.micro_batches;
+  ++steps_;
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   auto count = [&](const std::vector<at::Tensor>& v, const char* what) {
     if (static_cast<int>(v.size()) != m)
@@ -401,7 +435,7 @@ float PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   if (stages_ > 1)
     pp_->broadcast(loss, stages_ - 1, where("broadcast of the loss from the last stage")).wait();
   wait_sends();  // the tied weights sent after the step
-  return loss.item<float>();
+  return loss.reshape({});
 }
 
 // Every pair of stages that will exchange messages, connected now (comm/group.hpp,

@@ -5,7 +5,7 @@
 //
 //   StageLayers layers(gpt_layers, PartitionMethod::Parameters, pp->size(), pp->rank());
 //   PipelineRuntime rt(std::move(layers), loss_fn, pp, std::move(stage_optimizer), opts);
-//   float loss = rt.train_batch(micro_inputs, micro_targets);  // the same on every stage
+//   at::Tensor loss = rt.train_batch(micro_inputs, micro_targets);  // on every stage's device
 //
 // A tied weight's copies (embedding and head on the first and last stage) are kept equal: the
 // owner (first holder) trains it with the other holders' gradients added in, and sends them the
@@ -23,7 +23,8 @@
 //    Work holds its tensor until destroyed and reports completion only when waited on, so
 //    there is no earlier moment to learn of it;
 //  - the stage's output keeps its autograd graph but not its data once sent (Megatron's
-//    deallocate_output_tensor): the next stage has it, backward needs only the graph;
+//    deallocate_output_tensor): the next stage has it, backward needs only the graph. The
+//    storage itself goes with the send's buffer (above), which holds it until delivered;
 //  - the received gradient goes after its backward, the received activation once its gradient
 //    was sent.
 //
@@ -38,8 +39,18 @@
 // NCCL groups serialise their p2p operations and advises separate groups).
 //
 // Buffers live on the stage's device (its parameters'): an NCCL group moves CUDA tensors only,
-// gloo host tensors only. The activation's shape travels as a small tensor on that device too
-// and is read on the host once per step (one host read on each stage after the first).
+// gloo host tensors only. The activation's shape travels once, before the first activation of the
+// first step, as a small tensor on that device, read on the host by the receiving stage (its one
+// host read); every later activation must have that shape and dtype, as with DeepSpeed's
+// PipelineEngine (its first_output_send) and Megatron's fixed tensor_shape. The sender checks
+// each activation against what it announced, on the host, and names both shapes when one
+// differs (a receive of the wrong size would hang or read garbage). Activations whose shape
+// changes (variable sequence lengths) need RuntimeOptions::dynamic_shape: the shape then travels
+// before every micro-batch's activation, one host read each (DeepSpeed's dynamic_shape,
+// Megatron's variable_seq_lengths).
+//
+// Nothing else in a step reads the device on the host: train_batch returns the loss as a tensor
+// on the stage's device (DeepSpeed's train_batch does the same), to be read when it is printed.
 #pragma once
 
 #include <functional>
@@ -62,6 +73,9 @@ namespace zero::pipeline {
 struct RuntimeOptions {
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   int micro_batches = 1;  // gradient_accumulation_steps, as in DeepSpeed's pipeline engine
+  // The activation's shape sent before every micro-batch (one host read each on the receiving
+  // stage) instead of once.
+  bool dynamic_shape = false;
 };
 
 class PipelineRuntime {
@@ -77,8 +91,10 @@ class PipelineRuntime {
   // One optimizer step over opts.micro_batches micro-batches: `inputs` is read on the first
   // stage, `targets` on the last (other stages may pass empty lists). Each micro-batch's loss is
   // divided by their number, so the gradients are those of the mean loss over the whole batch.
-  // Returns that mean loss (averaged over data-parallel replicas too) on every stage.
-  float train_batch(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
+  // Returns that mean loss (averaged over data-parallel replicas too) on every stage, as a
+  // one-element fp32 tensor on device(), not read on the host (a GPU run reads it when printing).
+  at::Tensor train_batch(const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& targets);
 
   // Sends the tied weights' owners' values to the copies again (every stage calls it): after the
   // owner's weight changed outside a step, e.g. loaded from a checkpoint.
@@ -136,8 +152,12 @@ class PipelineRuntime {
   std::vector<std::unique_ptr<Pending>> sends_;  // posted, not yet known delivered
   // delivered_sends(...) of this stage's list: the sends to settle after each receive.
   std::vector<std::vector<Instruction>> delivered_;
-  std::vector<int64_t> recv_shape_;              // the activation's shape from the previous stage
-  c10::ScalarType recv_dtype_ = c10::ScalarType::Float;
+  // The activation's shape and dtype: received from the previous stage (known once
+  // recv_known_), and sent to the next one (once sent_known_).
+  std::vector<int64_t> recv_shape_, sent_shape_;
+  c10::ScalarType recv_dtype_ = c10::ScalarType::Float, sent_dtype_ = c10::ScalarType::Float;
+  bool recv_known_ = false, sent_known_ = false;
+  int64_t steps_ = 0;  // train_batch calls begun (for the error naming the step)
   c10::Device device_{c10::kCPU};  // the stage's: every buffer sent or received lives there
   StepTimes times_;
 };
