@@ -13,19 +13,20 @@
 // param.grad keeps the full gradient in between).
 #include <ATen/ATen.h>
 
-#include "optim/cpu_adamw.hpp"
 #include "zero/grads/grad_buckets.hpp"
 #include "zero/grads/grad_sync.hpp"
-#include "zero/grads/grad_to_host.hpp"
 
 namespace zero {
 namespace {
 
 class AccumulatedGrads final : public GradSync {
  public:
+  // `full`: the accumulator (see make_accumulated_grads).
   AccumulatedGrads(const FlatLayout& layout, comm::Group& group, bool sharded,
-                   const GradSyncOptions& opts)
-      : layout_(layout),
+                   const GradSyncOptions& opts, at::Tensor full, std::unique_ptr<Reducer> reducer,
+                   std::unique_ptr<GradSink> sink)
+      : GradSync(std::move(reducer), std::move(sink)),
+        layout_(layout),
         group_(group),
         sharded_(sharded),
         opts_(opts),
@@ -34,22 +35,11 @@ class AccumulatedGrads final : public GradSync {
         pipeline_(layout.buffer_numel(), sharded ? layout.chunk_numel() : 0,
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device),
                   in_place(opts) ? 0 : 2),
-        quant_(make_quantized_reduce(layout, group, opts, first_slot_)) {
-    TORCH_CHECK(sharded || !opts.compress.enabled,
-                "zero: zero_quantized_gradients compresses the reduce-scatter of ZeRO stages 1 "
-                "and 2; stage 0 all-reduces full gradients. Set zero_optimization.stage: 1 or 2, "
-                "or zero_quantized_gradients: false");
-    const auto acc = at::TensorOptions().dtype(opts.accum_dtype).device(opts.device);
-    full_ = at::zeros({layout.total_numel()}, acc);
+        full_(std::move(full)) {
     // Stage 0's shard is the whole buffer (the layout was built for one shard), so the reduced
     // gradient stays in place; stage 1 reduces into a separate 1/N shard.
-    shard_ = !sharded_         ? full_
-             : opts.host_shard ? device::host_zeros(layout.shard_numel(), opts.pin_memory)
-                               : at::zeros({layout.shard_numel()}, acc);
-    if (opts.host_shard) {
-      to_host_ = std::make_unique<GradToHost>(opts.device, layout.chunk_numel(), opts.comm_dtype,
-                                              opts.accum_dtype);
-    }
+    TORCH_INTERNAL_ASSERT(sharded_ || grad_shard().is_same(full_),
+                          "zero: stage 0's gradient sink is the accumulator itself");
   }
 
   void begin_backward(bool boundary, const std::vector<int>& expected,
@@ -75,48 +65,26 @@ class AccumulatedGrads final : public GradSync {
       ++counters_.launched_after_backward;
     }
     counters_.wait_seconds += pipeline_.drain();
-    // Offload: the host shard is read by the step from now on, so every copy lands here.
-    if (to_host_ && sharded_) to_host_->finish(shard_);
+    sink_->finish();
   }
 
   void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
 
   void abort() override {
     pipeline_.abort();
-    if (to_host_) to_host_->abort();
+    sink_->abort();
     tracker_.reset();
     zero_grad();
   }
 
-  at::Tensor& grad_shard() override { return shard_; }
-
   void zero_grad() override {
     full_.zero_();
-    // Offload: the host shard is not touched; the next window's pieces overwrite it.
-    if (sharded_ && to_host_) {
-      to_host_->new_window();
-    } else if (sharded_) {
-      shard_.zero_();
-    }
+    sink_->new_window();
   }
 
-  int64_t grad_bytes() const override { return full_.nbytes() + (sharded_ ? shard_.nbytes() : 0); }
-  // The error-feedback residuals are declared with the bucket buffers (partitioned_grads.cpp).
-  int64_t comm_buffer_bytes() const override {
-    return pipeline_.bytes() + (quant_ ? quant_->bytes() : 0);
+  GradPathBytes bytes() const override {
+    return path_bytes(pipeline_, static_cast<int64_t>(full_.nbytes()));
   }
-  compress::ErrorFeedback* error_feedback() override {
-    return quant_ ? quant_->feedback() : nullptr;
-  }
-  int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
-  int64_t host_staging_pinned_bytes() const override {
-    return to_host_ ? to_host_->pinned_bytes() : 0;
-  }
-  at::Tensor device_squared_norm() const override {
-    return to_host_ ? to_host_->squared_norm() : at::Tensor();
-  }
-  int bucket_buffers() const override { return pipeline_.buffers(); }
-  int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
 
  private:
   // fp32 gradients in an fp32 accumulator are reduced in place; other dtypes travel through a
@@ -148,10 +116,9 @@ class AccumulatedGrads final : public GradSync {
     const std::vector<BucketChunk> chunks =
         cast ? bucket_chunks(bucket, layout_.chunk_numel()) : std::vector<BucketChunk>{{0, S}};
     const int world = layout_.world();
-    const int rank = group_.rank();
     for (size_t k = 0; k < chunks.size(); ++k) {
       const BucketChunk c = chunks[k];
-      at::Tensor mine = shard_.narrow(0, bucket.shard_offset + c.offset, c.numel);
+      at::Tensor mine = grad_shard().narrow(0, bucket.shard_offset + c.offset, c.numel);
       const std::string what = std::string(sharded_ ? "reduce_scatter" : "all_reduce") +
                                " of gradient bucket " + std::to_string(b) +
                                (chunks.size() > 1 ? " (chunk " + std::to_string(k) + ")" : "");
@@ -165,39 +132,27 @@ class AccumulatedGrads final : public GradSync {
         pack_chunk(in, bucket, c, 0, grads);
       }
       if (!sharded_) {
-        auto work = group_.all_reduce_sum(in, what);
+        auto work = reducer_->reduce(-1, in, in, what);
         const BucketSlot* bp = &bucket;
         pipeline_.push(std::move(work), buf, [in, grads, bp, c, cast] {
           if (cast) unpack_chunk(in, *bp, c, 0, grads);
         });
+        if (k == 0) launched(b);
         continue;
       }
-      at::Tensor reduced;
-      comm::Work work;
-      if (quant_) {
-        // zero_quantized_gradients: int8/int4 codes over one all-to-all, summed in fp32.
-        reduced = pipeline_.buffer(buf).out.narrow(0, 0, c.numel);
-        work = quant_->reduce_scatter(first_slot_[b] + k, reduced, in, what);
-      } else if (!opts_.reduce_scatter) {
-        work = group_.all_reduce_sum(in, what);
-        reduced = in.narrow(0, rank * c.numel, c.numel);
-      } else {
-        reduced = cast ? pipeline_.buffer(buf).out.narrow(0, 0, c.numel) : mine;
-        work = group_.reduce_scatter_sum(reduced, in, what);
-      }
+      // The in-place fp32 reduce-scatter writes the shard itself.
+      at::Tensor out = reducer_->writes_out() && cast
+                           ? pipeline_.buffer(buf).out.narrow(0, 0, c.numel)
+                           : mine;
+      comm::Work work = reducer_->reduce(reducer_->first_slot(b) + static_cast<int>(k), out, in,
+                                         what);
+      at::Tensor reduced = reducer_->result(out, in);
       // The window's sum was accumulated before the reduction: the reduced shard is copied into
       // the (zeroed) shard, not added, so no second rounding to grad_accum_dtype.
       pipeline_.push(std::move(work), buf, [this, reduced, mine, buf] {
-        if (reduced.is_same(mine)) return;  // reduced in place
-        if (!to_host_) {
-          mine.copy_(reduced);
-          return;
-        }
-        // Offload: the shard leaves for the host now (the collective's wait() ordered the
-        // current stream after it), and the buffer is reused only after the copy read it.
-        GradToHost::Ticket t = to_host_->send(reduced, mine, /*add=*/false);
-        pipeline_.before_reuse(buf, [this, t] { to_host_->wait(t); });
+        sink_->take(reduced, mine, /*add=*/false, pipeline_, buf);
       });
+      if (k == 0) launched(b);
     }
   }
 
@@ -208,18 +163,34 @@ class AccumulatedGrads final : public GradSync {
   BucketTracker tracker_;
   BucketPipeline pipeline_;
   at::Tensor full_;
-  at::Tensor shard_;
-  std::unique_ptr<GradToHost> to_host_;  // optimizer offload only
   bool boundary_ = false;
-  std::vector<int> first_slot_;  // per bucket, its first error-feedback slot
-  std::unique_ptr<compress::QuantizedReduceScatter> quant_;  // zero_quantized_gradients only
 };
+
+at::Tensor make_accumulator(const FlatLayout& layout, const GradSyncOptions& opts) {
+  return at::zeros({layout.total_numel()},
+                   at::TensorOptions().dtype(opts.accum_dtype).device(opts.device));
+}
 
 }  // namespace
 
 std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
+                                                 bool sharded, const GradSyncOptions& opts,
+                                                 std::unique_ptr<Reducer> reducer,
+                                                 std::unique_ptr<GradSink> sink) {
+  TORCH_CHECK(sharded, "zero: make_accumulated_grads with a sink is for a sharded gradient; "
+                       "stage 0's sink is its accumulator (the overload without one)");
+  return std::make_unique<AccumulatedGrads>(layout, group, sharded, opts,
+                                            make_accumulator(layout, opts), std::move(reducer),
+                                            std::move(sink));
+}
+
+std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
                                                  bool sharded, const GradSyncOptions& opts) {
-  return std::make_unique<AccumulatedGrads>(layout, group, sharded, opts);
+  auto reducer = make_reducer(layout, group, sharded, opts);
+  at::Tensor full = make_accumulator(layout, opts);
+  auto sink = sharded ? make_shard_sink(layout, opts) : make_in_place_sink(full);
+  return std::make_unique<AccumulatedGrads>(layout, group, sharded, opts, std::move(full),
+                                            std::move(reducer), std::move(sink));
 }
 
 }  // namespace zero

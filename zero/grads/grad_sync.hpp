@@ -1,18 +1,24 @@
-// Where gradients go between autograd and the optimizer. One implementation per way of
-// keeping them: AccumulatedGrads (stage 0, and stage 1 under gradient accumulation: a full
-// gradient buffer, reduced once per accumulation window) and PartitionedGrads (stage 2, and
-// stage 1 without accumulation: only this rank's shard survives a micro-step; buckets are
-// reduce-scattered as backward produces them). Both keep gradients in grad_accum_dtype (see
-// GradSyncOptions::accum_dtype).
+// Where gradients go between autograd and the optimizer: a collector, a Reducer and a GradSink.
+// The collector decides when a bucket is reduced and from which buffer: AccumulatedGrads (stage
+// 0, and stage 1 under gradient accumulation: a full gradient buffer, reduced once per
+// accumulation window) or PartitionedGrads (stage 2, and stage 1 without accumulation: only this
+// rank's shard survives a micro-step; buckets are reduced as backward produces them). The
+// Reducer (reducer.hpp) launches the collective: all-reduce, reduce-scatter,
+// all-reduce-keep-shard or quantized. The GradSink (grad_sink.hpp) keeps the result: a device
+// shard, the accumulator in place (stage 0) or a host shard (optimizer offload). Gradients are
+// kept in grad_accum_dtype (see GradSyncOptions::accum_dtype).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "comm/group.hpp"
 #include "zero/compress/quantized_reduce.hpp"
+#include "zero/grads/grad_sink.hpp"
+#include "zero/grads/reducer.hpp"
 #include "zero/params/shard_info.hpp"
 
 namespace zero {
@@ -45,8 +51,24 @@ struct GradSyncCounters {
   double wait_seconds = 0;
 };
 
+// What the gradient path holds, for the memory report.
+struct GradPathBytes {
+  int64_t grads = 0;         // accumulator and gradient shard
+  int64_t comm_buffers = 0;  // bucket pool and error-feedback residuals
+  // Optimizer offload: the page-locked ring a reduced shard lands in on its way to the host
+  // shard (grad_to_host.hpp); host memory, a declared buffer beside comm_buffers.
+  int64_t host_staging = 0;
+  // The same as the page-locked allocator holds it (device::host_bytes: page- or
+  // power-of-two-rounded).
+  int64_t host_staging_pinned = 0;
+  int buffers = 0;       // the bucket pool's buffers
+  int buffers_peak = 0;  // the most held at once so far
+};
+
 class GradSync {
  public:
+  GradSync(std::unique_ptr<Reducer> reducer, std::unique_ptr<GradSink> sink)
+      : reducer_(std::move(reducer)), sink_(std::move(sink)) {}
   virtual ~GradSync() = default;
   // A micro-step's backward starts; `boundary`: it closes an accumulation window, so this
   // pass's gradients must be fully reduced when it ends. `expected`: gradients each parameter
@@ -66,35 +88,55 @@ class GradSync {
   // After a backward that failed: waits for the reductions in flight, returns their buffers and
   // forgets every gradient of the current accumulation window (the next pass starts afresh).
   virtual void abort() = 0;
-  // This rank's gradient shard (accum_dtype, or fp32 in host memory under offload): the sum
-  // over ranks (not yet averaged) once a boundary pass ended. Laid out like the master shard.
-  virtual at::Tensor& grad_shard() = 0;
   // Forget the accumulated gradients (after the optimizer step).
   virtual void zero_grad() = 0;
-  virtual int64_t grad_bytes() const = 0;
-  virtual int64_t comm_buffer_bytes() const = 0;
-  // Optimizer offload: the page-locked ring a reduced shard lands in on its way to the host
-  // shard (grad_to_host.hpp); host memory, a declared buffer beside comm_buffer_bytes.
-  virtual int64_t host_staging_bytes() const { return 0; }
-  // The same as the page-locked allocator holds it (device::host_bytes: page- or
-  // power-of-two-rounded).
-  virtual int64_t host_staging_pinned_bytes() const { return 0; }
-  // Optimizer offload: the squared norm of the host gradient shard, summed on the device as its
-  // pieces left (GradToHost::squared_norm); undefined when only the host shard has it.
-  virtual at::Tensor device_squared_norm() const { return {}; }
-  // The bucket pool: buffers it has, and the most held at once so far.
-  virtual int bucket_buffers() const = 0;
-  // The error-feedback residuals of compressed reduction (checkpoints), or null.
-  virtual compress::ErrorFeedback* error_feedback() { return nullptr; }
-  virtual int bucket_buffers_peak() const = 0;
+  // This rank's gradient shard (accum_dtype, or fp32 in host memory under offload): the sum
+  // over ranks (not yet averaged) once a boundary pass ended. Laid out like the master shard.
+  at::Tensor& grad_shard() { return sink_->shard(); }
+  virtual GradPathBytes bytes() const = 0;
+  // Called with a bucket's index right after its (first) reduction was launched in a pass.
+  void set_on_launched(std::function<void(int)> f) { on_launched_ = std::move(f); }
+  Reducer& reducer() { return *reducer_; }
+  GradSink& sink() { return *sink_; }
   const GradSyncCounters& counters() const { return counters_; }
 
+  // Forwards to bytes(), reducer() and sink() for the engine until it reads those itself.
+  int64_t grad_bytes() const { return bytes().grads; }
+  int64_t comm_buffer_bytes() const { return bytes().comm_buffers; }
+  int64_t host_staging_bytes() const { return bytes().host_staging; }
+  int64_t host_staging_pinned_bytes() const { return bytes().host_staging_pinned; }
+  at::Tensor device_squared_norm() const { return sink_->device_squared_norm(); }
+  int bucket_buffers() const { return bytes().buffers; }
+  int bucket_buffers_peak() const { return bytes().buffers_peak; }
+  compress::ErrorFeedback* error_feedback() { return reducer_->error_feedback(); }
+
  protected:
+  void launched(int bucket) {
+    if (on_launched_) on_launched_(bucket);
+  }
+  // What every collector reports beside its own bytes.
+  GradPathBytes path_bytes(const BucketPipeline& pipeline, int64_t own_grads) const {
+    const SinkBytes s = sink_->bytes();
+    return {own_grads + s.shard,     pipeline.bytes() + reducer_->bytes(),
+            s.host_staging,          s.host_staging_pinned,
+            pipeline.buffers(),      pipeline.peak_in_use()};
+  }
+
+  std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<GradSink> sink_;
+  std::function<void(int)> on_launched_;
   GradSyncCounters counters_;
 };
 
 // Stage 0 (`sharded` false: all-reduce, every rank keeps the whole gradient) and stage 1 under
 // accumulation (`sharded` true: reduce-scatter into this rank's shard).
+// The accumulator is the collector's; with `sharded` the reduced shard goes to `sink`, without
+// it `sink` must be make_in_place_sink(accumulator) and `reducer` make_all_reduce (the overload
+// below builds them).
+std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
+                                                 bool sharded, const GradSyncOptions& opts,
+                                                 std::unique_ptr<Reducer> reducer,
+                                                 std::unique_ptr<GradSink> sink);
 std::unique_ptr<GradSync> make_accumulated_grads(const FlatLayout& layout, comm::Group& group,
                                                  bool sharded, const GradSyncOptions& opts);
 // The dtype gradient storage of `opts` is allocated in: accum_dtype, but fp32 for a shard in
@@ -118,7 +160,12 @@ std::unique_ptr<compress::QuantizedReduceScatter> make_quantized_reduce(
     const FlatLayout& layout, comm::Group& group, const GradSyncOptions& opts,
     std::vector<int>& first_slot);
 
-// Stage 2, and stage 1 without accumulation.
+// Stage 2, and stage 1 without accumulation. The overload without them builds the reducer and
+// sink `opts` asks for (make_reducer, make_shard_sink).
+std::unique_ptr<GradSync> make_partitioned_grads(const FlatLayout& layout, comm::Group& group,
+                                                 const GradSyncOptions& opts,
+                                                 std::unique_ptr<Reducer> reducer,
+                                                 std::unique_ptr<GradSink> sink);
 std::unique_ptr<GradSync> make_partitioned_grads(const FlatLayout& layout, comm::Group& group,
                                                  const GradSyncOptions& opts);
 

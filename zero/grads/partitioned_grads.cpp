@@ -18,10 +18,8 @@
 
 #include <algorithm>
 
-#include "optim/cpu_adamw.hpp"
 #include "zero/grads/grad_buckets.hpp"
 #include "zero/grads/grad_sync.hpp"
-#include "zero/grads/grad_to_host.hpp"
 
 namespace zero {
 namespace {
@@ -30,8 +28,10 @@ constexpr int kPoolBuffers = 2;
 
 class PartitionedGrads final : public GradSync {
  public:
-  PartitionedGrads(const FlatLayout& layout, comm::Group& group, const GradSyncOptions& opts)
-      : layout_(layout),
+  PartitionedGrads(const FlatLayout& layout, comm::Group& group, const GradSyncOptions& opts,
+                   std::unique_ptr<Reducer> reducer, std::unique_ptr<GradSink> sink)
+      : GradSync(std::move(reducer), std::move(sink)),
+        layout_(layout),
         group_(group),
         opts_(opts),
         tracker_(layout),
@@ -39,20 +39,7 @@ class PartitionedGrads final : public GradSync {
                   at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers),
         bucket_buffer_(layout.buckets().size(), -1),
         deferred_(layout.params().size()),
-        late_(layout.params().size()),
-        quant_(make_quantized_reduce(layout, group, opts, first_slot_)) {
-    // In grad_accum_dtype (bf16: half of an fp32 shard), the values accumulate()'s rounding gives.
-    shard_ =
-        opts.host_shard
-            ? device::host_zeros(layout.shard_numel(), opts.pin_memory)
-            : at::zeros(
-                  {layout.shard_numel()},
-                  at::TensorOptions().dtype(grad_storage_dtype(opts, false)).device(opts.device));
-    if (opts.host_shard) {
-      to_host_ = std::make_unique<GradToHost>(opts.device, layout.chunk_numel(), opts.comm_dtype,
-                                              opts.accum_dtype);
-    }
-  }
+        late_(layout.params().size()) {}
 
   void begin_backward(bool /*boundary: every pass is reduced*/, const std::vector<int>& expected,
                       bool counting) override {
@@ -101,50 +88,23 @@ class PartitionedGrads final : public GradSync {
     }
     if (agree_late_) launch_late();
     counters_.wait_seconds += pipeline_.drain();
-    // Offload: the host shard is read by the step from now on, so every copy lands here.
-    if (to_host_) to_host_->finish(shard_);
+    sink_->finish();
   }
 
   void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
 
   void abort() override {
     pipeline_.abort();
-    if (to_host_) to_host_->abort();
+    sink_->abort();
     std::fill(bucket_buffer_.begin(), bucket_buffer_.end(), -1);
     for (auto& d : deferred_) d.reset();
     for (auto& d : late_) d.reset();
     tracker_.reset();
-    shard_.zero_();
-    if (to_host_) to_host_->new_window();
+    sink_->new_window();
   }
 
-  at::Tensor& grad_shard() override { return shard_; }
-  // Offload: the host shard is not touched; the next window's first pieces overwrite it.
-  void zero_grad() override {
-    if (to_host_) {
-      to_host_->new_window();
-    } else {
-      shard_.zero_();
-    }
-  }
-  int64_t grad_bytes() const override { return shard_.nbytes(); }
-  // The error-feedback residuals are declared with the bucket buffers: both exist for the
-  // reduction only.
-  int64_t comm_buffer_bytes() const override {
-    return pipeline_.bytes() + (quant_ ? quant_->bytes() : 0);
-  }
-  compress::ErrorFeedback* error_feedback() override {
-    return quant_ ? quant_->feedback() : nullptr;
-  }
-  int64_t host_staging_bytes() const override { return to_host_ ? to_host_->bytes() : 0; }
-  int64_t host_staging_pinned_bytes() const override {
-    return to_host_ ? to_host_->pinned_bytes() : 0;
-  }
-  at::Tensor device_squared_norm() const override {
-    return to_host_ ? to_host_->squared_norm() : at::Tensor();
-  }
-  int bucket_buffers() const override { return pipeline_.buffers(); }
-  int bucket_buffers_peak() const override { return pipeline_.peak_in_use(); }
+  void zero_grad() override { sink_->new_window(); }
+  GradPathBytes bytes() const override { return path_bytes(pipeline_, 0); }
 
  private:
   void launch_ready() {
@@ -198,7 +158,8 @@ class PartitionedGrads final : public GradSync {
     const int64_t S = bucket.shard.shard_numel();
     const int buf = bucket_buffer_[b];
     reduce(b, slot(b), buf, pipeline_.buffer(buf).in.narrow(0, 0, bucket.shard.padded_numel()),
-           shard_.narrow(0, bucket.shard_offset, S), "");
+           grad_shard().narrow(0, bucket.shard_offset, S), "");
+    launched(b);
   }
 
   // The gradients that arrived after their bucket was reduced on a guessing pass, reduced bucket
@@ -234,7 +195,8 @@ class PartitionedGrads final : public GradSync {
             .add_(late_[param].reshape({-1}).to(in.scalar_type()));
         late_[param].reset();
       }
-      reduce(b, slot(b), buf, in, shard_.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()),
+      reduce(b, slot(b), buf, in,
+             grad_shard().narrow(0, bucket.shard_offset, bucket.shard.shard_numel()),
              " (gradients after its first reduction)");
     }
   }
@@ -258,14 +220,15 @@ class PartitionedGrads final : public GradSync {
                    grads[param].reshape({-1}));
       }
       reduce(b, slot(b) + static_cast<int>(k), buf, in,
-             shard_.narrow(0, bucket.shard_offset + c.offset, c.numel),
+             grad_shard().narrow(0, bucket.shard_offset + c.offset, c.numel),
              " (chunk " + std::to_string(k) + ")");
     }
     for (int param : bucket.params) grads[param].reset();
+    if (&grads == &deferred_) launched(b);
   }
 
   // The error-feedback slot of bucket b's first reduction (make_quantized_reduce).
-  int slot(int b) const { return quant_ ? first_slot_[b] : -1; }
+  int slot(int b) const { return reducer_->first_slot(b); }
 
   // Reduces `in` (world x mine.numel() elements, communication dtype) and adds this rank's
   // part to `mine`; `slot`: the reduction's error-feedback slot under compression.
@@ -273,28 +236,11 @@ class PartitionedGrads final : public GradSync {
     const int64_t S = mine.numel();
     at::Tensor out = pipeline_.buffer(buf).out.narrow(0, 0, S);
     const std::string what = "reduce_scatter of gradient bucket " + std::to_string(b) + part;
+    comm::Work work = reducer_->reduce(slot, out, in, what);
     // DeepSpeed's stage 2 sums the reduced micro-step gradients in grad_accum_dtype.
-    const at::ScalarType acc = opts_.accum_dtype;
-    at::Tensor reduced = out;
-    comm::Work work;
-    if (quant_) {
-      // zero_quantized_gradients: int8/int4 codes over one all-to-all, summed in fp32.
-      work = quant_->reduce_scatter(slot, out, in, what);
-    } else if (opts_.reduce_scatter) {
-      work = group_.reduce_scatter_sum(out, in, what);
-    } else {
-      work = group_.all_reduce_sum(in, what);
-      reduced = in.narrow(0, group_.rank() * S, S);
-    }
-    pipeline_.push(std::move(work), buf, [this, reduced, mine, acc, buf]() mutable {
-      if (!to_host_) {
-        accumulate(mine, reduced, acc);
-        return;
-      }
-      // Offload: the shard leaves for the host now (the collective's wait() ordered the current
-      // stream after it), and the buffer is reused only after the copy read it.
-      GradToHost::Ticket t = to_host_->send(reduced, mine, /*add=*/true);
-      pipeline_.before_reuse(buf, [this, t] { to_host_->wait(t); });
+    at::Tensor reduced = reducer_->result(out, in);
+    pipeline_.push(std::move(work), buf, [this, reduced, mine, buf] {
+      sink_->take(reduced, mine, /*add=*/true, pipeline_, buf);
     });
     if (!opts_.overlap) counters_.wait_seconds += pipeline_.drain();
   }
@@ -309,17 +255,24 @@ class PartitionedGrads final : public GradSync {
   std::vector<at::Tensor> late_;      // gradients after their bucket's reduction (see on_grad)
   bool guessing_ = false;             // this pass guesses some counts (begin_backward)
   bool agree_late_ = false;           // this pass ends with the late-gradient agreement
-  at::Tensor shard_;
-  std::unique_ptr<GradToHost> to_host_;  // optimizer offload only
-  std::vector<int> first_slot_;          // per bucket, its first error-feedback slot
-  std::unique_ptr<compress::QuantizedReduceScatter> quant_;  // zero_quantized_gradients only
 };
 
 }  // namespace
 
 std::unique_ptr<GradSync> make_partitioned_grads(const FlatLayout& layout, comm::Group& group,
+                                                 const GradSyncOptions& opts,
+                                                 std::unique_ptr<Reducer> reducer,
+                                                 std::unique_ptr<GradSink> sink) {
+  return std::make_unique<PartitionedGrads>(layout, group, opts, std::move(reducer),
+                                            std::move(sink));
+}
+
+std::unique_ptr<GradSync> make_partitioned_grads(const FlatLayout& layout, comm::Group& group,
                                                  const GradSyncOptions& opts) {
-  return std::make_unique<PartitionedGrads>(layout, group, opts);
+  // The reducer before the sink, as the pieces were built before (neither communicates).
+  auto reducer = make_reducer(layout, group, /*sharded=*/true, opts);
+  auto sink = make_shard_sink(layout, opts);
+  return make_partitioned_grads(layout, group, opts, std::move(reducer), std::move(sink));
 }
 
 }  // namespace zero

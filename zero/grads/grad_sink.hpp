@@ -1,0 +1,55 @@
+// Where a reduced gradient bucket ends up: the storage half of the gradient path (grad_sync.hpp
+// composes a collector, a Reducer and a GradSink). The collectors hand over each reduced part
+// with its destination, a window of shard(); the sink adds or copies it there.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+#include "zero/grads/grad_buckets.hpp"
+
+namespace zero {
+
+struct GradSyncOptions;
+
+struct SinkBytes {
+  int64_t shard = 0;                // the gradient shard the sink keeps
+  int64_t host_staging = 0;         // offload: the page-locked landing ring (grad_to_host.hpp)
+  int64_t host_staging_pinned = 0;  // the same as the page-locked allocator holds it
+};
+
+class GradSink {
+ public:
+  virtual ~GradSink() = default;
+  // `reduced` (this rank's part, finished) into `dst`, a window of shard(): added (rounded to
+  // grad_accum_dtype) when `add`, else copied. `buf`: the pool buffer `reduced` lives in, which
+  // the sink may keep from reuse until it read it (BucketPipeline::before_reuse); -1 for none.
+  virtual void take(const at::Tensor& reduced, const at::Tensor& dst, bool add,
+                    BucketPipeline& pipeline, int buf) = 0;
+  // After the last take of a backward pass: shard() is complete when this returns.
+  virtual void finish() {}
+  // A new accumulation window: the shard counts as zeros from now on.
+  virtual void new_window() = 0;
+  // After a failed backward: waits for what the sink has in flight and drops it.
+  virtual void abort() {}
+  virtual at::Tensor& shard() = 0;
+  virtual SinkBytes bytes() const = 0;
+  // Offload: the squared norm of the host shard, summed on the device as its pieces left;
+  // undefined when only the host has it (GradToHost::squared_norm).
+  virtual at::Tensor device_squared_norm() const { return {}; }
+};
+
+// The gradient shard on the device, in grad_accum_dtype (stages 1, 2).
+std::unique_ptr<GradSink> make_device_shard(int64_t numel, const GradSyncOptions& opts);
+// Stage 0: the shard is the all-reduced accumulator itself (`acc`, kept by the collector); the
+// reduction wrote into it, there is nothing to take and no bytes of its own.
+std::unique_ptr<GradSink> make_in_place_sink(const at::Tensor& acc);
+// Optimizer offload (stages 1, 2): an fp32 shard in host memory, each part copied there on the
+// copy engine as it arrives (GradToHost).
+std::unique_ptr<GradSink> make_host_shard(int64_t numel, int64_t chunk_numel,
+                                          const GradSyncOptions& opts);
+// The sink `opts` asks for: host shard under offload, else a device shard.
+std::unique_ptr<GradSink> make_shard_sink(const FlatLayout& layout, const GradSyncOptions& opts);
+
+}  // namespace zero
