@@ -13,6 +13,7 @@
 
 #include "gpt_config.hpp"
 #include "zero/activation_checkpointing.hpp"
+#include "zero/sharding.hpp"
 
 namespace zero::examples {
 
@@ -51,20 +52,25 @@ struct CheckpointPolicy {
 
 // The blocks in order, every policy.every-th one recomputed in backward (zero::checkpoint): the
 // plain model's and the tensor-parallel one's forward (a recomputed tensor-parallel block runs its
-// collectives again, on every rank alike). The closure outlives the call (backward re-runs it),
-// so it captures by value.
+// collectives again, on every rank alike). Each block runs as a unit (zero::run_unit): gathered
+// and released around its forward at stage 3 when marked, the block itself otherwise; a
+// checkpoint wraps the unit, so its recomputation gathers it again. The closure outlives the
+// call (backward re-runs it), so it captures by value.
 template <class Block>
 at::Tensor run_blocks(torch::nn::ModuleList& blocks, at::Tensor x, const at::Tensor& cos,
                       const at::Tensor& sin, const CheckpointPolicy& policy,
                       const zero::CheckpointOptions& opts) {
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto* block = (*blocks)[i]->template as<Block>();
+    auto unit = [block, cos, sin](const at::Tensor& in) {
+      return zero::run_unit(
+          *block, [block, cos, sin](const at::Tensor& t) { return block->forward(t, cos, sin); },
+          in);
+    };
     if (policy.enabled && static_cast<int64_t>(i) % policy.every == 0) {
-      x = zero::checkpoint(
-          [block, cos, sin](const at::Tensor& in) { return block->forward(in, cos, sin); }, x,
-          opts);
+      x = zero::checkpoint(unit, x, opts);
     } else {
-      x = block->forward(x, cos, sin);
+      x = unit(x);
     }
   }
   return x;

@@ -13,3 +13,4 @@
 #include "zero/launcher.hpp"
 #include "zero/memory.hpp"
 #include "zero/parallel_dims.hpp"
+#include "zero/sharding.hpp"
