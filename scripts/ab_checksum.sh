@@ -4,7 +4,9 @@
 # 0/1/2 x fp32/bf16/fp16 x accumulation x clipping x optimizer offload x quantized gradients x
 # torch_adam, 2 ranks through torchrun, 3 steps of the tiny GPT each, and compares every logged
 # loss and the summary's first/final loss, param_checksum and param_norm exactly (17
-# significant digits). For a refactoring that must not change a single value.
+# significant digits), and the checkpoint each run saves after its last step byte for byte
+# (every file: manifest, shards, error-feedback residuals). For a refactoring that must not
+# change a single value.
 #
 # A revision is exported with `git archive` beside the repository ($AB_DIR, default
 # <repo>/../.ab-checksum/<sha>; kept, so a second comparison builds nothing), where ccache's
@@ -18,8 +20,11 @@ head_rev=${2:-}
 root=$(git rev-parse --show-toplevel)
 ab_dir=${AB_DIR:-$(dirname "$root")/.ab-checksum}
 build() {  # build DIR TARGET...
-  # Up to date: nothing to wait for (zbuild queues on a lock shared by every build).
-  if ! ninja -C "$1" -n "${@:2}" 2>/dev/null | grep -qE "Building|Linking"; then return 0; fi
+  # Built and up to date: nothing to wait for (zbuild queues on a lock shared by every build).
+  if [[ -x $1/examples/zero-train ]] &&
+     ! ninja -C "$1" -n "${@:2}" 2>/dev/null | grep -qE "Building|Linking"; then
+    return 0
+  fi
   if [[ -x /work/bin/zbuild ]]; then /work/bin/zbuild "$@"; else ninja -C "$@"; fi
 }
 export_and_build() {  # export_and_build REV: prints the built zero-train's path
@@ -96,16 +101,23 @@ for run in "${runs[@]}"; do
     train=$base_train
     [[ $side == head ]] && train=$head_train
     port=$((port + 1))
+    # One save path for both sides: the manifest records the configuration, save_dir included.
+    rm -rf "$out/ckpt"
     if ! torchrun --no-python --standalone --nproc-per-node 2 --master-port $port "$train" \
-        "${args[@]}" --summary-json "$out/$name.$side.json" > "$out/$name.$side.log" 2>&1; then
+        "${args[@]}" --set trainer.save_dir="$out/ckpt" --set trainer.save_interval=3 \
+        --summary-json "$out/$name.$side.json" > "$out/$name.$side.log" 2>&1; then
       echo "$name: $side run failed"; tail -5 "$out/$name.$side.log"; fail=1; continue 2
     fi
+    mv "$out/ckpt" "$out/$name.$side.ckpt"
     figures "$out/$name.$side.log" "$out/$name.$side.json" > "$out/$name.$side.fig"
   done
-  if cmp -s "$out/$name.base.fig" "$out/$name.head.fig"; then
-    echo "$name: identical ($(grep param_checksum "$out/$name.head.fig"))"
-  else
+  files=$(cd "$out/$name.head.ckpt" && find . -type f | wc -l)
+  if ! cmp -s "$out/$name.base.fig" "$out/$name.head.fig"; then
     echo "$name: DIFFERS"; diff "$out/$name.base.fig" "$out/$name.head.fig" | head -10; fail=1
+  elif ! diff -r "$out/$name.base.ckpt" "$out/$name.head.ckpt" > "$out/$name.ckpt.diff"; then
+    echo "$name: values identical, checkpoint DIFFERS"; head -5 "$out/$name.ckpt.diff"; fail=1
+  else
+    echo "$name: identical ($(grep param_checksum "$out/$name.head.fig"); checkpoint: $files files)"
   fi
 done
 echo "ab_checksum $base_sha..$head_name: ${#runs[@]} runs, $([[ $fail == 0 ]] && echo all identical || echo DIFFERENCES)"

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <random>
+#include <stdexcept>
 
 #include "zero/params/shard_info.hpp"
 
@@ -128,6 +130,151 @@ TEST(FlatLayout, OwnedRangesMergeAdjacentSelectedPieces) {
   EXPECT_EQ(decay, (std::vector<Range>{{0, 6}, {8, 12}}));
   auto all = L.owned_ranges(0, [](const ParamSlot&) { return true; });
   EXPECT_EQ(all, (std::vector<Range>{{0, 12}}));
+}
+
+
+// DeepSpeed's bucket rule restated on its own (stage_1_and_2.py: a bucket is reduced before the
+// parameter that would take it past the size joins, and once it reaches the size): the
+// parameter lists of the buckets, empty parameters left out.
+std::vector<std::vector<int>> reference_buckets(const std::vector<ParamSpec>& specs,
+                                                int64_t bucket_numel) {
+  std::vector<std::vector<int>> out;
+  std::vector<int> open;
+  int64_t n = 0;
+  int index = 0;
+  for (const ParamSpec& p : specs) {
+    if (p.numel <= 0) continue;
+    if (n > 0 && n + p.numel > bucket_numel) {
+      out.push_back(open);
+      open.clear();
+      n = 0;
+    }
+    open.push_back(index++);
+    n += p.numel;
+    if (n >= bucket_numel) {
+      out.push_back(open);
+      open.clear();
+      n = 0;
+    }
+  }
+  if (!open.empty()) out.push_back(open);
+  return out;
+}
+
+std::vector<ParamSpec> random_specs(std::mt19937& rng, int units) {
+  std::uniform_int_distribution<int> count(0, 12), numel(0, 40), unit_len(1, 5);
+  std::vector<ParamSpec> specs;
+  const int n = count(rng);
+  int unit = 0, left = unit_len(rng);
+  for (int i = 0; i < n; ++i) {
+    if (units > 1 && left-- == 0) {
+      unit = std::min(unit + 1, units - 1);
+      left = unit_len(rng);
+    }
+    specs.push_back({"p" + std::to_string(i), numel(rng), units > 1 ? unit : 0});
+  }
+  return specs;
+}
+
+// All parameters in unit 0 (stages 0-2): the buckets are the rule's, and one unit covers the
+// whole layout.
+TEST(FlatLayoutUnits, OneUnitIsTheBucketRuleOnRandomSpecs) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    const std::vector<ParamSpec> specs = random_specs(rng, 1);
+    const int64_t bucket = std::uniform_int_distribution<int64_t>(1, 60)(rng);
+    const int world = std::uniform_int_distribution<int>(1, 4)(rng);
+    const int64_t align = std::uniform_int_distribution<int64_t>(1, 4)(rng);
+    const FlatLayout L = FlatLayout::build(specs, bucket, world, align);
+    const auto want = reference_buckets(specs, bucket);
+    ASSERT_EQ(L.buckets().size(), want.size()) << "trial " << trial;
+    int64_t flat = 0, shard = 0;
+    for (size_t b = 0; b < want.size(); ++b) {
+      const BucketSlot& s = L.buckets()[b];
+      EXPECT_EQ(s.params, want[b]);
+      EXPECT_EQ(s.flat_offset, flat);
+      EXPECT_EQ(s.shard_offset, shard);
+      int64_t numel = 0;
+      for (int p : s.params) {
+        EXPECT_EQ(L.params()[p].flat_offset, flat + numel);
+        numel += L.params()[p].numel;
+      }
+      EXPECT_EQ(s.shard.numel, numel);
+      flat += round_up(numel, world * align);
+      shard += round_up(numel, world * align) / world;
+    }
+    ASSERT_EQ(L.units().size(), 1u);
+    const UnitSlot& u = L.units()[0];
+    EXPECT_EQ(u.unit, 0);
+    EXPECT_EQ(u.first_bucket, 0);
+    EXPECT_EQ(u.end_bucket, static_cast<int>(want.size()));
+    EXPECT_EQ(u.flat_begin, 0);
+    EXPECT_EQ(u.flat_end, L.total_numel());
+    EXPECT_EQ(u.shard_begin, 0);
+    EXPECT_EQ(u.shard_end, L.shard_numel());
+    std::vector<int> all(L.params().size());
+    std::iota(all.begin(), all.end(), 0);
+    EXPECT_EQ(u.params, all);
+  }
+}
+
+// Several units: each is a run of whole buckets, and its buckets are those of its own specs
+// built alone, shifted to where the unit starts.
+TEST(FlatLayoutUnits, EachUnitIsItsOwnLayoutShifted) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 500; ++trial) {
+    const std::vector<ParamSpec> specs = random_specs(rng, 4);
+    const int64_t bucket = std::uniform_int_distribution<int64_t>(1, 60)(rng);
+    const int world = std::uniform_int_distribution<int>(1, 4)(rng);
+    const FlatLayout L = FlatLayout::build(specs, bucket, world, 2);
+    int end_bucket = 0;
+    int64_t flat_end = 0, shard_end = 0;
+    size_t params_seen = 0;
+    for (const UnitSlot& u : L.units()) {
+      EXPECT_EQ(u.first_bucket, end_bucket);
+      EXPECT_EQ(u.flat_begin, flat_end);
+      EXPECT_EQ(u.shard_begin, shard_end);
+      std::vector<ParamSpec> mine;
+      for (const ParamSpec& p : specs) {
+        if (p.unit == u.unit) mine.push_back(p);
+      }
+      const FlatLayout alone = FlatLayout::build(mine, bucket, world, 2);
+      ASSERT_EQ(u.end_bucket - u.first_bucket, static_cast<int>(alone.buckets().size()));
+      for (int b = u.first_bucket; b < u.end_bucket; ++b) {
+        const BucketSlot& s = L.buckets()[b];
+        const BucketSlot& a = alone.buckets()[b - u.first_bucket];
+        EXPECT_EQ(s.flat_offset, u.flat_begin + a.flat_offset);
+        EXPECT_EQ(s.shard_offset, u.shard_begin + a.shard_offset);
+        EXPECT_EQ(s.shard.numel, a.shard.numel);
+        for (int p : s.params) {
+          EXPECT_EQ(specs[std::stoi(L.params()[p].name.substr(1))].unit, u.unit);
+        }
+      }
+      for (int p : u.params) {
+        EXPECT_GE(L.params()[p].bucket, u.first_bucket);
+        EXPECT_LT(L.params()[p].bucket, u.end_bucket);
+      }
+      EXPECT_EQ(u.flat_end - u.flat_begin, alone.total_numel());
+      EXPECT_EQ(u.shard_end - u.shard_begin, alone.shard_numel());
+      params_seen += u.params.size();
+      end_bucket = u.end_bucket;
+      flat_end = u.flat_end;
+      shard_end = u.shard_end;
+    }
+    EXPECT_EQ(end_bucket, static_cast<int>(L.buckets().size()));
+    EXPECT_EQ(flat_end, L.total_numel());
+    EXPECT_EQ(params_seen, L.params().size());
+  }
+}
+
+TEST(FlatLayoutUnits, AUnitInTwoRunsIsRefused) {
+  EXPECT_THROW(FlatLayout::build({{"a", 3, 0}, {"b", 3, 1}, {"c", 3, 0}}, 10, 2, 1),
+               std::invalid_argument);
+  // Empty parameters do not count: they join no bucket and no unit.
+  const FlatLayout L = FlatLayout::build({{"a", 3, 0}, {"b", 0, 1}, {"c", 3, 0}}, 10, 2, 1);
+  EXPECT_EQ(L.units().size(), 1u);
+  EXPECT_EQ(L.buckets().size(), 1u);
+  EXPECT_EQ(FlatLayout::build({}, 10, 2, 1).units().size(), 1u);
 }
 
 }  // namespace

@@ -6,9 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
 
-#include <chrono>
 #include <cmath>
-#include <deque>
 #include <iostream>
 #include <sstream>
 #include <unordered_set>
@@ -75,18 +73,6 @@ void Engine::Impl::discard_window() {
 
 namespace {
 
-// The step's gradient over shard window `w`: the shard itself when it is fp32 (the optimizer
-// reads the window from it), else the window converted to fp32, a temporary of one bucket's
-// shard: a gradient kept in grad_accum_dtype never gets a whole-shard fp32 copy.
-at::Tensor fp32_grad(const at::Tensor& grad, optim::Range w) {
-  if (grad.scalar_type() == at::kFloat) return grad;
-  return grad.narrow(0, w.begin, w.end - w.begin).to(at::kFloat);
-}
-
-optim::Range window_of(const BucketSlot& b) {
-  return {b.shard_offset, b.shard_offset + b.shard.shard_numel()};
-}
-
 // An NCCL group runs every collective on the GPU it was bound to (LOCAL_RANK's), whatever
 // device the tensors are on: a model on another GPU would make each collective read memory of
 // the wrong device, or wait on a stream nobody feeds, and hang. Checked before the first
@@ -122,98 +108,17 @@ void check_bound_device(comm::Group& group, const at::Device& device) {
 
 }  // namespace
 
-void Engine::Impl::update_and_publish(const at::Tensor& grad, double lr,
-                                      const optim::ShardOptimizer::Scalars& scalars) {
-  auto& o = *opt.optimizer;
-  if (offload) {
-    // The CPU step of each bucket writes the compute-dtype copy that its gather sends. The
-    // scalars reach the host once here, not once per bucket.
-    const optim::ShardOptimizer::Scalars host = OptimizerOffload::host_scalars(scalars);
-    o.begin_step(fp.master, grad, lr);
-    publish_from([&](const BucketSlot& b) {
-      return offload->update_bucket(&o, fp.master, grad, lr, host, b, own_part(b));
-    });
-    return;
-  }
-  const auto& buckets = fp.layout.buckets();
-  const bool fp32 = grad.scalar_type() == at::kFloat;
-  if (fp32) {
-    o.begin_step(fp.master_window(buckets.front()), grad, lr);
-  } else {
-    o.begin_step(fp.master_window(buckets.front()), lr);  // update() checks each window
-  }
-  if (!sharding.optimizer || fp.master_aliases_flat()) {
-    // Bucket by bucket, as the offloaded step runs: ATen's fused kernels round a slice's last
-    // elements past whole vectors otherwise, so the same windows keep the two bit-identical.
-    for (const BucketSlot& b : buckets) {
-      o.update(fp.master, fp32_grad(grad, window_of(b)), lr, scalars, window_of(b));
-    }
-    publish_parameters();
-    return;
-  }
-  // Update this rank's slice of bucket b just before b's all-gather is launched: the gather
-  // runs (gloo threads / the NCCL stream) while b+1 is updated. With fp32 parameters the slice
-  // is the flat buffer's own (FlatParams::MasterStorage::kInFlat): updated in place, then gathered.
-  publish_parameters([&](const BucketSlot& b) {
-    at::Tensor master = fp.master_window(b);
-    o.update(master, fp32_grad(grad, window_of(b)), lr, scalars, window_of(b));
-  });
-}
-
-at::Tensor Engine::Impl::own_part(const BucketSlot& b) const {
-  const int64_t S = b.shard.shard_numel();
-  return fp.flat.narrow(0, b.flat_offset + group->rank() * S, S);
-}
-
-void Engine::Impl::publish_parameters(const std::function<void(const BucketSlot&)>& before) {
-  publish_from([&](const BucketSlot& b) {
-    if (before) before(b);
-    if (offload) return offload->update_bucket(nullptr, fp.master, {}, 0, {}, b, own_part(b));
-    at::Tensor in = fp.bucket_master(b);
-    return param_dtype != at::kFloat ? in.to(param_dtype) : in;
-  });
-}
-
-void Engine::Impl::publish_from(const std::function<at::Tensor(const BucketSlot&)>& source) {
-  at::NoGradGuard no_grad;
-  if (fp.master_aliases_flat()) return;
-  if (!sharding.optimizer) {
-    fp.flat.copy_(fp.master);
-    return;
-  }
-  // Gathers run asynchronously; bound what is in flight (and the cast temporaries it holds) by
-  // allgather_bucket_size.
-  struct InFlight {
-    comm::Work work;
-    at::Tensor input;
-    int64_t numel;
-  };
-  std::deque<InFlight> inflight;
-  int64_t inflight_numel = 0;
-  if (offload) offload->begin_publish();
-  const auto wait_oldest = [&] {
-    inflight.front().work.wait();
-    inflight_numel -= inflight.front().numel;
-    inflight.pop_front();
-  };
-  const auto& buckets = fp.layout.buckets();
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    const BucketSlot& bucket = buckets[b];
-    at::Tensor in = source(bucket);
-    at::Tensor out = fp.flat.narrow(0, bucket.flat_offset, bucket.shard.padded_numel());
-    while (!inflight.empty() &&
-           inflight_numel + out.numel() > cfg.zero_optimization.allgather_bucket_size) {
-      wait_oldest();
-    }
-    auto work = group->all_gather(out, in, "all_gather of parameter bucket " + std::to_string(b));
-    inflight.push_back({std::move(work), in, out.numel()});
-    inflight_numel += out.numel();
-  }
+void Engine::Impl::step_units(const StepContext& ctx) {
+  GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
+  for (auto& u : units) u->step(ctx, q);
   // What the updates did not hide (host-blocking on gloo; stream-ordered on NCCL).
-  const auto t0 = std::chrono::steady_clock::now();
-  while (!inflight.empty()) wait_oldest();
-  stats.allgather_wait_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (q.used()) stats.allgather_wait_seconds = q.drain();
+}
+
+void Engine::Impl::publish_units() {
+  GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
+  for (auto& u : units) u->publish(q);
+  if (q.used()) stats.allgather_wait_seconds = q.drain();
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -354,6 +259,15 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   const at::TensorOptions state_opts = impl->offload ? at::TensorOptions().dtype(at::kFloat)
                                                      : impl->fp.flat.options().dtype(at::kFloat);
   impl->opt = make_optimizer(c, impl->fp.layout, owner, state_opts);
+  impl->store.optimizer = std::move(impl->opt.optimizer);
+  // Stages 0-2: one unit over every bucket, resident.
+  const Publish publish = impl->fp.master_aliases_flat() ? Publish::kNone
+                          : !impl->sharding.optimizer    ? Publish::kCopy
+                                                         : Publish::kAllGather;
+  impl->units.push_back(std::make_unique<ShardedUnit>(impl->store, *impl->group,
+                                                      impl->fp.layout.units().front(), "<root>",
+                                                      Residency::kResident, publish,
+                                                      impl->param_dtype, owner));
 
   // The Impl outlives its hooks (~Impl removes them first), so the sinks may hold its address.
   Engine::Impl* m = impl.get();
@@ -464,7 +378,7 @@ void Engine::Impl::settle() {
     return;
   }
   // The device skipped the update (found_inf); undo what the host counted for it.
-  opt.optimizer->undo_step();
+  store.optimizer->undo_step();
   --stats.optimizer_steps;
   if (scaler.active()) {
     // The step as DeepSpeed counts it (skipped ones included): optimizer_steps counts only
@@ -542,7 +456,7 @@ bool Engine::step() {
 
   const double lr = m.opt.schedule->lr_at(m.stats.optimizer_steps);
   // After a skipped step the master is unchanged, so this republishes the same values.
-  m.update_and_publish(g, lr, {grad_scale, found_inf, grad_mul});
+  m.step_units({g, lr, {grad_scale, found_inf, grad_mul}});
   m.scaler.update(found_inf);
   m.sync->zero_grad();
   ++m.stats.optimizer_steps;
@@ -593,7 +507,7 @@ MemoryReport Engine::memory_report() const {
   r.measured.grads = m.sync->grad_bytes();
   r.measured.master = m.fp.master_bytes();
   // Scratch too (none with the fused kernels): every byte the optimizer keeps between steps.
-  r.measured.optimizer = m.opt.optimizer->state_bytes() + m.opt.optimizer->scratch_bytes();
+  r.measured.optimizer = m.store.optimizer->state_bytes() + m.store.optimizer->scratch_bytes();
   r.measured.comm_buffers = m.sync->comm_buffer_bytes();
   if (const compress::ErrorFeedback* ef = m.sync->error_feedback()) r.error_feedback = ef->bytes();
   if (m.offload) {
@@ -607,8 +521,8 @@ MemoryReport Engine::memory_report() const {
     // up to a power of two), which is what the host really gives up.
     r.host_pinned = device::host_bytes(m.fp.master) + device::host_bytes(m.sync->grad_shard()) +
                     device::host_bytes(m.offload->staging()) + m.sync->host_staging_pinned_bytes();
-    for (const auto& s : m.opt.optimizer->state()) r.host_pinned += device::host_bytes(s.second);
-    r.host_pinned += m.opt.optimizer->scratch_bytes();
+    for (const auto& s : m.store.optimizer->state()) r.host_pinned += device::host_bytes(s.second);
+    r.host_pinned += m.store.optimizer->scratch_bytes();
   }
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;
@@ -624,7 +538,7 @@ MemoryReport Engine::memory_report() const {
   in.stage = m.sharding.stage();
   in.param_bytes = static_cast<int>(c10::elementSize(m.param_dtype));
   in.grad_accum_bytes = static_cast<int>(c10::elementSize(m.sync_opts.accum_dtype));
-  in.optimizer_states = static_cast<int>(m.opt.optimizer->state().size());
+  in.optimizer_states = static_cast<int>(m.store.optimizer->state().size());
   in.comm_buffer_bytes = r.measured.comm_buffers;
   in.accumulation = m.accumulation;
   in.overlap_comm = m.sync_opts.overlap;

@@ -20,6 +20,8 @@
 #include "zero/step/loss_scaler.hpp"
 #include "zero/step/optimizer_factory.hpp"
 #include "zero/step/optimizer_offload.hpp"
+#include "zero/units/shard_store.hpp"
+#include "zero/units/sharded_unit.hpp"
 
 namespace zero {
 
@@ -49,17 +51,22 @@ struct Engine::Impl {
   int64_t accumulation = 1;
   at::ScalarType param_dtype = at::kFloat;
   FlattenOptions flat_opts;
-  FlatParams fp;
+  // The per-rank state the units share (zero/units/shard_store.hpp): flat parameters and master
+  // shard, the gradient path, the optimizer, optimizer offload. Stages 0-2: one unit over every
+  // bucket.
+  ShardStore store;
+  std::vector<std::unique_ptr<ShardedUnit>> units;
+  // The store's members under the names the checkpoint and norm code still read.
+  FlatParams& fp = store.fp;
+  std::unique_ptr<GradSync>& sync = store.grads;
+  std::unique_ptr<OptimizerOffload>& offload = store.offload;
   GradSyncOptions sync_opts;
-  std::unique_ptr<GradSync> sync;
   std::vector<int> bucket_order;  // the buckets' release order once agreed; empty: index order
   std::unique_ptr<GradOrder> order;
   GradHooks hooks;
-  OptimizerBundle opt;
+  OptimizerBundle opt;  // the optimizer itself is store.optimizer
   EngineStats stats;
   DeviceLossScaler scaler;  // active under fp16 only
-  // Optimizer offload (zero/step/optimizer_offload.hpp); null without it.
-  std::unique_ptr<OptimizerOffload> offload;
   // gradient_predivide_factor as resolved for this run (Config says how).
   double predivide = 1;
   bool in_backward = false;
@@ -89,20 +96,12 @@ struct Engine::Impl {
 
   // Called by the post-accumulate-grad hook of parameter `index` (layout index).
   void on_grad(int index, const at::Tensor& param);
-  // The optimizer step on the master shard, and the updated values into the model: copied
-  // (stage 0) or all-gathered bucket by bucket as each bucket's update is queued (stages 1, 2).
-  void update_and_publish(const at::Tensor& grad, double lr,
-                          const optim::ShardOptimizer::Scalars& scalars);
-  // Copies (stage 0) or all-gathers (stages 1, 2) the master shards into the model; `before`
-  // runs for each bucket just before its gather is launched.
-  void publish_parameters(const std::function<void(const BucketSlot&)>& before = {});
-  // The same with each bucket's shard values, in the compute dtype on the device, from `source`
-  // (which may update them first).
-  void publish_from(const std::function<at::Tensor(const BucketSlot&)>& source);
-  // This rank's part of bucket b's all-gather output in the flat buffer. Under offload the new
-  // values are uploaded straight there and the gather runs in place (its input inside its
-  // output at the rank's offset, which NCCL and gloo both accept): no device temporary.
-  at::Tensor own_part(const BucketSlot& b) const;
+  // The optimizer step over every unit, each publishing its updated values into the model:
+  // copied (stage 0) or all-gathered bucket by bucket as each bucket's update is queued
+  // (stages 1, 2).
+  void step_units(const StepContext& ctx);
+  // Every unit's master values into the model, without a step (after a checkpoint load).
+  void publish_units();
 
   // One micro-step's backward: walks `roots`' graph for the parameters it reaches, runs `run`
   // (autograd) with the hooks armed, finishes the reductions; on failure discards the window.

@@ -88,14 +88,14 @@ void check_compatible(const Engine::Impl& m, const std::vector<ckpt::Manifest>& 
     // goes by name, and the shards hold fp32 masters whatever the compute dtype was.
   }
   std::vector<std::string> states;
-  for (const auto& s : m.opt.optimizer->state()) states.push_back(s.first);
+  for (const auto& s : m.store.optimizer->state()) states.push_back(s.first);
   const std::string groups = param_groups_text(m.cfg.optimizer.param_groups);
   for (size_t i = 0; i < mans.size(); ++i) {
     const ckpt::Manifest& man = mans[i];
     const std::string& path = paths[i];
-    ZERO_CKPT_CHECK(man.optimizer == m.opt.optimizer->name() && man.state_names == states, path,
+    ZERO_CKPT_CHECK(man.optimizer == m.store.optimizer->name() && man.state_names == states, path,
                     ": saved with optimizer ", man.optimizer, " (states ",
-                    list_text(man.state_names), ") but this run uses ", m.opt.optimizer->name(),
+                    list_text(man.state_names), ") but this run uses ", m.store.optimizer->name(),
                     " (states ", list_text(states),
                     "); set optimizer.type (and SGD momentum) as "
                     "in the run that saved it");
@@ -148,7 +148,7 @@ void for_each_owned(const Engine::Impl& m, const ckpt::PartMap& parts, bool seve
 void read_into_states(Engine::Impl& m, const ckpt::Manifest& man, const ckpt::PartMap& parts,
                       bool several) {
   const FlatLayout& L = m.fp.layout;
-  const auto states = m.opt.optimizer->state();
+  const auto states = m.store.optimizer->state();
   std::vector<at::Tensor> targets;  // per checkpoint tensor: master, then the states it names
   targets.emplace_back();           // the master: per bucket, below
   for (const std::string& name : man.state_names) {
@@ -205,7 +205,7 @@ void warn_dtype_change(const Engine::Impl& m, const ckpt::Manifest& man, const s
 void restore_counters(Engine::Impl& m, const ckpt::Manifest& man) {
   if (m.verdict.pending()) m.verdict.get();  // a step taken before the load no longer counts
   m.deferred_error.clear();
-  m.opt.optimizer->set_steps(man.optimizer_internal_steps);
+  m.store.optimizer->set_steps(man.optimizer_internal_steps);
   m.stats.optimizer_steps = man.optimizer_steps;
   m.stats.skipped_steps = man.skipped_steps;
   m.stats.last_grad_norm = man.last_grad_norm;
@@ -340,7 +340,7 @@ std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
   ckpt::agree(m, err, what);
   restore_counters(m, man);
   warn_dtype_change(m, man, tag_dir);
-  m.publish_parameters();
+  m.publish_units();
   m.sync->zero_grad();
   return tag;
 }

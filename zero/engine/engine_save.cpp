@@ -28,7 +28,7 @@ ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
   index.rank = rank;
   index.world = world;
   index.rng_state = ckpt::rng_state(m.fp.flat.device());
-  const auto states = m.opt.optimizer->state();
+  const auto states = m.store.optimizer->state();
   for (const auto& s : states) index.state_names.push_back(s.first);
   for (const OwnedPiece& p : pieces) {
     const ParamSlot& slot = L.params()[p.param];
@@ -72,10 +72,10 @@ ckpt::Manifest make_manifest(const Engine::Impl& m, const std::string& tag,
   man.param_dtype = ckpt::current_dtype(m);
   man.params = ckpt::current_params(m);
   man.fingerprint = ckpt::run_fingerprint(man.params, man.param_dtype);
-  man.optimizer = m.opt.optimizer->name();
-  for (const auto& s : m.opt.optimizer->state()) man.state_names.push_back(s.first);
+  man.optimizer = m.store.optimizer->name();
+  for (const auto& s : m.store.optimizer->state()) man.state_names.push_back(s.first);
   man.param_groups = param_groups_text(m.cfg.optimizer.param_groups);
-  man.optimizer_internal_steps = m.opt.optimizer->steps();
+  man.optimizer_internal_steps = m.store.optimizer->steps();
   man.optimizer_steps = m.stats.optimizer_steps;
   man.micro_steps = m.stats.micro_steps;
   man.skipped_steps = m.stats.skipped_steps;

@@ -136,7 +136,7 @@ at::Tensor Engine::Impl::squared_grad_norm() {
       // OMP_NUM_THREADS=1 would leave it on one core: ~0.3 s a step for 7B's shard at world 8).
       // A CPU run keeps the engine's own reduction, bit for bit the one without offload.
       auto* host = offload && !fp.flat.is_cpu()
-                       ? dynamic_cast<optim::HostShardOptimizer*>(opt.optimizer.get())
+                       ? dynamic_cast<optim::HostShardOptimizer*>(store.optimizer.get())
                        : nullptr;
       TORCH_INTERNAL_ASSERT(host || !offload || fp.flat.is_cpu(),
                             "zero: optimizer offload without a host optimizer");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace zero {
 
@@ -30,8 +31,38 @@ FlatLayout FlatLayout::build(const std::vector<ParamSpec>& params, int64_t bucke
   };
   BucketSlot open;
   int64_t open_numel = 0;
+  // The open unit's slot is completed when the next unit starts, or at the end.
+  auto close_unit = [&] {
+    if (L.units_.empty()) return;
+    UnitSlot& u = L.units_.back();
+    u.end_bucket = static_cast<int>(L.buckets_.size());
+    u.flat_end = L.total_numel_;
+    u.shard_end = shard_offset;
+  };
   for (const ParamSpec& p : params) {
     if (p.numel <= 0) continue;  // nothing to shard, and no gradient will arrive for it
+    if (L.units_.empty() || L.units_.back().unit != p.unit) {
+      for (const UnitSlot& u : L.units_) {
+        if (u.unit == p.unit) {
+          throw std::invalid_argument("FlatLayout: unit " + std::to_string(p.unit) + " ('" +
+                                      p.name +
+                                      "') comes in two runs; specs must come unit by unit");
+        }
+      }
+      if (open_numel > 0) {
+        close_bucket(open, open_numel);
+        open = BucketSlot{};
+        open_numel = 0;
+      }
+      close_unit();
+      UnitSlot u;
+      u.unit = p.unit;
+      u.first_bucket = static_cast<int>(L.buckets_.size());
+      u.flat_begin = L.total_numel_;
+      u.shard_begin = shard_offset;
+      L.units_.push_back(std::move(u));
+    }
+    L.units_.back().params.push_back(static_cast<int>(L.params_.size()));
     // DeepSpeed's rule (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads):
     // a bucket is reduced before the parameter that would take it past reduce_bucket_size
     // joins, so only a parameter larger than that on its own makes a bucket larger (and the
@@ -55,6 +86,8 @@ FlatLayout FlatLayout::build(const std::vector<ParamSpec>& params, int64_t bucke
     }
   }
   if (open_numel > 0) close_bucket(open, open_numel);
+  if (L.units_.empty()) L.units_.push_back(UnitSlot{});
+  close_unit();
   return L;
 }
 

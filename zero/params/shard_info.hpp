@@ -45,6 +45,9 @@ struct ShardInfo {
 struct ParamSpec {
   std::string name;
   int64_t numel = 0;
+  // The sharded unit the parameter belongs to (docs/design/sharded-units.md §2.1): specs come
+  // unit by unit, and a bucket never spans two units. Stages 0-2: all 0, one unit.
+  int unit = 0;
 };
 
 struct ParamSlot {
@@ -61,6 +64,16 @@ struct BucketSlot {
   std::vector<int> params;  // indices into FlatLayout::params()
 };
 
+// One unit's range of the layout: buckets [first_bucket, end_bucket), the flat buffer's
+// [flat_begin, flat_end) and each rank's shard's [shard_begin, shard_end).
+struct UnitSlot {
+  int unit = 0;  // ParamSpec::unit
+  int first_bucket = 0, end_bucket = 0;
+  int64_t flat_begin = 0, flat_end = 0;
+  int64_t shard_begin = 0, shard_end = 0;
+  std::vector<int> params;  // indices into FlatLayout::params()
+};
+
 // A piece of one parameter that one rank owns.
 struct OwnedPiece {
   int param = 0;
@@ -73,9 +86,13 @@ class FlatLayout {
  public:
   // Parameters in the order their gradients are expected (backward order). A bucket closes
   // before the parameter that would take it past `bucket_numel` elements (DeepSpeed's rule); a
-  // parameter larger than that gets its own bucket.
+  // parameter larger than that gets its own bucket. A bucket also closes where the unit
+  // changes; a unit must come in one run (std::invalid_argument otherwise).
   static FlatLayout build(const std::vector<ParamSpec>& params, int64_t bucket_numel, int world,
                           int64_t align);
+  // The units in layout order, each a contiguous range of buckets; one (unit 0, possibly
+  // empty) when every parameter is in unit 0 or there are none.
+  const std::vector<UnitSlot>& units() const { return units_; }
 
   const std::vector<ParamSlot>& params() const { return params_; }
   const std::vector<BucketSlot>& buckets() const { return buckets_; }
@@ -113,6 +130,7 @@ class FlatLayout {
  private:
   std::vector<ParamSlot> params_;
   std::vector<BucketSlot> buckets_;
+  std::vector<UnitSlot> units_;
   int world_ = 1;
   int64_t bucket_numel_ = 1;
   int64_t align_ = 1;

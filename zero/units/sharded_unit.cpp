@@ -1,0 +1,147 @@
+#include "zero/units/sharded_unit.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <chrono>
+
+namespace zero {
+namespace {
+
+// The step's gradient over shard window `w`: the shard itself when it is fp32 (the optimizer
+// reads the window from it), else the window converted to fp32, a temporary of one bucket's
+// shard: a gradient kept in grad_accum_dtype never gets a whole-shard fp32 copy.
+at::Tensor fp32_grad(const at::Tensor& grad, optim::Range w) {
+  if (grad.scalar_type() == at::kFloat) return grad;
+  return grad.narrow(0, w.begin, w.end - w.begin).to(at::kFloat);
+}
+
+optim::Range window_of(const BucketSlot& b) {
+  return {b.shard_offset, b.shard_offset + b.shard.shard_numel()};
+}
+
+}  // namespace
+
+GatherQueue::~GatherQueue() {
+  // A step that threw between launch and drain: the gathers still write the flat buffer.
+  try {
+    while (!inflight_.empty()) wait_oldest();
+  } catch (...) {  // the caller is reporting the error that got here
+  }
+}
+
+void GatherQueue::wait_oldest() {
+  inflight_.front().work.wait();
+  inflight_numel_ -= inflight_.front().numel;
+  inflight_.pop_front();
+}
+
+void GatherQueue::launch(comm::Group& group, at::Tensor out, at::Tensor in,
+                         const std::string& what) {
+  while (!inflight_.empty() && inflight_numel_ + out.numel() > bound_) wait_oldest();
+  auto work = group.all_gather(out, in, what);
+  inflight_.push_back({std::move(work), in, out.numel()});
+  inflight_numel_ += out.numel();
+  used_ = true;
+}
+
+double GatherQueue::drain() {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!inflight_.empty()) wait_oldest();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+ShardedUnit::ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slot,
+                         std::string name, Residency residency, Publish publish,
+                         at::ScalarType param_dtype, int owner)
+    : store_(store),
+      dp_(dp),
+      slot_(slot),
+      name_(std::move(name)),
+      residency_(residency),
+      publish_(publish),
+      param_dtype_(param_dtype),
+      owner_(owner) {}
+
+void ShardedUnit::step(const StepContext& ctx, GatherQueue& q) {
+  FlatParams& fp = store_.fp;
+  auto& o = *store_.optimizer;
+  const at::Tensor& grad = ctx.grad;
+  const double lr = ctx.lr;
+  if (store_.offload) {
+    // The CPU step of each bucket writes the compute-dtype copy that its gather sends. The
+    // scalars reach the host once here, not once per bucket.
+    const optim::ShardOptimizer::Scalars host = OptimizerOffload::host_scalars(ctx.scalars);
+    o.begin_step(fp.master, grad, lr);
+    publish_from(q, [&](const BucketSlot& b) {
+      return store_.offload->update_bucket(&o, fp.master, grad, lr, host, b, own_part(b));
+    });
+    return;
+  }
+  const auto& buckets = fp.layout.buckets();
+  const BucketSlot& first = buckets[slot_.first_bucket];
+  if (grad.scalar_type() == at::kFloat) {
+    o.begin_step(fp.master_window(first), grad, lr);
+  } else {
+    o.begin_step(fp.master_window(first), lr);  // update() checks each window
+  }
+  if (publish_ != Publish::kAllGather) {
+    // Bucket by bucket, as the offloaded step runs: ATen's fused kernels round a slice's last
+    // elements past whole vectors otherwise, so the same windows keep the two bit-identical.
+    for (int i = slot_.first_bucket; i < slot_.end_bucket; ++i) {
+      const BucketSlot& b = buckets[i];
+      o.update(fp.master, fp32_grad(grad, window_of(b)), lr, ctx.scalars, window_of(b));
+    }
+    publish_parameters(q, {});
+    return;
+  }
+  // Update this rank's slice of bucket b just before b's all-gather is launched: the gather
+  // runs (gloo threads / the NCCL stream) while b+1 is updated. With fp32 parameters the slice
+  // is the flat buffer's own (FlatParams::MasterStorage::kInFlat): updated in place, then gathered.
+  publish_parameters(q, [&](const BucketSlot& b) {
+    at::Tensor master = fp.master_window(b);
+    o.update(master, fp32_grad(grad, window_of(b)), lr, ctx.scalars, window_of(b));
+  });
+}
+
+void ShardedUnit::publish(GatherQueue& q) { publish_parameters(q, {}); }
+
+at::Tensor ShardedUnit::own_part(const BucketSlot& b) const {
+  const int64_t S = b.shard.shard_numel();
+  return store_.fp.flat.narrow(0, b.flat_offset + dp_.rank() * S, S);
+}
+
+void ShardedUnit::publish_parameters(GatherQueue& q,
+                                     const std::function<void(const BucketSlot&)>& before) {
+  publish_from(q, [&](const BucketSlot& b) {
+    if (before) before(b);
+    if (store_.offload) {
+      return store_.offload->update_bucket(nullptr, store_.fp.master, {}, 0, {}, b, own_part(b));
+    }
+    at::Tensor in = store_.fp.bucket_master(b);
+    return param_dtype_ != at::kFloat ? in.to(param_dtype_) : in;
+  });
+}
+
+void ShardedUnit::publish_from(GatherQueue& q,
+                               const std::function<at::Tensor(const BucketSlot&)>& source) {
+  at::NoGradGuard no_grad;
+  FlatParams& fp = store_.fp;
+  if (publish_ == Publish::kNone) return;
+  if (publish_ == Publish::kCopy) {
+    // One shard (stage 0): the unit's master window is its flat window.
+    fp.flat.narrow(0, slot_.flat_begin, slot_.flat_end - slot_.flat_begin)
+        .copy_(fp.master.narrow(0, slot_.shard_begin, slot_.shard_end - slot_.shard_begin));
+    return;
+  }
+  if (store_.offload) store_.offload->begin_publish();
+  const auto& buckets = fp.layout.buckets();
+  for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
+    const BucketSlot& bucket = buckets[b];
+    at::Tensor in = source(bucket);
+    at::Tensor out = fp.flat.narrow(0, bucket.flat_offset, bucket.shard.padded_numel());
+    q.launch(dp_, out, in, "all_gather of parameter bucket " + std::to_string(b));
+  }
+}
+
+}  // namespace zero

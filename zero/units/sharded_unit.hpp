@@ -1,0 +1,102 @@
+// A unit: a contiguous range of buckets of the engine's one FlatLayout (a UnitSlot) and the
+// window of the ShardStore over it (docs/design/sharded-units.md §2). It steps its part of the
+// master shard and publishes the new values into the parameters. Stages 0-2 are one unit over
+// every bucket: the operations below are the engine's former update_and_publish,
+// publish_parameters and publish_from, in the same order.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <deque>
+#include <functional>
+#include <string>
+
+#include "comm/group.hpp"
+#include "zero/units/shard_store.hpp"
+
+namespace zero {
+
+// How a unit's parameters get their values after the master changed.
+enum class Publish {
+  kNone,       // the master is the flat buffer (stage 0 fp32, one rank fp32)
+  kCopy,       // stage 0 otherwise: one flat.copy_(master) after all updates
+  kAllGather,  // stages 1, 2: bucket b updated just before its all-gather is launched
+};
+// Whether the unit's parameters are always there (stages 0-2) or gathered on use (stage 3).
+enum class Residency { kResident };
+
+// All-gathers in flight, oldest first, bounded by allgather_bucket_size elements: what they
+// hold (the cast temporaries) stays bounded while updates and gathers overlap.
+class GatherQueue {
+ public:
+  explicit GatherQueue(int64_t bound) : bound_(bound) {}
+  ~GatherQueue();
+  // Launches the all-gather of `in` into `out` after waiting for the oldest ones while the
+  // bound would be passed.
+  void launch(comm::Group& group, at::Tensor out, at::Tensor in, const std::string& what);
+  // Waits for every gather in flight; the seconds it waited, what the updates did not hide
+  // (host-blocking on gloo; stream-ordered on NCCL).
+  double drain();
+  // Whether any gather was launched.
+  bool used() const { return used_; }
+
+ private:
+  void wait_oldest();
+  struct InFlight {
+    comm::Work work;
+    at::Tensor input;
+    int64_t numel;
+  };
+  int64_t bound_;
+  std::deque<InFlight> inflight_;
+  int64_t inflight_numel_ = 0;
+  bool used_ = false;
+};
+
+// The step's inputs, the same for every unit.
+struct StepContext {
+  at::Tensor grad;  // the gradient shard (grad_accum_dtype, or fp32 on the host)
+  double lr = 0;
+  optim::ShardOptimizer::Scalars scalars;
+};
+
+class ShardedUnit {
+ public:
+  // `owner`: whose shard of each bucket this rank's master and states hold (Sharding::owner).
+  ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slot, std::string name,
+              Residency residency, Publish publish, at::ScalarType param_dtype, int owner);
+  const std::string& name() const { return name_; }
+  const UnitSlot& slot() const { return slot_; }
+  Publish publish_kind() const { return publish_; }
+  Residency residency() const { return residency_; }
+  int owner() const { return owner_; }
+
+  // The optimizer over this unit's buckets, then the new values into the parameters (gathers
+  // queued in `q`; the caller drains it).
+  void step(const StepContext& ctx, GatherQueue& q);
+  // The master's values into the parameters without an update (after a checkpoint load).
+  void publish(GatherQueue& q);
+
+ private:
+  // Copies (kCopy) or all-gathers (kAllGather) the master shards into the model; `before` runs
+  // for each bucket just before its gather is launched.
+  void publish_parameters(GatherQueue& q, const std::function<void(const BucketSlot&)>& before);
+  // The same with each bucket's shard values, in the compute dtype on the device, from `source`
+  // (which may update them first).
+  void publish_from(GatherQueue& q, const std::function<at::Tensor(const BucketSlot&)>& source);
+  // This rank's part of bucket b's all-gather output in the flat buffer. Under offload the new
+  // values are uploaded straight there and the gather runs in place (its input inside its
+  // output at the rank's offset, which NCCL and gloo both accept): no device temporary.
+  at::Tensor own_part(const BucketSlot& b) const;
+
+  ShardStore& store_;
+  comm::Group& dp_;
+  UnitSlot slot_;
+  std::string name_;
+  Residency residency_;
+  Publish publish_;
+  at::ScalarType param_dtype_;
+  int owner_;
+};
+
+}  // namespace zero
