@@ -10,7 +10,8 @@
 # only mean something on a GPU (scripts/gpu-check.sh builds and runs them there). What it runs
 # instead: zero-train from this build, a few CPU steps, to show the CUDA-linked binary starts and
 # trains.
-# --venv-only: create the venv and stop (.ci/run does that while the CPU build and tests run).
+# --venv-only: create the venv and stop; --build-only: create it and build, and stop (.ci/run
+# does the first during the CPU build, the second during the CPU tests).
 set -euo pipefail
 export PYTHONWARNINGS=ignore  # the CUDA wheel warns about a missing numpy on import
 cd "$(dirname "$0")/.."
@@ -31,6 +32,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_BUILD_T
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(scripts/relwithdebinfo-flags.sh)" \
   -DZERO_INSTALL=OFF -DPython3_EXECUTABLE="$venv/bin/python" | grep -E "zero:|CUDAToolkit"
 ninja -C "$build" -j "${ZERO_JOBS:-2}"
+[[ ${1:-} == --build-only ]] && exit 0
 # The evidence: the device-specific objects exist, and the binaries link the CUDA runtime,
 # torch_cuda and NCCL.
 for obj in comm/CMakeFiles/zero_comm.dir/nccl.cpp.o device/CMakeFiles/zero_device.dir/cuda/memory.cpp.o \
