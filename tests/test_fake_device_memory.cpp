@@ -212,5 +212,50 @@ INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, FakeDeviceHostMemory, ::testing::Bool(),
                            return std::string(info.param ? "bf16" : "fp32");
                          });
 
+
+// gather_memory_reports carries each rank's whole report as that rank made it (measured,
+// predicted, the host figures, its allocator's reading), not the gathering rank's with only the
+// measured figures replaced. Rank 1 keeps its model's original parameters alive, so its
+// allocator reading over initialize differs from rank 0's.
+TEST(FakeDeviceMemoryReports, GatheredReportsAreEachRanksOwn) {
+  const Config cfg = training_config(2, "AdamW", /*offload=*/true);
+  std::vector<MemoryReport> own(kWorld);
+  std::vector<std::vector<MemoryReport>> gathered(kWorld);
+  run_ranks(
+      kWorld,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        auto net = net_on(5, rank_device(*group));
+        std::vector<at::Tensor> kept;  // the storage initialize would have freed
+        if (r == 1) {
+          for (const auto& p : net->parameters()) kept.push_back(p.data());
+        }
+        auto engine = initialize(net, cfg, group);
+        own[r] = engine.memory_report();
+        gathered[r] = engine.gather_memory_reports();
+      },
+      std::chrono::seconds(60), fake::device().type());
+  ASSERT_NE(own[0].allocator_delta, own[1].allocator_delta) << "the ranks' reports must differ";
+  for (int viewer = 0; viewer < kWorld; ++viewer) {
+    ASSERT_EQ(static_cast<int>(gathered[viewer].size()), kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      const MemoryReport& g = gathered[viewer][r];
+      const MemoryReport& o = own[r];
+      const std::string at = "rank " + std::to_string(viewer) + "'s view of rank " +
+                             std::to_string(r);
+      EXPECT_EQ(g.rank, r) << at;
+      EXPECT_EQ(to_json(g.measured), to_json(o.measured)) << at;
+      EXPECT_EQ(to_json(g.predicted), to_json(o.predicted)) << at;
+      EXPECT_EQ(to_json(g.stage0), to_json(o.stage0)) << at;
+      EXPECT_EQ(g.allocator_delta, o.allocator_delta) << at;
+      EXPECT_EQ(g.replaced_param_bytes, o.replaced_param_bytes) << at;
+      EXPECT_EQ(g.host_measured, o.host_measured) << at;
+      EXPECT_EQ(g.host_predicted, o.host_predicted) << at;
+      EXPECT_EQ(g.host_pinned, o.host_pinned) << at;
+      EXPECT_EQ(g.error_feedback, o.error_feedback) << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero::testing

@@ -559,24 +559,55 @@ MemoryReport Engine::memory_report() const {
   return r;
 }
 
+namespace {
+
+// Every figure of a report that a rank measures or predicts for itself: what
+// gather_memory_reports carries from each rank (the rest, world size, stage, allocator name, is
+// the same on all).
+constexpr MemoryBreakdown MemoryReport::* kBreakdowns[] = {
+    &MemoryReport::measured, &MemoryReport::predicted, &MemoryReport::stage0};
+constexpr int64_t MemoryBreakdown::* kParts[] = {
+    &MemoryBreakdown::params, &MemoryBreakdown::grads, &MemoryBreakdown::master,
+    &MemoryBreakdown::optimizer, &MemoryBreakdown::comm_buffers};
+constexpr int64_t MemoryReport::* kFigures[] = {
+    &MemoryReport::num_params,     &MemoryReport::padded_params,
+    &MemoryReport::allocator_delta, &MemoryReport::replaced_param_bytes,
+    &MemoryReport::host_measured,  &MemoryReport::host_predicted,
+    &MemoryReport::host_pinned,    &MemoryReport::error_feedback};
+
+std::vector<int64_t> figures_of(const MemoryReport& r) {
+  std::vector<int64_t> v;
+  for (auto b : kBreakdowns) {
+    for (auto p : kParts) v.push_back(r.*b.*p);
+  }
+  for (auto f : kFigures) v.push_back(r.*f);
+  return v;
+}
+
+void set_figures(MemoryReport& r, const int64_t* v) {
+  for (auto b : kBreakdowns) {
+    for (auto p : kParts) r.*b.*p = *v++;
+  }
+  for (auto f : kFigures) r.*f = *v++;
+}
+
+}  // namespace
+
 std::vector<MemoryReport> Engine::gather_memory_reports() const {
   impl_->enter("gather_memory_reports");
   const MemoryReport mine = memory_report();
   const int n = world_size();
-  at::Tensor local = at::tensor(std::vector<int64_t>{mine.measured.params, mine.measured.grads,
-                                                     mine.measured.master, mine.measured.optimizer,
-                                                     mine.measured.comm_buffers},
-                                at::kLong)
-                         .to(impl_->fp.flat.device());
-  at::Tensor all = at::empty({n * 5}, local.options());
+  const std::vector<int64_t> local_figures = figures_of(mine);
+  const int64_t k = static_cast<int64_t>(local_figures.size());
+  at::Tensor local = at::tensor(local_figures, at::kLong).to(impl_->fp.flat.device());
+  at::Tensor all = at::empty({n * k}, local.options());
   impl_->group->all_gather(all, local, "all_gather of memory reports").wait();
   all = all.cpu();
   std::vector<MemoryReport> out;
   for (int r = 0; r < n; ++r) {
     MemoryReport rep = mine;
     rep.rank = r;
-    const int64_t* v = all.data_ptr<int64_t>() + r * 5;
-    rep.measured = {v[0], v[1], v[2], v[3], v[4]};
+    set_figures(rep, all.data_ptr<int64_t>() + r * k);
     out.push_back(rep);
   }
   return out;

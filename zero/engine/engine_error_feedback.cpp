@@ -5,6 +5,12 @@
 // its storage dtype (fp32, bf16, fp16; int8 storage as its fp32 values) and converted on load, so
 // a run may resume under another zero_quantized_gradients_error_feedback_dtype (rounded once).
 //
+// Each file carries a fingerprint of the bucket layout its rows follow (every bucket's
+// parameters by name, size and offset, the world size, the chunk size): a residual saved under
+// another layout with buffers of the same sizes (parameters registered in another order, another
+// reduce_bucket_size) would otherwise load into the wrong elements without a word. A mismatch,
+// or a file from before the fingerprint, drops them with the warning below.
+//
 // Resharding drops them: a residual is laid out as the world x shard rows of each bucket of the
 // saved world size, and what it holds (at most half a quantization step per element, summed
 // over ranks) is not worth a redistribution that would have to read every saved rank's file.
@@ -14,21 +20,56 @@
 
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "zero/engine/engine_checkpoint.hpp"
 
 namespace zero::ckpt {
 namespace fs = std::filesystem;
 
+namespace {
+
+// FNV-1a over what the residual rows are laid out by.
+int64_t layout_fingerprint(const FlatLayout& L) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  auto mix_int = [&](int64_t v) { mix(&v, sizeof v); };
+  mix_int(L.world());
+  mix_int(L.chunk_numel());
+  for (const BucketSlot& b : L.buckets()) {
+    mix_int(b.flat_offset);
+    mix_int(b.shard.numel);
+    for (int pi : b.params) {
+      const ParamSlot& p = L.params()[pi];
+      mix(p.name.data(), p.name.size() + 1);  // with the terminator: "ab","c" != "a","bc"
+      mix_int(p.numel);
+      mix_int(p.flat_offset);
+    }
+  }
+  return static_cast<int64_t>(h);
+}
+
+std::string hex(int64_t v) {
+  std::ostringstream os;
+  os << std::hex << static_cast<uint64_t>(v);
+  return os.str();
+}
+
+}  // namespace
+
 std::string error_feedback_file(int rank, int world) {
   return "error_feedback.rank" + std::to_string(rank) + "_of_" + std::to_string(world) + ".pt";
 }
 
 void save_error_feedback(Engine::Impl& m, const std::string& dir) {
-  compress::ErrorFeedback* ef = m.sync->error_feedback();
+  compress::ErrorFeedback* ef = m.sync->reducer().error_feedback();
   if (!ef) return;
   const compress::ErrorFeedback::State s = ef->state();
-  std::vector<at::Tensor> out{at::tensor({static_cast<int64_t>(s.bits), s.block}, at::kLong)};
+  std::vector<at::Tensor> out{at::tensor(
+      {static_cast<int64_t>(s.bits), s.block, layout_fingerprint(m.fp.layout)}, at::kLong)};
   for (const at::Tensor& r : s.residuals) out.push_back(r.cpu());
   const fs::path path = fs::path(dir) / error_feedback_file(m.group->rank(), m.group->size());
   torch::save(out, path.string());
@@ -36,7 +77,7 @@ void save_error_feedback(Engine::Impl& m, const std::string& dir) {
 
 void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_world,
                          const std::string& drop_reason) {
-  compress::ErrorFeedback* ef = m.sync->error_feedback();
+  compress::ErrorFeedback* ef = m.sync->reducer().error_feedback();
   if (!ef) return;
   const int rank = m.group->rank(), world = m.group->size();
   const fs::path path = fs::path(tag_dir) / error_feedback_file(rank, world);
@@ -62,8 +103,22 @@ void load_error_feedback(Engine::Impl& m, const std::string& tag_dir, int saved_
   }
   std::vector<at::Tensor> in;
   torch::load(in, path.string());
-  TORCH_CHECK(!in.empty() && in[0].numel() == 2, "zero: ", path.string(),
-              " is not an error-feedback file");
+  TORCH_CHECK(!in.empty() && (in[0].numel() == 2 || in[0].numel() == 3), "zero: ",
+              path.string(), " is not an error-feedback file");
+  if (in[0].numel() == 2) {
+    drop("saved without a bucket-layout fingerprint (an older checkpoint): whether its rows "
+         "are this run's layout cannot be told");
+    return;
+  }
+  const int64_t saved_layout = in[0][2].item<int64_t>();
+  const int64_t layout = layout_fingerprint(m.fp.layout);
+  if (saved_layout != layout) {
+    drop("saved under bucket layout " + hex(saved_layout) + ", this run's is " + hex(layout) +
+         " (" + std::to_string(m.fp.layout.buckets().size()) +
+         " buckets): the parameters' order or sizes, reduce_bucket_size or the world size "
+         "changed, so the residuals would land on other elements");
+    return;
+  }
   compress::ErrorFeedback::State s;
   s.bits = static_cast<int>(in[0][0].item<int64_t>());
   s.block = in[0][1].item<int64_t>();
