@@ -39,6 +39,14 @@ bool LauncherCheck::launcher_gone(int64_t step, bool print_step) {
   return sum[0].item<double>() > 0;
 }
 
+bool LauncherCheck::due(int64_t step, bool print_step) const {
+  if (print_step) return true;
+  if (exited_ && (!world_ || world_->size() == 1))
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - last_time_).count() >=
+           budget_s_ / 2;
+  return step - last_ >= interval_;
+}
+
 void LauncherCheck::checked(int64_t step, double mean_step_s) {
   last_ = step;
   if (!(mean_step_s > 0) || !std::isfinite(mean_step_s)) return;

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -286,6 +289,21 @@ TEST(LauncherCheck, SpacingFitsTheBudget) {
   LauncherCheck every(5.0, 1);  // steps_per_print 1
   every.checked(1, 0.001);
   EXPECT_EQ(every.interval(), 1);
+}
+
+// A lone rank checks by the clock: fast first steps fit a long interval, and the launcher that
+// dies during a slow step is still seen within the budget (step counts would stretch it: e2e
+// launcher_exit's lone rank ran 30 s past its launcher on a loaded machine).
+TEST(LauncherCheck, LoneRankChecksByTheClockWhenStepsSlowDown) {
+  bool gone = false;
+  LauncherCheck c(0.2, 100000, nullptr, c10::Device(c10::kCPU), [&] { return gone; });
+  int64_t step = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(150))
+    EXPECT_FALSE(c.launcher_gone(++step, false));  // fast steps
+  gone = true;
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));  // one slow step
+  EXPECT_TRUE(c.launcher_gone(++step, false)) << "after " << step << " fast steps";
 }
 
 TEST(Metrics, SkippedStepShowsNoNorm) {
