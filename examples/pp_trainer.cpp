@@ -330,13 +330,16 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   auto flush = [&](bool print) {
     const at::Tensor losses = at::cat(window_losses).to(at::kDouble).cpu();
     const auto all = pipe->gather_over_stages(window_times);  // [stage][5 x steps]
-    const double norm = engine.settled_stats().last_grad_norm;
+    const zero::EngineStats settled = engine.settled_stats();
     const double loss_scale = engine.loss_scale();
     std::vector<std::vector<double>> stage_values;
     for (size_t i = 0; i < window.size(); ++i) {
       StepRecord& rec = window[i];
       rec.loss = losses[static_cast<int64_t>(i)].item<double>();
-      if (i + 1 == window.size()) rec.grad_norm = norm;
+      if (i + 1 == window.size()) {
+        rec.grad_norm = settled.last_grad_norm;
+        if (norm_lags) rec.skipped = settled.last_step_skipped;
+      }
       rec.loss_scale = loss_scale;  // known at print steps; earlier records repeat it
       stage_values.assign(all.size(), {});
       for (size_t s = 0; s < all.size(); ++s)
@@ -374,13 +377,19 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     window_losses.push_back(pipe->train_batch(inputs, targets).reshape({1}));
     phases.end_phases();
     phases.end_step();
-    // The previous step's norm, now known without waiting (the step above settled it).
-    if (norm_lags && !window.empty()) window.back().grad_norm = engine.stats().last_grad_norm;
+    // The previous step's norm and fp16 verdict, now known without waiting (the step above
+    // settled them).
+    if (norm_lags && !window.empty()) {
+      window.back().grad_norm = engine.stats().last_grad_norm;
+      window.back().skipped = engine.stats().last_step_skipped;
+    }
     StepRecord rec;
     rec.step = step + 1;
     rec.total_steps = a.steps;
     rec.lr = engine.lr();
-    rec.skipped = !pipe->last_step_applied();
+    // An fp16 overflow's skip: on the host at once, else at the next step or the flush (asking
+    // now would wait for this step's last kernel on a GPU).
+    if (!norm_lags) rec.skipped = !pipe->last_step_applied();
     // The global norm (every stage's): here on the host, else at the next step or the flush.
     if (!norm_lags) rec.grad_norm = engine.stats().last_grad_norm;
     rec.step_s = std::chrono::duration<double>(Clock::now() - start).count();

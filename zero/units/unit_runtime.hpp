@@ -20,7 +20,9 @@ class UnitRuntime {
   // After gather: the parameters are views of the gathered buffer, usable by what the current
   // stream runs next. Idempotent.
   virtual void wait(int unit) = 0;
-  // Frees the buffer (parameters become 0-element tensors). Only called when gathered(unit).
+  // Frees the buffer (parameters become 0-element tensors). Only called when gathered(unit);
+  // a gather still in flight is waited for first (on a GPU, freeing bytes a collective still
+  // writes hands them to the next allocation: UnitStorage::release has the stream rules).
   virtual void release(int unit) = 0;
   // Gathered or gathering: a gather was issued and no release followed.
   virtual bool gathered(int unit) const = 0;

@@ -34,11 +34,19 @@ class UnitStorage {
 
   // Frees the buffer's bytes; each parameter becomes a 0-element tensor of its dtype and device,
   // so a module run outside its unit fails in its first op instead of reading freed memory.
-  // No-op when already released. The caller makes sure no queued kernel still reads the bytes
-  // (on a GPU: released on the stream that used them, after those kernels were queued).
+  // No-op when already released. The caller makes sure nothing in flight still uses the bytes.
+  // On a GPU the caching allocator hands a freed block back to the stream it was *allocated*
+  // on, whatever stream is current at the free: so allocate() on the compute stream (an
+  // all-gather on a side stream writes into it after an event; the compute stream waits before
+  // use), wait for any gather still writing before release() (DeepSpeed's
+  // release_and_reset_all), and record any other stream that read the bytes on them first
+  // (c10::cuda::CUDACachingAllocator::recordStream, as DeepSpeed's free_param does;
+  // device/device_copy.cpp does the same for its copies). ProcessGroupNCCL's own stash keeps the
+  // StorageImpl alive, not these bytes, so it does not protect them.
   void release();
-  // Fresh bytes for the buffer from the storage's allocator (contents undefined until written
-  // through buffer()). No-op when allocated.
+  // Fresh bytes for the buffer from the storage's allocator, under a guard for the buffer's
+  // device, on the current stream (see release(): make that the compute stream). Contents are
+  // undefined until written through buffer(). No-op when allocated.
   void allocate();
   // Points every parameter at its slice of the buffer again (after allocate() and the writes).
   void view_params();
