@@ -6,7 +6,6 @@
 // merely late (2 s behind, beyond the point where waiters publish their position) is waited for,
 // and two ranks in different calls both name the other's.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -325,44 +324,39 @@ class CountingStore : public c10d::HashStore {
 TEST(CollectiveEntry, ALongWaitCostsTheStoreFewRequests) {
   constexpr int kWorld = 4;
   constexpr auto kLate = std::chrono::milliseconds(1500);
-  at::set_num_threads(1);  // as run_ranks: rank threads share two cores
-  setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
   auto store = c10::make_intrusive<CountingStore>();
   std::vector<std::string> errors(kWorld);
   std::vector<double> means(kWorld);
   int64_t adds = 0, multi_gets = 0, total = 0;
   std::atomic<int> ready{0};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::GroupOptions opts;
-        opts.timeout = kTimeout;
-        auto g = comm::Group::over_store(store, r, kWorld, opts);
-        auto net = make_tiny_net(3);
-        auto e = initialize(net, test_config(2, 2, 1, 0.0), g);
-        e.all_reduce_mean(0.0);
-        // Counted from here: every rank has left the first call (and its polls) behind.
-        if (++ready == kWorld) {
-          store->adds = 0;
-          store->multi_gets = 0;
-          store->others = 0;
+  run_ranks(
+      kWorld, store,
+      [&](std::shared_ptr<comm::Group> g) {
+        const int r = g->rank();
+        try {
+          auto net = make_tiny_net(3);
+          auto e = initialize(net, test_config(2, 2, 1, 0.0), g);
+          e.all_reduce_mean(0.0);
+          // Counted from here: every rank has left the first call (and its polls) behind.
+          if (++ready == kWorld) {
+            store->adds = 0;
+            store->multi_gets = 0;
+            store->others = 0;
+          }
+          while (ready < kWorld) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          if (r == kWorld - 1) std::this_thread::sleep_for(kLate);
+          means[r] = e.all_reduce_mean(static_cast<double>(r));
+          if (r == kWorld - 1) {
+            adds = store->adds;
+            multi_gets = store->multi_gets;
+            total = store->total();
+          }
+        } catch (const std::exception& ex) {
+          errors[r] = ex.what();
         }
-        while (ready < kWorld) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        if (r == kWorld - 1) std::this_thread::sleep_for(kLate);
-        means[r] = e.all_reduce_mean(static_cast<double>(r));
-        if (r == kWorld - 1) {
-          adds = store->adds;
-          multi_gets = store->multi_gets;
-          total = store->total();
-        }
-      } catch (const std::exception& ex) {
-        errors[r] = ex.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+      },
+      kTimeout);
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(errors[r], "") << "rank " << r;
     EXPECT_EQ(means[r], 1.5) << "rank " << r;
