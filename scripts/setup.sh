@@ -56,6 +56,7 @@ fi
 . scripts/ccache-env.sh
 build=${ZERO_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${ZERO_BUILD_TYPE:-RelWithDebInfo} \
-  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(scripts/relwithdebinfo-flags.sh)" > /dev/null
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(scripts/relwithdebinfo-flags.sh)" \
+  "-DZERO_TESTS_OPT=${ZERO_TESTS_OPT:-}" > /dev/null
 # Two jobs at most: each torch translation unit needs ~1.5 GB of RAM to compile.
 ninja -C "$build" -j "${ZERO_JOBS:-2}" "$@"
