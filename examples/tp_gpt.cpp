@@ -1,7 +1,8 @@
 #include "tp_gpt.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <map>

@@ -11,7 +11,6 @@
 //    dequantize and sum in fp32) is within the sum of the ranks' per-element bounds of the exact
 //    all-reduce.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <cstdio>

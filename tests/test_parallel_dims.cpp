@@ -6,7 +6,10 @@
 // the Groups path zero-train uses; and initialize(model, cfg) refusing autotp_size or
 // pipeline.stages > 1 with the call to use.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <limits>
 #include <map>

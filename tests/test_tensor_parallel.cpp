@@ -5,7 +5,9 @@
 // kTol relative (max |a - b| / max |b|; fp32, the difference is summation order only). The
 // communication functions are checked against values worked out by hand.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <cmath>

@@ -10,7 +10,9 @@
 // 2e-7 of the reference; with the optimizer states left at zero instead of loaded, T=2 -> T=1
 // AdamW is off by 3.6e-3 relative at the second step after the load.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 

@@ -12,7 +12,6 @@
 //     tensor-parallel group carries only the model's collectives, the data-parallel group the
 //     engine's.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <cstdio>
 #include <memory>

@@ -10,7 +10,7 @@
 // parallelism, tied and untied head) against examples::Gpt with the same weights: the loss and
 // every gathered gradient within 1e-5 relative.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 

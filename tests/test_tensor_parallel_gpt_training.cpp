@@ -11,7 +11,10 @@
 //     partial gradients over tp), with clipping (the global norm equal to the reference's too)
 //     and gradient accumulation.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 

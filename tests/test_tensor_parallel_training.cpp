@@ -11,7 +11,7 @@
 // of those sees only its rank's part of the sequence, so their gradients are partial sums and are
 // all-reduced over the tensor-parallel group before the step (all_reduce_partial_grads).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/sgd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 

@@ -7,7 +7,10 @@
 //   embed -> x;  x = x + fc2(gelu(fc1(norm1(x))));  logits = head(norm2(x));  cross-entropy
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <memory>
 #include <string>
