@@ -38,7 +38,7 @@ python3 -c 'import torch;print("torch", torch.__version__, "cuda", torch.version
 stamp "deps unpacked"
 
 # 2. Build. Release: the benchmark should measure optimised code.
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DZERO_CTEST_PER_CASE=ON \
   -DCMAKE_PREFIX_PATH="$prefix/usr" -DPython3_EXECUTABLE="$(command -v python3)" \
   2>&1 | tee "$out/configure.log" | tail -3
 # GPU_CHECK_QUICK=1 (a short device lease): only what steps 3-4 run, no eager baseline, no
