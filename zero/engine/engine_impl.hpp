@@ -102,6 +102,13 @@ struct Engine::Impl {
   void step_units(const StepContext& ctx);
   // Every unit's master values into the model, without a step (after a checkpoint load).
   void publish_units();
+  // The unit holding bucket `b`.
+  ShardedUnit& unit_of(int b) const {
+    for (const auto& u : units) {
+      if (u->has_bucket(b)) return *u;
+    }
+    TORCH_INTERNAL_ASSERT(false, "zero: bucket ", b, " is in no unit");
+  }
 
   // One micro-step's backward: walks `roots`' graph for the parameters it reaches, runs `run`
   // (autograd) with the hooks armed, finishes the reductions; on failure discards the window.

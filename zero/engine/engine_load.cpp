@@ -115,6 +115,15 @@ void check_compatible(const Engine::Impl& m, const std::vector<ckpt::Manifest>& 
   }
 }
 
+// Every unit's pieces of what this rank holds, in layout order.
+std::vector<OwnedPiece> owned_pieces(const Engine::Impl& m) {
+  std::vector<OwnedPiece> out;
+  for (const auto& u : m.units) {
+    for (const OwnedPiece& p : u->owned_pieces()) out.push_back(p);
+  }
+  return out;
+}
+
 // Calls f(piece, want) for every piece of what this rank owns under the current layout, `want`
 // its parameter's block in the whole tensor (CheckpointParam), after checking that the
 // checkpoints' blocks cover the piece.
@@ -123,7 +132,7 @@ void for_each_owned(const Engine::Impl& m, const ckpt::PartMap& parts, bool seve
   const FlatLayout& L = m.fp.layout;
   std::map<std::string, CheckpointParam> blocks;
   for (auto& p : ckpt::current_params(m)) blocks.emplace(p.name, std::move(p));
-  for (const OwnedPiece& p : L.owned_pieces(m.sharding.owner)) {
+  for (const OwnedPiece& p : owned_pieces(m)) {
     const std::string& name = L.params()[p.param].name;
     ZERO_CKPT_CHECK(parts.has(name), "zero: parameter '", name, "' is not in the checkpoint");
     const CheckpointParam& want = blocks.at(name);
@@ -148,7 +157,8 @@ void for_each_owned(const Engine::Impl& m, const ckpt::PartMap& parts, bool seve
 void read_into_states(Engine::Impl& m, const ckpt::Manifest& man, const ckpt::PartMap& parts,
                       bool several) {
   const FlatLayout& L = m.fp.layout;
-  const auto states = m.store.optimizer->state();
+  // Every unit steps the same optimizer: its states, addressed like the shard.
+  const auto states = m.units.front()->optimizer_window();
   std::vector<at::Tensor> targets;  // per checkpoint tensor: master, then the states it names
   targets.emplace_back();           // the master: per bucket, below
   for (const std::string& name : man.state_names) {
@@ -158,14 +168,13 @@ void read_into_states(Engine::Impl& m, const ckpt::Manifest& man, const ckpt::Pa
     }
     targets.push_back(t);
   }
-  for (const BucketSlot& b : L.buckets()) m.fp.bucket_master(b).zero_();
-  for (const auto& s : states) s.second.zero_();
+  for (const auto& u : m.units) u->zero_master_and_states();
   at::Tensor staging;  // host, for targets that are not
   for_each_owned(m, parts, several, [&](const OwnedPiece& p, const CheckpointParam& want) {
     const BucketSlot& b = L.buckets()[L.params()[p.param].bucket];
     const int64_t lo = p.param_offset, hi = p.param_offset + p.numel;
     for (size_t t = 0; t < targets.size(); ++t) {
-      at::Tensor to = t == 0 ? m.fp.master_window(b) : targets[t];
+      at::Tensor to = t == 0 ? m.unit_of(L.params()[p.param].bucket).master_window(b) : targets[t];
       if (!to.defined()) continue;
       const int64_t chunk = std::max<int64_t>(L.chunk_numel(), 1);
       for (int64_t at = lo; at < hi; at += chunk) {

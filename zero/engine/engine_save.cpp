@@ -18,19 +18,20 @@ ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
   const FlatLayout& L = m.fp.layout;
   const int rank = m.group->rank(), world = m.group->size();
   // Stage 0 keeps every value on every rank: rank 0 writes them, the others only their RNG.
-  std::vector<OwnedPiece> pieces;
-  if (m.sharding.optimizer) {
-    pieces = L.owned_pieces(m.sharding.owner);
-  } else if (rank == 0) {
-    pieces = L.owned_pieces(0);
+  // Each unit's pieces, in layout order.
+  std::vector<std::pair<const ShardedUnit*, OwnedPiece>> pieces;
+  if (m.sharding.optimizer || rank == 0) {
+    for (const auto& u : m.units) {
+      for (const OwnedPiece& p : u->owned_pieces()) pieces.emplace_back(u.get(), p);
+    }
   }
   ckpt::ShardIndex index;
   index.rank = rank;
   index.world = world;
   index.rng_state = ckpt::rng_state(m.fp.flat.device());
-  const auto states = m.store.optimizer->state();
-  for (const auto& s : states) index.state_names.push_back(s.first);
-  for (const OwnedPiece& p : pieces) {
+  // Every unit steps the same optimizer: the state names are the first's.
+  for (const auto& s : m.units.front()->optimizer_window()) index.state_names.push_back(s.first);
+  for (const auto& [u, p] : pieces) {
     const ParamSlot& slot = L.params()[p.param];
     index.entries.push_back({slot.name, slot.numel, p.param_offset, p.numel, 0});
   }
@@ -41,9 +42,9 @@ ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
   // bucket's shard for states outside host memory: a save holds no copy of a whole shard.
   const int64_t chunk = std::max<int64_t>(L.chunk_numel(), 1);
   at::Tensor staging;
-  for (const OwnedPiece& p : pieces) {
-    std::vector<at::Tensor> from{m.fp.master_window(L.buckets()[L.params()[p.param].bucket])};
-    for (const auto& s : states) from.push_back(s.second);
+  for (const auto& [u, p] : pieces) {
+    std::vector<at::Tensor> from{u->master_window(L.buckets()[L.params()[p.param].bucket])};
+    for (const auto& s : u->optimizer_window()) from.push_back(s.second);
     for (const at::Tensor& t : from) {
       for (int64_t at = 0; at < p.numel; at += chunk) {
         const int64_t n = std::min(chunk, p.numel - at);

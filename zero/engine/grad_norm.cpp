@@ -14,21 +14,6 @@ namespace zero {
 
 namespace {
 
-// The pieces of the shard the norm sums: each bucket's, or with norm groups the pieces of the
-// parameters this rank counts.
-std::vector<optim::Range> norm_pieces(const FlatLayout& layout, int owner,
-                                      const std::vector<char>& counted) {
-  std::vector<optim::Range> pieces;
-  if (counted.empty()) {
-    for (const BucketSlot& b : layout.buckets())
-      pieces.push_back({b.shard_offset, b.shard_offset + b.shard.shard_numel()});
-  } else {
-    for (const OwnedPiece& p : layout.owned_pieces(owner))
-      if (counted[p.param]) pieces.push_back({p.shard_offset, p.shard_offset + p.numel});
-  }
-  return pieces;
-}
-
 // The squared L2 norm of the gradient shard over `pieces`, in fp32, as a one-element tensor on
 // its device, summed piece by piece: a narrower shard is converted inside the reduction (CUDA)
 // or through one bucket's fp32 temporary (CPU), not a whole-shard copy. An fp32 shard is summed
@@ -129,9 +114,14 @@ at::Tensor Engine::Impl::squared_grad_norm() {
     // left (grad_to_host.hpp) where it could be; otherwise it is the host's, and travels (the
     // verdict stays on the device). From page-locked memory the upload is queued, not waited
     // for (a pageable one would synchronise the stream).
-    if (offload && norm_counted.empty()) sq = sync->device_squared_norm();
+    if (offload && norm_counted.empty()) sq = sync->sink().device_squared_norm();
     if (!sq.defined()) {
-      const auto pieces = norm_pieces(fp.layout, sharding.owner, norm_counted);
+      // The pieces of the shard the norm sums: each bucket's, or with norm groups the pieces of
+      // the parameters this rank counts.
+      std::vector<optim::Range> pieces;
+      for (const auto& u : units) {
+        for (const optim::Range& r : u->norm_pieces(norm_counted)) pieces.push_back(r);
+      }
       // Beside a device, the host shard's norm runs on the host optimizer's threads (torchrun's
       // OMP_NUM_THREADS=1 would leave it on one core: ~0.3 s a step for 7B's shard at world 8).
       // A CPU run keeps the engine's own reduction, bit for bit the one without offload.

@@ -28,23 +28,14 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
   std::vector<at::Tensor> gathered;  // per layout parameter
   if (opts.master && sharded) {
     gathered.resize(fp.layout.params().size());
-    const auto& buckets = fp.layout.buckets();
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      const BucketSlot& bucket = buckets[b];
-      // Gathered where the group runs: an offloaded master is in host memory.
-      const at::Device dev = fp.flat.device();
-      at::Tensor in = fp.master.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()).to(dev);
-      at::Tensor full = at::empty({bucket.shard.padded_numel()},
-                                  at::TensorOptions().dtype(at::kFloat).device(dev));
-      im.group
-          ->all_gather(full, in,
-                       "all_gather of parameter bucket " + std::to_string(b) + " for state_dict")
-          .wait();
-      if (!keep) continue;
-      for (int pi : bucket.params) {
-        const ParamSlot& s = fp.layout.params()[pi];
-        gathered[pi] = out_of(full.narrow(0, s.flat_offset - bucket.flat_offset, s.numel));
-      }
+    for (const auto& u : im.units) {
+      u->for_each_gathered_master([&](const BucketSlot& bucket, const at::Tensor& full) {
+        if (!keep) return;
+        for (int pi : bucket.params) {
+          const ParamSlot& s = fp.layout.params()[pi];
+          gathered[pi] = out_of(full.narrow(0, s.flat_offset - bucket.flat_offset, s.numel));
+        }
+      });
     }
   }
   StateDict out;

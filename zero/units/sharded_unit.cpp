@@ -145,3 +145,68 @@ void ShardedUnit::publish_from(GatherQueue& q,
 }
 
 }  // namespace zero
+
+namespace zero {
+
+std::vector<OwnedPiece> ShardedUnit::owned_pieces() const {
+  const FlatLayout& L = store_.fp.layout;
+  std::vector<OwnedPiece> out;
+  for (const OwnedPiece& p : L.owned_pieces(owner_)) {
+    if (has_bucket(L.params()[p.param].bucket)) out.push_back(p);
+  }
+  return out;
+}
+
+at::Tensor ShardedUnit::master_window(const BucketSlot& b) const {
+  return store_.fp.master_window(b);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedUnit::optimizer_window() const {
+  return store_.optimizer->state();
+}
+
+void ShardedUnit::zero_master_and_states() {
+  const auto& buckets = store_.fp.layout.buckets();
+  for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
+    store_.fp.bucket_master(buckets[b]).zero_();
+  }
+  for (const auto& s : store_.optimizer->state()) {
+    s.second.narrow(0, slot_.shard_begin, slot_.shard_end - slot_.shard_begin).zero_();
+  }
+}
+
+std::vector<optim::Range> ShardedUnit::norm_pieces(const std::vector<char>& counted) const {
+  std::vector<optim::Range> pieces;
+  if (counted.empty()) {
+    const auto& buckets = store_.fp.layout.buckets();
+    for (int i = slot_.first_bucket; i < slot_.end_bucket; ++i) {
+      const BucketSlot& b = buckets[i];
+      pieces.push_back({b.shard_offset, b.shard_offset + b.shard.shard_numel()});
+    }
+  } else {
+    for (const OwnedPiece& p : owned_pieces()) {
+      if (counted[p.param]) pieces.push_back({p.shard_offset, p.shard_offset + p.numel});
+    }
+  }
+  return pieces;
+}
+
+void ShardedUnit::for_each_gathered_master(
+    const std::function<void(const BucketSlot&, const at::Tensor&)>& f) const {
+  const FlatParams& fp = store_.fp;
+  const auto& buckets = fp.layout.buckets();
+  for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
+    const BucketSlot& bucket = buckets[b];
+    // Gathered where the group runs: an offloaded master is in host memory.
+    const at::Device dev = fp.flat.device();
+    at::Tensor in = fp.master.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()).to(dev);
+    at::Tensor full = at::empty({bucket.shard.padded_numel()},
+                                at::TensorOptions().dtype(at::kFloat).device(dev));
+    dp_.all_gather(full, in,
+                   "all_gather of parameter bucket " + std::to_string(b) + " for state_dict")
+        .wait();
+    f(bucket, full);
+  }
+}
+
+}  // namespace zero

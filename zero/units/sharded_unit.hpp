@@ -10,6 +10,8 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/group.hpp"
 #include "zero/units/shard_store.hpp"
@@ -76,6 +78,28 @@ class ShardedUnit {
   void step(const StepContext& ctx, GatherQueue& q);
   // The master's values into the parameters without an update (after a checkpoint load).
   void publish(GatherQueue& q);
+
+  // What checkpoints, state_dict and the norm read of the unit.
+  bool has_bucket(int b) const { return b >= slot_.first_bucket && b < slot_.end_bucket; }
+  // The pieces of the unit's parameters that this rank's master and states hold (its owner's
+  // shard of each of the unit's buckets; unsharded: all of them), in shard order.
+  std::vector<OwnedPiece> owned_pieces() const;
+  // Bucket b's part of the master as a tensor addressed like the shard
+  // (FlatParams::master_window); b must be one of the unit's.
+  at::Tensor master_window(const BucketSlot& b) const;
+  // The optimizer's states by name, each addressed like the shard: the unit's elements are
+  // [slot().shard_begin, slot().shard_end).
+  std::vector<std::pair<std::string, at::Tensor>> optimizer_window() const;
+  // Zeroes the unit's master and states, padding included (a load starts from a fresh engine's
+  // values).
+  void zero_master_and_states();
+  // The unit's windows of the gradient shard that count in the norm: whole buckets when
+  // `counted` is empty, else the owned pieces of the parameters it marks (layout indices).
+  std::vector<optim::Range> norm_pieces(const std::vector<char>& counted) const;
+  // A collective: each of the unit's buckets' fp32 master, whole (its shards all-gathered over
+  // the group where the group runs), passed to f(bucket, values) in bucket order.
+  void for_each_gathered_master(
+      const std::function<void(const BucketSlot&, const at::Tensor&)>& f) const;
 
  private:
   // Copies (kCopy) or all-gathers (kAllGather) the master shards into the model; `before` runs
