@@ -21,6 +21,94 @@ TEST(Config, StageThreeIsNotImplemented) {
   EXPECT_HAS(m, "use 0, 1 or 2");
 }
 
+// ZeRO-3's keys are read with DeepSpeed's defaults, aliases and checks (config.py
+// DeepSpeedZeroConfig), kept for stage 3, and warned about below it, where DeepSpeed ignores
+// them too; stage 3 itself stays refused.
+TEST(Config, StageThreeKeysHaveDeepSpeedsDefaults) {
+  const auto z3 = load("zero_optimization: {stage: 2}\n").zero_optimization.stage3;
+  EXPECT_EQ(z3.prefetch_bucket_size, 50'000'000);
+  EXPECT_EQ(z3.param_persistence_threshold, 100'000);
+  EXPECT_EQ(z3.model_persistence_threshold, 9223372036854775807);  // sys.maxsize
+  EXPECT_EQ(z3.max_live_parameters, 1'000'000'000);
+  EXPECT_EQ(z3.max_reuse_distance, 1'000'000'000);
+  EXPECT_FALSE(z3.gather_16bit_weights_on_model_save);
+  EXPECT_FALSE(z3.prefetch_bucket_size_auto);
+  EXPECT_FALSE(z3.param_persistence_threshold_auto);
+}
+
+TEST(Config, StageThreeKeysAreReadUnderBothSpellings) {
+  Config c = load(
+      "zero_optimization:\n  stage: 2\n  stage3_prefetch_bucket_size: 2e7\n"
+      "  param_persistence_threshold: 4096\n  stage3_model_persistence_threshold: 123456\n"
+      "  max_live_parameters: 3e8\n  stage3_max_reuse_distance: 0\n"
+      "  gather_16bit_weights_on_model_save: true\n");
+  const auto& z3 = c.zero_optimization.stage3;
+  EXPECT_EQ(z3.prefetch_bucket_size, 20'000'000);
+  EXPECT_EQ(z3.param_persistence_threshold, 4096);
+  EXPECT_EQ(z3.model_persistence_threshold, 123456);
+  EXPECT_EQ(z3.max_live_parameters, 300'000'000);
+  EXPECT_EQ(z3.max_reuse_distance, 0);
+  EXPECT_TRUE(z3.gather_16bit_weights_on_model_save);
+  // Below stage 3 each one says it has no effect (DeepSpeed ignores them there too).
+  ASSERT_EQ(c.warnings.size(), 6u);
+  EXPECT_HAS(c.warnings[0], "'zero_optimization.stage3_prefetch_bucket_size' has no effect");
+  EXPECT_HAS(c.warnings[1], "'zero_optimization.param_persistence_threshold' has no effect");
+  EXPECT_HAS(c.warnings[5], "only ZeRO stage 3 reads it");
+  // DeepSpeed's deprecated spelling of the save key.
+  c = load("zero_optimization: {stage: 1, stage3_gather_fp16_weights_on_model_save: true}\n");
+  EXPECT_TRUE(c.zero_optimization.stage3.gather_16bit_weights_on_model_save);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_HAS(c.warnings[0], "deprecated spelling of stage3_gather_16bit_weights_on_model_save");
+}
+
+TEST(Config, StageThreeKeysRefuseBadValuesNamingTheKey) {
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2, stage3_max_live_parameters: -1}\n"),
+             "'zero_optimization.stage3_max_live_parameters' must be a number of elements >= 0");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2, stage3_prefetch_bucket_size: 1.5}\n"),
+             "'zero_optimization.stage3_prefetch_bucket_size' must be an integer");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2, stage3_max_reuse_distance: auto}\n"),
+             "transformers fills in only for stage3_prefetch_bucket_size and "
+             "stage3_param_persistence_threshold");
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2, stage3_gather_16bit_weights_on_model_save: "
+                        "3}\n"),
+             "must be true or false");
+  // One setting under two names: which one counts would be a guess.
+  EXPECT_HAS(load_error("zero_optimization: {stage: 2, stage3_max_live_parameters: 1, "
+                        "max_live_parameters: 2}\n"),
+             "'zero_optimization.max_live_parameters' and "
+             "'zero_optimization.stage3_max_live_parameters' are the same DeepSpeed setting");
+}
+
+// transformers' HfTrainerDeepSpeedConfig fills "auto" from the hidden size: 0.9 * hidden^2 and
+// 10 * hidden (trainer_config_finalize); the 16-bit save's "auto" is accelerate's false.
+TEST(Config, StageThreeAutoIsFilledFromTheHiddenSizeAsTransformersDoes) {
+  Config c = Config::from_file(kSrc + "/tests/data/ds_corpus/hf_zero3_auto.json",
+                               {"zero_optimization.stage=2"});
+  auto z3 = c.zero_optimization.stage3;
+  EXPECT_TRUE(z3.prefetch_bucket_size_auto);
+  EXPECT_TRUE(z3.param_persistence_threshold_auto);
+  EXPECT_EQ(z3.max_live_parameters, 1'000'000'000);
+  EXPECT_EQ(z3.max_reuse_distance, 1'000'000'000);
+  EXPECT_TRUE(z3.gather_16bit_weights_on_model_save);
+  z3.resolve_auto(4096);
+  EXPECT_EQ(z3.prefetch_bucket_size, 15'099'494);  // floor(0.9 * 4096^2 = 15099494.4)
+  EXPECT_EQ(z3.param_persistence_threshold, 40'960);
+  EXPECT_FALSE(z3.prefetch_bucket_size_auto);
+  z3.prefetch_bucket_size_auto = true;
+  z3.resolve_auto(1000);
+  EXPECT_EQ(z3.prefetch_bucket_size, 900'000);
+  EXPECT_EQ(z3.param_persistence_threshold, 40'960);  // no longer "auto": kept
+  EXPECT_THROW(z3.resolve_auto(0), std::invalid_argument);
+  EXPECT_FALSE(load("zero_optimization: {stage: 2, stage3_gather_16bit_weights_on_model_save: "
+                    "auto}\n")
+                   .zero_optimization.stage3.gather_16bit_weights_on_model_save);
+  // The same file as written (stage 3) is still refused, with the stage named.
+  EXPECT_HAS(error_of([&] {
+               Config::from_file(kSrc + "/tests/data/ds_corpus/hf_zero3_auto.json");
+             }),
+             "'zero_optimization.stage' 3 (partitioned parameters) is not implemented");
+}
+
 TEST(Config, OptimizerOffloadAtStagesOneAndTwo) {
   Config c = load(
       "zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: cpu\n"

@@ -120,7 +120,7 @@ TEST_P(GradPath, ShardIsTheSumOverRanksAndMicroSteps) {
                                   : 0) +
                                  (stage0 ? 0 : layout.shard_numel() * 4));
       EXPECT_EQ(bytes.host_staging > 0 || !c.host, true);
-      EXPECT_EQ(sync->error_feedback() != nullptr, c.reduction == Reduction::kQuantized);
+      EXPECT_EQ(sync->reducer().error_feedback() != nullptr, c.reduction == Reduction::kQuantized);
       sync->zero_grad();
       sum.zero_();
     }

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -122,6 +123,32 @@ struct ZeroOptimizationConfig {
     // false: one flat all-to-all.
     bool hierarchical = true;
   } quantized_gradients;
+  // ZeRO-3's keys, with DeepSpeed's names (each also without its "stage3_" prefix, as
+  // DeepSpeed's aliases allow), meanings and defaults (deepspeed/runtime/zero/config.py). They
+  // are read and checked now; stage 3 itself is not implemented yet (stage: 3 is refused), and
+  // below stage 3 they have no effect, in DeepSpeed as here (a warning says so).
+  struct Stage3Config {
+    // Elements gathered ahead of use; 0: no prefetch. "auto": 0.9 x hidden^2 (transformers'
+    // HfTrainerDeepSpeedConfig), resolved from the model by resolve_auto().
+    int64_t prefetch_bucket_size = 50'000'000;
+    bool prefetch_bucket_size_auto = false;
+    // Parameters of at most this many elements are never partitioned. "auto": 10 x hidden.
+    int64_t param_persistence_threshold = 100'000;
+    bool param_persistence_threshold_auto = false;
+    // Cap on the elements kept whole that way (DeepSpeed: sys.maxsize).
+    int64_t model_persistence_threshold = std::numeric_limits<int64_t>::max();
+    // The most elements gathered at once (caps prefetch).
+    int64_t max_live_parameters = 1'000'000'000;
+    // A unit used again within this many elements is not released in between.
+    int64_t max_reuse_distance = 1'000'000'000;
+    // Checkpoints also hold the gathered 16-bit weights (DeepSpeed's save_16bit_model). "auto":
+    // false, accelerate's zero3_save_16bit_model default. Also read under DeepSpeed's deprecated
+    // stage3_gather_fp16_weights_on_model_save.
+    bool gather_16bit_weights_on_model_save = false;
+    // Fills the "auto" values from the model's hidden size as transformers does (0.9 x hidden^2
+    // rounded down, 10 x hidden); clears the flags. hidden must be positive.
+    void resolve_auto(int64_t hidden);
+  } stage3;
 };
 
 struct Fp16Config {

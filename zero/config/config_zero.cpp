@@ -1,6 +1,8 @@
 // zero_optimization (stage, buckets, overlap) and activation_checkpointing.
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -115,6 +117,78 @@ void check_quantized_gradients(const Loader& l, const Entry& s, const ZeroOptimi
   }
 }
 
+namespace {
+
+const std::string kOnlyStage3 = "' has no effect here and is ignored: only ZeRO stage 3 reads it";
+
+// One stage-3 key under both of DeepSpeed's spellings ("stage3_max_live_parameters", the alias
+// used in every published config, and the field name "max_live_parameters"). Giving both is an
+// error rather than a silent choice of one.
+void both_spellings(Loader& l, std::vector<Field>& f, const std::string& field,
+                    const std::function<void(const Entry&)>& read) {
+  const std::string alias = "stage3_" + field;
+  for (const std::string& name : {alias, field}) {
+    const std::string other = name == alias ? field : alias;
+    f.push_back({name, [&l, read, other](const Entry& e) {
+                   const std::string parent = e.path.substr(0, e.path.rfind('.') + 1);
+                   if (l.seen(parent + other) != nullptr) {
+                     l.fail_at_key(e, "'" + e.path + "' and '" + parent + other +
+                                          "' are the same DeepSpeed setting; keep one");
+                   }
+                   read(e);
+                   l.warn(e, "'" + e.path + kOnlyStage3);
+                 }});
+  }
+}
+
+// ZeRO-3's keys, parsed and checked as DeepSpeed's DeepSpeedZeroConfig does (non-negative
+// integers; "auto" where transformers fills one in) and kept for stage 3.
+void load_stage3_keys(Loader& l, std::vector<Field>& f, ZeroOptimizationConfig::Stage3Config& z3) {
+  const auto elements = [&l](int64_t* out, bool* is_auto) {
+    return [&l, out, is_auto](const Entry& e) {
+      if (Loader::is_auto(e)) {
+        if (is_auto == nullptr) {
+          l.fail(e, "'" + e.path +
+                        "' is \"auto\", which transformers fills in only for "
+                        "stage3_prefetch_bucket_size and stage3_param_persistence_threshold; "
+                        "give a number of elements");
+        }
+        *is_auto = true;
+        return;
+      }
+      const int64_t v = l.integer(e);
+      l.require(e, v >= 0, "a number of elements >= 0");
+      *out = v;
+      if (is_auto != nullptr) *is_auto = false;
+    };
+  };
+  both_spellings(l, f, "prefetch_bucket_size",
+                 elements(&z3.prefetch_bucket_size, &z3.prefetch_bucket_size_auto));
+  both_spellings(l, f, "param_persistence_threshold",
+                 elements(&z3.param_persistence_threshold, &z3.param_persistence_threshold_auto));
+  both_spellings(l, f, "model_persistence_threshold",
+                 elements(&z3.model_persistence_threshold, nullptr));
+  both_spellings(l, f, "max_live_parameters", elements(&z3.max_live_parameters, nullptr));
+  both_spellings(l, f, "max_reuse_distance", elements(&z3.max_reuse_distance, nullptr));
+  const auto save16 = [&l, &z3](const Entry& e) {
+    // accelerate's zero3_save_16bit_model defaults to false.
+    z3.gather_16bit_weights_on_model_save = Loader::is_auto(e) ? false : l.boolean(e);
+  };
+  both_spellings(l, f, "gather_16bit_weights_on_model_save", save16);
+  f.push_back({"stage3_gather_fp16_weights_on_model_save",
+               [&l, save16](const Entry& e) {
+                 save16(e);
+                 l.warn(e, "'" + e.path +
+                               "' is DeepSpeed's deprecated spelling of "
+                               "stage3_gather_16bit_weights_on_model_save" +
+                               "; it has no effect here and is ignored: only ZeRO stage 3 reads "
+                               "it");
+               },
+               false});
+}
+
+}  // namespace
+
 void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   const auto bucket = [&l](int64_t& out) {
     return [&l, p = &out](const Entry& e) {
@@ -186,12 +260,11 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
                }});
   f.push_back({"zero_quantized_gradients_hierarchical",
                [&](const Entry& e) { q.hierarchical = l.boolean(e); }});
-  // Keys that only ZeRO stage 3 reads: DeepSpeed ignores them below stage 3 too, and zero
-  // refuses stage 3 itself, so they can only be no-ops here.
+  load_stage3_keys(l, f, z.stage3);
+  // Other keys that only ZeRO stage 3 reads: DeepSpeed ignores them below stage 3 too, and
+  // zero refuses stage 3 itself, so they can only be no-ops here.
   for (const std::string& k :
-       words("sub_group_size stage3_* prefetch_bucket_size param_persistence_threshold "
-             "model_persistence_threshold max_live_parameters max_reuse_distance "
-             "gather_16bit_weights_on_model_save module_granularity_threshold "
+       words("sub_group_size stage3_* module_granularity_threshold "
              "use_all_reduce_for_fetch_params zero_hpz_partition_size zero_quantized_weights "
              "zero_quantized_nontrainable_weights mics_shard_size "
              "mics_hierarchical_params_gather memory_efficient_linear "
@@ -263,3 +336,25 @@ void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {
 }
 
 }  // namespace zero::config_detail
+
+namespace zero {
+
+void ZeroOptimizationConfig::Stage3Config::resolve_auto(int64_t hidden) {
+  if (hidden <= 0) {
+    throw std::invalid_argument("zero: stage-3 \"auto\" values need the model's hidden size, got " +
+                                std::to_string(hidden));
+  }
+  if (prefetch_bucket_size_auto) {
+    // transformers' int(0.9 * hidden_size * hidden_size), evaluated as Python does it (doubles,
+    // left to right, truncated): the same number a Python run of the same config gets.
+    prefetch_bucket_size =
+        static_cast<int64_t>(0.9 * static_cast<double>(hidden) * static_cast<double>(hidden));
+    prefetch_bucket_size_auto = false;
+  }
+  if (param_persistence_threshold_auto) {
+    param_persistence_threshold = 10 * hidden;
+    param_persistence_threshold_auto = false;
+  }
+}
+
+}  // namespace zero

@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <iostream>
-#include <sstream>
 #include <unordered_set>
 #include <utility>
 
@@ -59,16 +58,6 @@ void Engine::Impl::make_sync() {
   sync = partitioned ? make_partitioned_grads(fp.layout, *group, sync_opts)
                      : make_accumulated_grads(fp.layout, *group, sharding.optimizer, sync_opts);
   if (!bucket_order.empty()) sync->set_release_order(bucket_order);
-}
-
-void Engine::Impl::discard_window() {
-  // Reductions already launched pair with the other ranks' (they failed at the same point,
-  // or will time out): wait for them, then forget the whole window, as if its micro-batches had
-  // never been seen. What autograd still holds of this pass goes too.
-  sync->abort();
-  for (auto& p : fp.params) p.mutable_grad().reset();
-  stats.micro_steps -= stats.micro_steps % accumulation;
-  awaiting_step = false;
 }
 
 namespace {
@@ -258,8 +247,10 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   // parameters are; otherwise beside the flat buffer on the device.
   const at::TensorOptions state_opts = impl->offload ? at::TensorOptions().dtype(at::kFloat)
                                                      : impl->fp.flat.options().dtype(at::kFloat);
-  impl->opt = make_optimizer(c, impl->fp.layout, owner, state_opts);
-  impl->store.optimizer = std::move(impl->opt.optimizer);
+  OptimizerBundle bundle = make_optimizer(c, impl->fp.layout, owner, state_opts);
+  impl->store.optimizer = std::move(bundle.optimizer);
+  impl->schedule = std::move(bundle.schedule);
+  impl->deepspeed_clip = bundle.deepspeed_clip;
   // Stages 0-2: one unit over every bucket, resident.
   const Publish publish = impl->fp.master_aliases_flat() ? Publish::kNone
                           : !impl->sharding.optimizer    ? Publish::kCopy
@@ -276,138 +267,6 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
       [m] { m->taken_over = true; });
   impl->allocator_delta = allocated_bytes(device) - allocated_before;
   return Engine(std::move(impl));
-}
-
-void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
-                                const std::function<void()>& run) {
-  TORCH_CHECK(!taken_over,
-              "zero: this engine's model was taken over by another engine (a later "
-              "zero::initialize on the same model); train with that one");
-  TORCH_CHECK(!awaiting_step,
-              "zero: engine.backward() called twice without engine.step() in between; call "
-              "step() after every backward() (it applies the optimizer only at accumulation "
-              "boundaries), otherwise gradients would be counted twice");
-  const bool window_start = stats.micro_steps % accumulation == 0;
-  // A rank that skipped a call its peers wait in (a save on rank 0 only) shows it here.
-  if (window_start && entries) entries->progress(stats.micro_steps / accumulation + 1);
-  if (window_start && order->has_new_order()) {
-    // Once, between windows (nothing is held then): buckets reduced in the order they fill.
-    apply_arrival_order();
-  }
-  const bool boundary = (stats.micro_steps + 1) % accumulation == 0;
-  const GradSyncCounters before = sync->counters();
-  const bool counting = order->counting();
-  sync->begin_backward(boundary, order->begin_pass(roots), counting);
-  in_backward = true;
-  try {
-    run();
-    in_backward = false;
-    sync->end_backward();
-  } catch (...) {
-    in_backward = false;
-    order->end_pass(false);
-    discard_window();
-    throw;
-  }
-  order->end_pass(true);
-  awaiting_step = true;
-  // Since the engine started (the gradient path is rebuilt with the layout, its counters too).
-  const auto& c = sync->counters();
-  stats.buckets_launched_in_backward += c.launched_in_backward - before.launched_in_backward;
-  stats.buckets_launched_after_backward +=
-      c.launched_after_backward - before.launched_after_backward;
-  stats.comm_wait_seconds += c.wait_seconds - before.wait_seconds;
-  stats.bucket_buffers = sync->bucket_buffers();
-  stats.bucket_buffers_in_use_peak = sync->bucket_buffers_peak();
-}
-
-void Engine::backward(const at::Tensor& loss) {
-  auto& m = *impl_;
-  TORCH_CHECK(loss.numel() == 1, "zero: engine.backward expects a scalar loss, got shape ",
-              loss.sizes());
-  m.run_backward({loss}, [&] {
-    // Each micro-batch's loss is a mean; dividing by the accumulation steps makes the sum of
-    // the window's gradients the gradient of the whole window's mean. The predivide factor
-    // rides along (gradients are linear in the loss, so every gradient is divided before it is
-    // summed over ranks), and under fp16 so does the loss scale, read from the device.
-    const double factor = 1.0 / (static_cast<double>(m.accumulation) * m.predivide);
-    if (m.scaler.active()) {
-      (loss.to(at::kFloat) * (m.scaler.scale_tensor() * factor).reshape({})).backward();
-    } else if (factor != 1.0) {
-      (loss * factor).backward();
-    } else {
-      loss.backward();
-    }
-  });
-}
-
-void Engine::backward(const std::vector<at::Tensor>& outputs,
-                      const std::vector<at::Tensor>& grad_outputs) {
-  TORCH_CHECK(!outputs.empty(),
-              "zero: engine.backward(outputs, grad_outputs) needs at least one "
-              "output; a stage without outputs has nothing to back-propagate");
-  TORCH_CHECK(outputs.size() == grad_outputs.size(), "zero: engine.backward got ", outputs.size(),
-              " outputs but ", grad_outputs.size(), " grad_outputs; pass one gradient per output");
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    TORCH_CHECK(outputs[i].defined() && grad_outputs[i].defined(),
-                "zero: engine.backward: ", outputs[i].defined() ? "grad_outputs[" : "outputs[", i,
-                "] is undefined");
-    TORCH_CHECK(outputs[i].requires_grad(), "zero: engine.backward: outputs[", i,
-                "] does not require grad (computed under no_grad, or detached)");
-    TORCH_CHECK(outputs[i].sizes() == grad_outputs[i].sizes(), "zero: engine.backward: outputs[", i,
-                "] has shape ", outputs[i].sizes(), " but grad_outputs[", i, "] has shape ",
-                grad_outputs[i].sizes());
-  }
-  // As DeepSpeed's PipelineEngine on a stage other than the last: the received gradients carry
-  // the accumulation, predivide and loss-scale factors already; nothing is applied here.
-  impl_->run_backward(outputs, [&] { torch::autograd::backward(outputs, grad_outputs); });
-}
-
-bool Engine::is_gradient_accumulation_boundary() const {
-  return (impl_->stats.micro_steps + 1) % impl_->accumulation == 0;
-}
-
-void Engine::Impl::settle() {
-  if (!verdict.pending()) return;
-  const at::Tensor v = verdict.get();
-  const double* x = v.data_ptr<double>();
-  const double norm = x[0];
-  stats.last_step_skipped = x[1] != 0;
-  if (x[1] == 0) {
-    stats.last_grad_norm = norm;
-    return;
-  }
-  // The device skipped the update (found_inf); undo what the host counted for it.
-  store.optimizer->undo_step();
-  --stats.optimizer_steps;
-  if (scaler.active()) {
-    // The step as DeepSpeed counts it (skipped ones included): optimizer_steps counts only
-    // the applied ones, so it stays put while every step overflows.
-    const int64_t step = stats.optimizer_steps + stats.skipped_steps;
-    ++stats.skipped_steps;
-    if (group->rank() == 0) {
-      std::ostringstream os;
-      os << "zero: fp16 gradient overflow at optimizer step " << step << " (" << stats.skipped_steps
-         << " skipped, " << stats.optimizer_steps
-         << " applied so far): step skipped on every rank, ";
-      if (x[3] != x[2]) {
-        os << "loss scale " << x[2] << " -> " << x[3];
-      } else if (x[5] < x[4]) {
-        // fp16.hysteresis: only that many overflows in a row lower the scale.
-        os << "loss scale " << x[2] << " kept: fp16.hysteresis absorbed this overflow (" << x[5]
-           << " more in a row lower it)";
-      } else {
-        os << "loss scale " << x[2] << " kept (static, or at fp16.min_loss_scale)";
-      }
-      std::cerr << os.str() << "\n";
-    }
-    return;
-  }
-  std::ostringstream os;
-  os << "zero: the gradient norm is " << norm << " at optimizer step " << stats.optimizer_steps
-     << "; the loss or the gradients hold inf/NaN. Lower the learning rate or enable "
-        "gradient_clipping; the master weights were not updated.";
-  deferred_error = os.str();
 }
 
 bool Engine::step() {
@@ -442,7 +301,7 @@ bool Engine::step() {
   const at::Tensor found_inf = sq.isfinite().logical_not().to(at::kFloat);
   const at::Tensor norm = sq.sqrt() / divisor;
   at::Tensor grad_scale = divisor, grad_mul;
-  if (m.cfg.gradient_clipping > 0 && m.opt.deepspeed_clip) {
+  if (m.cfg.gradient_clipping > 0 && m.deepspeed_clip) {
     // DeepSpeed's unscale_and_clip_grads: the coefficient's reciprocal multiplies the averaged
     // gradient, a rounding step of its own (torch_adam's op-by-op AdamW applies it).
     grad_mul = at::clamp_min((norm + 1e-6) / m.cfg.gradient_clipping, 1.0).reciprocal();
@@ -454,7 +313,7 @@ bool Engine::step() {
   // fp16.hysteresis: how many more overflows in a row the scale tolerates, before and after.
   const at::Tensor left_before = m.scaler.active() ? m.scaler.hysteresis_left() : divisor;
 
-  const double lr = m.opt.schedule->lr_at(m.stats.optimizer_steps);
+  const double lr = m.schedule->lr_at(m.stats.optimizer_steps);
   // After a skipped step the master is unchanged, so this republishes the same values.
   m.step_units({g, lr, {grad_scale, found_inf, grad_mul}});
   m.scaler.update(found_inf);
@@ -477,7 +336,7 @@ bool Engine::step() {
 int Engine::rank() const { return impl_->group->rank(); }
 int Engine::world_size() const { return impl_->group->size(); }
 int Engine::stage() const { return impl_->sharding.stage(); }
-double Engine::lr() const { return impl_->opt.schedule->lr_at(impl_->stats.optimizer_steps); }
+double Engine::lr() const { return impl_->schedule->lr_at(impl_->stats.optimizer_steps); }
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 const Config& Engine::config() const { return impl_->cfg; }
 
@@ -494,124 +353,6 @@ const EngineStats& Engine::settled_stats() const {
 std::shared_ptr<torch::nn::Module> Engine::module() const { return impl_->module; }
 Group& Engine::group() const { return *impl_->group; }
 const Groups& Engine::groups() const { return impl_->groups; }
-
-MemoryReport Engine::memory_report() const {
-  const auto& m = *impl_;
-  MemoryReport r;
-  r.rank = m.group->rank();
-  r.world_size = m.group->size();
-  r.stage = m.sharding.stage();
-  r.num_params = m.fp.layout.num_elements();
-  r.padded_params = m.fp.layout.total_numel();
-  r.measured.params = m.fp.flat.nbytes();
-  r.measured.grads = m.sync->grad_bytes();
-  r.measured.master = m.fp.master_bytes();
-  // Scratch too (none with the fused kernels): every byte the optimizer keeps between steps.
-  r.measured.optimizer = m.store.optimizer->state_bytes() + m.store.optimizer->scratch_bytes();
-  r.measured.comm_buffers = m.sync->comm_buffer_bytes();
-  if (const compress::ErrorFeedback* ef = m.sync->error_feedback()) r.error_feedback = ef->bytes();
-  if (m.offload) {
-    // The compute-dtype copy the CPU step writes and the ring the reduced gradient shards land
-    // in are the offload's transfer buffers, both in host memory.
-    const int64_t staging = m.offload->staging_bytes() + m.sync->host_staging_bytes();
-    r.measured.comm_buffers += staging;
-    r.host_measured =
-        r.measured.master + r.measured.optimizer + m.sync->grad_shard().nbytes() + staging;
-    // As the page-locked allocator holds them (pin_memory on a CUDA build: each block rounded
-    // up to a power of two), which is what the host really gives up.
-    r.host_pinned = device::host_bytes(m.fp.master) + device::host_bytes(m.sync->grad_shard()) +
-                    device::host_bytes(m.offload->staging()) + m.sync->host_staging_pinned_bytes();
-    for (const auto& s : m.store.optimizer->state()) r.host_pinned += device::host_bytes(s.second);
-    r.host_pinned += m.store.optimizer->scratch_bytes();
-  }
-  r.allocator_delta = m.allocator_delta;
-  r.replaced_param_bytes = m.replaced_param_bytes;
-  const c10::Device dev = m.fp.flat.device();
-  r.allocator = dev.is_cpu() ? "mallinfo2, process-wide"
-                : dev.is_cuda()
-                    ? "CUDA caching allocator"
-                    : c10::DeviceTypeName(dev.type(), /*lower_case=*/true) + " allocator";
-
-  MemoryModelInput in;
-  in.num_params = r.num_params;
-  in.world_size = r.world_size;
-  in.stage = m.sharding.stage();
-  in.param_bytes = static_cast<int>(c10::elementSize(m.param_dtype));
-  in.grad_accum_bytes = static_cast<int>(c10::elementSize(m.sync_opts.accum_dtype));
-  in.optimizer_states = static_cast<int>(m.store.optimizer->state().size());
-  in.comm_buffer_bytes = r.measured.comm_buffers;
-  in.accumulation = m.accumulation;
-  in.overlap_comm = m.sync_opts.overlap;
-  in.offload = m.offload != nullptr;
-  r.predicted = predict_model_states(in);
-  if (m.offload) {
-    // Per element of the (padded) shard: fp32 master, K fp32 states, the fp32 gradient shard
-    // (fp32 in host memory whatever grad_accum_dtype) and the compute-dtype copy; plus the
-    // declared gradient landing ring.
-    const int64_t shard = r.padded_params / r.world_size;
-    r.host_predicted =
-        shard * (4 + 4 * in.optimizer_states + 4 + in.param_bytes) + m.sync->host_staging_bytes();
-  }
-  MemoryModelInput dp = in;
-  dp.stage = 0;
-  dp.comm_buffer_bytes = 0;
-  r.stage0 = predict_model_states(dp);
-  return r;
-}
-
-namespace {
-
-// Every figure of a report that a rank measures or predicts for itself: what
-// gather_memory_reports carries from each rank (the rest, world size, stage, allocator name, is
-// the same on all).
-constexpr MemoryBreakdown MemoryReport::* kBreakdowns[] = {
-    &MemoryReport::measured, &MemoryReport::predicted, &MemoryReport::stage0};
-constexpr int64_t MemoryBreakdown::* kParts[] = {
-    &MemoryBreakdown::params, &MemoryBreakdown::grads, &MemoryBreakdown::master,
-    &MemoryBreakdown::optimizer, &MemoryBreakdown::comm_buffers};
-constexpr int64_t MemoryReport::* kFigures[] = {
-    &MemoryReport::num_params,     &MemoryReport::padded_params,
-    &MemoryReport::allocator_delta, &MemoryReport::replaced_param_bytes,
-    &MemoryReport::host_measured,  &MemoryReport::host_predicted,
-    &MemoryReport::host_pinned,    &MemoryReport::error_feedback};
-
-std::vector<int64_t> figures_of(const MemoryReport& r) {
-  std::vector<int64_t> v;
-  for (auto b : kBreakdowns) {
-    for (auto p : kParts) v.push_back(r.*b.*p);
-  }
-  for (auto f : kFigures) v.push_back(r.*f);
-  return v;
-}
-
-void set_figures(MemoryReport& r, const int64_t* v) {
-  for (auto b : kBreakdowns) {
-    for (auto p : kParts) r.*b.*p = *v++;
-  }
-  for (auto f : kFigures) r.*f = *v++;
-}
-
-}  // namespace
-
-std::vector<MemoryReport> Engine::gather_memory_reports() const {
-  impl_->enter("gather_memory_reports");
-  const MemoryReport mine = memory_report();
-  const int n = world_size();
-  const std::vector<int64_t> local_figures = figures_of(mine);
-  const int64_t k = static_cast<int64_t>(local_figures.size());
-  at::Tensor local = at::tensor(local_figures, at::kLong).to(impl_->fp.flat.device());
-  at::Tensor all = at::empty({n * k}, local.options());
-  impl_->group->all_gather(all, local, "all_gather of memory reports").wait();
-  all = all.cpu();
-  std::vector<MemoryReport> out;
-  for (int r = 0; r < n; ++r) {
-    MemoryReport rep = mine;
-    rep.rank = r;
-    set_figures(rep, all.data_ptr<int64_t>() + r * k);
-    out.push_back(rep);
-  }
-  return out;
-}
 
 at::ScalarType Engine::compute_dtype() const { return impl_->param_dtype; }
 

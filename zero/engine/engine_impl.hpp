@@ -1,5 +1,10 @@
 // Engine::Impl, the engine's state, shared by the files that implement Engine's members
-// (engine.cpp: backward and step; checkpoint files: save and load). Private to zero/.
+// (engine.cpp: initialize and step; step_protocol.cpp: backward; engine_memory.cpp: the memory
+// report; checkpoint files: save and load). Private to zero/.
+//
+// Impl = Topology (the groups) + StepProtocol (accumulation, loss scale, verdict, call order)
+// + ShardStore (the per-rank state) + the units that are windows of it (stages 0-2: one unit
+// over every bucket; docs/design/sharded-units.md).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,6 +16,8 @@
 #include "comm/group.hpp"
 #include "device/host_readback.hpp"
 #include "zero/engine.hpp"
+#include "zero/engine/step_protocol.hpp"
+#include "zero/engine/topology.hpp"
 #include "zero/grads/grad_hooks.hpp"
 #include "zero/grads/grad_order.hpp"
 #include "zero/grads/grad_sync.hpp"
@@ -30,25 +37,20 @@ at::ScalarType to_scalar_type(Dtype d);
 // naming the call to use instead (initialize_mesh.cpp).
 void refuse_model_parallel_without_mesh(const Config& cfg);
 
-struct Engine::Impl {
+struct Engine::Impl : Topology, StepProtocol {
   Config cfg;
   std::shared_ptr<torch::nn::Module> module;
-  Groups groups;                       // as handed to initialize
-  std::shared_ptr<comm::Group> group;  // groups.dp: what the engine shards and averages over
   // The calls a program makes itself on every rank, announced over dp's store: a rank that did
   // not enter one is named within seconds (comm/entries.hpp). Null before initialize sets it.
   std::unique_ptr<comm::Entries> entries;
   Sharding sharding;                   // what the stage shards (zero/params/sharding.hpp)
-  // groups.norm's groups, and per layout parameter whether this rank counts it in the gradient
-  // norm (not when it is replicated across a norm group whose rank 0 this rank is not). Both
-  // empty without norm groups: the one-group norm, as it always was.
-  std::vector<std::shared_ptr<comm::Group>> norm_groups;
+  // Per layout parameter whether this rank counts it in the gradient norm (not when it is
+  // replicated across a norm group whose rank 0 this rank is not). Empty without norm groups.
   std::vector<char> norm_counted;
   // groups.norm's `partial` parameters: their gradients summed over the group at the step, after
   // the data-parallel reduction, in one all-reduce (zero/grads/partial_grads.hpp). Empty without
   // any.
   PartialGradSum partial_sum;
-  int64_t accumulation = 1;
   at::ScalarType param_dtype = at::kFloat;
   FlattenOptions flat_opts;
   // The per-rank state the units share (zero/units/shard_store.hpp): flat parameters and master
@@ -56,7 +58,7 @@ struct Engine::Impl {
   // bucket.
   ShardStore store;
   std::vector<std::unique_ptr<ShardedUnit>> units;
-  // The store's members under the names the checkpoint and norm code still read.
+  // The store's members by their short names.
   FlatParams& fp = store.fp;
   std::unique_ptr<GradSync>& sync = store.grads;
   std::unique_ptr<OptimizerOffload>& offload = store.offload;
@@ -64,17 +66,6 @@ struct Engine::Impl {
   std::vector<int> bucket_order;  // the buckets' release order once agreed; empty: index order
   std::unique_ptr<GradOrder> order;
   GradHooks hooks;
-  OptimizerBundle opt;  // the optimizer itself is store.optimizer
-  EngineStats stats;
-  DeviceLossScaler scaler;  // active under fp16 only
-  // gradient_predivide_factor as resolved for this run (Config says how).
-  double predivide = 1;
-  bool in_backward = false;
-  // The last step's {grad norm, found_inf, loss scale before, after}, on its way to the host.
-  HostReadback verdict;
-  bool awaiting_step = false;   // a backward ran and its step() has not
-  bool taken_over = false;      // a later zero::initialize on the same model owns the hooks now
-  std::string deferred_error;   // a non-finite norm seen by settle(), thrown by the next step()
   int64_t allocator_delta = 0;  // allocated_bytes() over initialize
   int64_t replaced_param_bytes = 0;  // the model's trainable parameters before initialize
   // Page-locked host buffer of save/load_checkpoint for states on the device (one bucket's

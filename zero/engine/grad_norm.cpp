@@ -107,7 +107,7 @@ at::Tensor Engine::Impl::squared_grad_norm() {
   at::Tensor& g = sync->grad_shard();
   // In fp32 (no fp64 copy); the reduction accumulates in a tree.
   at::Tensor sq;
-  if (opt.deepspeed_clip) {
+  if (deepspeed_clip) {
     sq = deepspeed_squared_norm(g, fp, sharding, *group, norm_counted);  // all of dp's already
   } else {
     // Offloaded: the shard is on the host, and its norm was summed on the device as the pieces

@@ -100,16 +100,6 @@ class GradSync {
   GradSink& sink() { return *sink_; }
   const GradSyncCounters& counters() const { return counters_; }
 
-  // Forwards to bytes(), reducer() and sink() for the engine until it reads those itself.
-  int64_t grad_bytes() const { return bytes().grads; }
-  int64_t comm_buffer_bytes() const { return bytes().comm_buffers; }
-  int64_t host_staging_bytes() const { return bytes().host_staging; }
-  int64_t host_staging_pinned_bytes() const { return bytes().host_staging_pinned; }
-  at::Tensor device_squared_norm() const { return sink_->device_squared_norm(); }
-  int bucket_buffers() const { return bytes().buffers; }
-  int bucket_buffers_peak() const { return bytes().buffers_peak; }
-  compress::ErrorFeedback* error_feedback() { return reducer_->error_feedback(); }
-
  protected:
   void launched(int bucket) {
     if (on_launched_) on_launched_(bucket);
