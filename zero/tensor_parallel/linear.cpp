@@ -8,6 +8,7 @@
 
 #include "comm/group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
+#include "zero/tensor_parallel/column_parallel_linears.hpp"
 #include "zero/tensor_parallel/sequence_parallel_linear.hpp"
 #include "zero/tensor_parallel/shard.hpp"
 
@@ -58,8 +59,10 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
   // Under sequence parallelism the input is gathered inside the product, so that backward keeps
   // only this rank's part of the sequence (sequence_parallel_linear.hpp).
   at::Tensor y = options_.sequence_parallel()
-                     ? sequence_parallel_linear(x, weight, bias, group_, options_.sequence_dim())
-                     : at::linear(copy_to_region(x, group_), weight, bias);
+                     ? sequence_parallel_linears({weight}, {bias}, x, group_,
+                                                 options_.sequence_dim(), options_.overlap_comm())[0]
+                     : column_parallel_linears({weight}, {bias}, x, group_,
+                                               options_.overlap_comm())[0];
   return options_.gather_output() ? gather_from_region(y, group_) : y;
 }
 
@@ -71,6 +74,7 @@ std::vector<at::Tensor> column_parallel_products(const at::Tensor& x,
     TORCH_CHECK(l->group() == first->group() &&
                     l->options().sequence_parallel() == first->options().sequence_parallel() &&
                     l->options().sequence_dim() == first->options().sequence_dim() &&
+                    l->options().overlap_comm() == first->options().overlap_comm() &&
                     !l->options().gather_output(),
                 "zero: column_parallel_products: the layers must share the group and the "
                 "sequence-parallel options, and gather no output");
@@ -82,13 +86,10 @@ std::vector<at::Tensor> column_parallel_products(const at::Tensor& x,
   }
   if (first->options().sequence_parallel())
     return sequence_parallel_linears(weights, biases, x, first->group(),
-                                     first->options().sequence_dim());
-  const at::Tensor in = copy_to_region(x, first->group());
-  std::vector<at::Tensor> out;
-  // Each product its own statement, in order: autograd then sums the input's gradient last
-  // first, as it does for the plain model's separate layers.
-  for (size_t i = 0; i < weights.size(); ++i) out.push_back(at::linear(in, weights[i], biases[i]));
-  return out;
+                                     first->options().sequence_dim(),
+                                     first->options().overlap_comm());
+  return column_parallel_linears(weights, biases, x, first->group(),
+                                 first->options().overlap_comm());
 }
 
 void ColumnParallelLinearImpl::load_full(const at::Tensor& w, const at::Tensor& b) {

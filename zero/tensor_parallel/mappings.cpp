@@ -13,17 +13,37 @@ namespace zero::tensor_parallel {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::Tensor all_reduce(const at::Tensor& x, comm::Group& group, const char* what) {
-  if (group.size() == 1) return x.contiguous();
-  // A copy, not the caller's tensor: autograd may still hold `x` (the function's input).
-  at::Tensor out = x.clone(at::MemoryFormat::Contiguous);
-  group.all_reduce_sum(out, what).wait();
-  return out;
+Pending::~Pending() {
+  if (!work_.pending()) return;
+  try {
+    work_.wait();
+  } catch (...) {
+    // Unwinding already (the result was never asked for): the first error is the one to see.
+  }
 }
 
-at::Tensor all_gather_along(const at::Tensor& x, int64_t dim, comm::Group& group,
-                            const char* what) {
-  if (group.size() == 1) return x.contiguous();
+at::Tensor Pending::result() {
+  work_.wait();
+  work_ = comm::Work();
+  in_ = at::Tensor();
+  if (moved_) {
+    out_ = out_.movedim(0, dim_).contiguous();
+    moved_ = false;
+  }
+  return out_;
+}
+
+Pending start_all_reduce(const at::Tensor& x, comm::Group& group, const char* what) {
+  if (group.size() == 1) return Pending(x.contiguous());
+  // A copy, not the caller's tensor: autograd may still hold `x` (the function's input).
+  at::Tensor out = x.clone(at::MemoryFormat::Contiguous);
+  comm::Work work = group.all_reduce_sum(out, what);
+  return Pending(std::move(work), std::move(out), -1);
+}
+
+Pending start_all_gather_along(const at::Tensor& x, int64_t dim, comm::Group& group,
+                               const char* what) {
+  if (group.size() == 1) return Pending(x.contiguous());
   const int64_t d = at::maybe_wrap_dim(dim, x.dim());
   // The group gathers flat buffers rank after rank: with `d` moved to the front, rank r's part
   // is the r-th block of rows, which is a concatenation along `d`.
@@ -31,23 +51,37 @@ at::Tensor all_gather_along(const at::Tensor& x, int64_t dim, comm::Group& group
   std::vector<int64_t> sizes = in.sizes().vec();
   sizes[0] *= group.size();
   at::Tensor out = at::empty(sizes, in.options());
-  group.all_gather(out, in, what).wait();
-  return out.movedim(0, d).contiguous();
+  comm::Work work = group.all_gather(out, in, what);
+  return Pending(std::move(work), std::move(out), d, std::move(in));
 }
 
-at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, comm::Group& group,
-                                const char* what) {
+Pending start_reduce_scatter_along(const at::Tensor& x, int64_t dim, comm::Group& group,
+                                   const char* what) {
   const int64_t d = at::maybe_wrap_dim(dim, x.dim());
   const int64_t part =
       divide(x.size(d), group.size(),
              std::string(what) + ": dimension " + std::to_string(d) + " of the tensor");
-  if (group.size() == 1) return x.contiguous();
+  if (group.size() == 1) return Pending(x.contiguous());
   at::Tensor in = x.movedim(d, 0).contiguous();
   std::vector<int64_t> sizes = in.sizes().vec();
   sizes[0] = part;
   at::Tensor out = at::empty(sizes, in.options());
-  group.reduce_scatter_sum(out, in, what).wait();
-  return out.movedim(0, d).contiguous();
+  comm::Work work = group.reduce_scatter_sum(out, in, what);
+  return Pending(std::move(work), std::move(out), d, std::move(in));
+}
+
+at::Tensor all_reduce(const at::Tensor& x, comm::Group& group, const char* what) {
+  return start_all_reduce(x, group, what).result();
+}
+
+at::Tensor all_gather_along(const at::Tensor& x, int64_t dim, comm::Group& group,
+                            const char* what) {
+  return start_all_gather_along(x, dim, group, what).result();
+}
+
+at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, comm::Group& group,
+                                const char* what) {
+  return start_reduce_scatter_along(x, dim, group, what).result();
 }
 
 at::Tensor split_along(const at::Tensor& x, int64_t dim, const comm::Group& group,

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <optional>
+
 #include "comm/group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
 
@@ -23,11 +25,13 @@ struct GroupHolder : torch::CustomClassHolder {
 // fused linear_qkv / linear_fc1 gather once), nothing but the shard and the weights kept.
 struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinears> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
-                               const std::shared_ptr<zero::Group>& group, int64_t dim) {
+                               const std::shared_ptr<zero::Group>& group, int64_t dim,
+                               bool overlap) {
     TORCH_CHECK(group, "zero: sequence_parallel_linear was given no process group");
     TORCH_CHECK(!weights.empty(), "zero: sequence_parallel_linears needs at least one weight");
     ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupHolder>(group));
     ctx->saved_data["dim"] = dim;
+    ctx->saved_data["overlap"] = overlap;
     variable_list saved{x};
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
@@ -47,7 +51,17 @@ struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinea
     auto holder =
         c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule());
     comm::Group& group = comm::of(*holder->group);
-    variable_list result(n + 3);  // x, each weight, the group and dim (none)
+    const bool overlap = ctx->saved_data["overlap"].toBool();
+    variable_list result(n + 4);  // x, each weight, the group, dim and overlap (none)
+    bool weights_need_grad = false;
+    for (size_t i = 0; i < n; ++i) weights_need_grad |= ctx->needs_input_grad(i + 1);
+    // Megatron's order: the input's all-gather (for the weights' gradients) started first and
+    // run while dX's products are computed; dX's reduce-scatter run while dA's are.
+    std::optional<Pending> gathered, scattered;
+    if (weights_need_grad)
+      gathered.emplace(start_all_gather_along(
+          x, dim, group, "sequence-parallel all-gather (column-parallel input, again in backward)"));
+    if (!overlap && gathered) gathered->result();
     if (ctx->needs_input_grad(0)) {
       // The input's gradient sums every product's, last first: the order autograd sums a
       // tensor read by several products (the plain model's q, k, v give v + k + q).
@@ -56,15 +70,13 @@ struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinea
         const at::Tensor part = at::matmul(grads[i], saved[i + 1]);
         sum = sum.defined() ? sum + part : part;
       }
-      result[0] =
-          reduce_scatter_along(sum.contiguous(), dim, group,
-                               "sequence-parallel reduce-scatter (column-parallel input gradient)");
+      scattered.emplace(start_reduce_scatter_along(
+          sum.contiguous(), dim, group,
+          "sequence-parallel reduce-scatter (column-parallel input gradient)"));
+      if (!overlap) result[0] = scattered->result();
     }
-    bool weights_need_grad = false;
-    for (size_t i = 0; i < n; ++i) weights_need_grad |= ctx->needs_input_grad(i + 1);
     if (weights_need_grad) {
-      const at::Tensor total = all_gather_along(
-          x, dim, group, "sequence-parallel all-gather (column-parallel input, again in backward)");
+      const at::Tensor total = gathered->result();
       const int64_t in = total.size(-1);
       const at::Tensor flat = total.reshape({-1, in});
       for (size_t i = 0; i < n; ++i) {
@@ -73,6 +85,7 @@ struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinea
         result[i + 1] = grads[i].contiguous().reshape({-1, out}).t().mm(flat);
       }
     }
+    if (scattered && overlap) result[0] = scattered->result();
     return result;
   }
 };
@@ -83,12 +96,13 @@ std::vector<at::Tensor> sequence_parallel_linears(const std::vector<at::Tensor>&
                                                   const std::vector<at::Tensor>& biases,
                                                   const at::Tensor& x,
                                                   const std::shared_ptr<zero::Group>& group,
-                                                  int64_t sequence_dim) {
+                                                  int64_t sequence_dim, bool overlap) {
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(),
               "zero: sequence_parallel_linears: one bias (or an undefined one) per weight");
   // The biases outside the function: autograd's add keeps nothing for backward, and a custom
   // function cannot take an undefined tensor (a layer without bias) as an input.
-  variable_list y = SequenceParallelLinears::apply(x, at::TensorList(weights), group, sequence_dim);
+  variable_list y =
+      SequenceParallelLinears::apply(x, at::TensorList(weights), group, sequence_dim, overlap);
   for (size_t i = 0; i < biases.size(); ++i)
     if (biases[i].defined()) y[i] = y[i] + biases[i];
   return y;

@@ -7,7 +7,9 @@
 // gather_from_sequence_region followed by at::linear computes the same, but autograd then keeps
 // the gathered input, T times the shard, once per layer that reads it (q, k and v three copies):
 // sequence parallelism cost activation memory instead of saving it. Re-gathering in backward
-// costs one more all-gather per layer.
+// costs one more all-gather per layer. Backward overlaps as Megatron's does: the input's
+// all-gather runs while dX's products are computed, dX's reduce-scatter while dA's are
+// (overlap = false waits for each at once: the same values).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -34,6 +36,6 @@ std::vector<at::Tensor> sequence_parallel_linears(const std::vector<at::Tensor>&
                                                   const std::vector<at::Tensor>& biases,
                                                   const at::Tensor& x,
                                                   const std::shared_ptr<zero::Group>& group,
-                                                  int64_t sequence_dim);
+                                                  int64_t sequence_dim, bool overlap = true);
 
 }  // namespace zero::tensor_parallel

@@ -41,6 +41,10 @@ struct ColumnParallelLinearOptions {
   TORCH_ARG(bool, sequence_parallel) = false;
   TORCH_ARG(int64_t, sequence_dim) = 1;  // [batch, sequence, hidden]
   TORCH_ARG(uint64_t, seed) = 0;         // of the full initial weight (init_full_linear)
+  // Backward starts the input gradient's all-reduce (reduce-scatter under sequence parallelism)
+  // and computes the weight's gradient meanwhile, as Megatron-LM does; false waits for each
+  // collective at once (the same values; for measuring what the overlap hides).
+  TORCH_ARG(bool, overlap_comm) = true;
 };
 
 class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallelLayer {
@@ -65,6 +69,8 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallel
   Placement placement(const std::string& param_name) const override;
 
   const ColumnParallelLinearOptions& options() const { return options_; }
+  // Benchmarks switch the backward overlap off and on (the values are the same either way).
+  void set_overlap_comm(bool on) { options_.overlap_comm(on); }
   const GroupPtr& group() const { return group_; }
 
   at::Tensor weight;  // [out / T, in]

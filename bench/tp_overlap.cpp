@@ -1,0 +1,78 @@
+// What the overlapped backward of the column-parallel layers hides: forward + backward of the
+// tensor-parallel example GPT timed with ColumnParallelLinearOptions::overlap_comm on and off, in
+// pairs (on, off, on, off, ...: the machine's drift falls on both), ranks as threads over gloo as
+// in the tests. Prints one markdown row: the median step time of each and the median of the
+// pairs' ratios (on / off; below 1: the overlap hides communication). On a 2-core CPU the ranks'
+// compute and gloo's threads share the cores, so little can hide: the figure that matters is a
+// GPU's (scripts/gpu-check.sh), where the collectives run on their own stream.
+//
+//   tp-overlap --model gpt-25m --tp 2 --sp 0 --batch 2 --seq 128 --pairs 5
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "examples/tp_gpt.hpp"
+#include "support/thread_group.hpp"
+#include "zero/tensor_parallel.hpp"
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> arg = {{"--model", "gpt-25m"}, {"--tp", "2"},
+                                            {"--sp", "0"},          {"--batch", "2"},
+                                            {"--seq", "128"},       {"--pairs", "5"}};
+  for (int i = 1; i + 1 < argc; i += 2) arg[argv[i]] = argv[i + 1];
+  const int tp = std::stoi(arg["--tp"]), pairs = std::stoi(arg["--pairs"]);
+  const bool sp = arg["--sp"] == "1";
+  const int64_t batch = std::stoll(arg["--batch"]), seq = std::stoll(arg["--seq"]);
+  zero::examples::GptConfig cfg = zero::examples::gpt_preset(arg["--model"]);
+  cfg.max_seq = std::max(cfg.max_seq, seq);
+  zero::examples::check_tensor_parallel_shape(cfg, tp);
+
+  std::vector<double> on, off, ratio;
+  zero::testing::run_ranks(
+      tp,
+      [&](std::shared_ptr<zero::comm::Group> g) {
+        zero::examples::TpGpt model(g, cfg, sp);
+        std::vector<zero::tensor_parallel::ColumnParallelLinearImpl*> columns;
+        for (const auto& m : model->modules())
+          if (auto* c = dynamic_cast<zero::tensor_parallel::ColumnParallelLinearImpl*>(m.get()))
+            columns.push_back(c);
+        at::Generator gen = at::detail::createCPUGenerator(5);
+        const at::Tensor tokens = at::randint(cfg.vocab, {batch, seq}, gen);
+        const at::Tensor targets = (tokens * 3 + 1) % cfg.vocab;
+        auto step = [&](bool overlap) {
+          for (auto* c : columns) c->set_overlap_comm(overlap);
+          g->barrier("tp-overlap step");
+          const auto start = std::chrono::steady_clock::now();
+          at::Tensor loss = model->loss(tokens, targets);
+          loss.backward();
+          g->barrier("tp-overlap step end");
+          model->zero_grad();
+          return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        };
+        step(true);  // warm-up: first-touch allocations, gloo's connections
+        for (int p = 0; p < pairs; ++p) {
+          const double a = step(true), b = step(false);
+          if (g->rank() == 0) on.push_back(a), off.push_back(b), ratio.push_back(a / b);
+        }
+      },
+      std::chrono::minutes(10));
+  std::printf("| %s | %d | %s | %lld x %lld | %d | %.3f | %.3f | %.3f |\n", arg["--model"].c_str(),
+              tp, sp ? "yes" : "no", (long long)batch, (long long)seq, pairs, median(on),
+              median(off), median(ratio));
+  return 0;
+}

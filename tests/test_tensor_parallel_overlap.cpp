@@ -1,0 +1,178 @@
+// The column-parallel layers' overlapped backward (Megatron's
+// LinearWithGradAccumulationAndAsyncCommunication): the fused products compute, bit for bit, what
+// autograd computes for the composition they replace (copy_to_region or
+// gather_from_sequence_region, then at::linear per product: autograd's own linear backward and
+// its sum of the input's gradients), with the overlap on and off; and under sequence
+// parallelism the backward really has two collectives in flight: the input's all-gather and the
+// input gradient's reduce-scatter both start before either is waited for.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/group.hpp"
+#include "support/thread_group.hpp"
+#include "zero/tensor_parallel.hpp"
+#include "zero/tensor_parallel/column_parallel_linears.hpp"
+#include "zero/tensor_parallel/sequence_parallel_linear.hpp"
+
+namespace zero::testing {
+namespace {
+
+using tensor_parallel::column_parallel_linears;
+using tensor_parallel::sequence_parallel_linears;
+
+// Forwards every call, and writes "start <what>" when a collective is issued and "wait <what>"
+// when its Work is waited for.
+class RecordingGroup final : public comm::Group {
+ public:
+  explicit RecordingGroup(std::shared_ptr<comm::Group> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+  int global_rank(int r) const override { return inner_->global_rank(r); }
+  const comm::GroupOptions& options() const override { return inner_->options(); }
+  comm::Work all_reduce_sum(at::Tensor& t, const std::string& what) override {
+    return record("all_reduce", inner_->all_reduce_sum(t, what));
+  }
+  comm::Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) override {
+    return record("reduce_scatter", inner_->reduce_scatter_sum(out, in, what));
+  }
+  comm::Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) override {
+    return record("all_gather", inner_->all_gather(out, in, what));
+  }
+  comm::Work all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) override {
+    return record("all_to_all", inner_->all_to_all(out, in, what));
+  }
+  comm::Work broadcast(at::Tensor& t, int root, const std::string& what) override {
+    return record("broadcast", inner_->broadcast(t, root, what));
+  }
+  void barrier(const std::string& what) override { inner_->barrier(what); }
+  void connect(const std::string& what) override { inner_->connect(what); }
+  bool connected() const override { return inner_->connected(); }
+  void connect_peer(int peer, bool sender, const std::string& what) override {
+    inner_->connect_peer(peer, sender, what);
+  }
+  comm::Work send(at::Tensor& t, int dst, const std::string& what, int tag) override {
+    return inner_->send(t, dst, what, tag);
+  }
+  comm::Work recv(at::Tensor& t, int src, const std::string& what, int tag) override {
+    return inner_->recv(t, src, what, tag);
+  }
+  std::shared_ptr<comm::Group> split(int color, int key, const std::string& name) override {
+    return inner_->split(color, key, name);
+  }
+  std::vector<std::string> events;
+
+ private:
+  comm::Work record(const std::string& op, comm::Work inner) {
+    events.push_back("start " + op);
+    auto work = std::make_shared<comm::Work>(std::move(inner));
+    return comm::Work([this, op, work] {
+      events.push_back("wait " + op);
+      work->wait();
+    });
+  }
+  std::shared_ptr<comm::Group> inner_;
+};
+
+struct Grads {
+  std::vector<at::Tensor> out;
+  at::Tensor x, w[3], b[3];
+};
+
+// Three products of one input (q, k, v), a [B, S, H] input that differs by rank, the output's
+// gradient too: the input's gradient is a sum over products and ranks.
+Grads run(int rank, const std::shared_ptr<zero::Group>& g, bool sp, bool bias, int mode) {
+  at::Generator gen = at::detail::createCPUGenerator(7);
+  constexpr int64_t B = 2, S = 8, H = 12, O = 6;
+  const int T = g->size();
+  const at::Tensor full_x = at::randn({B, S, H}, gen) + rank;
+  at::Tensor x = (sp ? full_x.chunk(T, 1)[rank].contiguous() : full_x).clone().requires_grad_();
+  std::vector<at::Tensor> w, b;
+  for (int i = 0; i < 3; ++i) {
+    w.push_back(at::randn({O, H}, gen).requires_grad_());
+    b.push_back(bias ? at::randn({O}, gen).requires_grad_() : at::Tensor());
+  }
+  std::vector<at::Tensor> y;
+  if (mode == 2) {  // the composition autograd differentiates by itself
+    const at::Tensor in = sp ? tensor_parallel::gather_from_sequence_region(x, g, 1)
+                             : tensor_parallel::copy_to_region(x, g);
+    for (int i = 0; i < 3; ++i) y.push_back(at::linear(in, w[i], b[i]));
+  } else if (sp) {
+    y = sequence_parallel_linears(w, b, x, g, 1, /*overlap=*/mode == 1);
+  } else {
+    y = column_parallel_linears(w, b, x, g, /*overlap=*/mode == 1);
+  }
+  at::Tensor loss;
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor dy = at::randn(y[i].sizes(), gen) * (i + 1 + rank);
+    const at::Tensor term = (y[i] * dy).sum();
+    loss = loss.defined() ? loss + term : term;
+  }
+  loss.backward();
+  Grads out;
+  for (const at::Tensor& t : y) out.out.push_back(t.detach());
+  out.x = x.grad();
+  for (int i = 0; i < 3; ++i) {
+    out.w[i] = w[i].grad();
+    if (bias) out.b[i] = b[i].grad();
+  }
+  return out;
+}
+
+void expect_equal(const Grads& a, const Grads& want, const std::string& what) {
+  for (size_t i = 0; i < want.out.size(); ++i)
+    EXPECT_TRUE(at::equal(a.out[i], want.out[i])) << what << ": output " << i;
+  EXPECT_TRUE(at::equal(a.x, want.x)) << what << ": input gradient";
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(at::equal(a.w[i], want.w[i])) << what << ": weight gradient " << i;
+    if (want.b[i].defined()) EXPECT_TRUE(at::equal(a.b[i], want.b[i])) << what << ": bias " << i;
+  }
+}
+
+TEST(TensorParallelOverlap, FusedProductsEqualAutogradsCompositionBitForBit) {
+  for (int world : {2, 4}) {
+    for (bool sp : {false, true}) {
+      for (bool bias : {true, false}) {
+        const std::string what = "T=" + std::to_string(world) + (sp ? " SP" : "") +
+                                 (bias ? " with bias" : " without bias");
+        run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
+          const Grads want = run(g->rank(), g, sp, bias, 2);
+          expect_equal(run(g->rank(), g, sp, bias, 1), want, what + ", overlapped");
+          expect_equal(run(g->rank(), g, sp, bias, 0), want, what + ", waited at once");
+        });
+      }
+    }
+  }
+}
+
+TEST(TensorParallelOverlap, SequenceParallelBackwardHasBothCollectivesInFlight) {
+  for (bool overlap : {true, false}) {
+    std::vector<std::vector<std::string>> events(2);
+    run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+      auto rec = std::make_shared<RecordingGroup>(g);
+      at::Generator gen = at::detail::createCPUGenerator(3);
+      at::Tensor x = at::randn({2, 4, 8}, gen).requires_grad_();
+      const at::Tensor w = at::randn({6, 8}, gen).requires_grad_();
+      const auto y = sequence_parallel_linears({w}, {}, x, rec, 1, overlap);
+      rec->events.clear();  // forward's all-gather
+      y[0].sum().backward();
+      events[g->rank()] = rec->events;
+    });
+    const std::vector<std::string> want =
+        overlap ? std::vector<std::string>{"start all_gather", "start reduce_scatter",
+                                           "wait all_gather", "wait reduce_scatter"}
+                : std::vector<std::string>{"start all_gather", "wait all_gather",
+                                           "start reduce_scatter", "wait reduce_scatter"};
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(events[r], want) << "rank " << r << " overlap " << overlap;
+  }
+}
+
+}  // namespace
+}  // namespace zero::testing
