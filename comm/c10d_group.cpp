@@ -13,7 +13,7 @@
 #include "comm/liveness.hpp"
 #include "comm/staging.hpp"
 #include "comm/startup.hpp"
-#include "zero/comm_errors.hpp"
+#include "zero/errors.hpp"
 
 namespace zero::comm {
 namespace {

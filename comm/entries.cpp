@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/c10d_group.hpp"
-#include "zero/comm_errors.hpp"
+#include "zero/errors.hpp"
 
 namespace zero::comm {
 

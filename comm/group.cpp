@@ -4,7 +4,7 @@
 #include "comm/c10d_group.hpp"
 #include "comm/liveness.hpp"
 #include "comm/startup.hpp"
-#include "zero/comm_errors.hpp"
+#include "zero/errors.hpp"
 
 namespace zero::comm {
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string what, std::string who,

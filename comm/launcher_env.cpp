@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "zero/comm_errors.hpp"
+#include "zero/errors.hpp"
 
 namespace zero::comm {
 namespace {

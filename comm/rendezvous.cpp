@@ -22,7 +22,7 @@
 #include "comm/launcher_env.hpp"
 #include "comm/liveness.hpp"
 #include "comm/startup.hpp"
-#include "zero/comm_errors.hpp"
+#include "zero/errors.hpp"
 
 namespace zero::comm {
 namespace {

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "comm/liveness.hpp"
-#include "zero/comm_errors.hpp"
+#include "zero/errors.hpp"
 
 namespace zero::comm {
 

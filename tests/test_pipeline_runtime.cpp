@@ -30,7 +30,7 @@
 #include "support/forwarding_group.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
-#include "zero/comm_errors.hpp"
+#include "zero/errors.hpp"
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
 

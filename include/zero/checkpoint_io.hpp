@@ -21,14 +21,9 @@
 #include <utility>
 #include <vector>
 
-namespace zero {
+#include "zero/errors.hpp"
 
-// A checkpoint could not be written or read: the message names the file and what to do. Engine
-// checkpoint calls raise it on every rank together, never on one rank alone.
-class CheckpointError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace zero {
 
 struct CheckpointParam {
   std::string name;

@@ -17,13 +17,9 @@
 #include <string>
 #include <vector>
 
-namespace zero {
+#include "zero/errors.hpp"
 
-// Thrown for bad configuration: the message is meant for the user as it is.
-class ConfigError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace zero {
 
 enum class Dtype { kFloat32, kBFloat16, kFloat16 };
 const char* dtype_name(Dtype d);
