@@ -59,6 +59,13 @@ void refuse_unsupported(const PipelineTrainerArgs& a) {
     no(p + " with tensor_parallel.autotp_size = " + std::to_string(tp) +
        " and fp16: the loss scaler's overflow verdict under tensor parallelism is not tested "
        "yet; use bf16");
+  const int v = pipeline::virtual_stages(cfg);
+  if (v > 1 &&
+      (cfg.extra_int("trainer.save_interval") > 0 || cfg.extra_string("trainer.resume") != "false"))
+    no(p + " with pipeline.virtual_stages = " + std::to_string(v) +
+       ": pipeline checkpoints under the interleaved schedule are not built yet (a stage's "
+       "layers are v separate chunks, which the save's layout does not record); set "
+       "trainer.save_interval: 0 and trainer.resume: false, or pipeline.schedule: 1f1b");
   std::string ckpt = cfg.extra_string("trainer.activation_checkpointing");
   if (ckpt == "true" || ckpt == "True")
     no(p +
@@ -118,9 +125,12 @@ void write_summary(const PipelineTrainerArgs& a, const pipeline::PipelineEngine&
   summary.param_norm = stats.norm;
   const auto& b = pipe.bounds();
   summary.stages.resize(per_stage.size());
-  for (size_t s = 0; s < per_stage.size(); ++s) {
+  const size_t p = per_stage.size(), last_chunk = (pipe.virtual_stages() - 1) * p;
+  for (size_t s = 0; s < p; ++s) {
+    // Interleaved: from its first chunk's first layer to its last chunk's last (the other
+    // stages' chunks lie between).
     summary.stages[s].first_layer = b[s];
-    summary.stages[s].last_layer = b[s + 1] - 1;
+    summary.stages[s].last_layer = b[last_chunk + s + 1] - 1;
     summary.stages[s].peak_rss_bytes = static_cast<int64_t>(per_stage[s][0]);
     summary.stages[s].model_states_bytes = static_cast<int64_t>(per_stage[s][1]);
   }
@@ -133,7 +143,9 @@ void write_summary(const PipelineTrainerArgs& a, const pipeline::PipelineEngine&
   summary.micro_batches = pipe.micro_batches();
   summary.num_params = a.model.num_params();
   summary.seq_len = a.seq_len;
-  summary.train_batch_size = c.train_batch_size;
+  // The step's (interleaved, the engine's window counts every chunk's backward: v x this).
+  summary.train_batch_size =
+      c.train_micro_batch_size_per_gpu * pipe.micro_batches() * grid.dp->size();
   summary.skipped_steps = engine.settled_stats().skipped_steps;
   summary.write_json(a.summary_path);
   std::printf("summary: %s\n", a.summary_path.c_str());
@@ -204,8 +216,11 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   const Config& c = engine.config();  // batch sizes resolved for the data-parallel size
   const int rank = world->rank(), world_size = world->size();
   const int64_t micro = c.train_micro_batch_size_per_gpu;
-  const int64_t ga = c.gradient_accumulation_steps;
+  // Micro-batches per step: gradient_accumulation_steps (the engine's config counts v times
+  // that under the interleaved schedule, see PipelineEngine::engine).
+  const int64_t ga = pipe->micro_batches();
   const int dp_size = grid.dp->size();
+  const int64_t train_batch = micro * ga * dp_size;
   BatchLoader loader(a.data, DistributedSampler(a.data->size(), grid.dp_rank, dp_size, cfg.seed),
                      micro);
   if (rank == 0) {
@@ -216,12 +231,19 @@ int train_pipeline(const PipelineTrainerArgs& a) {
         a.preset.c_str(), (long long)a.model.num_params(), world_size, grid.describe().c_str(),
         a.device.str().c_str(), engine.stage(),
         c.bf16 ? "bf16" : (c.fp16.enabled ? "fp16" : "fp32"), c.pipeline.schedule.c_str(),
-        (long long)micro, (long long)ga, dp_size, (long long)c.train_batch_size,
+        (long long)micro, (long long)ga, dp_size, (long long)train_batch,
         (long long)a.seq_len, a.data->describe().c_str());
     const auto& b = pipe->bounds();
-    for (int s = 0; s + 1 < static_cast<int>(b.size()); ++s)
-      std::printf("pipeline: stage %d holds layers %d..%d (%s .. %s)\n", s, b[s], b[s + 1] - 1,
-                  names[b[s]].c_str(), names[b[s + 1] - 1].c_str());
+    const int v = pipe->virtual_stages(), p = pipe->stages();
+    for (int s = 0; s < p; ++s)
+      for (int k = 0; k < v; ++k) {
+        const int vs = k * p + s;
+        std::printf("pipeline: stage %d %sholds layers %d..%d (%s .. %s)\n", s,
+                    v > 1 ? ("chunk " + std::to_string(k) + " (virtual stage " +
+                             std::to_string(vs) + ") ").c_str()
+                          : "",
+                    b[vs], b[vs + 1] - 1, names[b[vs]].c_str(), names[b[vs + 1] - 1].c_str());
+      }
     std::fflush(stdout);
   }
 
@@ -296,7 +318,7 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   PipelineSummary summary;
   summary.memory.startup_peak_rss_bytes = max_over(world, startup_peak, a.device);
   summary.memory.rss_after_initialize_bytes = max_over(world, after_initialize, a.device);
-  const double tokens_per_step = static_cast<double>(c.train_batch_size * a.seq_len);
+  const double tokens_per_step = static_cast<double>(train_batch * a.seq_len);
   double first_loss = 0, last_loss = 0;
   const auto t0 = Clock::now();
   // Each stage saves into save_dir/stage<s>/ over its data-parallel group; the tags keep_last
@@ -348,7 +370,7 @@ int train_pipeline(const PipelineTrainerArgs& a) {
       if (first_window && i == 0) first_loss = rec.loss;
       last_loss = rec.loss;
       metrics.write(rec);
-      if (monitors) monitors->write(rec, rec.step * c.train_batch_size);  // DeepSpeed's x
+      if (monitors) monitors->write(rec, rec.step * train_batch);  // DeepSpeed's x
       if (rank == 0) summary.records.push_back(rec);
     }
     first_window = false;

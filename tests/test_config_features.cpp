@@ -324,13 +324,28 @@ TEST(Config, PipelineSection) {
 
   EXPECT_HAS(load_error("pipeline: {stages: 0}\n"), "'pipeline.stages' must be an integer >= 1");
   EXPECT_HAS(load_error("", {"pipeline.schedule=zb"}),
-             "--set pipeline.schedule=zb: 'pipeline.schedule' is 'zb'; use 1f1b (the default) or "
-             "gpipe");
-  EXPECT_HAS(load_error("pipeline: {schedule: interleaved}\n"),
-             "'pipeline.schedule' interleaved: schedule only; not run yet");
-  EXPECT_HAS(load_error("pipeline: {virtual_stages: 2}\n"),
-             "'pipeline.virtual_stages' > 1 needs the interleaved schedule: schedule only; not "
-             "run yet");
+             "--set pipeline.schedule=zb: 'pipeline.schedule' is 'zb'; use 1f1b (the default), "
+             "gpipe or interleaved (with pipeline.virtual_stages)");
+  // The interleaved schedule (Megatron-LM's virtual pipeline stages): accepted with v >= 2 and
+  // P >= 2; each broken rule names its key.
+  c = load("pipeline: {stages: 2, schedule: interleaved, virtual_stages: 2}\n"
+           "gradient_accumulation_steps: 4\n");
+  EXPECT_EQ(c.pipeline.schedule, "interleaved");
+  EXPECT_EQ(c.extra.at("pipeline.virtual_stages"), "2");
+  EXPECT_HAS(load_error("pipeline: {stages: 2, schedule: interleaved}\n"),
+             "'pipeline.schedule' interleaved needs pipeline.virtual_stages of 2 or more");
+  EXPECT_HAS(load_error("pipeline: {stages: 2, virtual_stages: 2}\n"),
+             "'pipeline.virtual_stages' 2 needs pipeline.schedule: interleaved (1f1b runs one "
+             "model chunk per stage)");
+  EXPECT_HAS(load_error("pipeline: {schedule: interleaved, virtual_stages: 2}\n"),
+             "'pipeline.virtual_stages' 2 needs pipeline.stages of at least 2");
+  EXPECT_HAS(load_error("pipeline: {stages: 2, schedule: interleaved, virtual_stages: 2}\n"
+                        "gradient_accumulation_steps: 3\n"),
+             "'gradient_accumulation_steps' 3 (the micro-batches of a step) must be a multiple "
+             "of pipeline.stages 2 under the interleaved schedule");
+  EXPECT_HAS(load_error("pipeline: {stages: 2, schedule: interleaved, virtual_stages: 2, "
+                        "activation_checkpoint_interval: 1}\n"),
+             "with pipeline.activation_checkpoint_interval 1 is not supported yet");
   EXPECT_EQ(load("pipeline: {virtual_stages: 1}\n").pipeline.stages, 1);
   EXPECT_HAS(load_error("pipeline: {partition: 'type:Block'}\n"),
              "partitioning by layer class name is not implemented; use parameters or uniform");

@@ -5,8 +5,9 @@
 // same torch optimizer, (a) on the whole batch (the micro-batches concatenated) and (b) on the
 // micro-batches one after another (gradient accumulation). Losses per step agree with (a) within
 // 1e-5 relative in fp32; every parameter afterwards with (b) within 1e-6 and with (a) within
-// 1e-5 (AdamW: or twice what (b) itself differs from (a), see run_case), for GPipe and 1F1B,
-// P = 2, 3 and 4, tied and untied head, SGD with momentum and AdamW. A stage that stops answering
+// 1e-5 (AdamW: or twice what (b) itself differs from (a), see run_case), for GPipe, 1F1B and
+// interleaved 1F1B (P = 2 and 4 with v = 2 model chunks per stage, P = 2 with v = 3), P = 2, 3
+// and 4, tied and untied head, SGD with momentum and AdamW. A stage that stops answering
 // makes its neighbours fail within comm_timeout_s, naming the stage and the silent rank. And the
 // partition methods against DeepSpeed's rules.
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -178,10 +180,12 @@ struct Case {
   // staging through the host as for any non-CPU device: a buffer the runtime leaves on the host
   // is refused by the group, as NCCL refuses it.
   bool fake_device = false;
+  int virtual_stages = 1;  // model chunks per stage (the interleaved schedule)
 };
 
 std::string name(const Case& k) {
-  return "P=" + std::to_string(k.stages) + " " + std::string(schedule_name(k.schedule)) + " " +
+  return "P=" + std::to_string(k.stages) + " " + std::string(schedule_name(k.schedule)) +
+         (k.virtual_stages > 1 ? " v=" + std::to_string(k.virtual_stages) : "") + " " +
          (k.opt == Opt::SGD ? "SGD" : "AdamW") + (k.tied ? " tied" : " untied") +
          " m=" + std::to_string(k.micro_batches) + " " +
          std::string(partition_method_name(k.partition)) + (k.fake_device ? " fake device" : "");
@@ -211,11 +215,13 @@ void run_case(const Case& k) {
         load(model, init);
         const c10::Device device = k.fake_device ? testing::fake::device(stage) : c10::kCPU;
         model->to(device);
-        StageLayers layers(examples::gpt_pipeline_layers(model), k.partition, k.stages, stage);
+        StageLayers layers(examples::gpt_pipeline_layers(model), k.partition, k.stages, stage, 0,
+                           k.virtual_stages);
         std::set<const void*> mine;
         for (const auto& p : layers.parameters()) mine.insert(p.unsafeGetTensorImpl());
         auto opt = std::make_unique<TorchStageOptimizer>(make_opt(k.opt, layers.parameters()));
         RuntimeOptions opts{k.schedule, k.micro_batches};
+        opts.virtual_stages = k.virtual_stages;
         PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt), opts);
         EXPECT_EQ(rt.device(), device);
         for (const auto& b : batches) {
@@ -281,6 +287,68 @@ TEST(PipelineRuntime, MicroBatchCountsAndUniformPartition) {
   run_case({4, ScheduleKind::OneFOneB, Opt::AdamW, false, PartitionMethod::Parameters, 2});
   run_case({2, ScheduleKind::OneFOneB, Opt::SGD, false, PartitionMethod::Parameters, 1});
   run_case({3, ScheduleKind::GPipe, Opt::AdamW, false, PartitionMethod::Uniform, 3, 5});
+}
+
+// Megatron-LM's interleaved 1F1B: the model cut into P x v chunks, stage s running chunks s,
+// s + P, ...; the last stage's chunk c feeds the first stage's chunk c + 1. P = 2 and 4 with v =
+// 2 (4 and 8 chunks: the tiny preset with 2 and 6 blocks, one layer per chunk), P = 2 with v =
+// 3 (6 chunks), micro-batches a multiple of P, SGD and AdamW, against the same single-process
+// references. The tied embedding (stage 0, chunk 0) and head (the last stage's last chunk) too.
+Case interleaved(int stages, int v, Opt opt, bool tied, int m, int layers) {
+  Case k{stages, ScheduleKind::Interleaved, opt, tied, PartitionMethod::Parameters, m, layers};
+  k.virtual_stages = v;
+  return k;
+}
+
+TEST(PipelineRuntime, InterleavedTwoStagesMatchSingleProcessTraining) {
+  for (auto opt : {Opt::SGD, Opt::AdamW}) run_case(interleaved(2, 2, opt, false, 4, 2));
+  run_case(interleaved(2, 3, Opt::SGD, false, 2, 4));
+}
+
+TEST(PipelineRuntime, InterleavedFourStagesMatchSingleProcessTraining) {
+  for (auto opt : {Opt::SGD, Opt::AdamW}) run_case(interleaved(4, 2, opt, false, 8, 6));
+}
+
+TEST(PipelineRuntime, InterleavedTiedEmbeddingAndHead) {
+  for (auto opt : {Opt::SGD, Opt::AdamW}) {
+    run_case(interleaved(2, 2, opt, true, 4, 2));
+    run_case(interleaved(4, 2, opt, true, 4, 6));
+  }
+}
+
+// Bad shapes are refused on every stage before any message, naming what to change.
+TEST(PipelineRuntime, InterleavedRefusesBadShapes) {
+  GptConfig c = examples::gpt_preset("tiny");
+  c.layers = 2;
+  auto error = [&](int stages, int v, int m, int layers_v) {
+    std::vector<std::string> errors(stages);
+    testing::run_ranks(stages, [&](std::shared_ptr<comm::Group> pp) {
+      Gpt model(c);
+      try {
+        StageLayers layers(examples::gpt_pipeline_layers(model), PartitionMethod::Uniform, stages,
+                           pp->rank(), 0, layers_v);
+        auto opt = std::make_unique<TorchStageOptimizer>(make_opt(Opt::SGD, layers.parameters()));
+        RuntimeOptions opts{ScheduleKind::Interleaved, m};
+        opts.virtual_stages = v;
+        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt), opts);
+      } catch (const std::invalid_argument& e) {
+        errors[pp->rank()] = e.what();
+      }
+    });
+    for (const auto& e : errors) EXPECT_FALSE(e.empty()) << "a stage went on";
+    return errors[0];
+  };
+  // 3 micro-batches on 2 stages: Megatron's multiple of P.
+  EXPECT_NE(error(2, 2, 3, 2).find("to be a multiple of stages: 3 micro-batches on 2 stages (use 4"),
+            std::string::npos);
+  // 4 layers cannot fill 2 x 3 chunks.
+  EXPECT_NE(error(2, 3, 4, 3).find("4 layers cannot fill pipeline.stages 2 x "
+                                   "pipeline.virtual_stages 3 = 6 model chunks"),
+            std::string::npos);
+  // The layers cut for v = 1, the runtime asked for 2.
+  EXPECT_NE(error(2, 2, 4, 1).find("cut into 1 chunks per stage but the runtime runs "
+                                   "pipeline.virtual_stages 2"),
+            std::string::npos);
 }
 
 // The tied embedding and head on the first and last stage: their gradients summed between the
@@ -349,17 +417,28 @@ class RecordingGroup final : public testing::ForwardingGroup {
 };
 
 // Every pair of stages, on every group the runtime uses, posts matching operations in the same
-// order: 1F1B and GPipe, 2 and 4 stages, the tied embedding and head (their weight and gradient
-// travel between the first and last stage), two steps.
+// order: 1F1B and GPipe, 2 and 4 stages, interleaved with 2 chunks per stage on 2 and 4 stages
+// (the last stage's chunks send to the first stage's, and with P = 2 activations and gradients
+// cross in both directions), the tied embedding and head (their weight and gradient travel
+// between the first and last stage), two steps.
 TEST(PipelineRuntime, EachGroupCarriesMatchingOperationsInTheSameOrderOnBothSides) {
-  GptConfig c = examples::gpt_preset("tiny");
-  c.layers = 2;
-  c.tied = true;
-  at::manual_seed(3);
-  const auto init = snapshot(Gpt(c));
-  for (auto schedule : {ScheduleKind::OneFOneB, ScheduleKind::GPipe})
-    for (int stages : {2, 4}) {
-      SCOPED_TRACE(std::string(schedule_name(schedule)) + " P=" + std::to_string(stages));
+  struct Layout {
+    ScheduleKind schedule;
+    int stages, v;
+  };
+  for (const Layout& lay : {Layout{ScheduleKind::OneFOneB, 2, 1}, {ScheduleKind::OneFOneB, 4, 1},
+                            {ScheduleKind::GPipe, 2, 1}, {ScheduleKind::GPipe, 4, 1},
+                            {ScheduleKind::Interleaved, 2, 2}, {ScheduleKind::Interleaved, 4, 2}}) {
+    const ScheduleKind schedule = lay.schedule;
+    const int stages = lay.stages;
+    GptConfig c = examples::gpt_preset("tiny");
+    c.layers = std::max(2, stages * lay.v - 2);  // interleaved: one layer per chunk
+    c.tied = true;
+    at::manual_seed(3);
+    const auto init = snapshot(Gpt(c));
+    {
+      SCOPED_TRACE(std::string(schedule_name(schedule)) + " P=" + std::to_string(stages) +
+                   " v=" + std::to_string(lay.v));
       const int m = 4;
       auto batches = make_batches(c, 2, 2 * m, 8, 11);
       auto log = std::make_shared<Log>();
@@ -368,10 +447,11 @@ TEST(PipelineRuntime, EachGroupCarriesMatchingOperationsInTheSameOrderOnBothSide
         Gpt model(c);
         load(model, init);
         StageLayers layers(examples::gpt_pipeline_layers(model), PartitionMethod::Uniform, stages,
-                           pp->rank());
+                           pp->rank(), 0, lay.v);
         auto opt = std::make_unique<TorchStageOptimizer>(make_opt(Opt::SGD, layers.parameters()));
-        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt),
-                           {schedule, m});
+        RuntimeOptions opts{schedule, m};
+        opts.virtual_stages = lay.v;
+        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt), opts);
         for (const auto& b : batches) rt.train_batch(b.inputs.chunk(m, 0), b.targets.chunk(m, 0));
       });
       int pairs = 0;
@@ -391,6 +471,7 @@ TEST(PipelineRuntime, EachGroupCarriesMatchingOperationsInTheSameOrderOnBothSide
           }
       EXPECT_GT(pairs, 0);
     }
+  }
 }
 
 // ---- a dead stage ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // Pipeline parallelism trained by the ZeRO engine: this rank's stage of a model given as a list
 // of layers (pipeline.hpp), wrapped by zero::initialize at ZeRO stage 0 or 1 over the stage's
-// data-parallel group, its micro-batches run by the GPipe or 1F1B schedule (cfg.pipeline).
+// data-parallel group, its micro-batches run by the GPipe, 1F1B or interleaved 1F1B schedule
+// (cfg.pipeline; interleaved: pipeline.virtual_stages model chunks per stage).
 //
 //   zero::Mesh mesh = zero::ParallelDims{.pp = 2}.build_mesh(world);   // zero/parallel_dims.hpp
 //   zero::pipeline::PipelineEngine pipe(layers, loss_fn, cfg, mesh);
@@ -70,6 +71,9 @@ struct PipelineSaveLayout {
 // file when there is no such save or its stages disagree.
 PipelineSaveLayout read_pipeline_save(const std::string& dir, const std::string& tag = "");
 
+// pipeline.virtual_stages of `cfg` (kept in Config::extra under that key; 1 when unset).
+int virtual_stages(const Config& cfg);
+
 class PipelineEngine {
  public:
   // `layers`: the whole model's (each rank passes the same list; only this stage's are kept).
@@ -124,11 +128,17 @@ class PipelineEngine {
   int stage() const;
   int stages() const;
   int micro_batches() const;  // gradient_accumulation_steps
+  // Model chunks per stage: pipeline.virtual_stages (1 unless the schedule is interleaved).
+  int virtual_stages() const;
   bool is_first_stage() const { return stage() == 0; }
   bool is_last_stage() const { return stage() == stages() - 1; }
-  // Stage s holds layers bounds()[s] .. bounds()[s + 1] - 1 of the list.
+  // Virtual stage c (chunk c / P of stage c % P) holds layers bounds()[c] .. bounds()[c + 1] - 1
+  // of the list; with one chunk per stage, stage s holds bounds()[s] .. bounds()[s + 1] - 1.
   const std::vector<int>& bounds() const;
   // The engine of this stage (its parameters are named "<layer index>.<name in the layer>").
+  // Interleaved, it trains all the stage's chunks and its accumulation window counts their
+  // backward passes: its config() says gradient_accumulation_steps m x v and a train_batch_size
+  // v times the step's (micro_batches() is m).
   Engine& engine();
   const Engine& engine() const;
   // Whether the last step was applied (false: an fp16 overflow skipped it on every stage).

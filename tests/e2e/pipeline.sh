@@ -7,8 +7,9 @@
 # agree within 1e-5 relative. With clipping (0.05 clips every step: the tiny preset's norm is ~1)
 # the reported norm is the whole model's (summed over the stages). A layout that does not fit
 # (3 stages on 4 ranks) and ZeRO-2 stop with the key named. P = 2 x T = 2 (pipeline x tensor
-# parallelism) trains as P = 1 does; the summary and the monitors report with P > 1. A run resumed from a per-stage
-# checkpoint continues with the uninterrupted run's losses.
+# parallelism) trains as P = 1 does, and so does the interleaved schedule (P = 2, v = 2); the
+# summary and the monitors report with P > 1. A run resumed from a per-stage checkpoint
+# continues with the uninterrupted run's losses.
 #
 # The tolerance: the same fp32 arithmetic in another order (micro-batches accumulated per stage,
 # the dp all-reduce over 2 instead of none); the metrics file keeps 7 significant digits. A
@@ -76,6 +77,14 @@ PY
 check "P = 2 losses equal P = 1's" compare p1 p2
 check "P = 2 x D = 2 losses equal P = 1's" compare p1 p2d2
 check "gpipe losses equal 1f1b's" compare p2d2 p2d2g
+# Megatron's interleaved 1F1B: each of the 2 stages holds 2 model chunks (the tiny preset's 4
+# layers, one per chunk; stage 1's chunk 0 feeds stage 0's chunk 1), P = 1's losses.
+check "P = 2 interleaved (v = 2, 2 processes) trains" run p2i 2 \
+  --set gradient_accumulation_steps=4 --set pipeline.stages=2 \
+  --set pipeline.schedule=interleaved --set pipeline.virtual_stages=2
+check "interleaved: each stage's chunks are shown" \
+  grep -q "pipeline: stage 1 chunk 1 (virtual stage 3) holds layers 3..3" "$out/p2i.log"
+check "interleaved losses equal P = 1's" compare p1 p2i
 
 check "P = 1 trains with clipping" run p1clip 1 --set gradient_accumulation_steps=4 \
   --set gradient_clipping=0.05
@@ -187,6 +196,11 @@ check "2 stages x tp 3 on 4 ranks: the error names the numbers" \
   bad "pipeline.stages = 2 x tensor_parallel.autotp_size = 3 does not divide the world size 4" \
   --set pipeline.stages=2 --set tensor_parallel.autotp_size=3 --set gradient_accumulation_steps=1 \
   --set train_batch_size=auto
+check "checkpoints under the interleaved schedule: refused naming the key" \
+  bad "with pipeline.virtual_stages = 2: pipeline checkpoints under the interleaved schedule" \
+  --set pipeline.stages=2 --set pipeline.schedule=interleaved --set pipeline.virtual_stages=2 \
+  --set gradient_accumulation_steps=2 --set trainer.save_interval=1 \
+  --set "trainer.save_dir=$out/interleaved_ckpt"
 check "sequence parallelism with stages: refused naming the key" \
   bad "pipeline.stages = 2 with tensor_parallel.sequence_parallel" --set pipeline.stages=2 \
   --set tensor_parallel.autotp_size=2 --set tensor_parallel.sequence_parallel=true \

@@ -92,7 +92,7 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
       {"optimizer", [&](const Entry& e) { load_optimizer(l, e, c.optimizer); }},
       {"scheduler", [&](const Entry& e) { load_scheduler(l, e, c.scheduler); }},
       {"tensor_parallel", [&](const Entry& e) { load_tensor_parallel(l, e, c.tensor_parallel); }},
-      {"pipeline", [&](const Entry& e) { load_pipeline(l, e, c.pipeline); }},
+      {"pipeline", [&](const Entry& e) { load_pipeline(l, e, c); }},
       {"communication_data_type", dtype(c.communication_data_type)},
       {"data_types",
        [&](const Entry& s) {

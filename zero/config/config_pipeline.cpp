@@ -1,14 +1,28 @@
 // The `pipeline` section: DeepSpeed's keys (runtime/config.py get_pipeline_config: stages,
 // partition, seed_layers, activation_checkpoint_interval, pipe_partitioned, grad_partitioned) and
-// zero's schedule. DeepSpeed reads the section as a plain dict, key by key, so unknown keys are
-// ignored here too (near misses of known ones are reported as typos).
+// zero's schedule with Megatron-LM's virtual pipeline stages. DeepSpeed reads the section as a
+// plain dict, key by key, so unknown keys are ignored here too (near misses of known ones are
+// reported as typos).
 #include <string>
 
 #include "zero/config/config_sections.hpp"
 
 namespace zero::config_detail {
+namespace {
 
-void load_pipeline(Loader& l, const Entry& s, PipelineConfig& p) {
+// Config::extra's key for pipeline.virtual_stages (PipelineConfig has no field for it yet; the
+// pipeline engine reads it with zero::pipeline::virtual_stages(cfg)).
+constexpr const char* kVirtualStages = "pipeline.virtual_stages";
+
+int virtual_stages_of(const Config& c) {
+  auto it = c.extra.find(kVirtualStages);
+  return it == c.extra.end() ? 1 : std::stoi(it->second);
+}
+
+}  // namespace
+
+void load_pipeline(Loader& l, const Entry& s, Config& c) {
+  PipelineConfig& p = c.pipeline;
   l.walk(s,
          {{"stages",
            [&](const Entry& e) {
@@ -43,25 +57,17 @@ void load_pipeline(Loader& l, const Entry& s, PipelineConfig& p) {
           {"schedule",
            [&](const Entry& e) {
              const std::string v = l.string(e);
-             if (v == "interleaved") {
-               l.fail(e, "'" + e.path +
-                             "' interleaved: schedule only; not run yet (virtual stages are "
-                             "built and simulated in zero/pipeline/, the engine runs 1f1b and "
-                             "gpipe); use 1f1b or gpipe");
-             }
-             if (v != "1f1b" && v != "gpipe") {
-               l.fail(e, "'" + e.path + "' is '" + v + "'; use 1f1b (the default) or gpipe");
+             if (v != "1f1b" && v != "gpipe" && v != "interleaved") {
+               l.fail(e, "'" + e.path + "' is '" + v +
+                             "'; use 1f1b (the default), gpipe or interleaved (with "
+                             "pipeline.virtual_stages)");
              }
              p.schedule = v;
            }},
-          // Megatron's virtual pipeline stages (chunks per stage), for the interleaved schedule.
+          // Megatron's virtual pipeline stages (model chunks per stage, its
+          // virtual_pipeline_model_parallel_size), for the interleaved schedule.
           {"virtual_stages",
-           [&](const Entry& e) {
-             if (count(l, e, 1) > 1)
-               l.fail(e, "'" + e.path +
-                             "' > 1 needs the interleaved schedule: schedule only; not run yet "
-                             "(zero/pipeline/ builds and simulates it); remove the key or set 1");
-           }},
+           [&](const Entry& e) { c.extra[kVirtualStages] = std::to_string(count(l, e, 1)); }},
           // Seeds each layer from its index when DeepSpeed builds it; here the application builds
           // the layers (and seeds them).
           l.no_effect("seed_layers", "the application builds and seeds the layers"),
@@ -72,7 +78,51 @@ void load_pipeline(Loader& l, const Entry& s, PipelineConfig& p) {
          Loader::Unknown::kIgnore);
 }
 
+namespace {
+
+// Megatron-LM's rules for its interleaved schedule (virtual_pipeline_model_parallel_size), each
+// naming the key to change.
+void check_interleaved(Loader& l, const Config& c) {
+  const int v = virtual_stages_of(c);
+  const PipelineConfig& p = c.pipeline;
+  const Entry* vs = l.seen(kVirtualStages);
+  const Entry* sched = l.seen("pipeline.schedule");
+  const std::string n = std::to_string(v);
+  if (p.schedule == "interleaved" && v < 2 && sched)
+    l.fail(*sched, "'pipeline.schedule' interleaved needs pipeline.virtual_stages of 2 or more "
+                   "(the model chunks each stage holds: its bubble is (P - 1) / (v x m)); set "
+                   "pipeline.virtual_stages, or use 1f1b");
+  if (v < 2 || !vs) return;
+  if (p.schedule != "interleaved")
+    l.fail(*vs, "'pipeline.virtual_stages' " + n + " needs pipeline.schedule: interleaved (" +
+                    p.schedule + " runs one model chunk per stage); set it, or remove the key");
+  if (p.stages < 2)
+    l.fail(*vs, "'pipeline.virtual_stages' " + n +
+                    " needs pipeline.stages of at least 2 (the chunks pass between stages); set "
+                    "pipeline.stages, or remove the key");
+  const Entry* ga = l.seen("gradient_accumulation_steps");
+  if (ga && c.gradient_accumulation_steps > 0 && c.gradient_accumulation_steps % p.stages != 0)
+    l.fail(*ga, "'gradient_accumulation_steps' " +
+                    std::to_string(c.gradient_accumulation_steps) +
+                    " (the micro-batches of a step) must be a multiple of pipeline.stages " +
+                    std::to_string(p.stages) +
+                    " under the interleaved schedule, as Megatron-LM requires (micro-batches go "
+                    "through the chunks in groups of P); use " +
+                    std::to_string((c.gradient_accumulation_steps / p.stages + 1) * p.stages) +
+                    ", or pipeline.schedule: 1f1b");
+  if (p.activation_checkpoint_interval > 0)
+    l.fail(*vs, "'pipeline.virtual_stages' " + n +
+                    " with pipeline.activation_checkpoint_interval " +
+                    std::to_string(p.activation_checkpoint_interval) +
+                    " is not supported yet (the stage's engine learns from its first backward "
+                    "which parameters deliver gradients when blocks are recomputed, and an "
+                    "interleaved pass reaches one chunk only); set one of them off");
+}
+
+}  // namespace
+
 void check_pipeline(Loader& l, const Config& c) {
+  check_interleaved(l, c);
   if (c.pipeline.stages <= 1) return;
   const ZeroOptimizationConfig& z = c.zero_optimization;
   const Entry* at = l.seen("zero_optimization.stage");

@@ -5,17 +5,21 @@
 
 namespace zero::pipeline {
 
-EngineStage::EngineStage(Engine engine) : engine_(std::move(engine)) {}
+EngineStage::EngineStage(Engine engine, int virtual_stages)
+    : engine_(std::move(engine)), virtual_stages_(virtual_stages) {}
 
 void EngineStage::backward(const at::Tensor& loss, int micro_batches) {
-  if (micro_batches != engine_.config().gradient_accumulation_steps)
+  const int64_t passes = static_cast<int64_t>(micro_batches) * virtual_stages_;
+  if (passes != engine_.config().gradient_accumulation_steps)
     throw std::invalid_argument(
-        "pipeline: " + std::to_string(micro_batches) +
-        " micro-batches per step but the engine accumulates gradient_accumulation_steps = " +
+        "pipeline: " + std::to_string(micro_batches) + " micro-batches x " +
+        std::to_string(virtual_stages_) +
+        " chunks per step but the engine accumulates gradient_accumulation_steps = " +
         std::to_string(engine_.config().gradient_accumulation_steps) + "; they must be equal");
   const bool closes = engine_.is_gradient_accumulation_boundary();
-  // The engine divides by gradient_accumulation_steps (and applies fp16's loss scale).
-  engine_.backward(loss);
+  // The engine divides by its window, m x v (and applies fp16's loss scale): times v, the
+  // micro-batch's share of the mean loss stays 1 / m.
+  engine_.backward(virtual_stages_ > 1 ? loss * static_cast<double>(virtual_stages_) : loss);
   after_backward(closes);
 }
 

@@ -9,9 +9,14 @@
 
 namespace zero::pipeline {
 
+// Interleaved (v chunks per stage): one engine over all the stage's chunks, whose accumulation
+// window counts the stage's chunk backward passes, m x v (PipelineEngine initializes it with
+// gradient_accumulation_steps m x v); the window's last is the stage's last backward, after
+// which every chunk's gradient is complete. The engine divides the last stage's loss by m x v,
+// so backward(loss) hands it loss x v: each micro-batch's gradient is still the mean's, 1 / m.
 class EngineStage : public StageOptimizer {
  public:
-  explicit EngineStage(Engine engine);
+  explicit EngineStage(Engine engine, int virtual_stages = 1);
   void backward(const at::Tensor& loss, int micro_batches) override;
   void backward(const std::vector<at::Tensor>& outputs,
                 const std::vector<at::Tensor>& grad_outputs) override;
@@ -29,6 +34,7 @@ class EngineStage : public StageOptimizer {
   void after_backward(bool closes);
 
   Engine engine_;
+  int virtual_stages_ = 1;
   bool applied_ = false;
   int64_t skipped_before_ = 0;  // skipped_steps before the last step
 };

@@ -21,7 +21,7 @@ namespace zero::pipeline {
 
 struct PipelineEngine::Impl {
   std::vector<int> bounds;
-  int stage = 0, stages = 1, micro_batches = 1;
+  int stage = 0, stages = 1, micro_batches = 1, virtual_stages = 1;
   std::string partition;          // pipeline.partition, recorded with checkpoints
   std::shared_ptr<Group> pp, dp;  // the checkpoints' agreement spans both
   int tp = 1;                     // tensor-parallel ranks per stage
@@ -76,7 +76,37 @@ void refuse_tensor_parallel_checkpoints(int tp) {
         "train without trainer.save_interval / trainer.resume, or with autotp_size: 1");
 }
 
+// Checkpoints record each stage's layers as one contiguous run (PipelineSaveLayout::bounds) and
+// the engine's accumulation window; under interleaving neither holds yet.
+void refuse_interleaved_checkpoints(int v) {
+  if (v > 1)
+    throw std::invalid_argument(
+        "pipeline checkpoints with pipeline.virtual_stages = " + std::to_string(v) +
+        " are not built yet (a stage's layers are v separate chunks, which the save's layout "
+        "does not record); train without trainer.save_interval / trainer.resume, or with the "
+        "1f1b schedule");
+}
+
+// The engine's batch triple for a stage of v chunks: its accumulation window counts the
+// stage's m x v chunk backward passes (EngineStage), so gradient_accumulation_steps and
+// train_batch_size are v times the step's, resolved first for the data-parallel group.
+Config interleaved_engine_config(Config cfg, int dp_size, int v, int& micro_batches) {
+  cfg.resolve_batch(dp_size);
+  micro_batches = static_cast<int>(cfg.gradient_accumulation_steps);
+  if (v > 1) {
+    cfg.gradient_accumulation_steps *= v;
+    cfg.train_batch_size *= v;
+    cfg.auto_batch_keys.clear();  // reported once, above, for the step's values
+  }
+  return cfg;
+}
+
 }  // namespace
+
+int virtual_stages(const Config& cfg) {
+  auto it = cfg.extra.find("pipeline.virtual_stages");
+  return it == cfg.extra.end() ? 1 : std::stoi(it->second);
+}
 
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
                                std::shared_ptr<Group> pp, std::shared_ptr<Group> dp,
@@ -99,8 +129,20 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   m.stage = pp->rank();
   m.stages = pp->size();
   const ScheduleKind schedule = parse_schedule_kind(cfg.pipeline.schedule);
+  m.virtual_stages = pipeline::virtual_stages(cfg);
+  const int v = m.virtual_stages;
+  if (v > 1 && cfg.pipeline.activation_checkpoint_interval > 0)
+    // The engine learns from its first backward pass which parameters deliver gradients when
+    // the graph recomputes blocks; interleaved, that pass reaches one chunk only.
+    throw std::invalid_argument(
+        "pipeline.activation_checkpoint_interval " +
+        std::to_string(cfg.pipeline.activation_checkpoint_interval) +
+        " with pipeline.virtual_stages " + std::to_string(v) +
+        " is not supported yet (the engine would expect no gradient from the chunks its first "
+        "backward pass did not reach); set pipeline.activation_checkpoint_interval: 0 or "
+        "pipeline.virtual_stages: 1");
   StageLayers stage(std::move(layers), parse_partition_method(cfg.pipeline.partition), m.stages,
-                    m.stage, cfg.pipeline.activation_checkpoint_interval);
+                    m.stage, cfg.pipeline.activation_checkpoint_interval, v);
   if (device) stage.to(*device);
   m.bounds = stage.bounds();
   m.partition = cfg.pipeline.partition;
@@ -111,12 +153,16 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   // each stage holds its own layers, and a tied weight is trained by its owner alone, so nothing
   // is replicated across the stages.
   const Groups groups = stage_groups(*stage.module(), cfg, dp, grid.tp, pp);
-  auto engine = std::make_unique<EngineStage>(initialize(stage.module(), std::move(cfg), groups));
-  m.micro_batches = static_cast<int>(engine->engine().config().gradient_accumulation_steps);
+  if (v > 1) cfg = interleaved_engine_config(std::move(cfg), groups.dp->size(), v, m.micro_batches);
+  auto engine =
+      std::make_unique<EngineStage>(initialize(stage.module(), std::move(cfg), groups), v);
+  m.micro_batches =
+      static_cast<int>(engine->engine().config().gradient_accumulation_steps) / v;
   m.engine = engine.get();
-  m.runtime = std::make_unique<PipelineRuntime>(
-      std::move(stage), std::move(loss), comm::of(pp), std::move(engine),
-      RuntimeOptions{schedule, m.micro_batches}, comm::of(dp));
+  RuntimeOptions opts{schedule, m.micro_batches};
+  opts.virtual_stages = v;
+  m.runtime = std::make_unique<PipelineRuntime>(std::move(stage), std::move(loss), comm::of(pp),
+                                                std::move(engine), opts, comm::of(dp));
 }
 
 PipelineEngine::PipelineEngine(PipelineEngine&&) noexcept = default;
@@ -136,6 +182,7 @@ void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& 
                                      int keep_last) {
   auto& m = *impl_;
   refuse_tensor_parallel_checkpoints(m.tp);
+  refuse_interleaved_checkpoints(m.virtual_stages);
   // The engine's save (agreed over dp), then the layout beside the shards by the stage's first
   // data-parallel rank; then every rank of every stage learns whether all of it was written, so
   // that a stage whose save failed does not leave the others waiting, and a load at another P
@@ -156,6 +203,7 @@ void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& 
 std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
   auto& m = *impl_;
   refuse_tensor_parallel_checkpoints(m.tp);
+  refuse_interleaved_checkpoints(m.virtual_stages);
   const std::string what = "load_checkpoint('" + dir + "')";
   // Each phase ends in an agreement over dp and pp, so that no rank enters the engine's
   // collectives, or the tied weights' exchange, while another has given up.
@@ -184,6 +232,7 @@ std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::s
 int PipelineEngine::stage() const { return impl_->stage; }
 int PipelineEngine::stages() const { return impl_->stages; }
 int PipelineEngine::micro_batches() const { return impl_->micro_batches; }
+int PipelineEngine::virtual_stages() const { return impl_->virtual_stages; }
 const std::vector<int>& PipelineEngine::bounds() const { return impl_->bounds; }
 Engine& PipelineEngine::engine() { return impl_->engine->engine(); }
 const Engine& PipelineEngine::engine() const { return impl_->engine->engine(); }

@@ -1,6 +1,7 @@
 #include "zero/pipeline/runtime/layers.hpp"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -31,11 +32,17 @@ std::shared_ptr<torch::nn::Module> without(const std::shared_ptr<torch::nn::Modu
 }  // namespace
 
 StageLayers::StageLayers(std::vector<Layer> all, PartitionMethod method, int stages, int stage,
-                         int activation_checkpoint_interval)
-    : stages_(stages), stage_(stage), checkpoint_interval_(activation_checkpoint_interval) {
+                         int activation_checkpoint_interval, int virtual_stages)
+    : stages_(stages),
+      stage_(stage),
+      virtual_stages_(virtual_stages),
+      checkpoint_interval_(activation_checkpoint_interval) {
   if (stage < 0 || stage >= stages)
     throw std::invalid_argument("pipeline: stage " + std::to_string(stage) + " is outside 0.." +
                                 std::to_string(stages - 1));
+  if (virtual_stages < 1)
+    throw std::invalid_argument("pipeline.virtual_stages is " + std::to_string(virtual_stages) +
+                                "; it must be at least 1");
   if (activation_checkpoint_interval < 0)
     throw std::invalid_argument("pipeline.activation_checkpoint_interval is " +
                                 std::to_string(activation_checkpoint_interval) +
@@ -46,23 +53,36 @@ StageLayers::StageLayers(std::vector<Layer> all, PartitionMethod method, int sta
     for (const auto& p : l.module->parameters()) n += p.numel();
     counts.push_back(n);
   }
-  bounds_ = partition_layers(method, counts, stages);
-  for (int s = 0; s < stages; ++s) {
-    for (int i = bounds_[s]; i < bounds_[s + 1]; ++i) {
-      for (const auto& [key, w] : all[i].tied) {
-        auto& owners = tie_stages_[key];
-        if (owners.empty() || owners.back() != s) owners.push_back(s);
-      }
-    }
+  const int chunks = stages * virtual_stages;
+  if (virtual_stages > 1 && static_cast<int>(all.size()) < chunks)
+    throw std::invalid_argument(
+        "pipeline: " + std::to_string(all.size()) + " layers cannot fill pipeline.stages " +
+        std::to_string(stages) + " x pipeline.virtual_stages " + std::to_string(virtual_stages) +
+        " = " + std::to_string(chunks) +
+        " model chunks (every chunk needs a layer; use fewer virtual stages or stages)");
+  bounds_ = partition_layers(method, counts, chunks);
+  // The stages holding each tie key, ascending (the first is its owner): a stage's chunks
+  // interleave with the others', so the virtual stages' order is not the stages'.
+  std::map<std::string, std::set<int>> holders;
+  for (int vs = 0; vs < chunks; ++vs)
+    for (int i = bounds_[vs]; i < bounds_[vs + 1]; ++i)
+      for (const auto& [key, w] : all[i].tied) holders[key].insert(vs % stages);
+  for (const auto& [key, set] : holders) tie_stages_[key].assign(set.begin(), set.end());
+  for (int c = 0; c < virtual_stages; ++c) {
+    const int vs = c * stages + stage;
+    chunk_begin_.push_back(static_cast<int>(layers_.size()));
+    for (int i = bounds_[vs]; i < bounds_[vs + 1]; ++i) layers_.push_back(std::move(all[i]));
   }
-  for (int i = bounds_[stage]; i < bounds_[stage + 1]; ++i) layers_.push_back(std::move(all[i]));
+  chunk_begin_.push_back(static_cast<int>(layers_.size()));
 
   std::set<const void*> foreign;
   for (const auto& w : foreign_tied()) foreign.insert(w.unsafeGetTensorImpl());
   module_ = std::make_shared<torch::nn::Module>("PipelineStage");
-  for (size_t k = 0; k < layers_.size(); ++k) {
-    module_->register_module(std::to_string(bounds_[stage] + static_cast<int>(k)),
-                             without(layers_[k].module, foreign));
+  for (int c = 0; c < virtual_stages; ++c) {
+    const int vs = c * stages + stage;
+    for (int k = chunk_begin_[c]; k < chunk_begin_[c + 1]; ++k)
+      module_->register_module(std::to_string(bounds_[vs] + k - chunk_begin_[c]),
+                               without(layers_[k].module, foreign));
   }
 }
 
@@ -72,14 +92,17 @@ void StageLayers::to(const c10::Device& device) {
   for (auto& l : layers_) l.module->to(device);
 }
 
-at::Tensor StageLayers::forward(const at::Tensor& x) const {
+at::Tensor StageLayers::forward(const at::Tensor& x, int chunk) const {
+  if (chunk < 0 || chunk >= virtual_stages_)
+    throw std::invalid_argument("pipeline: chunk " + std::to_string(chunk) + " of a stage of " +
+                                std::to_string(virtual_stages_));
   at::Tensor y = x;
-  const int n = static_cast<int>(layers_.size());
+  const int begin = chunk_begin_[chunk], n = chunk_begin_[chunk + 1];
   if (checkpoint_interval_ == 0) {
-    for (const auto& l : layers_) y = l.forward(y);
+    for (int i = begin; i < n; ++i) y = layers_[i].forward(y);
     return y;
   }
-  int i = 0;
+  int i = begin;
   // Integer input (the first stage's tokens) has no gradient to recompute towards: the first
   // layer (the embedding) runs plainly and the runs start after it.
   if (!y.is_floating_point()) y = layers_[i++].forward(y);

@@ -13,16 +13,22 @@
 
 namespace zero::pipeline {
 
-// The layers of one stage: bounds[stage] .. bounds[stage + 1] of the whole list.
+// The layers of one stage. The list is cut into stages x virtual_stages chunks (the partition
+// method over that many parts); stage s holds chunks s, s + P, ..., s + (v - 1)P, as a stage of
+// Megatron-LM's interleaved schedule holds model chunks (virtual pipeline stages). With one
+// chunk per stage (v = 1, GPipe and 1F1B) that is bounds[stage] .. bounds[stage + 1]. The
+// embedding is then on chunk 0 of stage 0, the head on the last chunk of the last stage.
 class StageLayers {
  public:
   // `all`: every layer of the model (the partition needs their parameter counts); only this
   // stage's are kept. activation_checkpoint_interval > 0 recomputes runs of that many layers in
-  // backward instead of keeping their activations (DeepSpeed's PipelineModule option).
+  // backward instead of keeping their activations (DeepSpeed's PipelineModule option), within
+  // each chunk.
   StageLayers(std::vector<Layer> all, PartitionMethod method, int stages, int stage,
-              int activation_checkpoint_interval = 0);
+              int activation_checkpoint_interval = 0, int virtual_stages = 1);
 
-  at::Tensor forward(const at::Tensor& x) const;
+  // Chunk `chunk` (0 .. virtual_stages() - 1) of this stage: virtual stage chunk * P + stage.
+  at::Tensor forward(const at::Tensor& x, int chunk = 0) const;
   // Moves this stage's layers (their parameters, buffers and tied copies) to `device`; the
   // other stages' layers stay where they are.
   void to(const c10::Device& device);
@@ -40,16 +46,21 @@ class StageLayers {
   std::vector<at::Tensor> foreign_tied() const;
   int stage() const { return stage_; }
   int stages() const { return stages_; }
+  int virtual_stages() const { return virtual_stages_; }
+  // Virtual stage c holds layers bounds[c] .. bounds[c + 1] - 1 (stages x virtual_stages + 1
+  // entries); it lives on stage c % stages.
   const std::vector<int>& bounds() const { return bounds_; }
   const std::vector<Layer>& layers() const { return layers_; }
   // For each tie key: the stages whose layers carry it, in order.
   const std::map<std::string, std::vector<int>>& tie_stages() const { return tie_stages_; }
 
  private:
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;    // this stage's, chunk after chunk
+  std::vector<int> chunk_begin_;  // chunk c's layers: layers_[chunk_begin_[c] .. [c + 1])
   std::vector<int> bounds_;
   int stages_;
   int stage_;
+  int virtual_stages_;
   int checkpoint_interval_;
   std::map<std::string, std::vector<int>> tie_stages_;
   std::shared_ptr<torch::nn::Module> module_;

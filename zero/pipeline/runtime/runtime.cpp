@@ -81,10 +81,24 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
   if (!optimizer_) throw std::invalid_argument("pipeline: no stage optimizer");
   if (!loss_ && stage_ == stages_ - 1)
     throw std::invalid_argument("pipeline: the last stage needs a loss function");
-  if (opts_.schedule == ScheduleKind::Interleaved)
+  const int v = opts_.virtual_stages;
+  if (v != layers_.virtual_stages())
+    throw std::invalid_argument(where(
+        "the layers were cut into " + std::to_string(layers_.virtual_stages()) +
+        " chunks per stage but the runtime runs pipeline.virtual_stages " + std::to_string(v) +
+        "; cut them with the same virtual_stages"));
+  if (v > 1 && stages_ < 2)
     throw std::invalid_argument(
-        "pipeline.schedule: the runtime runs 1f1b and gpipe; interleaved (virtual stages) is "
-        "simulated only so far");
+        "pipeline.virtual_stages " + std::to_string(v) +
+        " needs pipeline.stages of at least 2 (the interleaved schedule passes chunks between "
+        "stages); with one stage use pipeline.virtual_stages: 1");
+  // Before any rank connects: a shape the schedule refuses (interleaved with micro-batches not a
+  // multiple of the stages) fails alike on every stage.
+  recv_shape_.resize(v);
+  sent_shape_.resize(v);
+  const Schedule all = make_schedule(opts_.schedule, stages_, opts_.micro_batches, v);
+  instructions_ = all.per_stage[stage_];
+  delivered_ = delivered_sends(all, stage_);
   // The stage's device: its parameters' (a stage without any keeps the host).
   std::vector<at::Tensor> held = layers_.parameters();
   for (const auto& t : layers_.foreign_tied()) held.push_back(t);
@@ -93,13 +107,13 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
     down_ = pp_->split(0, stage_, pp_->name() + "/to-earlier-stages");
     connect_pairs();
   }
-  {
-    const Schedule all = make_schedule(opts_.schedule, stages_, opts_.micro_batches);
-    instructions_ = all.per_stage[stage_];
-    delivered_ = delivered_sends(all, stage_);
-  }
-  for (size_t i = 0; i < instructions_.size(); ++i)
-    if (instructions_[i].op == Op::Backward) last_backward_ = static_cast<int>(i);
+  auto last_backward = [](const std::vector<Instruction>& list) {
+    int at = -1;
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].op == Op::Backward) at = static_cast<int>(i);
+    return at;
+  };
+  last_backward_ = last_backward(instructions_);
   for (const auto& [key, holders] : layers_.tie_stages()) {
     if (holders.size() < 2) continue;
     if (std::find(holders.begin(), holders.end(), stage_) == holders.end()) continue;
@@ -119,15 +133,12 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
           "the layers name the tied key '" + key + "' by " + std::to_string(tie.weights.size()) +
           " different tensors; layers tying a weight must share one"));
     // The owner adds the others' gradients in its last backward: theirs must be complete by
-    // then, which holds when every stage's list ends with the same micro-batch (GPipe, 1F1B).
+    // then, which holds when every stage's list ends with the same micro-batch (GPipe, 1F1B,
+    // interleaved: micro-batch m - 1 through chunk 0).
     const int mine = instructions_[last_backward_].micro_batch;
     for (int t : holders) {
-      const auto other = opts_.schedule == ScheduleKind::GPipe
-                             ? gpipe_schedule(stages_, opts_.micro_batches, t)
-                             : one_f_one_b_schedule(stages_, opts_.micro_batches, t);
-      int theirs = -1;
-      for (const auto& ins : other)
-        if (ins.op == Op::Backward) theirs = ins.micro_batch;
+      const auto& other = all.per_stage[t];
+      const int theirs = other[last_backward(other)].micro_batch;
       if (theirs != mine)
         throw std::logic_error(where("the schedule ends stage " + std::to_string(t) +
                                      " with another micro-batch; tied weights need the same"));
@@ -163,10 +174,13 @@ std::string PipelineRuntime::where(const std::string& what) const {
          what;
 }
 
-at::Tensor PipelineRuntime::recv_activation(int mb) {
-  const int prev = stage_ - 1;
-  const std::string from = " from stage " + std::to_string(prev);
-  if (opts_.dynamic_shape || !recv_known_) {
+at::Tensor PipelineRuntime::recv_activation(int mb, int chunk) {
+  const int prev = prev_stage();
+  const std::string from =
+      " from stage " + std::to_string(prev) +
+      (opts_.virtual_stages > 1 ? " (chunk " + std::to_string(chunk) + ")" : "");
+  Shape& shape = recv_shape_[chunk];
+  if (opts_.dynamic_shape || !shape.known) {
     at::Tensor meta = at::zeros({kMetaLen}, at::TensorOptions(at::kLong).device(device_));
     recv(meta, prev, "recv of the activation's shape" + from);
     // The step's one host read (the first step's only, unless dynamic_shape): the copy runs
@@ -178,11 +192,11 @@ at::Tensor PipelineRuntime::recv_activation(int mb) {
                                      " dimensions" + from +
                                      "; the stages disagree on the protocol (RuntimeOptions::"
                                      "dynamic_shape must be the same on every stage)"));
-    recv_dtype_ = static_cast<c10::ScalarType>(m[0]);
-    recv_shape_.assign(m.data() + 2, m.data() + 2 + m[1]);
-    recv_known_ = true;
+    shape.dtype = static_cast<c10::ScalarType>(m[0]);
+    shape.sizes.assign(m.data() + 2, m.data() + 2 + m[1]);
+    shape.known = true;
   }
-  at::Tensor x = at::empty(recv_shape_, at::TensorOptions(recv_dtype_).device(device_));
+  at::Tensor x = at::empty(shape.sizes, at::TensorOptions(shape.dtype).device(device_));
   recv(x, prev, "recv of micro-batch " + std::to_string(mb) + "'s activation" + from);
   return x;
 }
@@ -197,10 +211,14 @@ std::string describe(c10::IntArrayRef shape, c10::ScalarType dtype) {
 
 }  // namespace
 
-void PipelineRuntime::send_activation(int mb, const at::Tensor& y) {
-  const int next = stage_ + 1;
-  const std::string to = " to stage " + std::to_string(next);
-  if (opts_.dynamic_shape || !sent_known_) {
+void PipelineRuntime::send_activation(int mb, int chunk, const at::Tensor& y) {
+  const int next = next_stage();
+  const std::string to =
+      " to stage " + std::to_string(next) +
+      (opts_.virtual_stages > 1 ? " (from chunk " + std::to_string(chunk) + ")" : "");
+  Shape& shape = sent_shape_[chunk];
+  const Instruction ins{Op::SendActivation, mb, chunk};
+  if (opts_.dynamic_shape || !shape.known) {
     if (y.dim() > kMaxDims)
       throw std::invalid_argument(where("an activation of " + std::to_string(y.dim()) +
                                         " dimensions (at most " + std::to_string(kMaxDims) + ")"));
@@ -211,27 +229,25 @@ void PipelineRuntime::send_activation(int mb, const at::Tensor& y) {
     m[0] = static_cast<int64_t>(y.scalar_type());
     m[1] = y.dim();
     for (int64_t d = 0; d < y.dim(); ++d) m[2 + d] = y.size(d);
-    post_send(meta.to(y.device()), next, "send of the activation's shape" + to,
-              Instruction{Op::SendActivation, mb});
-    sent_shape_.assign(y.sizes().begin(), y.sizes().end());
-    sent_dtype_ = y.scalar_type();
-    sent_known_ = true;
-  } else if (y.sizes() != c10::IntArrayRef(sent_shape_) || y.scalar_type() != sent_dtype_) {
+    post_send(meta.to(y.device()), next, "send of the activation's shape" + to, ins);
+    shape.sizes.assign(y.sizes().begin(), y.sizes().end());
+    shape.dtype = y.scalar_type();
+    shape.known = true;
+  } else if (y.sizes() != c10::IntArrayRef(shape.sizes) || y.scalar_type() != shape.dtype) {
     // The next stage receives into a buffer of the announced shape: a message of another size
     // would hang it (NCCL) or fill it with the wrong values. Host metadata, no device read.
     throw std::invalid_argument(where(
         "step " + std::to_string(steps_) + ", micro-batch " + std::to_string(mb) +
         ": the activation" + to + " is " + describe(y.sizes(), y.scalar_type()) +
         ", but the shape sent once, before the first activation, was " +
-        describe(sent_shape_, sent_dtype_) + " and stage " + std::to_string(next) +
+        describe(shape.sizes, shape.dtype) + " and stage " + std::to_string(next) +
         " receives every activation as that. Keep every micro-batch's activation one shape (pad "
         "the sequences to one length) or run the pipeline with RuntimeOptions::dynamic_shape "
         "(the shape then travels before every micro-batch, one host read each; DeepSpeed's "
         "dynamic_shape, Megatron's variable_seq_lengths)"));
   }
   post_send(y.detach().contiguous(), next,
-            "send of micro-batch " + std::to_string(mb) + "'s activation" + to,
-            Instruction{Op::SendActivation, mb});
+            "send of micro-batch " + std::to_string(mb) + "'s activation" + to, ins);
   // The caller releases y's data next (release_data): the send must hold another TensorImpl
   // over the storage (detach() makes one), which keeps the storage alive until settle() waited
   // on the send. Passing y itself would free the storage under a queued send on a GPU.
@@ -329,63 +345,71 @@ void PipelineRuntime::exchange_tied_weights() {
 
 at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
                                         const std::vector<at::Tensor>& targets) {
-  const int m = opts_.micro_batches;
+  const int m = opts_.micro_batches, v = opts_.virtual_stages;
   ++steps_;
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
-  auto count = [&](const std::vector<at::Tensor>& v, const char* what) {
-    if (static_cast<int>(v.size()) != m)
-      throw std::invalid_argument(where(std::to_string(v.size()) + " " + what + " for " +
+  auto count = [&](const std::vector<at::Tensor>& list, const char* what) {
+    if (static_cast<int>(list.size()) != m)
+      throw std::invalid_argument(where(std::to_string(list.size()) + " " + what + " for " +
                                         std::to_string(m) +
                                         " micro-batches (gradient_accumulation_steps)"));
   };
   if (first) count(inputs, "inputs");
   if (last) count(targets, "targets");
 
-  std::vector<at::Tensor> in(m), out(m), grad_out(m);
+  // Per chunk and micro-batch: what arrived, what the chunk produced (kept for its backward),
+  // the gradient of that output. The first virtual stage reads `inputs`, the last one ends in
+  // the loss.
+  using PerChunk = std::vector<std::vector<at::Tensor>>;
+  PerChunk in(v, std::vector<at::Tensor>(m)), out = in, grad_out = in;
+  auto is_first = [&](int chunk) { return first && chunk == 0; };
+  auto is_last = [&](int chunk) { return last && chunk == v - 1; };
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kFloat).device(device_));
   times_ = {};
   for (size_t idx = 0; idx < instructions_.size(); ++idx) {
     const Instruction& ins = instructions_[idx];
-    const int mb = ins.micro_batch;
+    const int mb = ins.micro_batch, c = ins.chunk;
     // Each instruction's wall time goes to its kind (StepTimes): the sends and receives are the
     // pipeline's communication, waiting for the neighbours included.
     Charge charge(ins.op == Op::Forward         ? times_.forward_s
                   : ins.op == Op::Backward      ? times_.backward_s
                   : ins.op == Op::OptimizerStep ? times_.step_s
                                                 : times_.comm_s);
+    const std::string of_mb =
+        "micro-batch " + std::to_string(mb) +
+        (v > 1 ? " (chunk " + std::to_string(c) + ")" : "");
     switch (ins.op) {
       case Op::RecvActivation:
-        in[mb] = recv_activation(mb);
-        if (in[mb].is_floating_point()) in[mb].requires_grad_(true);
+        in[c][mb] = recv_activation(mb, c);
+        if (in[c][mb].is_floating_point()) in[c][mb].requires_grad_(true);
         settle(delivered_[idx]);
         break;
       case Op::Forward: {
-        at::Tensor x = first ? inputs[mb] : in[mb];
-        at::Tensor y = layers_.forward(x);
-        if (last) {
+        at::Tensor x = is_first(c) ? inputs[mb] : in[c][mb];
+        at::Tensor y = layers_.forward(x, c);
+        if (is_last(c)) {
           y = loss_(y, targets[mb]);
           loss_sum += y.detach().to(at::kFloat).reshape({1});
         }
-        out[mb] = y;
+        out[c][mb] = y;
         break;
       }
       case Op::SendActivation:
-        send_activation(mb, out[mb]);
-        release_data(out[mb]);
+        send_activation(mb, c, out[c][mb]);
+        release_data(out[c][mb]);
         break;
       case Op::RecvGrad: {
-        grad_out[mb] = at::empty_like(out[mb], at::MemoryFormat::Contiguous);
-        recv(grad_out[mb], stage_ + 1,
-             "recv of micro-batch " + std::to_string(mb) + "'s gradient from stage " +
-                 std::to_string(stage_ + 1));
+        grad_out[c][mb] = at::empty_like(out[c][mb], at::MemoryFormat::Contiguous);
+        recv(grad_out[c][mb], next_stage(),
+             "recv of " + of_mb + "'s gradient from stage " + std::to_string(next_stage()));
         settle(delivered_[idx]);
         break;
       }
       case Op::Backward:
-        if (last) {
-          optimizer_->backward(out[mb], m);
+        if (is_last(c)) {
+          optimizer_->backward(out[c][mb], m);
         } else {
-          std::vector<at::Tensor> roots{out[mb]}, grads{grad_out[mb]};
+          std::vector<at::Tensor> roots{out[c][mb]}, grads{grad_out[c][mb]};
           if (static_cast<int>(idx) == last_backward_) {
             // The owner of a tied weight: the other holders' gradients join this last
             // backward as the weight's own root, so they are reduced and stepped with the rest.
@@ -399,18 +423,18 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
           }
           optimizer_->backward(roots, grads);
         }
-        out[mb] = at::Tensor();  // the graph and this micro-batch's activations go now
-        grad_out[mb] = at::Tensor();
+        out[c][mb] = at::Tensor();  // the graph and this micro-batch's activations go now
+        grad_out[c][mb] = at::Tensor();
         break;
       case Op::SendGrad: {
-        post_send(in[mb].grad().defined() ? in[mb].grad().contiguous() : at::zeros_like(in[mb]),
-                  stage_ - 1,
-                  "send of micro-batch " + std::to_string(mb) + "'s gradient to stage " +
-                      std::to_string(stage_ - 1),
-                  Instruction{Op::SendGrad, mb});
-        in[mb] = at::Tensor();
-        // After the gradient of the last micro-batch: the owner receives in this order.
-        if (mb == instructions_[last_backward_].micro_batch) send_tied_grads();
+        at::Tensor& x = in[c][mb];
+        post_send(x.grad().defined() ? x.grad().contiguous() : at::zeros_like(x), prev_stage(),
+                  "send of " + of_mb + "'s gradient to stage " + std::to_string(prev_stage()),
+                  Instruction{Op::SendGrad, mb, c});
+        x = at::Tensor();
+        // After the gradient of the stage's last backward (every copy's gradient is complete):
+        // the owner receives in this order.
+        if (static_cast<int>(idx) == last_backward_ + 1) send_tied_grads();
         break;
       }
       case Op::ReduceGrads:
@@ -446,6 +470,8 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
 void PipelineRuntime::connect_pairs() {
   std::set<std::pair<int, int>> pairs;
   for (int s = 0; s + 1 < stages_; ++s) pairs.insert({s, s + 1});
+  // Interleaved: the last stage's chunk c sends to the first stage's chunk c + 1.
+  if (opts_.virtual_stages > 1) pairs.insert({0, stages_ - 1});
   for (const auto& [key, holders] : layers_.tie_stages()) {
     for (size_t i = 1; i < holders.size(); ++i) {
       if (holders[i] != holders[0])

@@ -1,7 +1,15 @@
-// Runs one pipeline stage: its instruction list from zero/pipeline/schedule.hpp (GPipe or 1F1B),
-// with each micro-batch's activations sent to the next stage and their gradients back over
-// comm::Group send/recv on the pipeline group (rank s = stage s), as DeepSpeed's PipelineEngine
-// executes its PipeSchedule.
+// Runs one pipeline stage: its instruction list from zero/pipeline/schedule.hpp (GPipe, 1F1B or
+// interleaved 1F1B), with each micro-batch's activations sent to the next stage and their
+// gradients back over comm::Group send/recv on the pipeline group (rank s = stage s), as
+// DeepSpeed's PipelineEngine executes its PipeSchedule.
+//
+// Interleaved (RuntimeOptions::virtual_stages v > 1, StageLayers cut for the same v): the stage
+// runs its v model chunks, virtual stages s, s + P, ..., as Megatron-LM's
+// forward_backward_pipelining_with_interleaving does. Chunk c's output goes to stage s + 1's
+// chunk c, and the last stage's chunk c's to stage 0's chunk c + 1 (the ring closes); the
+// gradients go back the same way. Every buffer (the received input, the output kept for
+// backward, the received gradient) is per chunk and micro-batch; the activation's shape is
+// known per chunk.
 //
 //   StageLayers layers(gpt_layers, PartitionMethod::Parameters, pp->size(), pp->rank());
 //   PipelineRuntime rt(std::move(layers), loss_fn, pp, std::move(stage_optimizer), opts);
@@ -37,6 +45,10 @@
 // carries one direction between two stages, in the same order on both sides (Megatron batches
 // each send with its opposite receive instead, batch_isend_irecv; PyTorch warns that eager-init
 // NCCL groups serialise their p2p operations and advises separate groups).
+// Interleaved, the last stage's activations to stage 0 travel on the second group and stage 0's
+// gradients to the last stage on `pp` (by rank, not by virtual stage): each group still carries
+// one direction between two stages, and the schedule sends on each ordered pair of stages in the
+// order the other side receives (zero/pipeline/simulate.hpp checks every schedule for it).
 //
 // Buffers live on the stage's device (its parameters'): an NCCL group moves CUDA tensors only,
 // gloo host tensors only. The activation's shape travels once, before the first activation of the
@@ -76,6 +88,9 @@ struct RuntimeOptions {
   // The activation's shape sent before every micro-batch (one host read each on the receiving
   // stage) instead of once.
   bool dynamic_shape = false;
+  // Model chunks per stage (Megatron's virtual pipeline size): more than 1 needs the
+  // interleaved schedule, P > 1 and micro_batches a multiple of P.
+  int virtual_stages = 1;
 };
 
 class PipelineRuntime {
@@ -123,8 +138,11 @@ class PipelineRuntime {
   struct Pending;
 
   std::string where(const std::string& what) const;
-  at::Tensor recv_activation(int mb);
-  void send_activation(int mb, const at::Tensor& y);
+  at::Tensor recv_activation(int mb, int chunk);
+  void send_activation(int mb, int chunk, const at::Tensor& y);
+  // The stages before and after this one on the ring of virtual stages.
+  int prev_stage() const { return (stage_ + stages_ - 1) % stages_; }
+  int next_stage() const { return (stage_ + 1) % stages_; }
   // `ins`: the schedule's send this belongs to (settle finds it by it); none for tied weights.
   void post_send(at::Tensor t, int dst, const std::string& what,
                  std::optional<Instruction> ins = std::nullopt);
@@ -152,11 +170,14 @@ class PipelineRuntime {
   std::vector<std::unique_ptr<Pending>> sends_;  // posted, not yet known delivered
   // delivered_sends(...) of this stage's list: the sends to settle after each receive.
   std::vector<std::vector<Instruction>> delivered_;
-  // The activation's shape and dtype: received from the previous stage (known once
-  // recv_known_), and sent to the next one (once sent_known_).
-  std::vector<int64_t> recv_shape_, sent_shape_;
-  c10::ScalarType recv_dtype_ = c10::ScalarType::Float, sent_dtype_ = c10::ScalarType::Float;
-  bool recv_known_ = false, sent_known_ = false;
+  // Per chunk, the activation's shape and dtype: received from the previous stage (known once
+  // known), and sent to the next one (once known).
+  struct Shape {
+    std::vector<int64_t> sizes;
+    c10::ScalarType dtype = c10::ScalarType::Float;
+    bool known = false;
+  };
+  std::vector<Shape> recv_shape_, sent_shape_;
   int64_t steps_ = 0;  // train_batch calls begun (for the error naming the step)
   c10::Device device_{c10::kCPU};  // the stage's: every buffer sent or received lives there
   StepTimes times_;
