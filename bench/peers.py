@@ -41,6 +41,7 @@ PHASES = ["forward", "backward", "step"]
 # Optimizer and clipping of configs/zero2.yaml, for every framework.
 LR, BETAS, WD, CLIP = 3e-3, (0.9, 0.95), 0.1, 1.0
 PRESETS = {"gpt-25m": dict(vocab=8192, dim=384, layers=12, heads=6, max_seq=512, tied=True),
+           "gpt-100m": dict(vocab=32000, dim=640, layers=12, heads=10, max_seq=1024, tied=False),
            "small": dict(vocab=256, dim=192, layers=6, heads=6, max_seq=256, tied=True)}
 
 
