@@ -17,6 +17,8 @@ the table shows that run's difference to the first next to zero's.
 
     python3 bench/ds_parity.py --cases llama_s2_bf16_adamw --floor none   # one case, no floor
     python3 bench/ds_parity.py --grads    # the two transformer models' gradients, one step
+    python3 bench/ds_parity.py --stage3 --side deepspeed   # DeepSpeed ZeRO-3 against its ZeRO-2
+    python3 bench/ds_parity.py --stage3   # + zero's stage 3, once zero runs it
 """
 import argparse
 import copy
@@ -195,7 +197,34 @@ def cases():
     x = base(1, micro=2, acc=2); x["bf16"] = {"enabled": True}
     x["optimizer"] = adamw(lr=3e-3, weight_decay=0.05)
     c["llama_s1_bf16_adamw_acc2"] = x
+    # Stage 3 (only with --stage3 or named in --cases): stage-2 rows with "stage": 3 and the
+    # stage3_* keys set so that DeepSpeed partitions every parameter (persistence threshold 0:
+    # no parameter kept whole) and gathers in small buckets (several all-gathers per forward).
+    for s2 in STAGE3_FROM:
+        x = copy.deepcopy(c[s2])
+        x["zero_optimization"].update({"stage": 3, "stage3_param_persistence_threshold": 0,
+                                       "stage3_prefetch_bucket_size": 500,
+                                       "stage3_max_live_parameters": 2000})
+        c[s2.replace("s2_", "s3_")] = x
     return c
+
+
+# The stage-2 cases that get a stage-3 twin (s3_*): their DeepSpeed ZeRO-2 run is the twin's
+# reference until zero runs stage 3 (same JSON but the stage: same training mathematically).
+STAGE3_FROM = ("s2_adamw_const", "s2_adamw_cosine_acc2_clip", "s2_sgd_default_clip",
+               "s2_bf16_adamw_cosine_acc2", "llama_s2_adamw_acc2_clip", "llama_s2_bf16_adamw")
+
+
+def is_stage3(name):
+    return "s3_" in name
+
+
+def stage2_twin(cfg):
+    t = copy.deepcopy(cfg)
+    t["zero_optimization"]["stage"] = 2
+    for k in [k for k in t["zero_optimization"] if k.startswith("stage3_")]:
+        del t["zero_optimization"][k]
+    return t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,11 +329,22 @@ def deepspeed_worker(d, tag="ds"):
             engine.backward(loss)
             engine.step()
         losses.append(total / acc)
-    if rank == 0:
-        (d / f"{tag}_losses.txt").write_text("".join(f"{v:.17g}\n" for v in losses))
-        flat = torch.cat([p.detach().float().reshape(-1) for p in engine.module.parameters()])
-        flat.numpy().astype("<f4").tofile(d / f"{tag}_params.bin")
+    with whole_params(engine):
+        if rank == 0:
+            (d / f"{tag}_losses.txt").write_text("".join(f"{v:.17g}\n" for v in losses))
+            flat = torch.cat([p.detach().float().reshape(-1) for p in engine.module.parameters()])
+            flat.numpy().astype("<f4").tofile(d / f"{tag}_params.bin")
     dist.barrier()
+
+
+def whole_params(engine):
+    """At stage 3 every rank holds a slice of each parameter: gather them for the dump (a
+    collective, so every rank enters it); below stage 3 the module's parameters are whole."""
+    import contextlib
+    import deepspeed
+    if engine.zero_optimization_stage() == 3:
+        return deepspeed.zero.GatheredParameters(list(engine.module.parameters()))
+    return contextlib.nullcontext()
 
 
 def ranks_per_process(world, cfg, mb):
@@ -344,12 +384,13 @@ def deepspeed_llama(d, cfg, rank, tag, steps, acc, world, mb, seq, vocab):
             engine.backward(loss)
             engine.step()
         losses.append(total / acc)
-    if rank == 0:
-        (d / f"{tag}_losses.txt").write_text("".join(f"{v:.17g}\n" for v in losses))
-        params = dict(engine.module.named_parameters())
-        names = (d / "names.txt").read_text().split()
-        flat = torch.cat([params[n].detach().float().reshape(-1) for n in names])
-        flat.numpy().astype("<f4").tofile(d / f"{tag}_params.bin")
+    with whole_params(engine):
+        if rank == 0:
+            (d / f"{tag}_losses.txt").write_text("".join(f"{v:.17g}\n" for v in losses))
+            params = dict(engine.module.named_parameters())
+            names = (d / "names.txt").read_text().split()
+            flat = torch.cat([params[n].detach().float().reshape(-1) for n in names])
+            flat.numpy().astype("<f4").tofile(d / f"{tag}_params.bin")
     dist.barrier()
 
 
@@ -457,6 +498,32 @@ def grads_check(zero_bin, out):
     return lines
 
 
+def stage3_table(z3_rows, ds_version, steps):
+    """DeepSpeed ZeRO-3 against DeepSpeed ZeRO-2 on the same JSON (only the stage and the
+    stage3_* keys differ): the reference a zero stage-3 row is read against."""
+    lines = [f"# DeepSpeed {ds_version} ZeRO-3 against its ZeRO-2, same JSON, same training", "",
+             f"`python3 bench/ds_parity.py --stage3 --side deepspeed` ({steps} optimizer steps, "
+             f"{WORLD} ranks, CPU/gloo, DS_ACCELERATOR=cpu, torch_adam). Each s3_* case is the "
+             "s2_* case of bench/results/ds_parity.md with \"stage\": 3, "
+             "stage3_param_persistence_threshold 0 (every parameter partitioned), "
+             "stage3_prefetch_bucket_size 500 and stage3_max_live_parameters 2000 (several "
+             "gathers and releases per forward); its reference is DeepSpeed's own stage-2 run of "
+             "the same JSON. Same tolerances as the parity table (fp32: loss 1e-6 relative, "
+             "parameters 1e-5 absolute; bf16: 1e-3 relative each). zero's column joins once zero "
+             "runs stage 3: `python3 bench/ds_parity.py --stage3`.", "",
+             "| case | optimizer | scheduler | accum | clip | dtype | loss rel diff | param abs diff "
+             "| param rel diff | tolerance | result |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, cfg, bf16, z in z3_rows:
+        lines.append(f"| {name} | {cfg['optimizer']['type']} | "
+                     f"{cfg.get('scheduler', {}).get('type', '-')} | "
+                     f"{cfg['gradient_accumulation_steps']} | "
+                     f"{cfg.get('gradient_clipping', '1.0 (default)')} | "
+                     f"{'bf16' if bf16 else 'fp32'} | {z[0]:.1e} | {z[1]:.1e} | {z[2]:.1e} | "
+                     f"{z[4]:g} / {z[5]:g} {'rel' if bf16 else 'abs'} | "
+                     f"{'ok' if z[6] else 'FAIL'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -474,6 +541,10 @@ def main():
     ap.add_argument("--grads", action="store_true",
                     help="only compare one forward/backward of the two transformer models "
                          "(example GPT vs LlamaForCausalLM, same weights and batch, fp32 and bf16)")
+    ap.add_argument("--stage3", action="store_true",
+                    help="the stage-3 cases (s3_*) instead of the others; each also runs DeepSpeed "
+                         "at stage 2 on the same JSON as its reference "
+                         "(-> bench/results/ds_parity_stage3.md)")
     ap.add_argument("--worker", choices=["deepspeed"], help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--tag", default="ds", help=argparse.SUPPRESS)
@@ -494,7 +565,9 @@ def main():
     selected = cases()
     if a.cases:
         selected = {k: v for k, v in selected.items() if k in a.cases.split(",")}
-    rows = []
+    else:
+        selected = {k: v for k, v in selected.items() if is_stage3(k) == a.stage3}
+    rows, z3_rows = [], []
     for name, cfg in selected.items():
         d = out / name
         env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
@@ -505,13 +578,24 @@ def main():
             print(f"ds_parity: {name}: DeepSpeed {ds_version} ...", flush=True)
             launch(ds_py, [str(Path(__file__).resolve()), "--worker", "deepspeed", "--dir", str(d)],
                    env, d / "deepspeed.log")
-        wants_floor = a.floor == "all" or (a.floor == "default" and
+        wants_floor = a.floor == "all" or (a.floor == "default" and not is_stage3(name) and
                                             (is_llama(name) or name in FLOOR_DEFAULT))
+        if a.side in ("both", "deepspeed") and is_stage3(name):
+            (d / "z2_config.json").write_text(json.dumps(stage2_twin(cfg), indent=2) + "\n")
+            print(f"ds_parity: {name}: DeepSpeed, the same JSON at stage 2 ...", flush=True)
+            launch(ds_py, [str(Path(__file__).resolve()), "--worker", "deepspeed", "--dir", str(d),
+                           "--tag", "z2"], env, d / "z2.log")
         if a.side in ("both", "deepspeed", "floor") and wants_floor:
             (d / "floor_config.json").write_text(json.dumps(floor_config(cfg), indent=2) + "\n")
             print(f"ds_parity: {name}: DeepSpeed floor (1 rank, micro-batch x{WORLD}) ...", flush=True)
             launch(ds_py, [str(Path(__file__).resolve()), "--worker", "deepspeed", "--dir", str(d),
                            "--tag", "floor"], env, d / "floor.log", nproc=1)
+        bf16 = cfg.get("bf16", {}).get("enabled", False)
+        if is_stage3(name) and (d / "z2_losses.txt").exists():
+            z3 = compare(d, bf16, "ds", "z2")
+            z3_rows.append((name, cfg, bf16, z3))
+            print(f"ds_parity: {name}: DeepSpeed ZeRO-3 vs ZeRO-2: loss rel {z3[0]:.2e}, params abs "
+                  f"{z3[1]:.2e}, rel {z3[2]:.2e}: {'ok' if z3[6] else 'FAIL'}", flush=True)
         if a.side in ("deepspeed", "floor"):
             continue
         if a.side != "none":
@@ -522,7 +606,6 @@ def main():
                 # any reduction or sharding (the models, the single-rank step).
                 launch(sys.executable, ["--no-python", a.zero_bin, str(d), "floor"], env,
                        d / "zero_floor.log", nproc=1)
-        bf16 = cfg.get("bf16", {}).get("enabled", False)
         loss_rel, param_abs, param_rel, ulps, lt, pt, ok, ds_l = compare(d, bf16)
         floor = compare(d, bf16, "floor", "ds") if (d / "floor_losses.txt").exists() else None
         one = (compare(d, bf16, "zero_floor", "floor")
@@ -576,15 +659,22 @@ def main():
                      + f"{lt:g} / {pt:g} {'rel' if bf16 else 'abs'} | {verdict} |")
     lines += ["", FP32_NOTE, "", BF16_NOTE]
     text = "\n".join(lines) + "\n"
+    if z3_rows:
+        z3_text = stage3_table(z3_rows, ds_version, a.steps)
+        print(z3_text)
+        if a.stage3 and not a.cases:
+            res = ROOT / "bench" / "results" / "ds_parity_stage3.md"
+            res.write_text(z3_text + ("" if a.side in ("deepspeed", "floor") else "\n" + text))
+            print(f"ds_parity: stage-3 table written to {res}")
     if a.side in ("deepspeed", "floor"):
         print(f"ds_parity: DeepSpeed results in {out}; run with --side zero to compare")
-        return
-    if not a.cases:
+        sys.exit(0 if all(r[3][6] for r in z3_rows) else 1)
+    if not a.cases and not a.stage3:
         res = ROOT / "bench" / "results" / "ds_parity.md"
         res.write_text(text)
         print(f"ds_parity: table written to {res}")
     print(text)
-    sys.exit(0 if all(r[9] == "ok" for r in rows) else 1)
+    sys.exit(0 if all(r[9] == "ok" for r in rows) and all(r[3][6] for r in z3_rows) else 1)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import ROOT, mib  # noqa: E402
 
 FRAMEWORKS = ["zero-s0", "zero-s1", "zero-s2", "ddp", "ddp-zero1", "fsdp2", "ds-z1", "ds-z2"]
-BASELINE_OF = {"zero-s0": "zero", "zero-s1": "zero", "zero-s2": "zero", "ddp": "torch",
-               "ddp-zero1": "torch", "fsdp2": "torch", "ds-z1": "deepspeed", "ds-z2": "deepspeed"}
+# Stage 3 (not in the default set): zero-s3 (refused by zero-train until its stage 3 lands),
+# FSDP2 resharding after forward (fully_shard's default, the ZeRO-3 schedule) and DeepSpeed
+# ZeRO-3. `ref` is the single-process reference of --check-params (one process, the N ranks'
+# batches concatenated), not a table row.
+STAGE3 = ["zero-s3", "fsdp2-z3", "ds-z3"]
+BASELINE_OF = {"zero-s0": "zero", "zero-s1": "zero", "zero-s2": "zero", "zero-s3": "zero",
+               "ddp": "torch", "ddp-zero1": "torch", "fsdp2": "torch", "fsdp2-z3": "torch",
+               "ds-z1": "deepspeed", "ds-z2": "deepspeed", "ds-z3": "deepspeed", "ref": "torch"}
+PHASES = ["forward", "backward", "step"]
 # Optimizer and clipping of configs/zero2.yaml, for every framework.
 LR, BETAS, WD, CLIP = 3e-3, (0.9, 0.95), 0.1, 1.0
 PRESETS = {"gpt-25m": dict(vocab=8192, dim=384, layers=12, heads=6, max_seq=512, tied=True),
+           "gpt-100m": dict(vocab=32000, dim=640, layers=12, heads=10, max_seq=1024, tied=False),
            "small": dict(vocab=256, dim=192, layers=6, heads=6, max_seq=256, tied=True)}
 
 
@@ -53,6 +61,46 @@ def live_tensor_bytes(torch):
         except Exception:  # DTensor wrappers have no storage of their own; their locals count
             continue
     return sum(seen.values())
+
+
+def phase_peaks(prof, step_tag):
+    """Per phase of the profiled step `step_tag`, the most bytes the CPU allocator held above what
+    it held when that step began: a running sum over the profiler's [memory] events (every
+    allocation and free of c10's CPU allocator on the profiled threads, in time order)."""
+    ev = list(prof.profiler.kineto_results.events())
+    spans = {e.name()[len(step_tag) + 1:]: (e.start_ns(), e.start_ns() + e.duration_ns())
+             for e in ev if e.name().startswith(step_tag + ":")}
+    mem = sorted((e.start_ns(), e.nbytes()) for e in ev if e.name() == "[memory]")
+    t0 = spans[PHASES[0]][0]
+    running, at_start = 0, None
+    peaks = {ph: None for ph in PHASES}
+    for t, nb in mem:
+        if at_start is None and t >= t0:
+            at_start = running
+        running += nb
+        for ph, (a, b) in spans.items():
+            if a <= t <= b:
+                peaks[ph] = max(peaks[ph] if peaks[ph] is not None else running, running)
+    if at_start is None:
+        at_start = running
+    return {ph: (v - at_start if v is not None else 0) for ph, v in peaks.items()}
+
+
+def full_params(torch, model, fw, engine=None):
+    """Every parameter whole, in named_parameters() order, as one fp32 vector (collective: every
+    rank calls it)."""
+    named = list((engine.module if engine is not None else model).named_parameters())
+    if fw == "ds-z3":
+        import deepspeed
+        with deepspeed.zero.GatheredParameters([q for _, q in named]):
+            return torch.cat([q.detach().float().reshape(-1).clone() for _, q in named])
+    out = []
+    for _, q in named:
+        t = q.detach()
+        if hasattr(t, "full_tensor"):  # FSDP2's DTensor shards
+            t = t.full_tensor()
+        out.append(t.float().reshape(-1))
+    return torch.cat(out)
 
 
 def worker(a):
@@ -79,34 +127,44 @@ def worker(a):
     bf16 = a.dtype == "bf16"
     fw = a.framework
     masters = None
+    engine = None
+    # Each framework's step as its three phases: forward (returns the loss), backward, step.
     if fw.startswith("ds"):
+        stage = int(fw[-1])
+        zo = {"stage": stage, "reduce_bucket_size": int(5e5)}
         cfg = {"train_micro_batch_size_per_gpu": a.micro, "gradient_accumulation_steps": 1,
-               "zero_optimization": {"stage": 1 if fw == "ds-z1" else 2,
-                                     "reduce_bucket_size": int(5e5)},
+               "zero_optimization": zo,
                "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
                                                          "weight_decay": WD, "torch_adam": True}},
                "gradient_clipping": CLIP, "bf16": {"enabled": bf16}, "steps_per_print": 10**9}
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=cfg)
-
-        def step(x, y):
-            loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
-    elif fw == "fsdp2":
+        phases = (lambda x, y: engine(x, y), engine.backward, engine.step)
+    elif fw in ("fsdp2", "fsdp2-z3"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
             if bf16 else MixedPrecisionPolicy()
+        # fsdp2 keeps the gathered parameters from forward to backward (ZeRO-2-like traffic);
+        # fsdp2-z3 frees them after each block's forward and gathers again in backward.
+        reshard = fw == "fsdp2-z3"
         for b in model.blocks:
-            fully_shard(b, reshard_after_forward=False, mp_policy=mp)
-        fully_shard(model, reshard_after_forward=False, mp_policy=mp)
+            fully_shard(b, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(model, reshard_after_forward=reshard, mp_policy=mp)
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
 
-        def step(x, y):
-            model(x, y).backward()
+        def opt_step():
             torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
             opt.step()
             opt.zero_grad(set_to_none=True)
+        phases = (model, lambda loss: loss.backward(), opt_step)
+    elif fw == "ref":
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
+
+        def opt_step():
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        phases = (model, lambda loss: loss.backward(), opt_step)
     else:
         # DDP: bf16 runs keep the model in bf16 (gradients all-reduced in bf16) and fp32 master
         # copies for the optimizer, as zero does.
@@ -122,8 +180,7 @@ def worker(a):
         else:
             opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WD)
 
-        def step(x, y):
-            ddp(x, y).backward()
+        def opt_step():
             if bf16:
                 for m, q in zip(masters, model.parameters()):
                     m.grad = q.grad.float()
@@ -135,19 +192,52 @@ def worker(a):
                 with torch.no_grad():
                     for m, q in zip(masters, model.parameters()):
                         q.copy_(m)
+        phases = (ddp, lambda loss: loss.backward(), opt_step)
 
-    g = torch.Generator().manual_seed(1000 + rank)
-    times = []
+    # The reference takes every rank's batch (the same generators) side by side: with equal
+    # token counts the mean over their union is the mean of the ranks' means.
+    gens = [torch.Generator().manual_seed(1000 + r)
+            for r in (range(a.ref_world) if fw == "ref" else [rank])]
+    # --phases: the last two steps run under the profiler (allocator events) and are not timed;
+    # the second of them is the one measured (the first makes every free in it a known block).
+    profiled = 2 if a.phases else 0
+    times, base, prof = [], 0, None
     for s in range(a.steps):
-        x = torch.randint(p["vocab"], (a.micro, a.seq_len), generator=g)
+        x = torch.cat([torch.randint(p["vocab"], (a.micro, a.seq_len), generator=g)
+                       for g in gens])
+        y = torch.roll(x, -1, 1)
+        if s == a.steps - profiled:
+            from torch.profiler import ProfilerActivity, profile
+            prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            prof.__enter__()
+        if profiled and s == a.steps - 1:
+            base = live_tensor_bytes(torch)  # what the step starts from
         t = time.perf_counter()
-        step(x, torch.roll(x, -1, 1))
-        times.append(time.perf_counter() - t)
-    state = torch.tensor([live_tensor_bytes(torch)], dtype=torch.float64)
+        if prof is not None:
+            from torch.profiler import record_function
+            for ph, f in zip(PHASES, phases):
+                with record_function(f"s{s}:{ph}"):
+                    out = f(x, y) if ph == "forward" else (f(out) if ph == "backward" else f())
+        else:
+            phases[1](phases[0](x, y))
+            phases[2]()
+            times.append(time.perf_counter() - t)
+    peaks = {}
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        peaks = phase_peaks(prof, f"s{a.steps - 1}")
+    state = torch.tensor([live_tensor_bytes(torch), base] + [peaks.get(ph, 0) for ph in PHASES],
+                         dtype=torch.float64)
     dist.all_reduce(state, op=dist.ReduceOp.MAX)
+    flat = full_params(torch, model, fw, engine) if a.dump_params else None
     if rank == 0:
+        if flat is not None:
+            flat.numpy().astype("<f4").tofile(a.dump_params)
         json.dump({"step_s": statistics.median(times[a.warmup:]),
-                   "model_state_bytes": int(state.item()),
+                   "model_state_bytes": int(state[0].item()),
+                   "phase_start_bytes": int(state[1].item()),
+                   "phase_net_peak": {ph: int(state[2 + i].item())
+                                      for i, ph in enumerate(PHASES)} if peaks else None,
                    "num_params": sum(q.numel() for q in Gpt(p["vocab"], p["dim"], p["layers"],
                                                             p["heads"], 8, False,
                                                             tied=p["tied"]).parameters())},
@@ -162,16 +252,23 @@ def ds_python():
     return py if os.path.exists(py) else sys.executable
 
 
-def run(n, port, argv, env, rss_file):
-    """torchrun with every rank under GNU time; returns the max peak RSS over ranks (bytes)."""
+def run(n, port, argv, env, rss_file, result=None):
+    """torchrun with every rank under GNU time; returns the max peak RSS over ranks (bytes).
+    `result`: the run's result file; DeepSpeed's ZeRO-3 on the CPU may abort while tearing down
+    after writing it, so a failed exit is accepted when that file exists (and said so)."""
     if os.path.exists(rss_file):
         os.remove(rss_file)
+    if result and os.path.exists(result):
+        os.remove(result)
     cmd = ["torchrun", "--no-python", "--standalone", f"--nproc-per-node={n}",
            f"--master-port={port}", "/usr/bin/time", "-a", "-o", rss_file, "-f", "PEAKRSS %M"]
     res = subprocess.run(cmd + argv, capture_output=True, text=True, env=env)
     if res.returncode != 0:
-        sys.exit(f"peers: {' '.join(cmd + argv)} failed:\n{res.stdout[-3000:]}\n"
-                 f"{res.stderr[-3000:]}")
+        if not (result and os.path.exists(result)):
+            sys.exit(f"peers: {' '.join(cmd + argv)} failed:\n{res.stdout[-3000:]}\n"
+                     f"{res.stderr[-3000:]}")
+        print(f"peers: exit {res.returncode} after the results were written (teardown); "
+              f"accepted: {res.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
     kb = [int(line.split()[1]) for line in open(rss_file) if line.startswith("PEAKRSS")]
     assert len(kb) == n, f"expected {n} RSS lines, got {kb}"
     return max(kb) * 1024
@@ -193,16 +290,26 @@ def one_run(fw, n, dtype, a, port, tmp):
                 "--set", "no_weight_decay=[]", "--summary-json", out]
         rss = run(n, port, argv, env, rss_file)
         s = json.load(open(out))
-        return {"step_s": s["step_seconds_median"], "peak_rss": rss,
-                "model_state_bytes": s["memory"][0]["measured"]["total"],
-                "num_params": s["num_params"]}
+        r = {"step_s": s["step_seconds_median"], "peak_rss": rss,
+             "model_state_bytes": s["memory"][0]["measured"]["total"],
+             "num_params": s["num_params"]}
+        if a.phases:
+            # zero-train's own counting allocator: per phase, the most any rank held (absolute).
+            r["phase_peak"] = {ph: s["phase_peaks"][ph]["measured"] for ph in PHASES}
+        return r
     py = ds_python() if fw.startswith("ds") else sys.executable
     argv = [py, os.path.abspath(__file__), "--worker", fw, "--dtype", dtype, "--model", a.model,
             "--steps", str(a.steps), "--warmup", str(a.warmup), "--seq-len", str(a.seq_len),
-            "--micro", str(a.micro), "--out", out]
-    rss = run(n, port, argv, env, rss_file)
+            "--micro", str(a.micro), "--out", out, "--ref-world", str(n)]
+    if a.phases:
+        argv.append("--phases")
+    if a.check_params:
+        argv += ["--dump-params", os.path.join(tmp, f"params-{fw}-{n}-{dtype}.bin")]
+    rss = run(1 if fw == "ref" else n, port, argv, env, rss_file, result=out)
     r = json.load(open(out))
     r["peak_rss"] = rss
+    if r.get("phase_net_peak"):
+        r["phase_peak"] = {ph: r["phase_start_bytes"] + v for ph, v in r["phase_net_peak"].items()}
     return r
 
 
@@ -215,6 +322,81 @@ def baseline(kind, n, a, port, tmp):
         py = ds_python() if kind == "deepspeed" else sys.executable
         argv = [py, os.path.abspath(__file__), "--worker", "none", "--baseline", kind]
     return run(n, port, argv, env, rss_file)
+
+
+def compare_params(tmp, fw, n, dtype, ref):
+    """max |fw - ref| and ||fw - ref|| / ||ref|| over every parameter element."""
+    import numpy as np
+    x = np.fromfile(os.path.join(tmp, f"params-{fw}-{n}-{dtype}.bin"), dtype="<f4").astype("f8")
+    y = np.fromfile(os.path.join(tmp, f"params-{ref}-{n}-{dtype}.bin"), dtype="<f4").astype("f8")
+    assert x.shape == y.shape, f"{fw} vs {ref}: {x.shape} vs {y.shape} elements"
+    return float(np.max(np.abs(x - y))), float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
+
+def stage3_main(a):
+    """The stage-3 table (issue 33): per rank, model states and each phase's allocator peak, and
+    step time, for the frameworks given, plus every framework's final parameters against a
+    single-process reference. zero-train's phases come from its own counting allocator
+    (summary `phase_peaks`); the Python ones from the profiler's allocator events."""
+    if a.frameworks == FRAMEWORKS:
+        a.frameworks = ["zero-s2", "fsdp2-z3", "ds-z3", "ds-z2"]
+    a.phases = True
+    a.check_params = "fp32" in a.dtypes
+    port = 29800 + os.getpid() % 100
+    runs, checks = {}, {}
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in a.ranks:
+            for dtype in a.dtypes:
+                fws = a.frameworks + (["ref"] if dtype == "fp32" else [])
+                for fw in fws:
+                    port += 1
+                    r = one_run(fw, n, dtype, a, port, tmp)
+                    runs[(fw, n, dtype)] = r
+                    print(f"peers: N={n} {dtype} {fw}: {r['step_s']:.3f} s/step, model states "
+                          f"{mib(r['model_state_bytes']):.0f} MiB ({time.time() - t0:.0f} s)",
+                          file=sys.stderr, flush=True)
+                if dtype == "fp32":
+                    for fw in a.frameworks:
+                        if not fw.startswith("zero-"):
+                            checks[(fw, n)] = compare_params(tmp, fw, n, dtype, "ref")
+                    if "ds-z3" in a.frameworks and "fsdp2-z3" in a.frameworks:
+                        checks[("ds-z3 vs fsdp2-z3", n)] = compare_params(tmp, "ds-z3", n, dtype,
+                                                                          "fsdp2-z3")
+    nparams = runs[next(iter(runs))]["num_params"]
+    cmd = (f"python3 bench/peers.py --stage3 --model {a.model} --ranks "
+           + " ".join(map(str, a.ranks)) + " --dtypes " + " ".join(a.dtypes)
+           + " --frameworks " + " ".join(a.frameworks)
+           + f" --steps {a.steps} --warmup {a.warmup} --seq-len {a.seq_len} --micro {a.micro}")
+    lines = [f"## {a.model} ({nparams / 1e6:.1f} M parameters), stage 3 and its neighbours", "",
+             f"`{cmd}`", "",
+             "| N | dtype | framework | step (s) | model states (MiB) | step start (MiB) | "
+             "forward peak (MiB) | backward peak (MiB) | step peak (MiB) | max net peak (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (fw, n, dtype), r in runs.items():
+        if fw == "ref":
+            continue
+        pk = r.get("phase_peak", {})
+        start = r.get("phase_start_bytes")
+        net = (max(pk.values()) - r["model_state_bytes"]) if pk else None
+        lines.append(f"| {n} | {dtype} | {fw} | {r['step_s']:.3f} | "
+                     f"{mib(r['model_state_bytes']):.1f} | "
+                     + (f"{mib(start):.1f} | " if start is not None else "- | "))
+        lines[-1] += " | ".join(f"{mib(pk[ph]):.1f}" if ph in pk else "-" for ph in PHASES)
+        # No RSS column: the profiler's event records inflate the Python workers' RSS.
+        lines[-1] += (f" | {mib(net):.1f} |" if net is not None else " | - |")
+    if checks:
+        lines += ["", f"Final parameters after {a.steps} steps (fp32) against the single-process "
+                  "reference (`ref`: one process, torch.optim.AdamW + clip_grad_norm_, the N "
+                  "ranks' batches concatenated):", "",
+                  "| N | framework | max abs diff | rel diff (norm) |", "|---|---|---|---|"]
+        for (fw, n), (ab, rel) in checks.items():
+            lines.append(f"| {n} | {fw} | {ab:.2e} | {rel:.2e} |")
+    text = "\n".join(lines) + "\n"
+    if a.out_md_stage3:
+        with open(a.out_md_stage3, "a") as f:
+            f.write(text + "\n")
+    print(text)
 
 
 def main():
@@ -231,7 +413,19 @@ def main():
     ap.add_argument("--quick", action="store_true", help="1 repetition, 4 steps (2 timed)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out-md", default=os.path.join(ROOT, "bench", "results", "peers_cpu.md"))
+    ap.add_argument("--stage3", action="store_true",
+                    help="the stage-3 set: " + " ".join(STAGE3) + " (zero-s3 left out unless "
+                         "named in --frameworks), with --phases and --check-params")
+    ap.add_argument("--out-md-stage3", default="",
+                    help="--stage3: append the table to this file (default: print only)")
+    ap.add_argument("--phases", action="store_true",
+                    help="per-phase allocator peaks (forward, backward, step) of the last step")
+    ap.add_argument("--check-params", action="store_true",
+                    help="dump every framework's final parameters and compare them with a "
+                         "single-process reference (fp32)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--ref-world", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--dump-params", help=argparse.SUPPRESS)
     ap.add_argument("--baseline", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -241,6 +435,8 @@ def main():
         return worker(a)
     if a.quick:
         a.reps, a.steps, a.warmup = 1, 4, 2
+    if a.stage3:
+        return stage3_main(a)
     # zero-train's median skips only its first step; the Python workers skip `warmup`.
     port = 29800 + os.getpid() % 100
     runs, bases = {}, {}
