@@ -287,34 +287,6 @@ TEST(PipelineTensorParallel, StepTimesAndValuesGatheredOverTheStages) {
   });
 }
 
-// The tensor-parallel ranks of a stage would write the same files under stage<s>/: every rank
-// refuses, naming the key, before touching the directory (none waits for another).
-TEST(PipelineTensorParallel, CheckpointsAreRefusedOnEveryRankBeforeAnyFile) {
-  GptConfig c = examples::gpt_preset("tiny");
-  const std::string dir = ::testing::TempDir() + "/pp_tp_refused_" + std::to_string(::getpid());
-  testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
-    const PipelineGrid grid = make_pipeline_grid(w, 2, 2);
-    examples::TpGpt model(grid.tp, c);
-    PipelineEngine pipe(examples::tp_gpt_pipeline_layers(model), examples::tp_gpt_loss(grid.tp),
-                        engine_config(Opt::SGD, 2, 2, ScheduleKind::OneFOneB), grid);
-    for (const bool save : {true, false}) {
-      try {
-        if (save) {
-          pipe.save_checkpoint(dir);
-        } else {
-          pipe.load_checkpoint(dir);
-        }
-        ADD_FAILURE() << (save ? "save" : "load") << " accepted under tensor parallelism";
-      } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find("tensor_parallel.autotp_size = 2"), std::string::npos)
-            << e.what();
-      }
-    }
-    w->barrier("every rank refused");
-  });
-  EXPECT_FALSE(std::filesystem::exists(dir)) << "a refused save wrote " << dir;
-}
-
 TEST(PipelineTensorParallel, RefusesSequenceParallelismAndAGridNotDividingTheWorld) {
   GptConfig c = examples::gpt_preset("tiny");
   testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {

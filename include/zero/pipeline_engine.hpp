@@ -56,20 +56,29 @@ struct PipelineGrid {
 PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages, int tp = 1);
 
 // How a pipelined checkpoint was cut: PipelineEngine::save_checkpoint records it beside each
-// stage's shards (dir/stage<s>/<tag>/pipeline.json), and a load at another pipeline.stages reads
-// it to find every layer's parameters.
+// stage's shards (dir/stage<s>/<tag>/pipeline.json; under tensor parallelism beside each stage's
+// tensor-parallel rank's, dir/stage<s>/tp<r>/<tag>/pipeline.json), and a load at another
+// pipeline.stages or tensor-parallel size reads it to find every layer's parameters.
 struct PipelineSaveLayout {
   std::string tag;
   int stages = 0;           // the saving run's pipeline.stages
+  int tp = 1;               // its tensor-parallel size: > 1 saved into dir/stage<s>/tp<r>/
   std::vector<int> bounds;  // its stage s held layers bounds[s] .. bounds[s + 1] - 1
   // false: a save from before the layout was recorded (no pipeline.json): `stages` counts the
   // stage directories holding the tag, `bounds` is empty, and it loads at that P only.
   bool recorded = true;
 };
-// The layout of `dir`'s pipelined save `tag` ("" = the one dir/stage0/latest names), checked
-// against every stage directory it names. Reads files only; throws CheckpointError naming the
-// file when there is no such save or its stages disagree.
+// The layout of `dir`'s pipelined save `tag` ("" = the one dir/stage0/latest, or
+// dir/stage0/tp0/latest, names; the newer when both do), checked against every stage and
+// tensor-parallel directory it names. Reads files only; throws CheckpointError naming the
+// directory when there is no such save, one of its directories is missing, or they disagree.
 PipelineSaveLayout read_pipeline_save(const std::string& dir, const std::string& tag = "");
+// Every directory holding a part of the save `saved` of `dir`, stage by stage: dir/stage<s>, or
+// dir/stage<s>/tp0 .. tp<T-1> under tensor parallelism. Together they hold the whole model (the
+// parameters named "<layer index>.<name in the layer>", split weights as blocks with their
+// offsets): read_consolidated(pipeline_save_dirs(dir, saved), saved.tag) puts it together.
+std::vector<std::string> pipeline_save_dirs(const std::string& dir,
+                                            const PipelineSaveLayout& saved);
 
 // pipeline.virtual_stages of `cfg` (kept in Config::extra under that key; 1 when unset).
 int virtual_stages(const Config& cfg);
@@ -111,18 +120,22 @@ class PipelineEngine {
                          const std::vector<at::Tensor>& targets);
 
   // Checkpoints per stage: each stage's engine writes its own shards under dir/stage<s>/ (over
-  // its data-parallel group; every rank calls it), its parameters named by their layer's index
+  // its data-parallel group; every rank calls it; under tensor parallelism each tensor-parallel
+  // rank its blocks under dir/stage<s>/tp<r>/, so no two ranks write one file), its parameters
+  // named by their layer's index
   // in the whole list ("3.wq.weight"), a tied weight once, under its owner's name; beside them
   // pipeline.json records P and the partition (PipelineSaveLayout). save_checkpoint returns once
   // every stage's save is complete (an all-reduce over dp and pp: a failure throws on all).
-  // load_checkpoint resumes a save of any pipeline.stages, partition and data-parallel size of
-  // the same model: each stage reads its layers' parameters, master weights, optimizer states
-  // and step counters from whichever stage directories hold them (Engine::load_checkpoint(dirs,
+  // load_checkpoint resumes a save of any pipeline.stages, partition, tensor-parallel and
+  // data-parallel size of the same model: each stage reads its layers' parameters, master
+  // weights, optimizer states and step counters from whichever stage directories (and their
+  // tensor-parallel ranks' blocks) hold them (Engine::load_checkpoint(dirs,
   // tag, part): the part is its layers), then sends the loaded tied weights to their copies on the
   // other stages. Returns the tag.
   void save_checkpoint(const std::string& dir, const std::string& tag = "", int keep_last = 0);
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
-  // dir/stage<s>: where this stage's checkpoints go.
+  // dir/stage<s>, or dir/stage<s>/tp<r> under tensor parallelism: where this rank's stage's
+  // checkpoints go (and the directory keep_last prunes).
   std::string stage_dir(const std::string& dir) const;
 
   int stage() const;

@@ -22,10 +22,11 @@ namespace zero::pipeline {
 struct PipelineEngine::Impl {
   std::vector<int> bounds;
   int stage = 0, stages = 1, micro_batches = 1, virtual_stages = 1;
-  std::string partition;          // pipeline.partition, recorded with checkpoints
-  std::shared_ptr<Group> pp, dp;  // the checkpoints' agreement spans both
-  int tp = 1;                     // tensor-parallel ranks per stage
-  EngineStage* engine = nullptr;  // owned by runtime
+  std::string partition;            // pipeline.partition, recorded with checkpoints
+  std::shared_ptr<Group> pp, dp;    // the checkpoints' agreement spans both, and tp
+  std::shared_ptr<Group> tp_group;  // null or of size 1 without tensor parallelism
+  int tp = 1, tp_rank = 0;          // tensor-parallel ranks per stage, and this rank's
+  EngineStage* engine = nullptr;    // owned by runtime
   std::unique_ptr<PipelineRuntime> runtime;
 };
 
@@ -46,15 +47,20 @@ void check(const Config& cfg, const Group& pp) {
         "DeepSpeed also refuses; set zero_optimization.stage: 1 (or 0)");
 }
 
-// A collective over dp and pp: throws CheckpointError on every rank when `err` is non-empty on
-// any (this rank's own message, or one naming the stages that failed).
-void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& pp, c10::Device device,
-           const std::string& err, const std::string& what, const std::string& failure) {
+// A collective over dp, tp and pp: throws CheckpointError on every rank when `err` is non-empty
+// on any (this rank's own message, or one naming the stages that failed). The pipeline group
+// joins one tensor-parallel rank across the stages, so a failure on another tensor-parallel rank
+// of the stage reaches it through tp first.
+void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& tp,
+           const std::shared_ptr<Group>& pp, c10::Device device, const std::string& err,
+           const std::string& what, const std::string& failure) {
   // On the stage's device, where its groups move tensors (an NCCL group's GPU; gloo: the
   // host); not dp's bound device, which a data-parallel group of one rank does not have.
   at::Tensor failed =
       at::full({1}, err.empty() ? 0 : 1, at::TensorOptions().dtype(at::kLong).device(device));
   comm::of(dp)->all_reduce_sum(failed, "pipeline " + what + ": agree over dp").wait();
+  if (tp && tp->size() > 1)
+    comm::of(tp)->all_reduce_sum(failed, "pipeline " + what + ": agree over tp").wait();
   const at::Tensor stages =
       comm::gather_status(*comm::of(pp), failed, "pipeline " + what + ": agree over pp");
   if (!err.empty()) throw CheckpointError(err);
@@ -64,16 +70,6 @@ void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& pp, c
   if (!which.empty())
     throw CheckpointError(what + ": pipeline stage " + which + " " + failure +
                           " (the error on its ranks says why)");
-}
-
-// The tensor-parallel ranks of a stage would write the same shard files under stage<s>/ (the
-// save has no tp<r>/ level yet): refused alike on every rank, before any file is touched.
-void refuse_tensor_parallel_checkpoints(int tp) {
-  if (tp > 1)
-    throw std::invalid_argument(
-        "pipeline checkpoints with tensor_parallel.autotp_size = " + std::to_string(tp) +
-        " are not built yet (every tensor-parallel rank of a stage would write the same files); "
-        "train without trainer.save_interval / trainer.resume, or with autotp_size: 1");
 }
 
 // Checkpoints record each stage's layers as one contiguous run (PipelineSaveLayout::bounds) and
@@ -149,6 +145,8 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   m.pp = pp;
   m.dp = dp;
   m.tp = grid.tp ? grid.tp->size() : 1;
+  m.tp_rank = grid.tp ? grid.tp->rank() : 0;
+  m.tp_group = grid.tp;
   // The norm (clipping, the fp16 overflow check) spans the tensor-parallel ranks and the stages:
   // each stage holds its own layers, and a tied weight is trained by its owner alone, so nothing
   // is replicated across the stages.
@@ -175,34 +173,34 @@ at::Tensor PipelineEngine::train_batch(const std::vector<at::Tensor>& inputs,
 }
 
 std::string PipelineEngine::stage_dir(const std::string& dir) const {
-  return dir + "/stage" + std::to_string(impl_->stage);
+  return stage_save_dir(dir, impl_->stage, impl_->tp, impl_->tp_rank);
 }
 
 void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& tag,
                                      int keep_last) {
   auto& m = *impl_;
-  refuse_tensor_parallel_checkpoints(m.tp);
   refuse_interleaved_checkpoints(m.virtual_stages);
-  // The engine's save (agreed over dp), then the layout beside the shards by the stage's first
-  // data-parallel rank; then every rank of every stage learns whether all of it was written, so
-  // that a stage whose save failed does not leave the others waiting, and a load at another P
-  // right after finds every stage's.
+  // The engine's save (agreed over dp), then the layout beside the shards by the first
+  // data-parallel rank of each stage's tensor-parallel rank; then every rank of every stage learns
+  // whether all of it was written, so that a stage whose save failed does not leave the others
+  // waiting, and a load at another P right after finds every stage's.
   std::string err;
   try {
     engine().save_checkpoint(stage_dir(dir), tag, keep_last);
     if (m.dp->rank() == 0) {
-      const PipelineSaveLayout layout{latest_checkpoint_tag(stage_dir(dir)), m.stages, m.bounds};
-      write_save_layout(dir, m.stage, layout, m.partition);
+      const PipelineSaveLayout layout{latest_checkpoint_tag(stage_dir(dir)), m.stages, m.tp,
+                                      m.bounds};
+      write_save_layout(dir, m.stage, m.tp_rank, layout, m.partition);
     }
   } catch (const std::exception& e) {
     err = e.what();
   }
-  agree(m.dp, m.pp, m.runtime->device(), err, "save_checkpoint('" + dir + "')", "could not save");
+  agree(m.dp, m.tp_group, m.pp, m.runtime->device(), err, "save_checkpoint('" + dir + "')",
+        "could not save");
 }
 
 std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
   auto& m = *impl_;
-  refuse_tensor_parallel_checkpoints(m.tp);
   refuse_interleaved_checkpoints(m.virtual_stages);
   const std::string what = "load_checkpoint('" + dir + "')";
   // Each phase ends in an agreement over dp and pp, so that no rank enters the engine's
@@ -212,11 +210,11 @@ std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::s
   std::string err;
   try {
     saved = read_pipeline_save(dir, tag);
-    dirs = dirs_to_load(dir, saved, m.bounds, m.stage);
+    dirs = dirs_to_load(dir, saved, m.bounds, m.stage, m.tp, m.tp_rank);
   } catch (const std::exception& e) {
     err = e.what();
   }
-  agree(m.dp, m.pp, m.runtime->device(), err, what, "could not read the save's layout");
+  agree(m.dp, m.tp_group, m.pp, m.runtime->device(), err, what, "could not read the save's layout");
   std::string loaded;
   try {
     loaded = engine().load_checkpoint(dirs, saved.tag,
@@ -224,7 +222,7 @@ std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::s
   } catch (const std::exception& e) {
     err = e.what();
   }
-  agree(m.dp, m.pp, m.runtime->device(), err, what, "could not load its layers");
+  agree(m.dp, m.tp_group, m.pp, m.runtime->device(), err, what, "could not load its layers");
   m.runtime->sync_tied_weights();
   return loaded;
 }

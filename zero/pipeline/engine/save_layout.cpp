@@ -73,7 +73,7 @@ std::vector<int> int_list(const std::string& text, const std::string& key,
 }
 
 struct Recorded {
-  int stages = 0;
+  int stages = 0, tp = 1;
   std::vector<int> bounds;
 };
 
@@ -84,6 +84,9 @@ Recorded read_layout_file(const std::string& path) {
   Recorded r;
   r.stages = int_value(text, "stages", path);
   r.bounds = int_list(text, "bounds", path);
+  // Saves from before tensor-parallel pipelines were saved record no "tp": one rank per stage.
+  if (text.find("\"tp\"") != std::string::npos) r.tp = int_value(text, "tp", path);
+  ZERO_CKPT_CHECK(r.tp >= 1, path, ": \"tp\" is ", r.tp, ", not a tensor-parallel size");
   bool ok = r.stages >= 1 && r.bounds.size() == static_cast<size_t>(r.stages) + 1 &&
             r.bounds.front() == 0;
   for (size_t i = 1; ok && i < r.bounds.size(); ++i) ok = r.bounds[i] >= r.bounds[i - 1];
@@ -94,28 +97,41 @@ Recorded read_layout_file(const std::string& path) {
 
 }  // namespace
 
-void write_save_layout(const std::string& dir, int stage, const PipelineSaveLayout& layout,
-                       const std::string& partition) {
+std::string stage_save_dir(const std::string& dir, int stage, int tp, int tp_rank) {
+  return tp == 1 ? stage_dir(dir, stage) : stage_dir(dir, stage) + "/tp" + std::to_string(tp_rank);
+}
+
+void write_save_layout(const std::string& dir, int stage, int tp_rank,
+                       const PipelineSaveLayout& layout, const std::string& partition) {
   std::string json = "{\n  \"format\": 1,\n  \"tag\": " + ckpt::json_quote(layout.tag) +
                      ",\n  \"stages\": " + std::to_string(layout.stages) +
                      ",\n  \"stage\": " + std::to_string(stage) +
+                     ",\n  \"tp\": " + std::to_string(layout.tp) +
+                     ",\n  \"tp_rank\": " + std::to_string(tp_rank) +
                      ",\n  \"layers\": " + std::to_string(layout.bounds.back()) +
                      ",\n  \"bounds\": " + bounds_text(layout.bounds) +
                      ",\n  \"partition\": " + ckpt::json_quote(partition) + "\n}\n";
-  ckpt::write_file_atomic(stage_dir(dir, stage) + "/" + layout.tag + "/" + kFile, json);
+  ckpt::write_file_atomic(
+      stage_save_dir(dir, stage, layout.tp, tp_rank) + "/" + layout.tag + "/" + kFile, json);
 }
 
 PipelineSaveLayout read_pipeline_save(const std::string& dir, const std::string& tag_arg) {
   PipelineSaveLayout out;
-  const std::string first = stage_dir(dir, 0);
+  std::error_code ec;
+  // A save under tensor parallelism lies in stage<s>/tp<r>/; when stage0 holds both layouts (a
+  // run resumed under another tensor-parallel size into the same save_dir), checkpoint_dirs
+  // picks the one the tag names, or the newer.
+  const std::vector<std::string> found = checkpoint_dirs(stage_dir(dir, 0), tag_arg);
+  const bool split = !found.empty() && found.front() != stage_dir(dir, 0);
+  const std::string first = split ? found.front() : stage_dir(dir, 0);
   out.tag = tag_arg.empty() ? latest_checkpoint_tag(first) : tag_arg;
   ZERO_CKPT_CHECK(!out.tag.empty(), first, "/latest: missing: no pipelined checkpoint in ", dir,
-                  " (PipelineEngine::save_checkpoint writes dir/stage<s>/<tag>/ and "
-                  "dir/stage0/latest); give the save_dir a pipelined run saved into");
+                  " (PipelineEngine::save_checkpoint writes dir/stage<s>/<tag>/, or "
+                  "dir/stage<s>/tp<r>/<tag>/ under tensor parallelism, and its latest); give the "
+                  "save_dir a pipelined run saved into");
   ckpt::check_tag(out.tag);
-  std::error_code ec;
   const std::string path0 = first + "/" + out.tag + "/" + kFile;
-  if (!fs::exists(path0, ec)) {
+  if (!split && !fs::exists(path0, ec)) {
     // A save from before pipeline.json: the stage directories that hold the tag.
     ZERO_CKPT_CHECK(fs::exists(first + "/" + out.tag + "/manifest.json", ec), first, "/", out.tag,
                     ": no such checkpoint (no manifest.json)");
@@ -126,46 +142,82 @@ PipelineSaveLayout read_pipeline_save(const std::string& dir, const std::string&
   }
   const Recorded r = read_layout_file(path0);
   out.stages = r.stages;
+  out.tp = r.tp;
   out.bounds = r.bounds;
-  for (int s = 1; s < out.stages; ++s) {
-    const std::string path = stage_dir(dir, s) + "/" + out.tag + "/" + kFile;
+  ZERO_CKPT_CHECK(split == (r.tp > 1), path0, ": records tensor-parallel size ", r.tp,
+                  " but lies in ", first, ": the directories are not one save");
+  for (const std::string& sub : pipeline_save_dirs(dir, out)) {
+    const std::string path = sub + "/" + out.tag + "/" + kFile;
+    ZERO_CKPT_CHECK(fs::exists(path, ec), sub, "/", out.tag,
+                    ": missing: the save of pipeline.stages ", r.stages,
+                    " x tensor_parallel.autotp_size ", r.tp, " (", path0,
+                    ") has one directory per stage and tensor-parallel rank (dir/stage<s>/",
+                    r.tp > 1 ? "tp<r>/" : "", "<tag>), ", r.stages * r.tp,
+                    " in all; copy every one of them with the save, or load another tag");
     const Recorded other = read_layout_file(path);
-    ZERO_CKPT_CHECK(other.stages == r.stages && other.bounds == r.bounds, path, ": stages ",
-                    other.stages, " with bounds ", bounds_text(other.bounds), " but ", path0,
-                    " has stages ", r.stages, " with bounds ", bounds_text(r.bounds),
+    ZERO_CKPT_CHECK(other.stages == r.stages && other.tp == r.tp && other.bounds == r.bounds, path,
+                    ": stages ", other.stages, " x tp ", other.tp, " with bounds ",
+                    bounds_text(other.bounds), " but ", path0, " has stages ", r.stages, " x tp ",
+                    r.tp, " with bounds ", bounds_text(r.bounds),
                     ": the stage directories are not one save");
   }
   return out;
 }
 
-std::vector<std::string> dirs_to_load(const std::string& dir, const PipelineSaveLayout& saved,
-                                      const std::vector<int>& bounds, int stage) {
+std::vector<std::string> pipeline_save_dirs(const std::string& dir,
+                                            const PipelineSaveLayout& saved) {
+  std::vector<std::string> out;
+  for (int s = 0; s < saved.stages; ++s)
+    for (int r = 0; r < saved.tp; ++r) out.push_back(stage_save_dir(dir, s, saved.tp, r));
+  return out;
+}
+
+namespace {
+
+// The saved stages overlapping layers lo .. hi - 1 of a model cut by `bounds`.
+std::vector<int> stages_to_load(const std::string& dir, const PipelineSaveLayout& saved,
+                                const std::vector<int>& bounds, int stage) {
   const int stages = static_cast<int>(bounds.size()) - 1;
   const std::string where = dir + "/stage*/" + saved.tag;
-  std::vector<std::string> dirs;
   if (!saved.recorded) {
     ZERO_CKPT_CHECK(saved.stages == stages, where, " was saved at pipeline.stages ", saved.stages,
                     " before checkpoints recorded their partition (no pipeline.json): it loads "
                     "at pipeline.stages ",
                     saved.stages, " only; this run has ", stages);
-    return {stage_dir(dir, stage)};
+    return {stage};
   }
   ZERO_CKPT_CHECK(saved.bounds.back() == bounds.back(), where, " holds a model of ",
                   saved.bounds.back(), " layers (pipeline.stages ", saved.stages, ", bounds ",
                   bounds_text(saved.bounds), ") but this one has ", bounds.back(),
                   " layers: load it into the model it was saved from");
-  if (saved.bounds == bounds) {
-    return {stage_dir(dir, stage)};
-  }
+  if (saved.bounds == bounds) return {stage};
   // Layers lo .. hi - 1 are this stage's; the saved stage t held bounds[t] .. bounds[t + 1] - 1.
   // A tied weight is named, and saved, by the first layer holding it, which lies in the range
   // of the stage that owns it in either layout.
   const int lo = bounds[stage], hi = bounds[stage + 1];
+  std::vector<int> out;
   for (int t = 0; t < saved.stages; ++t) {
-    if (saved.bounds[t] < hi && lo < saved.bounds[t + 1]) dirs.push_back(stage_dir(dir, t));
+    if (saved.bounds[t] < hi && lo < saved.bounds[t + 1]) out.push_back(t);
   }
   // A stage without layers still restores the step counters.
-  if (dirs.empty()) dirs.push_back(stage_dir(dir, 0));
+  if (out.empty()) out.push_back(0);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> dirs_to_load(const std::string& dir, const PipelineSaveLayout& saved,
+                                      const std::vector<int>& bounds, int stage, int tp,
+                                      int tp_rank) {
+  std::vector<std::string> dirs;
+  for (const int t : stages_to_load(dir, saved, bounds, stage)) {
+    // Each saved tensor-parallel rank holds its blocks of the split weights: all of them cover
+    // this rank's block under any tp (the engine reads the blocks by their recorded offsets).
+    const int own = saved.tp == tp ? tp_rank : 0;
+    dirs.push_back(stage_save_dir(dir, t, saved.tp, own));
+    for (int r = 0; r < saved.tp; ++r)
+      if (r != own) dirs.push_back(stage_save_dir(dir, t, saved.tp, r));
+  }
   return dirs;
 }
 

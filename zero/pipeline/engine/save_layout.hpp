@@ -12,17 +12,26 @@
 
 namespace zero::pipeline {
 
-// dir/stage<s>/<tag>/pipeline.json: `layout` as seen by stage `stage`, `partition` the method
-// that cut it (for humans; loading reads the bounds). Written atomically; throws CheckpointError.
-void write_save_layout(const std::string& dir, int stage, const PipelineSaveLayout& layout,
-                       const std::string& partition);
+// Where stage `stage`'s tensor-parallel rank `tp_rank` of a run with `tp` ranks per stage saves
+// (its engine's save directory, over its data-parallel group): dir/stage<s> at tp 1, else
+// dir/stage<s>/tp<r>, so that no two ranks write the same file (Megatron's mp_rank_<tp>_<pp>).
+std::string stage_save_dir(const std::string& dir, int stage, int tp, int tp_rank);
 
-// The stage directories of `saved` whose layers overlap stage `stage`'s under `bounds`, in stage
-// order (at the same bounds, the stage's own alone: its generator states are restored). Throws
+// <stage_save_dir>/<tag>/pipeline.json: `layout` as seen by stage `stage`, `partition` the method
+// that cut it (for humans; loading reads the bounds). Written atomically by the data-parallel
+// rank 0 of each (stage, tensor-parallel rank); throws CheckpointError.
+void write_save_layout(const std::string& dir, int stage, int tp_rank,
+                       const PipelineSaveLayout& layout, const std::string& partition);
+
+// The save directories of `saved` whose layers overlap stage `stage`'s under `bounds`, in stage
+// order (at the same bounds, the stage's own alone: its generator states are restored), each
+// stage's as all its tensor-parallel ranks' (saved.tp > 1), this rank's own `tp_rank` first when
+// the save had this run's `tp` (its generator states then are restored too). Throws
 // CheckpointError naming what the save holds when it cannot be loaded into a model cut by `bounds`
 // (another number of layers, or a save from before the layout was recorded at another P).
 std::vector<std::string> dirs_to_load(const std::string& dir, const PipelineSaveLayout& saved,
-                                      const std::vector<int>& bounds, int stage);
+                                      const std::vector<int>& bounds, int stage, int tp,
+                                      int tp_rank);
 
 // The parameters of layers lo .. hi - 1, by the names the stage's engine gives them
 // ("<layer index>.<name in the layer>"): a stage's part of a save.
