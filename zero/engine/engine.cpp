@@ -185,6 +185,12 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   // rank leaves initialize.
   impl->entries = std::make_unique<comm::Entries>(impl->group);
   impl->groups = std::move(groups);
+  // Sharding knows stage 3; the engine runs it once its units gather and release
+  // (docs/design/sharded-units.md §7). A config file is refused when it loads, a Config built
+  // in C++ here.
+  TORCH_CHECK(c.zero_optimization.stage >= 0 && c.zero_optimization.stage <= 2,
+              "zero: zero_optimization.stage ", c.zero_optimization.stage,
+              " is not supported by the engine; set 0, 1 or 2");
   impl->sharding =
       Sharding::of_stage(c.zero_optimization.stage, impl->group->rank(), impl->group->size());
   impl->accumulation = c.gradient_accumulation_steps;
