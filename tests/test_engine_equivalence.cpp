@@ -204,6 +204,22 @@ TEST(Overlap, OverlapOffDefersStage1ReductionToTheEnd) {
   }
 }
 
+TEST(Engine, StageThreeFromTheApiIsRefusedUntilTheEngineRunsIt) {
+  // Config files with stage 3 are refused when they load; a Config built in C++ reaches the
+  // engine, which must refuse it too (Sharding::of_stage accepts 3 since S1 began).
+  Config cfg = test_config(2, 48, 1, 0);
+  cfg.zero_optimization.stage = 3;
+  auto net = make_tiny_net(1);
+  try {
+    (void)initialize(net, cfg, comm::Group::single());
+    FAIL() << "stage 3 was accepted";
+  } catch (const c10::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("zero_optimization.stage 3 is not supported"), std::string::npos) << m;
+    EXPECT_NE(m.find("set 0, 1 or 2"), std::string::npos) << m;
+  }
+}
+
 TEST(Engine, PlainLossBackwardIsRejectedWithAHint) {
   Config cfg = test_config(2, 48, 1, 0);
   auto net = make_tiny_net(1);

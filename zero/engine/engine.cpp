@@ -185,6 +185,12 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   // rank leaves initialize.
   impl->entries = std::make_unique<comm::Entries>(impl->group);
   impl->groups = std::move(groups);
+  // Sharding knows stage 3; the engine runs it once its units gather and release
+  // (docs/design/sharded-units.md §7). A config file is refused when it loads, a Config built
+  // in C++ here.
+  TORCH_CHECK(c.zero_optimization.stage >= 0 && c.zero_optimization.stage <= 2,
+              "zero: zero_optimization.stage ", c.zero_optimization.stage,
+              " is not supported by the engine; set 0, 1 or 2");
   impl->sharding =
       Sharding::of_stage(c.zero_optimization.stage, impl->group->rank(), impl->group->size());
   impl->accumulation = c.gradient_accumulation_steps;
@@ -226,7 +232,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
               dtype_name(c.param_dtype()),
               " parameters: gradients accumulate in fp32 or in the model dtype; set fp32");
   so.accum_dtype = to_scalar_type(c.accum_dtype());
-  so.device = impl->fp.flat.device();
+  so.device = impl->fp.device();
   so.overlap = c.zero_optimization.overlap_comm;
   so.reduce_scatter = c.zero_optimization.reduce_scatter;
   const auto& qg = c.zero_optimization.quantized_gradients;
@@ -241,12 +247,12 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   impl->order = std::make_unique<GradOrder>(impl->fp.params);
   impl->set_norm_groups();
 
-  if (c.fp16.enabled) impl->scaler = DeviceLossScaler(c.fp16, impl->fp.flat.device());
+  if (c.fp16.enabled) impl->scaler = DeviceLossScaler(c.fp16, impl->fp.device());
   const int owner = impl->sharding.owner;
   // Under offload the optimizer state lives with the master shard in host memory, wherever the
   // parameters are; otherwise beside the flat buffer on the device.
   const at::TensorOptions state_opts = impl->offload ? at::TensorOptions().dtype(at::kFloat)
-                                                     : impl->fp.flat.options().dtype(at::kFloat);
+                                                     : impl->fp.options().dtype(at::kFloat);
   OptimizerBundle bundle = make_optimizer(c, impl->fp.layout, owner, state_opts);
   impl->store.optimizer = std::move(bundle.optimizer);
   impl->schedule = std::move(bundle.schedule);
@@ -359,20 +365,20 @@ at::ScalarType Engine::compute_dtype() const { return impl_->param_dtype; }
 double Engine::all_reduce_mean(double value) const {
   impl_->enter("all_reduce_mean");
   at::Tensor t =
-      at::full({1}, value, at::TensorOptions().dtype(at::kDouble)).to(impl_->fp.flat.device());
+      at::full({1}, value, at::TensorOptions().dtype(at::kDouble)).to(impl_->fp.device());
   impl_->group->all_reduce_sum(t, "all_reduce of a logged value").wait();
   return t.item<double>() / world_size();
 }
 
 at::Tensor Engine::all_reduce_mean(const at::Tensor& values) const {
   impl_->enter("all_reduce_mean");
-  at::Tensor t = values.detach().to(impl_->fp.flat.device(), at::kFloat).contiguous().clone();
+  at::Tensor t = values.detach().to(impl_->fp.device(), at::kFloat).contiguous().clone();
   impl_->group->all_reduce_sum(t, "all_reduce of logged values").wait();
   return t / world_size();
 }
 
 std::vector<int64_t> Engine::all_gather_values(int64_t value) const {
-  const auto dev = impl_->fp.flat.device();
+  const auto dev = impl_->fp.device();
   at::Tensor local = at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(dev));
   at::Tensor all = at::empty({world_size()}, local.options());
   impl_->group->all_gather(all, local, "all_gather of per-rank values").wait();
@@ -386,7 +392,7 @@ at::Tensor Engine::flat_parameters() const {
   for (int li : fp.layout_of_named) {
     if (li < 0) continue;
     const ParamSlot& s = fp.layout.params()[li];
-    parts.push_back(fp.flat.narrow(0, s.flat_offset, s.numel));
+    parts.push_back(impl_->unit_of(s.bucket).param_values(s));
   }
   return at::cat(parts).to(at::kFloat);
 }

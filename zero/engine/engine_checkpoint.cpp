@@ -13,7 +13,7 @@ namespace zero::ckpt {
 namespace {
 
 at::TensorOptions on_device(const Engine::Impl& m, at::ScalarType t) {
-  return at::TensorOptions().dtype(t).device(m.fp.flat.device());
+  return at::TensorOptions().dtype(t).device(m.fp.device());
 }
 
 std::string to_text(double v) {
@@ -62,7 +62,7 @@ std::string broadcast_string(Engine::Impl& m, const std::string& text, int root)
   if (n == 0) return "";
   at::Tensor bytes = at::empty({n}, at::kByte);
   if (g.rank() == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  at::Tensor dev = bytes.to(m.fp.flat.device());
+  at::Tensor dev = bytes.to(m.fp.device());
   g.broadcast(dev, root, "broadcast of a checkpoint string").wait();
   dev = dev.cpu();
   return std::string(static_cast<const char*>(dev.data_ptr()), static_cast<size_t>(n));

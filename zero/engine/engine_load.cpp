@@ -326,18 +326,18 @@ std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
 
   // The generator states belong to ranks; a rank the saved run did not have keeps its own. If
   // any rank cannot restore its own, every rank puts its generators back.
-  const std::string rng_before = ckpt::rng_state(m.fp.flat.device());
+  const std::string rng_before = ckpt::rng_state(m.fp.device());
   err = ckpt::attempt([&] {
     if (same_blocks && rank < man.world_size) {
       const ckpt::ShardReader& r = sources.front().readers[rank];
       const auto& rng = r.index().rng_state;
-      if (!rng.empty()) ckpt::set_rng_state(rng, m.fp.flat.device(), r.path());
+      if (!rng.empty()) ckpt::set_rng_state(rng, m.fp.device(), r.path());
     }
   });
   try {
     ckpt::agree(m, err, what);
   } catch (...) {
-    ckpt::set_rng_state(rng_before, m.fp.flat.device(), "the generator state before the load");
+    ckpt::set_rng_state(rng_before, m.fp.device(), "the generator state before the load");
     throw;
   }
   err = ckpt::attempt([&] { read_into_states(m, man, *parts, several); });

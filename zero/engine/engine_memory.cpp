@@ -15,7 +15,7 @@ MemoryReport Engine::memory_report() const {
   r.stage = m.sharding.stage();
   r.num_params = m.fp.layout.num_elements();
   r.padded_params = m.fp.layout.total_numel();
-  r.measured.params = m.fp.flat.nbytes();
+  for (const auto& u : m.units) r.measured.params += u->bytes().resident;
   const GradPathBytes path = m.sync->bytes();
   r.measured.grads = path.grads;
   r.measured.master = m.fp.master_bytes();
@@ -41,7 +41,7 @@ MemoryReport Engine::memory_report() const {
   }
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;
-  const c10::Device dev = m.fp.flat.device();
+  const c10::Device dev = m.fp.device();
   r.allocator = dev.is_cpu() ? "mallinfo2, process-wide"
                 : dev.is_cuda()
                     ? "CUDA caching allocator"
@@ -114,7 +114,7 @@ std::vector<MemoryReport> Engine::gather_memory_reports() const {
   const int n = world_size();
   const std::vector<int64_t> local_figures = figures_of(mine);
   const int64_t k = static_cast<int64_t>(local_figures.size());
-  at::Tensor local = at::tensor(local_figures, at::kLong).to(impl_->fp.flat.device());
+  at::Tensor local = at::tensor(local_figures, at::kLong).to(impl_->fp.device());
   at::Tensor all = at::empty({n * k}, local.options());
   impl_->group->all_gather(all, local, "all_gather of memory reports").wait();
   all = all.cpu();

@@ -28,7 +28,7 @@ ckpt::WrittenFile write_shard(Engine::Impl& m, const fs::path& tmp_dir) {
   ckpt::ShardIndex index;
   index.rank = rank;
   index.world = world;
-  index.rng_state = ckpt::rng_state(m.fp.flat.device());
+  index.rng_state = ckpt::rng_state(m.fp.device());
   // Every unit steps the same optimizer: the state names are the first's.
   for (const auto& s : m.units.front()->optimizer_window()) index.state_names.push_back(s.first);
   for (const auto& [u, p] : pieces) {
@@ -174,7 +174,7 @@ void save_into(Engine::Impl& m, const std::string& tag, const fs::path& root,
   at::Tensor mine =
       at::tensor({static_cast<int64_t>(written.bytes), static_cast<int64_t>(written.payload_crc)},
                  at::kLong)
-          .to(m.fp.flat.device());
+          .to(m.fp.device());
   at::Tensor all = at::empty({2 * world}, mine.options());
   m.group->all_gather(all, mine, "all_gather of checkpoint file sizes").wait();
   all = all.cpu();

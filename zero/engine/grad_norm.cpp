@@ -68,7 +68,7 @@ void Engine::Impl::set_norm_groups() {
                 "list only the further groups (tensor, pipeline parallel) in groups.norm");
     mine[i] = groups.norm[i].group->rank();
   }
-  mine = mine.to(fp.flat.device());
+  mine = mine.to(fp.device());
   at::Tensor all = at::empty({n * group->size()}, mine.options());
   group->all_gather(all, mine, "all_gather of the norm groups' ranks").wait();
   all = all.cpu().reshape({group->size(), n});
@@ -125,16 +125,16 @@ at::Tensor Engine::Impl::squared_grad_norm() {
       // Beside a device, the host shard's norm runs on the host optimizer's threads (torchrun's
       // OMP_NUM_THREADS=1 would leave it on one core: ~0.3 s a step for 7B's shard at world 8).
       // A CPU run keeps the engine's own reduction, bit for bit the one without offload.
-      auto* host = offload && !fp.flat.is_cpu()
+      auto* host = offload && !fp.device().is_cpu()
                        ? dynamic_cast<optim::HostShardOptimizer*>(store.optimizer.get())
                        : nullptr;
-      TORCH_INTERNAL_ASSERT(host || !offload || fp.flat.is_cpu(),
+      TORCH_INTERNAL_ASSERT(host || !offload || fp.device().is_cpu(),
                             "zero: optimizer offload without a host optimizer");
       sq = host ? host->squared_norm(g, pieces) : squared_norm(g, pieces);
-      if (offload && fp.flat.is_cuda()) {
-        sq = sq.pin_memory().to(fp.flat.device(), /*non_blocking=*/true);
+      if (offload && fp.device().is_cuda()) {
+        sq = sq.pin_memory().to(fp.device(), /*non_blocking=*/true);
       } else if (offload) {
-        sq = sq.to(fp.flat.device());
+        sq = sq.to(fp.device());
       }
     }
     // Unsharded, every rank holds the all-reduced gradient: its sum is dp's already.

@@ -13,7 +13,7 @@
 namespace zero {
 
 void Engine::Impl::apply_arrival_order() {
-  const GradOrder::Agreed agreed = order->agreed_order(*group, fp.flat.device());
+  const GradOrder::Agreed agreed = order->agreed_order(*group, fp.device());
   const FlatLayout& L = fp.layout;
   // A bucket can be reduced once its last gradient is in: its place in the first pass is the
   // latest arrival among its parameters (one that never arrived counts as after all others, as

@@ -59,7 +59,8 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
       const ParamSlot& s = fp.layout.params()[it->second];
       // Stage 0 holds the whole master; fp32 parameters are the master (published on every
       // rank after each step), at the same offsets.
-      v = out_of((in_flat ? fp.flat : fp.master).narrow(0, s.flat_offset, s.numel));
+      v = out_of(in_flat ? im.unit_of(s.bucket).param_values(s)
+                         : fp.master.narrow(0, s.flat_offset, s.numel));
     }
     out.emplace_back(item.key(), v.view(p.sizes()));
   }

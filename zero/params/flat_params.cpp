@@ -27,6 +27,7 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
   const bool fp32 = opts.param_dtype == at::kFloat;
   const bool whole = opts.shards == 1;
   fp.flat = at::empty({fp.layout.total_numel()}, f32.dtype(opts.param_dtype));
+  fp.compute_options = fp.flat.options();
   using Storage = FlatParams::MasterStorage;
   fp.storage = opts.host_master ? Storage::kHost
                : !fp32          ? Storage::kOwnTensor

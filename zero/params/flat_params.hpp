@@ -20,6 +20,13 @@ struct FlatParams {
   std::vector<at::Tensor> params;    // the module's trainable parameters, in layout order
   std::vector<int> layout_of_named;  // layout index of the i-th distinct named parameter
   at::Tensor flat;  // compute dtype, layout.total_numel(); params are views into it
+  // The parameters' compute dtype and device (`flat`'s options). Kept apart from `flat` so that
+  // what only needs the device or dtype does not read the buffer: at stage 3 there is no one
+  // flat buffer but one per unit (docs/design/sharded-units.md §7, part 3), and the buffer's
+  // values are read through the units (ShardedUnit::buffer).
+  at::TensorOptions compute_options;
+  const at::TensorOptions& options() const { return compute_options; }
+  at::Device device() const { return compute_options.device(); }
   // Where this rank's fp32 master shard lives (the accessors below hide which it is).
   enum class MasterStorage {
     // A device tensor of its own: bf16/fp16 parameters (the optimizer steps fp32 masters).

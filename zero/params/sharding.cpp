@@ -5,11 +5,12 @@
 namespace zero {
 
 Sharding Sharding::of_stage(int stage, int rank, int size) {
-  TORCH_CHECK(stage >= 0 && stage <= 2, "zero: zero_optimization.stage ", stage,
-              " is not supported by the engine; set 0, 1 or 2");
+  TORCH_CHECK(stage >= 0 && stage <= 3, "zero: zero_optimization.stage ", stage,
+              " is not a ZeRO stage; set 0, 1, 2 or 3");
   Sharding s;
   s.optimizer = stage >= 1;
   s.grads = stage >= 2;
+  s.params = stage >= 3;
   s.owner = s.optimizer ? rank : 0;
   s.shards = s.optimizer ? size : 1;
   return s;

@@ -15,7 +15,9 @@ struct Sharding {
   // fills it and only this rank's shard is kept (stage 2; stage 1 does the same when it need
   // not keep an accumulator, keeps_full_gradient() in zero/memory.hpp).
   bool grads = false;
-  // The compute-dtype parameters themselves (ZeRO-3): never, today.
+  // The compute-dtype parameters themselves (stage 3): this rank keeps its shard of each unit's
+  // buckets and gathers a unit whole only while it runs. The engine refuses stage 3 until its
+  // units can gather and release (docs/design/sharded-units.md §7); the flags are here first.
   bool params = false;
   // The rank whose shard of each bucket this rank's master and states are: its own rank in the
   // data-parallel group when sharded, 0 otherwise (every rank holds shard 0, the whole).
@@ -23,13 +25,14 @@ struct Sharding {
   // Shards per bucket: the data-parallel group's size when sharded, 1 otherwise.
   int shards = 1;
 
-  // `stage`: zero_optimization.stage (0, 1, 2); `rank`, `size`: this rank in the data-parallel
-  // group.
+  // `stage`: zero_optimization.stage (0, 1, 2, 3); `rank`, `size`: this rank in the
+  // data-parallel group.
   static Sharding of_stage(int stage, int rank, int size);
   // The stage these flags are (for reports, the memory model and the checkpoint manifest).
-  int stage() const { return grads ? 2 : optimizer ? 1 : 0; }
+  int stage() const { return params ? 3 : grads ? 2 : optimizer ? 1 : 0; }
   // Stage 1 under the given accumulation and overlap keeps a full gradient accumulator and
-  // reduces it once per window; stage 0 always does.
+  // reduces it once per window; stage 0 always does; stages 2 and 3 never (the partitioned
+  // gradient only).
   bool keeps_full_gradient(int64_t accumulation, bool overlap_comm) const;
 };
 

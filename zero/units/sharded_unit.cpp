@@ -106,9 +106,23 @@ void ShardedUnit::step(const StepContext& ctx, GatherQueue& q) {
 
 void ShardedUnit::publish(GatherQueue& q) { publish_parameters(q, {}); }
 
+at::Tensor ShardedUnit::buffer() const {
+  return store_.fp.flat.narrow(0, slot_.flat_begin, slot_.flat_end - slot_.flat_begin);
+}
+
+at::Tensor ShardedUnit::param_values(const ParamSlot& s) const {
+  TORCH_INTERNAL_ASSERT(has_bucket(s.bucket), "zero: parameter '", s.name, "' is not in unit ",
+                        name_);
+  return buffer().narrow(0, s.flat_offset - slot_.flat_begin, s.numel);
+}
+
+ShardedUnit::Bytes ShardedUnit::bytes() const {
+  return {.resident = static_cast<int64_t>(buffer().nbytes()), .gathered = 0};
+}
+
 at::Tensor ShardedUnit::own_part(const BucketSlot& b) const {
   const int64_t S = b.shard.shard_numel();
-  return store_.fp.flat.narrow(0, b.flat_offset + dp_.rank() * S, S);
+  return buffer().narrow(0, b.flat_offset - slot_.flat_begin + dp_.rank() * S, S);
 }
 
 void ShardedUnit::publish_parameters(GatherQueue& q,
@@ -130,8 +144,7 @@ void ShardedUnit::publish_from(GatherQueue& q,
   if (publish_ == Publish::kNone) return;
   if (publish_ == Publish::kCopy) {
     // One shard (stage 0): the unit's master window is its flat window.
-    fp.flat.narrow(0, slot_.flat_begin, slot_.flat_end - slot_.flat_begin)
-        .copy_(fp.master.narrow(0, slot_.shard_begin, slot_.shard_end - slot_.shard_begin));
+    buffer().copy_(fp.master.narrow(0, slot_.shard_begin, slot_.shard_end - slot_.shard_begin));
     return;
   }
   if (store_.offload) store_.offload->begin_publish();
@@ -139,7 +152,8 @@ void ShardedUnit::publish_from(GatherQueue& q,
   for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
     const BucketSlot& bucket = buckets[b];
     at::Tensor in = source(bucket);
-    at::Tensor out = fp.flat.narrow(0, bucket.flat_offset, bucket.shard.padded_numel());
+    at::Tensor out =
+        buffer().narrow(0, bucket.flat_offset - slot_.flat_begin, bucket.shard.padded_numel());
     q.launch(dp_, out, in, "all_gather of parameter bucket " + std::to_string(b));
   }
 }
@@ -198,7 +212,7 @@ void ShardedUnit::for_each_gathered_master(
   for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
     const BucketSlot& bucket = buckets[b];
     // Gathered where the group runs: an offloaded master is in host memory.
-    const at::Device dev = fp.flat.device();
+    const at::Device dev = fp.device();
     at::Tensor in = fp.master.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()).to(dev);
     at::Tensor full = at::empty({bucket.shard.padded_numel()},
                                 at::TensorOptions().dtype(at::kFloat).device(dev));

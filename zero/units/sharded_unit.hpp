@@ -79,6 +79,20 @@ class ShardedUnit {
   // The master's values into the parameters without an update (after a checkpoint load).
   void publish(GatherQueue& q);
 
+  // The unit's parameters in the compute dtype: layout elements [slot().flat_begin,
+  // slot().flat_end), each parameter a view of its slot (stages 0-2: the whole flat buffer).
+  // What reads the parameters' storage reads it here, not through FlatParams::flat, so that a
+  // unit's own buffer (units::UnitStorage, stage 3) can replace the one flat tensor.
+  at::Tensor buffer() const;
+  // Parameter `s`'s values in the compute dtype, flat; `s` is one of the unit's parameters.
+  at::Tensor param_values(const ParamSlot& s) const;
+  // The unit's parameter bytes (the memory report's `params`): held between steps, and held only
+  // while gathered (none for a resident unit).
+  struct Bytes {
+    int64_t resident = 0, gathered = 0;
+  };
+  Bytes bytes() const;
+
   // What checkpoints, state_dict and the norm read of the unit.
   bool has_bucket(int b) const { return b >= slot_.first_bucket && b < slot_.end_bucket; }
   // The pieces of the unit's parameters that this rank's master and states hold (its owner's
