@@ -11,11 +11,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "comm/group.hpp"
+#include "support/forwarding_group.hpp"
 #include "support/thread_group.hpp"
 #include "zero/tensor_parallel.hpp"
 #include "zero/tensor_parallel/column_parallel_linears.hpp"
@@ -27,45 +27,19 @@ namespace {
 using tensor_parallel::column_parallel_linears;
 using tensor_parallel::sequence_parallel_linears;
 
-// Forwards every call, and writes "start <what>" when a collective is issued and "wait <what>"
-// when its Work is waited for.
-class RecordingGroup final : public comm::Group {
+// Forwards every call, and writes "start <op>" when a collective is issued and "wait <op>" when
+// its Work is waited for.
+class RecordingGroup final : public ForwardingGroup {
  public:
-  explicit RecordingGroup(std::shared_ptr<comm::Group> inner) : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string name() const override { return inner_->name(); }
-  int global_rank(int r) const override { return inner_->global_rank(r); }
-  const comm::GroupOptions& options() const override { return inner_->options(); }
+  using ForwardingGroup::ForwardingGroup;
   comm::Work all_reduce_sum(at::Tensor& t, const std::string& what) override {
-    return record("all_reduce", inner_->all_reduce_sum(t, what));
+    return record("all_reduce", inner().all_reduce_sum(t, what));
   }
   comm::Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) override {
-    return record("reduce_scatter", inner_->reduce_scatter_sum(out, in, what));
+    return record("reduce_scatter", inner().reduce_scatter_sum(out, in, what));
   }
   comm::Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) override {
-    return record("all_gather", inner_->all_gather(out, in, what));
-  }
-  comm::Work all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) override {
-    return record("all_to_all", inner_->all_to_all(out, in, what));
-  }
-  comm::Work broadcast(at::Tensor& t, int root, const std::string& what) override {
-    return record("broadcast", inner_->broadcast(t, root, what));
-  }
-  void barrier(const std::string& what) override { inner_->barrier(what); }
-  void connect(const std::string& what) override { inner_->connect(what); }
-  bool connected() const override { return inner_->connected(); }
-  void connect_peer(int peer, bool sender, const std::string& what) override {
-    inner_->connect_peer(peer, sender, what);
-  }
-  comm::Work send(at::Tensor& t, int dst, const std::string& what, int tag) override {
-    return inner_->send(t, dst, what, tag);
-  }
-  comm::Work recv(at::Tensor& t, int src, const std::string& what, int tag) override {
-    return inner_->recv(t, src, what, tag);
-  }
-  std::shared_ptr<comm::Group> split(int color, int key, const std::string& name) override {
-    return inner_->split(color, key, name);
+    return record("all_gather", inner().all_gather(out, in, what));
   }
   std::vector<std::string> events;
 
@@ -78,7 +52,6 @@ class RecordingGroup final : public comm::Group {
       work->wait();
     });
   }
-  std::shared_ptr<comm::Group> inner_;
 };
 
 struct Grads {

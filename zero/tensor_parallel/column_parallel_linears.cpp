@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/autograd_group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
 
 namespace zero::tensor_parallel {
@@ -15,20 +16,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The group rides in the context as a capsule (mappings.cpp says why).
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(std::shared_ptr<zero::Group> g) : group(std::move(g)) {}
-  std::shared_ptr<zero::Group> group;
-};
-
 // Inputs: x, the n weights, then the n biases when every product has one (a custom function
 // takes no undefined tensor; products without bias add none).
 struct ColumnParallelLinears : torch::autograd::Function<ColumnParallelLinears> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
                                at::TensorList biases, const std::shared_ptr<zero::Group>& group,
                                bool overlap) {
-    TORCH_CHECK(group, "zero: column_parallel_linears was given no process group");
-    ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupHolder>(group));
+    save_group(ctx, group);
     ctx->saved_data["overlap"] = overlap;
     ctx->saved_data["biases"] = !biases.empty();
     variable_list saved{x};
@@ -47,9 +41,7 @@ struct ColumnParallelLinears : torch::autograd::Function<ColumnParallelLinears> 
     const size_t n = saved.size() - 1;
     const bool overlap = ctx->saved_data["overlap"].toBool();
     const bool has_biases = ctx->saved_data["biases"].toBool();
-    auto holder =
-        c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule());
-    comm::Group& group = comm::of(*holder->group);
+    comm::Group& group = group_of(ctx);
     variable_list result(1 + n + (has_biases ? n : 0) + 2);  // ..., the group and overlap (none)
     const int64_t in = x.size(-1);
     // at::linear's own backward, product by product: the gradient as the 2-d [tokens, out] view

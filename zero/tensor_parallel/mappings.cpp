@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/autograd_group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
 #include "zero/tensor_parallel/shard.hpp"
 
@@ -93,24 +94,6 @@ at::Tensor split_along(const at::Tensor& x, int64_t dim, const comm::Group& grou
 }
 
 namespace {
-
-// Autograd keeps a function's non-tensor state in IValues; the group travels as a capsule (the
-// one IValue that holds an arbitrary C++ object without registering a TorchScript class).
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(GroupPtr g) : group(std::move(g)) {}
-  GroupPtr group;
-};
-
-void save_group(AutogradContext* ctx, const GroupPtr& group) {
-  TORCH_CHECK(group, "zero: a tensor-parallel function was given no process group");
-  ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupHolder>(group));
-}
-
-comm::Group& group_of(AutogradContext* ctx) {
-  auto holder =
-      c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data.at("group").toCapsule());
-  return comm::of(*holder->group);
-}
 
 struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/autograd_group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
 
 namespace zero::tensor_parallel {
@@ -15,21 +16,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The group rides in the context as a capsule (mappings.cpp says why).
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(std::shared_ptr<zero::Group> g) : group(std::move(g)) {}
-  std::shared_ptr<zero::Group> group;
-};
-
 // Y_i = all_gather(X_r) A_i^T for each weight A_i: one gather shared by every product (Megatron's
 // fused linear_qkv / linear_fc1 gather once), nothing but the shard and the weights kept.
 struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinears> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
                                const std::shared_ptr<zero::Group>& group, int64_t dim,
                                bool overlap) {
-    TORCH_CHECK(group, "zero: sequence_parallel_linear was given no process group");
     TORCH_CHECK(!weights.empty(), "zero: sequence_parallel_linears needs at least one weight");
-    ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupHolder>(group));
+    save_group(ctx, group);
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["overlap"] = overlap;
     variable_list saved{x};
@@ -48,9 +42,7 @@ struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinea
     const at::Tensor& x = saved[0];
     const size_t n = saved.size() - 1;
     const int64_t dim = ctx->saved_data["dim"].toInt();
-    auto holder =
-        c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule());
-    comm::Group& group = comm::of(*holder->group);
+    comm::Group& group = group_of(ctx);
     const bool overlap = ctx->saved_data["overlap"].toBool();
     variable_list result(n + 4);  // x, each weight, the group, dim and overlap (none)
     bool weights_need_grad = false;
