@@ -30,6 +30,7 @@
 #include "gpt.hpp"
 #include "gpt_layers.hpp"
 #include "support/pipeline_gpt.hpp"
+#include "support/pipeline_tp_case.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
 #include "tp_gpt.hpp"
@@ -45,15 +46,9 @@ using examples::Gpt;
 using examples::GptConfig;
 using zero::testing::GptParams;
 
-constexpr double kTol = 1e-5, kClip = 0.5;
-// AdamW's single elements drift further than the tensor as a whole (test_pipeline_tensor_
-// parallel.cpp's kAdamMaxTol says why): its parameters are checked in L2 within kTol and per
-// element within kAdamMaxTol.
-constexpr double kAdamLr = 1e-3, kAdamMaxTol = 1e-3;
-constexpr int kSteps = 4, kSaveAt = 2, kRowsPerMicroBatch = 2, kMicroBatches = 4, kSeq = 16;
+using namespace zero::testing::pipeline_tp;
+constexpr int kSaveAt = 2;
 constexpr int64_t kRows = kRowsPerMicroBatch * kMicroBatches;
-
-enum class Opt { SGD, AdamW };
 
 struct TempDir {
   std::string path;
@@ -66,22 +61,6 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-Config engine_config(Opt o, int stages, int tp) {
-  Config c;
-  c.zero_optimization.stage = 1;
-  c.train_micro_batch_size_per_gpu = kRowsPerMicroBatch;
-  c.gradient_accumulation_steps = kMicroBatches;
-  c.gradient_clipping = kClip;
-  c.optimizer.type = o == Opt::SGD ? "SGD" : "AdamW";
-  c.optimizer.lr = o == Opt::SGD ? 0.1 : kAdamLr;
-  c.optimizer.momentum = o == Opt::SGD ? 0.9 : 0.0;
-  c.optimizer.weight_decay = o == Opt::SGD ? 0.0 : 0.1;
-  c.pipeline.stages = stages;
-  c.pipeline.schedule = "1f1b";
-  c.tensor_parallel.autotp_size = tp;
-  return c;
-}
-
 struct Reference {
   std::vector<double> losses;
   GptParams at_save, end;
@@ -92,14 +71,7 @@ Reference reference(const GptConfig& c, const GptParams& init,
                     const std::vector<testing::StepBatch>& batches, Opt o) {
   Gpt model(c);
   testing::load(model, init);
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (o == Opt::SGD) {
-    opt = std::make_unique<torch::optim::SGD>(model->parameters(),
-                                              torch::optim::SGDOptions(0.1).momentum(0.9));
-  } else {
-    opt = std::make_unique<torch::optim::AdamW>(
-        model->parameters(), torch::optim::AdamWOptions(kAdamLr).weight_decay(0.1));
-  }
+  auto opt = torch_opt(o, model->parameters());
   Reference out;
   for (int step = 0; step < kSteps; ++step) {
     const auto& b = batches[step];
