@@ -103,6 +103,18 @@ def full_params(torch, model, fw, engine=None):
     return torch.cat(out)
 
 
+def torch_adamw_phases(model):
+    """(model, backward, step) with torch's AdamW over the model's own parameters, clipped."""
+    import torch
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
+
+    def opt_step():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return (model, lambda loss: loss.backward(), opt_step)
+
+
 def worker(a):
     import torch
     import torch.distributed as dist
@@ -150,21 +162,9 @@ def worker(a):
         for b in model.blocks:
             fully_shard(b, reshard_after_forward=reshard, mp_policy=mp)
         fully_shard(model, reshard_after_forward=reshard, mp_policy=mp)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
-
-        def opt_step():
-            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        phases = (model, lambda loss: loss.backward(), opt_step)
+        phases = torch_adamw_phases(model)
     elif fw == "ref":
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
-
-        def opt_step():
-            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        phases = (model, lambda loss: loss.backward(), opt_step)
+        phases = torch_adamw_phases(model)
     else:
         # DDP: bf16 runs keep the model in bf16 (gradients all-reduced in bf16) and fp32 master
         # copies for the optimizer, as zero does.
