@@ -221,6 +221,13 @@ TEST(Config, EveryProblemInOneError) {
             "zero: t.yaml:1:7: 'seed' must be a non-negative integer, got 'x'");
 }
 
+// DeepSpeed accepts reduce_bucket_size 0 (each parameter its own bucket); so does zero.
+TEST(Config, ReduceBucketSizeZeroLoads) {
+  const Config c = Config::from_string(
+      R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 0}})", "ds.json");
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 0);
+}
+
 TEST(Config, FromStringNeedsNoSourceName) {
   const Config c = Config::from_string("zero_optimization: {stage: 1}\n");
   EXPECT_EQ(c.zero_optimization.stage, 1);
@@ -281,9 +288,12 @@ TEST(Config, ImpossibleValuesNameTheRange) {
              "must be a list of two numbers");
   EXPECT_HAS(load_error("optimizer: {type: AdamW, params: {eps: -1e-8}}\n"),
              "'optimizer.params.eps' must be a number >= 0");
-  EXPECT_HAS(load_error("zero_optimization: {reduce_bucket_size: 0}\n"),
-             "'zero_optimization.reduce_bucket_size' must be a positive number of elements, got "
-             "'0'");
+  EXPECT_HAS(load_error("zero_optimization: {reduce_bucket_size: -1}\n"),
+             "'zero_optimization.reduce_bucket_size' must be a number of elements >= 0, got "
+             "'-1'");
+  EXPECT_HAS(load_error("zero_optimization: {allgather_bucket_size: 0}\n"),
+             "'zero_optimization.allgather_bucket_size' must be a positive number of elements, "
+             "got '0'");
   EXPECT_HAS(load_error("zero_optimization: {allgather_bucket_size: 1.5}\n"),
              "'zero_optimization.allgather_bucket_size' must be an integer, got '1.5'");
   EXPECT_HAS(load_error("comm_timeout_s: 0\n"),

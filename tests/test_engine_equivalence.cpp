@@ -107,7 +107,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 3, 2, 0, 64}, Case{0, 2, 1, 0, 64, true}, Case{1, 2, 2, 0, 64, true},
                       Case{1, 4, 1, 0, 64, true}, Case{2, 2, 2, 0, 64, true},
                       Case{0, 2, 1, 0.3, 200, false, true}, Case{1, 4, 2, 0.3, 64, false, true},
-                      Case{2, 4, 1, 0.3, 64, false, true}, Case{2, 2, 3, 0, 200, false, true}),
+                      Case{2, 4, 1, 0.3, 64, false, true}, Case{2, 2, 3, 0, 200, false, true},
+                      // reduce_bucket_size 0 (DeepSpeed accepts it): one parameter per bucket.
+                      Case{2, 2, 1, 0.3, 0}, Case{1, 4, 2, 0, 0}, Case{0, 2, 1, 0, 0}),
     name_of);
 
 // SGD with momentum goes through the same engine path.

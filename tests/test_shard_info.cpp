@@ -68,8 +68,16 @@ TEST(FlatLayout, ZeroSizedParametersAreSkipped) {
 }
 
 TEST(FlatLayout, RejectsNonPositiveArguments) {
-  EXPECT_THROW(FlatLayout::build({{"a", 4}}, 0, 2, 1), std::invalid_argument);
+  EXPECT_THROW(FlatLayout::build({{"a", 4}}, -1, 2, 1), std::invalid_argument);
   EXPECT_THROW(FlatLayout::build({{"a", 4}}, 10, 0, 1), std::invalid_argument);
+  EXPECT_THROW(FlatLayout::build({{"a", 4}}, 10, 2, 0), std::invalid_argument);
+}
+
+// Bucket size 0 (DeepSpeed's reduce_bucket_size: 0): each parameter alone in its bucket.
+TEST(FlatLayout, BucketSizeZeroGivesEachParameterItsOwnBucket) {
+  const FlatLayout L = FlatLayout::build({{"a", 4}, {"b", 1}, {"c", 7}}, 0, 2, 1);
+  ASSERT_EQ(L.buckets().size(), 3u);
+  for (size_t b = 0; b < 3; ++b) EXPECT_EQ(L.buckets()[b].params.size(), 1u) << "bucket " << b;
 }
 
 // Every element of every parameter is owned by exactly one rank, in a shard slot of its own,

@@ -190,14 +190,19 @@ void load_stage3_keys(Loader& l, std::vector<Field>& f, ZeroOptimizationConfig::
 }  // namespace
 
 void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
-  const auto bucket = [&l](int64_t& out) {
-    return [&l, p = &out](const Entry& e) {
+  // DeepSpeed takes reduce_bucket_size >= 0 (0: each parameter reduced on its own, the layout's
+  // rule gives that) but divides by allgather_bucket_size, so that one must be positive.
+  const auto bucket = [&l](int64_t& out, bool zero_allowed) {
+    return [&l, p = &out, zero_allowed](const Entry& e) {
       if (Loader::is_auto(e)) {
         l.note_auto(e, "5e8", "DeepSpeed's default");
         return;
       }
       *p = l.integer(e);
-      l.require(e, *p > 0, "a positive number of elements");
+      if (zero_allowed)
+        l.require(e, *p >= 0, "a number of elements >= 0");
+      else
+        l.require(e, *p > 0, "a positive number of elements");
     };
   };
   std::vector<Field> f = {
@@ -222,8 +227,8 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
          }
          l.require(e, z.auto_device_memory > 0, "a memory size such as 24GB");
        }},
-      {"reduce_bucket_size", bucket(z.reduce_bucket_size)},
-      {"allgather_bucket_size", bucket(z.allgather_bucket_size)},
+      {"reduce_bucket_size", bucket(z.reduce_bucket_size, true)},
+      {"allgather_bucket_size", bucket(z.allgather_bucket_size, false)},
       {"overlap_comm", [&](const Entry& e) { z.overlap_comm = l.boolean(e); }},
       {"contiguous_gradients", [&](const Entry& e) { z.contiguous_gradients = l.boolean(e); }},
       {"reduce_scatter", [&](const Entry& e) { z.reduce_scatter = l.boolean(e); }},

@@ -14,8 +14,10 @@ Range ShardInfo::owned(int rank, Range r) const {
 
 FlatLayout FlatLayout::build(const std::vector<ParamSpec>& params, int64_t bucket_numel, int world,
                              int64_t align) {
-  if (world < 1 || align < 1 || bucket_numel < 1) {
-    throw std::invalid_argument("FlatLayout: world, align and bucket size must be positive");
+  // bucket_numel 0 is DeepSpeed's reduce_bucket_size 0: every parameter its own bucket.
+  if (world < 1 || align < 1 || bucket_numel < 0) {
+    throw std::invalid_argument(
+        "FlatLayout: world and align must be positive and the bucket size not negative");
   }
   FlatLayout L;
   L.world_ = world;

@@ -86,7 +86,7 @@ class FlatLayout {
  public:
   // Parameters in the order their gradients are expected (backward order). A bucket closes
   // before the parameter that would take it past `bucket_numel` elements (DeepSpeed's rule); a
-  // parameter larger than that gets its own bucket. A bucket also closes where the unit
+  // parameter larger than that gets its own bucket (bucket_numel 0: every parameter does). A bucket also closes where the unit
   // changes; a unit must come in one run (std::invalid_argument otherwise).
   static FlatLayout build(const std::vector<ParamSpec>& params, int64_t bucket_numel, int world,
                           int64_t align);
