@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/autograd_autocast.hpp"
 #include "zero/tensor_parallel/autograd_group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
 
@@ -17,11 +18,17 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Inputs: x, the n weights, then the n biases when every product has one (a custom function
-// takes no undefined tensor; products without bias add none).
+// takes no undefined tensor; products without bias add none). Under autocast the inputs are
+// cast once and the cast tensors saved (autograd_autocast.hpp).
 struct ColumnParallelLinears : torch::autograd::Function<ColumnParallelLinears> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
-                               at::TensorList biases, const std::shared_ptr<zero::Group>& group,
-                               bool overlap) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in,
+                               at::TensorList weights_in, at::TensorList biases_in,
+                               const std::shared_ptr<zero::Group>& group, bool overlap) {
+    const AutocastInputs autocast(x_in);
+    const NoAutocast no_autocast;
+    const at::Tensor x = autocast.cast(x_in);
+    const std::vector<at::Tensor> weights = autocast.cast(weights_in);
+    const std::vector<at::Tensor> biases = autocast.cast(biases_in);
     save_group(ctx, group);
     ctx->saved_data["overlap"] = overlap;
     ctx->saved_data["biases"] = !biases.empty();
@@ -36,6 +43,7 @@ struct ColumnParallelLinears : torch::autograd::Function<ColumnParallelLinears> 
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const NoAutocast no_autocast;  // a backward called inside an autocast region (custom_bwd)
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const size_t n = saved.size() - 1;
@@ -96,8 +104,9 @@ std::vector<at::Tensor> column_parallel_linears(const std::vector<at::Tensor>& w
   variable_list y = ColumnParallelLinears::apply(x, at::TensorList(weights),
                                                  at::TensorList(std::vector<at::Tensor>{}), group,
                                                  overlap);
+  const AutocastInputs autocast(x);
   for (size_t i = 0; i < biases.size(); ++i)
-    if (biases[i].defined()) y[i] = y[i] + biases[i];
+    if (biases[i].defined()) y[i] = y[i] + autocast.cast_outside(biases[i]);
   return y;
 }
 

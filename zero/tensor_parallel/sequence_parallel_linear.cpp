@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "comm/group.hpp"
+#include "zero/tensor_parallel/autograd_autocast.hpp"
 #include "zero/tensor_parallel/autograd_group.hpp"
 #include "zero/tensor_parallel/collectives.hpp"
 
@@ -19,10 +20,16 @@ using torch::autograd::variable_list;
 // Y_i = all_gather(X_r) A_i^T for each weight A_i: one gather shared by every product (Megatron's
 // fused linear_qkv / linear_fc1 gather once), nothing but the shard and the weights kept.
 struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinears> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
-                               const std::shared_ptr<zero::Group>& group, int64_t dim,
-                               bool overlap) {
-    TORCH_CHECK(!weights.empty(), "zero: sequence_parallel_linears needs at least one weight");
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in,
+                               at::TensorList weights_in, const std::shared_ptr<zero::Group>& group,
+                               int64_t dim, bool overlap) {
+    TORCH_CHECK(!weights_in.empty(), "zero: sequence_parallel_linears needs at least one weight");
+    // Under autocast the shard is cast before it is gathered (the gather moves the narrower
+    // dtype), and the cast tensors are saved (autograd_autocast.hpp).
+    const AutocastInputs autocast(x_in);
+    const NoAutocast no_autocast;
+    const at::Tensor x = autocast.cast(x_in);
+    const std::vector<at::Tensor> weights = autocast.cast(weights_in);
     save_group(ctx, group);
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["overlap"] = overlap;
@@ -38,6 +45,7 @@ struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinea
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const NoAutocast no_autocast;  // a backward called inside an autocast region (custom_bwd)
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const size_t n = saved.size() - 1;
@@ -95,8 +103,9 @@ std::vector<at::Tensor> sequence_parallel_linears(const std::vector<at::Tensor>&
   // function cannot take an undefined tensor (a layer without bias) as an input.
   variable_list y =
       SequenceParallelLinears::apply(x, at::TensorList(weights), group, sequence_dim, overlap);
+  const AutocastInputs autocast(x);
   for (size_t i = 0; i < biases.size(); ++i)
-    if (biases[i].defined()) y[i] = y[i] + biases[i];
+    if (biases[i].defined()) y[i] = y[i] + autocast.cast_outside(biases[i]);
   return y;
 }
 
