@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
       const int64_t seed = (engine.stats().micro_steps * engine.world_size() + engine.rank());
       const at::Tensor x = at::randn({micro, 16}, at::make_generator<at::CPUGeneratorImpl>(seed));
       const at::Tensor y = at::tanh(x.sum(1, /*keepdim=*/true) / 4);
+      // The compute dtype (bf16/fp16 configs); cast_input adds DeepSpeed's fp16.auto_cast, if set.
       const at::Tensor out = model->forward(engine.cast_input(x.to(engine.compute_dtype())));
       const at::Tensor loss = (out.to(at::kFloat) - y).square().mean();
       engine.backward(loss);
