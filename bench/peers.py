@@ -252,8 +252,15 @@ def ds_python():
     return py if os.path.exists(py) else sys.executable
 
 
+# GNU time's line per rank: peak RSS (KiB), user and system CPU seconds, voluntary and
+# involuntary context switches (what bench/step_cpu.py reads per step).
+TIME_FORMAT = "PEAKRSS %M CPU %U %S CSW %w %c"
+RANK_COSTS = []  # the last run()'s per-rank figures, one dict per rank
+
+
 def run(n, port, argv, env, rss_file, result=None):
-    """torchrun with every rank under GNU time; returns the max peak RSS over ranks (bytes).
+    """torchrun with every rank under GNU time; returns the max peak RSS over ranks (bytes) and
+    leaves each rank's CPU seconds and context switches in RANK_COSTS.
     `result`: the run's result file; DeepSpeed's ZeRO-3 on the CPU may abort while tearing down
     after writing it, so a failed exit is accepted when that file exists (and said so)."""
     if os.path.exists(rss_file):
@@ -261,7 +268,7 @@ def run(n, port, argv, env, rss_file, result=None):
     if result and os.path.exists(result):
         os.remove(result)
     cmd = ["torchrun", "--no-python", "--standalone", f"--nproc-per-node={n}",
-           f"--master-port={port}", "/usr/bin/time", "-a", "-o", rss_file, "-f", "PEAKRSS %M"]
+           f"--master-port={port}", "/usr/bin/time", "-a", "-o", rss_file, "-f", TIME_FORMAT]
     res = subprocess.run(cmd + argv, capture_output=True, text=True, env=env)
     if res.returncode != 0:
         if not (result and os.path.exists(result)):
@@ -269,9 +276,11 @@ def run(n, port, argv, env, rss_file, result=None):
                      f"{res.stderr[-3000:]}")
         print(f"peers: exit {res.returncode} after the results were written (teardown); "
               f"accepted: {res.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-    kb = [int(line.split()[1]) for line in open(rss_file) if line.startswith("PEAKRSS")]
-    assert len(kb) == n, f"expected {n} RSS lines, got {kb}"
-    return max(kb) * 1024
+    lines = [line.split() for line in open(rss_file) if line.startswith("PEAKRSS")]
+    assert len(lines) == n, f"expected {n} RSS lines, got {lines}"
+    RANK_COSTS[:] = [{"cpu_s": float(f[3]) + float(f[4]), "vcsw": int(f[6]), "ivcsw": int(f[7])}
+                     for f in lines]
+    return max(int(f[1]) for f in lines) * 1024
 
 
 def one_run(fw, n, dtype, a, port, tmp):
