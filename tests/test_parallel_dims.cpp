@@ -6,6 +6,7 @@
 // the Groups path zero-train uses; and initialize(model, cfg) refusing autotp_size or
 // pipeline.stages > 1 with the call to use.
 #include <gtest/gtest.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
@@ -170,6 +171,44 @@ TEST(InitializeWithoutMesh, RefusesPipelineStages) {
   const std::string e = initialize_error(cfg);
   EXPECT_HAS(e, "pipeline.stages = 2: zero::initialize(model, cfg) does not cut a model");
   EXPECT_HAS(e, "zero::pipeline::PipelineEngine(layers, loss, cfg, mesh)");
+}
+
+// A model with tensor-parallel layers handed one group: it would train, each tp rank clipping by
+// its own shard's norm. Every rank refuses, naming the layer and the mesh call; a layer over a
+// tp group of one rank is not split, and passes.
+TEST(InitializeWithOneGroup, RefusesATensorParallelModel) {
+  std::mutex mu;
+  std::vector<std::string> errors;
+  run_ranks(4, [&](std::shared_ptr<comm::Group> world) {
+    const Mesh mesh = ParallelDims{0, 2, 1, false}.build_mesh(world);
+    torch::nn::Sequential model(
+        tensor_parallel::ColumnParallelLinear(
+            mesh.tp, tensor_parallel::ColumnParallelLinearOptions(4, 8).gather_output(false)),
+        tensor_parallel::RowParallelLinear(
+            mesh.tp, tensor_parallel::RowParallelLinearOptions(8, 4).input_is_parallel(true)));
+    std::string e;
+    try {
+      initialize(model.ptr(), Config{}, mesh.dp);
+    } catch (const ConfigError& x) {
+      e = x.what();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    errors.push_back(e);
+  });
+  ASSERT_EQ(errors.size(), 4u);
+  for (const auto& e : errors) {
+    EXPECT_HAS(e, "zero::initialize(model, cfg, group): model.0 (");
+    EXPECT_HAS(e, "is a tensor-parallel layer split over 2 ranks");
+    EXPECT_HAS(e, "Call zero::initialize(model, cfg, mesh)");
+  }
+}
+
+TEST(InitializeWithOneGroup, AcceptsTensorParallelLayersOverOneRank) {
+  auto single = comm::Group::single();
+  torch::nn::Sequential model(tensor_parallel::ColumnParallelLinear(
+      single, tensor_parallel::ColumnParallelLinearOptions(4, 8)));
+  Engine e = initialize(model.ptr(), Config{}, single);
+  EXPECT_EQ(e.world_size(), 1);
 }
 
 TEST(InitializeWithMesh, RefusesADisagreeingConfigAndPipelineStages) {

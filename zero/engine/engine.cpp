@@ -137,6 +137,8 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg) {
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
                   std::shared_ptr<Group> public_group) {
   TORCH_CHECK(public_group, "zero::initialize: the process group is null");
+  TORCH_CHECK(model, "zero::initialize: the model is null");
+  refuse_tensor_parallel_model_on_one_group(*model);
   return initialize(std::move(model), std::move(cfg), Groups{std::move(public_group), {}});
 }
 

@@ -36,6 +36,9 @@ at::ScalarType to_scalar_type(Dtype d);
 // initialize(model, cfg)'s ConfigError for tensor_parallel.autotp_size or pipeline.stages > 1,
 // naming the call to use instead (initialize_mesh.cpp).
 void refuse_model_parallel_without_mesh(const Config& cfg);
+// initialize(model, cfg, group) for a model with tensor-parallel layers split over more than one
+// rank: it would train, clipping each tp rank by its own shard's norm. Refused, naming the mesh.
+void refuse_tensor_parallel_model_on_one_group(const torch::nn::Module& model);
 
 struct Engine::Impl : Topology, StepProtocol {
   Config cfg;

@@ -8,6 +8,8 @@
 #include "zero/config.hpp"
 #include "zero/engine.hpp"
 #include "zero/engine/engine_impl.hpp"
+#include "zero/tensor_parallel/embedding.hpp"
+#include "zero/tensor_parallel/linear.hpp"
 
 namespace zero {
 
@@ -43,6 +45,40 @@ void refuse_model_parallel_without_mesh(const Config& cfg) {
                       "zero::pipeline::PipelineEngine(layers, loss, cfg, mesh) "
                       "(zero/pipeline_engine.hpp), with " +
                       kBuildMesh);
+}
+
+namespace {
+
+// The tp group's size of a layer of this library; 0 for a TensorParallelLayer of the user's own
+// (its split cannot be known, so it counts as split), -1 for any other module.
+int split_size(const torch::nn::Module& m) {
+  namespace tp = tensor_parallel;
+  if (const auto* c = dynamic_cast<const tp::ColumnParallelLinearImpl*>(&m))
+    return c->group()->size();
+  if (const auto* r = dynamic_cast<const tp::RowParallelLinearImpl*>(&m))
+    return r->group()->size();
+  if (const auto* e = dynamic_cast<const tp::VocabParallelEmbeddingImpl*>(&m))
+    return e->group()->size();
+  if (dynamic_cast<const tp::TensorParallelLayer*>(&m)) return 0;
+  return -1;
+}
+
+}  // namespace
+
+void refuse_tensor_parallel_model_on_one_group(const torch::nn::Module& model) {
+  for (const auto& item : model.named_modules("model")) {
+    const int size = split_size(*item.value());
+    if (size == -1 || size == 1) continue;
+    throw ConfigError(
+        "zero::initialize(model, cfg, group): " + item.key() + " (" + item.value()->name() +
+        ") is a tensor-parallel layer" +
+        (size > 1 ? " split over " + std::to_string(size) + " ranks" : std::string()) +
+        "; with one group the gradient norm (gradient_clipping, fp16's overflow check) would "
+        "cover each rank's own shard only and checkpoints would not record the blocks. Call "
+        "zero::initialize(model, cfg, mesh) with " +
+        std::string(kBuildMesh) +
+        ", or hand it zero::engine_groups(*model, mesh) (zero/parallel_dims.hpp)");
+  }
 }
 
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, const Mesh& mesh) {

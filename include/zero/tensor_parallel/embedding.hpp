@@ -52,6 +52,7 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module, public TensorParall
   int64_t vocab_start() const;
 
   const VocabParallelEmbeddingOptions& options() const { return options_; }
+  const GroupPtr& group() const { return group_; }
 
   at::Tensor weight;  // [vocab / T, dim]
 
