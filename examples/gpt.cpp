@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "rope.hpp"
+#include "zero/sharding.hpp"
 
 namespace zero::examples {
 
@@ -97,6 +98,9 @@ GptImpl::GptImpl(const GptConfig& c) : cfg(c) {
   embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c));
+  // Each block is a unit of its own at ZeRO stage 3 (gathered around its run_unit in
+  // run_blocks); the marks change nothing below stage 3.
+  for (const auto& b : *blocks) zero::shard(*b);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
   if (!c.tied) head = register_module("head", linear(c.dim, c.vocab));
 

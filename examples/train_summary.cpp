@@ -56,6 +56,21 @@ ParamStats parameter_stats(const std::vector<at::Tensor>& params, int64_t chunk_
   return out;
 }
 
+ParamStats gathered_model_stats(const Engine& engine, const torch::nn::Module& model) {
+  std::unordered_set<std::string> trainable;
+  for (const auto& item : model.named_parameters()) {
+    if (item.value().requires_grad()) trainable.insert(item.key());
+  }
+  StateDictOptions opts;
+  opts.master = false;  // the compute-dtype values, what the other stages' summaries read
+  opts.cpu = false;
+  std::vector<at::Tensor> values;
+  for (auto& [name, t] : engine.state_dict(opts)) {
+    if (trainable.count(name)) values.push_back(t.detach().requires_grad_(true));
+  }
+  return parameter_stats(values);
+}
+
 ParamStats whole_model_stats(const torch::nn::Module& model, const std::shared_ptr<Group>& tp) {
   if (!tp || tp->size() == 1) return parameter_stats(model.parameters());
   std::vector<at::Tensor> split, replicated;
@@ -144,7 +159,10 @@ void TrainSummary::finish(const Engine& engine, torch::nn::Module& model,
   }
   // Only now, so that the peaks above are training's: the checksum allocates (one parameter's
   // worth at most).
-  const ParamStats stats = whole_model_stats(model, tensor_parallel);
+  // At stage 3 the marked blocks' parameters are released between steps: their values come
+  // gathered from the shards (a whole-model copy, the one place the example makes it).
+  const ParamStats stats = engine.stage() == 3 ? gathered_model_stats(engine, model)
+                                               : whole_model_stats(model, tensor_parallel);
   param_checksum = stats.checksum;
   param_norm = stats.norm;
   checkpointing = policy.enabled;

@@ -30,6 +30,9 @@ struct MemoryModelInput {
   int64_t accumulation = 1;  // gradient_accumulation_steps
   bool overlap_comm = true;
   bool offload = false;  // optimizer offload: a separate (host) master even at N = 1 with p = 4
+  // Stage 3: the elements of the root unit, whole on every rank (the rest is held as 1/N
+  // shards: the compute-dtype shard under bf16/fp16, the fp32 master itself under fp32).
+  int64_t root_params = 0;
 };
 
 // Whether `stage` keeps a full gradient accumulator between micro-steps: stage 0 always, stage 1

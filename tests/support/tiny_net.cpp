@@ -57,6 +57,14 @@ at::Tensor flatten(torch::nn::Module& m) {
 
 ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_rows, uint64_t seed) {
   auto net = make_tiny_net(seed);
+  return train_reference(cfg, steps, global_rows, *net,
+                         [&net](const at::Tensor& x) { return net->forward(x); });
+}
+
+ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_rows,
+                                torch::nn::Module& m,
+                                const std::function<at::Tensor(const at::Tensor&)>& forward) {
+  torch::nn::Module* net = &m;
   std::vector<at::Tensor> decay, no_decay;
   for (auto& item : net->named_parameters()) {
     const bool excluded =
@@ -94,7 +102,7 @@ ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_row
   for (int s = 0; s < steps; ++s) {
     opt->zero_grad();
     Batch b = global_batch(s, global_rows);
-    mse(net->forward(b.x), b.y).backward();
+    mse(forward(b.x), b.y).backward();
     double norm = 0;
     for (auto& p : net->parameters()) norm += p.grad().square().sum().item<double>();
     res.grad_norms.push_back(std::sqrt(norm));

@@ -45,6 +45,11 @@ struct ReferenceResult {
   std::vector<double> grad_norms;
 };
 ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_rows, uint64_t seed);
+// The same for any model mapping global_batch's x (12 features) to its y (5): `forward` runs
+// `net` on a batch.
+ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_rows,
+                                torch::nn::Module& net,
+                                const std::function<at::Tensor(const at::Tensor&)>& forward);
 
 // Parameters flattened in named_parameters() order, fp32.
 at::Tensor flatten(torch::nn::Module& m);

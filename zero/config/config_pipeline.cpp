@@ -136,7 +136,8 @@ void check_pipeline(Loader& l, const Config& c) {
   if (z.stage >= 2) {
     // DeepSpeed's PipelineEngine asserts the same ("ZeRO-2 and ZeRO-3 are incompatible with
     // pipeline parallelism").
-    l.fail(*at, "'zero_optimization.stage' 2 with pipeline.stages " + p +
+    l.fail(*at, "'zero_optimization.stage' " + std::to_string(z.stage) + " with pipeline.stages " +
+                    p +
                     " is not supported: ZeRO-2 keeps only this rank's shard of each gradient, so "
                     "every micro-batch's backward would have to reduce-scatter its gradients "
                     "over the data-parallel group, gradient_accumulation_steps times the "

@@ -69,9 +69,9 @@ void load_offload_keys(Loader& l, std::vector<Field>& f,
                  }
                  if (Loader::is_neutral(e.value)) return;
                  l.fail_at_key(e, "'" + e.path +
-                                      "' is not implemented: parameter offload is ZeRO stage 3's, "
-                                      "which zero does not implement; remove it or set device: "
-                                      "none (zero offloads the optimizer with "
+                                      "' is not implemented: zero does not offload ZeRO stage "
+                                      "3's parameters; remove it or set device: none (zero "
+                                      "offloads the optimizer at stages 1 and 2 with "
                                       "zero_optimization.offload_optimizer: {device: cpu})");
                },
                false});
@@ -89,7 +89,8 @@ void check_offload_stage(const Loader& l, const Entry& s, const ZeroOptimization
   const std::string key = at ? at->path : s.path + ".offload_optimizer";
   const std::string got = z.stage_auto ? std::string("\"auto\"") : std::to_string(z.stage);
   const std::string msg = "'" + key + "' offloads the optimizer of ZeRO stage 1 or 2, but " +
-                          s.path + ".stage is " + got + "; set " + s.path +
+                          s.path + ".stage is " + got +
+                          (got == "3" ? " (not supported there yet)" : "") + "; set " + s.path +
                           ".stage: 2 (or 1), or remove the offload";
   if (at) l.fail_at_key(*at, msg);
   l.fail(s, msg);
@@ -102,9 +103,10 @@ void check_quantized_gradients(const Loader& l, const Entry& s, const ZeroOptimi
   const auto& q = z.quantized_gradients;
   const Entry* at = l.seen(s.path + ".zero_quantized_gradients");
   if (!q.enabled || !at) return;
-  if (!z.stage_auto && z.stage == 0) {
+  if (!z.stage_auto && (z.stage == 0 || z.stage == 3)) {
     l.fail_at_key(*at, "'" + at->path + "' compresses the gradient reduce-scatter of ZeRO stages " +
-                           "1 and 2, but " + s.path + ".stage is 0; set " + s.path +
+                           "1 and 2, but " + s.path + ".stage is " + std::to_string(z.stage) +
+                           (z.stage == 3 ? " (not supported there yet)" : "") + "; set " + s.path +
                            ".stage: 1 or 2, or zero_quantized_gradients: false");
   }
   if (q.bits == 4 && q.block % 2 != 0) {
@@ -136,7 +138,6 @@ void both_spellings(Loader& l, std::vector<Field>& f, const std::string& field,
                                           "' are the same DeepSpeed setting; keep one");
                    }
                    read(e);
-                   l.warn(e, "'" + e.path + kOnlyStage3);
                  }});
   }
 }
@@ -176,15 +177,46 @@ void load_stage3_keys(Loader& l, std::vector<Field>& f, ZeroOptimizationConfig::
   };
   both_spellings(l, f, "gather_16bit_weights_on_model_save", save16);
   f.push_back({"stage3_gather_fp16_weights_on_model_save",
-               [&l, save16](const Entry& e) {
-                 save16(e);
-                 l.warn(e, "'" + e.path +
-                               "' is DeepSpeed's deprecated spelling of "
-                               "stage3_gather_16bit_weights_on_model_save" +
-                               "; it has no effect here and is ignored: only ZeRO stage 3 reads "
-                               "it");
-               },
-               false});
+               [&l, save16](const Entry& e) { save16(e); }, false});
+}
+
+// What the stage-3 keys do at the stage the file asks for: below 3 nothing (DeepSpeed ignores
+// them too); at 3 the persistence thresholds shape the units, and the prefetch, live-parameter,
+// reuse-distance and 16-bit-save keys are accepted but not applied yet.
+void warn_stage3_keys(Loader& l, const Entry& s, const ZeroOptimizationConfig& z) {
+  const bool stage3 = !z.stage_auto && z.stage == 3;
+  const std::string no_prefetch =
+      "' is accepted but has no effect yet: zero's stage 3 gathers each unit when it is used, "
+      "without prefetching, and releases it after its forward and after its last gradient";
+  const std::vector<std::pair<std::string, std::string>> at3 = {
+      {"prefetch_bucket_size", no_prefetch},
+      {"param_persistence_threshold", ""},
+      {"model_persistence_threshold", ""},
+      {"max_live_parameters", no_prefetch},
+      {"max_reuse_distance", no_prefetch},
+      {"gather_16bit_weights_on_model_save",
+       "' is accepted but has no effect yet: checkpoints are not supported at zero's stage 3; "
+       "engine.state_dict() gathers the weights"},
+  };
+  for (const auto& [field, msg] : at3) {
+    for (const std::string& name : {"stage3_" + field, field}) {
+      const Entry* e = l.seen(s.path + "." + name);
+      if (e == nullptr) continue;
+      if (!stage3) {
+        l.warn(*e, "'" + e->path + kOnlyStage3);
+      } else if (!msg.empty()) {
+        l.warn(*e, "'" + e->path + msg);
+      }
+    }
+  }
+  if (const Entry* e = l.seen(s.path + ".stage3_gather_fp16_weights_on_model_save")) {
+    l.warn(*e, "'" + e->path +
+                   "' is DeepSpeed's deprecated spelling of "
+                   "stage3_gather_16bit_weights_on_model_save; it has no effect here and is "
+                   "ignored: " +
+                   (stage3 ? std::string("checkpoints are not supported at zero's stage 3")
+                           : std::string("only ZeRO stage 3 reads it")));
+  }
 }
 
 }  // namespace
@@ -211,11 +243,7 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
          z.stage_auto = Loader::is_auto(e);
          if (z.stage_auto) return;
          const int64_t v = l.integer(e);
-         if (v == 3) {
-           l.fail(e, "'" + e.path +
-                         "' 3 (partitioned parameters) is not implemented by zero; use 0, 1 or 2");
-         }
-         l.require(e, v >= 0 && v <= 2, "0, 1 or 2");
+         l.require(e, v >= 0 && v <= 3, "0, 1, 2 or 3");
          z.stage = static_cast<int>(v);
        }},
       {"auto_device_memory",
@@ -267,7 +295,7 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
                [&](const Entry& e) { q.hierarchical = l.boolean(e); }});
   load_stage3_keys(l, f, z.stage3);
   // Other keys that only ZeRO stage 3 reads: DeepSpeed ignores them below stage 3 too, and
-  // zero refuses stage 3 itself, so they can only be no-ops here.
+  // zero's stage 3 does not implement what they tune, so they are no-ops here.
   for (const std::string& k :
        words("sub_group_size stage3_* module_granularity_threshold "
              "use_all_reduce_for_fetch_params zero_hpz_partition_size zero_quantized_weights "
@@ -299,6 +327,7 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z) {
   l.walk(s, f);
   if (l.error_count() == errors_before) check_offload_stage(l, s, z);
   if (l.error_count() == errors_before) check_quantized_gradients(l, s, z);
+  if (l.error_count() == errors_before) warn_stage3_keys(l, s, z);
 }
 
 void load_activation_checkpointing(Loader& l, const Entry& s, Config& c) {

@@ -31,6 +31,12 @@ std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, Group& p
   const bool fixed_by_triple = cfg.train_batch_size > 0 && cfg.gradient_accumulation_steps > 0;
   const bool micro_auto = cfg.micro_batch_auto && !fixed_by_triple && target.shape.known();
   const bool checkpointing_auto = !target.checkpointing.has_value();
+  // Stage 3's "auto" keys, from the hidden size as transformers fills them.
+  auto& z3 = z.stage3;
+  if ((z3.prefetch_bucket_size_auto || z3.param_persistence_threshold_auto) &&
+      target.shape.hidden > 0) {
+    z3.resolve_auto(target.shape.hidden);
+  }
   if (!z.stage_auto && !checkpointing_auto && !micro_auto) return std::nullopt;
 
   PlanLimits lim;

@@ -18,6 +18,7 @@
 #include "zero/device.hpp"
 #include "zero/engine/engine_impl.hpp"
 #include "zero/step/deepspeed_norm.hpp"
+#include "zero/units/unit_registry.hpp"
 
 namespace zero {
 
@@ -36,6 +37,9 @@ at::ScalarType to_scalar_type(Dtype d) {
 Engine::Impl::~Impl() {
   // The hooks point at this object: detach them so a model that outlives its engine is safe.
   hooks.remove();
+  // run_unit stops finding this engine's units (the registry holds the runtime weakly; this
+  // drops the entries at once).
+  if (unit_runtime) units::unbind(*unit_runtime);
 }
 
 void Engine::Impl::on_grad(int index, const at::Tensor& param) {
@@ -58,6 +62,7 @@ void Engine::Impl::make_sync() {
   sync = partitioned ? make_partitioned_grads(fp.layout, *group, sync_opts)
                      : make_accumulated_grads(fp.layout, *group, sharding.optimizer, sync_opts);
   if (!bucket_order.empty()) sync->set_release_order(bucket_order);
+  if (unit_runtime) sync->set_on_launched([this](int b) { on_bucket_launched(b); });
 }
 
 namespace {
@@ -99,6 +104,7 @@ void check_bound_device(comm::Group& group, const at::Device& device) {
 
 void Engine::Impl::step_units(const StepContext& ctx) {
   GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
+  units.front()->begin_step(ctx);
   for (auto& u : units) u->step(ctx, q);
   // What the updates did not hide (host-blocking on gloo; stream-ordered on NCCL).
   if (q.used()) stats.allgather_wait_seconds = q.drain();
@@ -187,12 +193,9 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   // rank leaves initialize.
   impl->entries = std::make_unique<comm::Entries>(impl->group);
   impl->groups = std::move(groups);
-  // Sharding knows stage 3; the engine runs it once its units gather and release
-  // (docs/design/sharded-units.md §7). A config file is refused when it loads, a Config built
-  // in C++ here.
-  TORCH_CHECK(c.zero_optimization.stage >= 0 && c.zero_optimization.stage <= 2,
+  TORCH_CHECK(c.zero_optimization.stage >= 0 && c.zero_optimization.stage <= 3,
               "zero: zero_optimization.stage ", c.zero_optimization.stage,
-              " is not supported by the engine; set 0, 1 or 2");
+              " is not a ZeRO stage; set 0, 1, 2 or 3");
   impl->sharding =
       Sharding::of_stage(c.zero_optimization.stage, impl->group->rank(), impl->group->size());
   impl->accumulation = c.gradient_accumulation_steps;
@@ -213,6 +216,22 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   fo.bucket_numel = c.zero_optimization.reduce_bucket_size;
   fo.shards = impl->sharding.shards;
   const auto& off = c.zero_optimization.offload_optimizer;
+  const bool stage3 = impl->sharding.params;
+  // The config refuses these at stage 3 when it loads (config_zero.cpp); a Config built in C++
+  // is refused here, on every rank alike.
+  TORCH_CHECK(!stage3 || !off.enabled, "zero: ", c.source,
+              ": zero_optimization.offload_optimizer is not supported at ZeRO stage 3 yet; set "
+              "zero_optimization.stage: 2 to offload the optimizer, or turn the offload off");
+  TORCH_CHECK(!stage3 || !c.zero_optimization.quantized_gradients.enabled, "zero: ", c.source,
+              ": zero_optimization.zero_quantized_gradients is not supported at ZeRO stage 3 "
+              "yet; set zero_optimization.stage: 2, or zero_quantized_gradients: false");
+  TORCH_CHECK(!stage3 || impl->groups.norm.empty(), "zero: ", c.source,
+              ": ZeRO stage 3 with tensor or pipeline parallelism (groups.norm) is not supported "
+              "yet; set zero_optimization.stage: 2 (tensor parallelism) or 1 (pipelines)");
+  if (stage3) {
+    fo.unit_of = plan_stage3_units(*impl->module, c.zero_optimization.stage3, impl->unit_names);
+    fo.unit_buffers = true;
+  }
   if (off.enabled) {
     // The config refuses offload outside stages 1 and 2; an application could set the field.
     TORCH_CHECK(impl->sharding.optimizer, "zero: ", c.source,
@@ -225,6 +244,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
     impl->offload = std::make_unique<OptimizerOffload>(off, impl->param_dtype, device);
   }
   impl->fp = flatten_parameters(*impl->module, *impl->group, fo);
+  for (const at::Tensor& p : impl->fp.params) impl->param_shapes.push_back(p.sizes().vec());
   if (impl->offload) impl->offload->reserve(impl->fp.master.numel());
 
   GradSyncOptions& so = impl->sync_opts;
@@ -259,14 +279,17 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   impl->store.optimizer = std::move(bundle.optimizer);
   impl->schedule = std::move(bundle.schedule);
   impl->deepspeed_clip = bundle.deepspeed_clip;
-  // Stages 0-2: one unit over every bucket, resident.
-  const Publish publish = impl->fp.master_aliases_flat() ? Publish::kNone
-                          : !impl->sharding.optimizer    ? Publish::kCopy
-                                                         : Publish::kAllGather;
-  impl->units.push_back(std::make_unique<ShardedUnit>(impl->store, *impl->group,
-                                                      impl->fp.layout.units().front(), "<root>",
-                                                      Residency::kResident, publish,
-                                                      impl->param_dtype, owner));
+  if (stage3) {
+    impl->make_stage3_units();
+  } else {
+    // Stages 0-2: one unit over every bucket, resident.
+    const Publish publish = impl->fp.master_aliases_flat() ? Publish::kNone
+                            : !impl->sharding.optimizer    ? Publish::kCopy
+                                                           : Publish::kAllGather;
+    impl->units.push_back(std::make_unique<ShardedUnit>(
+        impl->store, *impl->group, impl->fp.layout.units().front(), "<root>", Residency::kResident,
+        publish, impl->param_dtype, owner));
+  }
 
   // The Impl outlives its hooks (~Impl removes them first), so the sinks may hold its address.
   Engine::Impl* m = impl.get();
@@ -390,11 +413,13 @@ std::vector<int64_t> Engine::all_gather_values(int64_t value) const {
 
 at::Tensor Engine::flat_parameters() const {
   const auto& fp = impl_->fp;
+  std::vector<at::Tensor> full;  // stage 3: per layout parameter, gathered from the masters
+  if (impl_->sharding.params) full = impl_->gathered_params(impl_->param_dtype);
   std::vector<at::Tensor> parts;
   for (int li : fp.layout_of_named) {
     if (li < 0) continue;
     const ParamSlot& s = fp.layout.params()[li];
-    parts.push_back(impl_->unit_of(s.bucket).param_values(s));
+    parts.push_back(full.empty() ? impl_->unit_of(s.bucket).param_values(s) : full[li]);
   }
   return at::cat(parts).to(at::kFloat);
 }

@@ -11,11 +11,15 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "comm/entries.hpp"
 #include "comm/group.hpp"
 #include "device/host_readback.hpp"
 #include "zero/engine.hpp"
+#include "zero/engine/engine_units.hpp"
 #include "zero/engine/step_protocol.hpp"
 #include "zero/engine/topology.hpp"
 #include "zero/grads/grad_hooks.hpp"
@@ -39,6 +43,11 @@ void refuse_model_parallel_without_mesh(const Config& cfg);
 // initialize(model, cfg, group) for a model with tensor-parallel layers split over more than one
 // rank: it would train, clipping each tp rank by its own shard's norm. Refused, naming the mesh.
 void refuse_tensor_parallel_model_on_one_group(const torch::nn::Module& model);
+// Stage 3's unit of each trainable parameter (by TensorImpl) from the zero::shard marks and the
+// persistence thresholds (units::plan_units); `names` gets the plan's unit names.
+std::unordered_map<const void*, int> plan_stage3_units(
+    torch::nn::Module& model, const ZeroOptimizationConfig::Stage3Config& z3,
+    std::vector<std::string>& names);
 
 struct Engine::Impl : Topology, StepProtocol {
   Config cfg;
@@ -61,6 +70,17 @@ struct Engine::Impl : Topology, StepProtocol {
   // bucket.
   ShardStore store;
   std::vector<std::unique_ptr<ShardedUnit>> units;
+  // Stage 3: what run_unit calls (the registry holds it weakly; ~Impl unbinds it), the index in
+  // `units` of each bucket's unit, and per unit how many of its buckets this backward pass
+  // launched (the last one releases the unit).
+  std::shared_ptr<EngineUnits> unit_runtime;
+  std::vector<int> unit_index_of_bucket;
+  std::vector<int> launched_in_pass;
+  bool release_on_launch = false;
+  // By plan unit id: "<root>", then the marked modules.
+  std::vector<std::string> unit_names;
+  // Each layout parameter's shape (stage 3's released parameters are 0-element tensors).
+  std::vector<std::vector<int64_t>> param_shapes;
   // The store's members by their short names.
   FlatParams& fp = store.fp;
   std::unique_ptr<GradSync>& sync = store.grads;
@@ -96,6 +116,16 @@ struct Engine::Impl : Topology, StepProtocol {
   void step_units(const StepContext& ctx);
   // Every unit's master values into the model, without a step (after a checkpoint load).
   void publish_units();
+  // Stage 3 (zero/engine/engine_stage3.cpp): one unit per layout unit, the marked modules bound
+  // to them, the gathered-on-use ones released.
+  void make_stage3_units();
+  // A collective: every layout parameter's values, whole, from the fp32 masters (in `dtype`).
+  std::vector<at::Tensor> gathered_params(at::ScalarType dtype) const;
+  // Stage 3: a bucket's reduction was launched in backward; the unit's last one releases it.
+  void on_bucket_launched(int b);
+  // Stage 3: every unit gathered on use that is still gathered, released (the end of each
+  // backward, failed ones too: nothing gathered survives into step()).
+  void release_gathered_units();
   // The unit holding bucket `b`.
   ShardedUnit& unit_of(int b) const {
     for (const auto& u : units) {

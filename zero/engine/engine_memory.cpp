@@ -16,6 +16,11 @@ MemoryReport Engine::memory_report() const {
   r.num_params = m.fp.layout.num_elements();
   r.padded_params = m.fp.layout.total_numel();
   for (const auto& u : m.units) r.measured.params += u->bytes().resident;
+  // Stage 3 under bf16/fp16: the compute-dtype shard the units' gathers send (fp32: the master,
+  // counted there).
+  if (m.fp.shard.defined() && !m.fp.shard.is_same(m.fp.master)) {
+    r.measured.params += static_cast<int64_t>(m.fp.shard.nbytes());
+  }
   const GradPathBytes path = m.sync->bytes();
   r.measured.grads = path.grads;
   r.measured.master = m.fp.master_bytes();
@@ -58,6 +63,11 @@ MemoryReport Engine::memory_report() const {
   in.accumulation = m.accumulation;
   in.overlap_comm = m.sync_opts.overlap;
   in.offload = m.offload != nullptr;
+  for (const auto& u : m.units) {
+    if (u->residency() == Residency::kResident && in.stage == 3) {
+      for (int li : u->slot().params) in.root_params += m.fp.layout.params()[li].numel;
+    }
+  }
   r.predicted = predict_model_states(in);
   if (m.offload) {
     // Per element of the (padded) shard: fp32 master, K fp32 states, the fp32 gradient shard

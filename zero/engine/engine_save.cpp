@@ -116,6 +116,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg,
   const std::string tag =
       tag_arg.empty() ? "step" + std::to_string(m.stats.optimizer_steps) : tag_arg;
   // Checks every rank makes alike, so they may throw before the first collective.
+  ZERO_CKPT_CHECK(!m.sharding.params,
+                  "zero: save_checkpoint is not supported at ZeRO stage 3 yet; train with "
+                  "zero_optimization.stage: 2 to checkpoint, or export the weights with "
+                  "engine.state_dict() (gathered from the shards)");
   ckpt::check_tag(tag);
   ZERO_CKPT_CHECK(!dir.empty(), "zero: save_checkpoint needs a directory (trainer.save_dir)");
   ZERO_CKPT_CHECK(m.stats.micro_steps % m.accumulation == 0, "zero: save_checkpoint at micro-step ",

@@ -24,9 +24,12 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
   // The full flat master in fp32, one bucket at a time, when ranks hold only their shards;
   // otherwise the values are right there (master, or the flat buffer it aliases).
   const bool in_flat = fp.master_aliases_flat() || fp.master_in_flat();
-  const bool sharded = fp.layout.world() > 1 && !in_flat;
+  // Stage 3: between steps no rank holds a gathered unit, so the compute-dtype values come from
+  // the masters too (rounded as the step rounds them into the shard).
+  const bool stage3 = im.sharding.params;
+  const bool sharded = (fp.layout.world() > 1 && !in_flat) || stage3;
   std::vector<at::Tensor> gathered;  // per layout parameter
-  if (opts.master && sharded) {
+  if ((opts.master || stage3) && sharded) {
     gathered.resize(fp.layout.params().size());
     for (const auto& u : im.units) {
       u->for_each_gathered_master([&](const BucketSlot& bucket, const at::Tensor& full) {
@@ -51,10 +54,10 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied: first name only
     const auto it = layout_of.find(p.unsafeGetTensorImpl());
     at::Tensor v;
-    if (it == layout_of.end() || !opts.master) {
+    if (it == layout_of.end() || (!opts.master && !stage3)) {
       v = out_of(p.detach());  // frozen, empty, or the compute-dtype values every rank holds
     } else if (sharded) {
-      v = gathered[it->second];
+      v = opts.master ? gathered[it->second] : gathered[it->second].to(im.param_dtype);
     } else {
       const ParamSlot& s = fp.layout.params()[it->second];
       // Stage 0 holds the whole master; fp32 parameters are the master (published on every
@@ -62,7 +65,9 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
       v = out_of(in_flat ? im.unit_of(s.bucket).param_values(s)
                          : fp.master.narrow(0, s.flat_offset, s.numel));
     }
-    out.emplace_back(item.key(), v.view(p.sizes()));
+    // The layout's shape: at stage 3 a released parameter is a 0-element tensor.
+    out.emplace_back(item.key(), it == layout_of.end() ? v.view(p.sizes())
+                                                       : v.view(im.param_shapes[it->second]));
   }
   return out;
 }

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
@@ -41,14 +42,23 @@ void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
   const GradSyncCounters before = sync->counters();
   const bool counting = order->counting();
   sync->begin_backward(boundary, order->begin_pass(roots), counting);
+  // Stage 3: a unit is released when its last bucket is launched, except on the pass that may
+  // guess gradient counts (a bucket launched early there could still see its weights used).
+  std::fill(launched_in_pass.begin(), launched_in_pass.end(), 0);
+  release_on_launch = unit_runtime != nullptr && !counting;
   in_backward = true;
   try {
     run();
     in_backward = false;
     sync->end_backward();
+    release_gathered_units();
   } catch (...) {
     in_backward = false;
     order->end_pass(false);
+    try {
+      release_gathered_units();
+    } catch (...) {  // the error that got here is the one to report
+    }
     discard_window();
     throw;
   }

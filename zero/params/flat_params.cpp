@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "comm/unowned_view.hpp"
@@ -26,13 +27,33 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
   const bool fp32 = opts.param_dtype == at::kFloat;
   const bool whole = opts.shards == 1;
-  fp.flat = at::empty({fp.layout.total_numel()}, f32.dtype(opts.param_dtype));
-  fp.compute_options = fp.flat.options();
+  const auto compute = f32.dtype(opts.param_dtype);
+  // The buffer each bucket lives in, and the bucket's offset there: `flat`, or at stage 3 its
+  // unit's own buffer.
+  std::vector<int> unit_of_bucket;
+  if (opts.unit_buffers) {
+    for (const UnitSlot& u : fp.layout.units()) {
+      fp.unit_buffers.push_back(at::empty({u.flat_end - u.flat_begin}, compute));
+      for (int b = u.first_bucket; b < u.end_bucket; ++b) {
+        unit_of_bucket.push_back(static_cast<int>(fp.unit_buffers.size()) - 1);
+      }
+    }
+  } else {
+    fp.flat = at::empty({fp.layout.total_numel()}, compute);
+  }
+  fp.compute_options = opts.unit_buffers ? fp.unit_buffers.front().options() : fp.flat.options();
+  auto bucket_buffer = [&](const BucketSlot& b, int bi) {
+    if (!opts.unit_buffers) return fp.flat.narrow(0, b.flat_offset, b.shard.padded_numel());
+    const int u = unit_of_bucket[bi];
+    return fp.unit_buffers[u].narrow(0, b.flat_offset - fp.layout.units()[u].flat_begin,
+                                     b.shard.padded_numel());
+  };
   using Storage = FlatParams::MasterStorage;
-  fp.storage = opts.host_master ? Storage::kHost
-               : !fp32          ? Storage::kOwnTensor
-               : whole          ? Storage::kAliasesFlat
-                                : Storage::kInFlat;
+  fp.storage = opts.host_master    ? Storage::kHost
+               : !fp32             ? Storage::kOwnTensor
+               : opts.unit_buffers ? Storage::kShard
+               : whole             ? Storage::kAliasesFlat
+                                   : Storage::kInFlat;
   switch (fp.storage) {
     case Storage::kAliasesFlat:
       fp.master = fp.flat;
@@ -41,10 +62,14 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
       fp.master = device::host_zeros(fp.layout.shard_numel(), opts.pin_memory);
       break;
     case Storage::kOwnTensor:
+    case Storage::kShard:
       fp.master = at::empty({fp.layout.shard_numel()}, f32);
       break;
     case Storage::kInFlat:
       break;
+  }
+  if (opts.unit_buffers) {
+    fp.shard = fp32 ? fp.master : at::empty({fp.layout.shard_numel()}, compute);
   }
   const int r = whole ? 0 : group.rank();
   fp.shard_rank = r;
@@ -52,14 +77,14 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
   for (size_t bi = 0; bi < buckets.size(); ++bi) {
     const BucketSlot& b = buckets[bi];
     const int64_t padded = b.shard.padded_numel();
-    at::Tensor flat_b = fp.flat.narrow(0, b.flat_offset, padded);
+    at::Tensor flat_b = bucket_buffer(b, static_cast<int>(bi));
     at::Tensor staging = fp32 ? flat_b : at::empty({padded}, f32);
     staging.zero_();  // padding
     for (int li : b.params) {
       const ParamSlot& slot = fp.layout.params()[li];
       at::Tensor& p = named[named_of_layout[li]].second;
       staging.narrow(0, slot.flat_offset - b.flat_offset, slot.numel).copy_(p.reshape({-1}));
-      p.set_data(fp.flat.narrow(0, slot.flat_offset, slot.numel).view(p.sizes()));
+      p.set_data(flat_b.narrow(0, slot.flat_offset - b.flat_offset, slot.numel).view(p.sizes()));
     }
     const std::string what =
         "broadcast of the initial parameters (bucket " + std::to_string(bi) + ")";
@@ -73,11 +98,15 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
       group.broadcast(lent, 0, what).hold(staging).wait();
     }
     // fp32 (not offloaded): the broadcast wrote the master into the flat buffer already.
+    const int64_t S = b.shard.shard_numel();
     if (fp.master.defined() && !fp.master_aliases_flat()) {
-      const int64_t S = b.shard.shard_numel();
       fp.master.narrow(0, b.shard_offset, S).copy_(staging.narrow(0, b.shard.shard(r).begin, S));
     }
     if (!fp32) flat_b.copy_(staging);
+    // bf16/fp16 at stage 3: the gather source is the master rounded, as the step will round it.
+    if (fp.shard.defined() && !fp.shard.is_same(fp.master)) {
+      fp.shard.narrow(0, b.shard_offset, S).copy_(fp.master.narrow(0, b.shard_offset, S));
+    }
   }
 }
 
@@ -180,8 +209,30 @@ FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
   std::vector<int> named_of_layout;
   for (auto it = trainable.rbegin(); it != trainable.rend(); ++it) {
     if (named[*it].second.numel() == 0) continue;
-    specs.push_back({named[*it].first, named[*it].second.numel()});
+    const at::Tensor& t = named[*it].second;
+    const auto u = opts.unit_of.find(t.unsafeGetTensorImpl());
+    specs.push_back({named[*it].first, t.numel(), u == opts.unit_of.end() ? 0 : u->second});
     named_of_layout.push_back(*it);
+  }
+  if (!opts.unit_of.empty()) {
+    // Unit by unit, units ordered by their first parameter, reverse registration order inside
+    // each (a stable sort keeps it).
+    std::unordered_map<int, int> rank_of_unit;
+    for (const ParamSpec& s : specs)
+      rank_of_unit.emplace(s.unit, static_cast<int>(rank_of_unit.size()));
+    std::vector<size_t> idx(specs.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      return rank_of_unit[specs[a].unit] < rank_of_unit[specs[b].unit];
+    });
+    std::vector<ParamSpec> sorted_specs;
+    std::vector<int> sorted_named;
+    for (size_t i : idx) {
+      sorted_specs.push_back(specs[i]);
+      sorted_named.push_back(named_of_layout[i]);
+    }
+    specs = std::move(sorted_specs);
+    named_of_layout = std::move(sorted_named);
   }
   fp.layout = FlatLayout::build(specs, opts.bucket_numel, opts.shards, opts.align);
 

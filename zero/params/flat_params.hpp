@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "comm/group.hpp"
@@ -20,6 +21,13 @@ struct FlatParams {
   std::vector<at::Tensor> params;    // the module's trainable parameters, in layout order
   std::vector<int> layout_of_named;  // layout index of the i-th distinct named parameter
   at::Tensor flat;  // compute dtype, layout.total_numel(); params are views into it
+  // Stage 3 (FlattenOptions::unit_buffers): no `flat`; one buffer per layout unit instead,
+  // each its own storage over the unit's [flat_begin, flat_end), so that a unit's bytes can be
+  // freed alone (units::UnitStorage). Indexed like layout.units().
+  std::vector<at::Tensor> unit_buffers;
+  // Stage 3: this rank's shard in the compute dtype (layout.shard_numel() elements, addressed
+  // like the master): what a unit's all-gather sends. fp32: the master itself (kShard).
+  at::Tensor shard;
   // The parameters' compute dtype and device (`flat`'s options). Kept apart from `flat` so that
   // what only needs the device or dtype does not read the buffer: at stage 3 there is no one
   // flat buffer but one per unit (docs/design/sharded-units.md §7, part 3), and the buffer's
@@ -40,6 +48,8 @@ struct FlatParams {
     kInFlat,
     // Optimizer offload: host memory (page-locked with pin_memory), never aliasing `flat`.
     kHost,
+    // Stage 3 with fp32 parameters: `shard`, the gather source, is the master (no second copy).
+    kShard,
   };
   MasterStorage storage = MasterStorage::kOwnTensor;
   at::Tensor master;  // undefined under kInFlat
@@ -71,6 +81,12 @@ struct FlattenOptions {
   // never aliases the flat buffer.
   bool host_master = false;
   bool pin_memory = false;
+  // Stage 3: the unit of each trainable parameter (by TensorImpl; absent: unit 0). The layout
+  // takes the units one after another, ordered by their first parameter in reverse registration
+  // order, each in reverse registration order inside.
+  std::unordered_map<const void*, int> unit_of;
+  // Stage 3: one buffer per unit (FlatParams::unit_buffers) and the compute-dtype shard.
+  bool unit_buffers = false;
 };
 
 // Broadcasts rank 0's parameters and buffers, builds the flat layout (parameters in reverse

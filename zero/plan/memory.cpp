@@ -29,6 +29,14 @@ MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
   // fp32 parameters are the master weights: whole at stage 0, this rank's shard of each bucket
   // of the flat buffer at stages 1 and 2; optimizer offload keeps a separate (host) master.
   b.master = (in.param_bytes == 4 && !in.offload) ? 0 : static_cast<int64_t>(4.0 * part);
+  if (in.stage == 3) {
+    // The root unit whole; every other parameter a 1/N shard between uses (the gathered unit
+    // of the moment is an activation-time cost, not a model state). An fp32 shard is the master.
+    const double root = static_cast<double>(in.root_params);
+    b.params = static_cast<int64_t>(root * in.param_bytes +
+                                    (in.param_bytes == 4 ? 0.0 : psi / n * in.param_bytes));
+    b.master = static_cast<int64_t>(4.0 * part);
+  }
   b.optimizer = static_cast<int64_t>(4.0 * in.optimizer_states * part);
   b.comm_buffers = in.comm_buffer_bytes;
   return b;

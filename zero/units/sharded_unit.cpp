@@ -51,9 +51,9 @@ double GatherQueue::drain() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-ShardedUnit::ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slot,
-                         std::string name, Residency residency, Publish publish,
-                         at::ScalarType param_dtype, int owner)
+ShardedUnit::ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slot, std::string name,
+                         Residency residency, Publish publish, at::ScalarType param_dtype,
+                         int owner)
     : store_(store),
       dp_(dp),
       slot_(slot),
@@ -61,7 +61,74 @@ ShardedUnit::ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slo
       residency_(residency),
       publish_(publish),
       param_dtype_(param_dtype),
-      owner_(owner) {}
+      owner_(owner) {
+  const auto& all = store_.fp.layout.units();
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].first_bucket == slot_.first_bucket) index_ = static_cast<int>(i);
+  }
+  TORCH_CHECK((residency_ == Residency::kOnUse) == (publish_ == Publish::kCastShard), "zero: unit ",
+              name_, ": a unit gathered on use publishes into its compute shard");
+  if (residency_ == Residency::kOnUse) {
+    const FlatParams& fp = store_.fp;
+    TORCH_CHECK(!fp.flat.defined() && fp.shard.defined() && !store_.offload, "zero: unit ", name_,
+                " is gathered on use without stage 3's storage");
+    std::vector<units::UnitStorage::Param> params;
+    for (int li : slot_.params) {
+      params.push_back({fp.params[li], fp.layout.params()[li].flat_offset - slot_.flat_begin});
+    }
+    storage_ = std::make_unique<units::UnitStorage>(fp.unit_buffers[index_], std::move(params));
+  }
+}
+
+void ShardedUnit::begin_step(const StepContext& ctx) {
+  FlatParams& fp = store_.fp;
+  auto& o = *store_.optimizer;
+  if (store_.offload) {
+    o.begin_step(fp.master, ctx.grad, ctx.lr);
+    return;
+  }
+  const BucketSlot& first = fp.layout.buckets()[slot_.first_bucket];
+  if (ctx.grad.scalar_type() == at::kFloat) {
+    o.begin_step(fp.master_window(first), ctx.grad, ctx.lr);
+  } else {
+    o.begin_step(fp.master_window(first), ctx.lr);  // update() checks each window
+  }
+}
+
+void ShardedUnit::gather() {
+  TORCH_INTERNAL_ASSERT(storage_ != nullptr, "zero: unit ", name_, " is resident");
+  if (storage_->allocated()) return;
+  at::NoGradGuard no_grad;
+  storage_->allocate();
+  const FlatParams& fp = store_.fp;
+  const auto& buckets = fp.layout.buckets();
+  for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
+    const BucketSlot& bucket = buckets[b];
+    at::Tensor out = storage_->buffer().narrow(0, bucket.flat_offset - slot_.flat_begin,
+                                               bucket.shard.padded_numel());
+    at::Tensor in = fp.shard.narrow(0, bucket.shard_offset, bucket.shard.shard_numel());
+    pending_.push_back(dp_.all_gather(
+        out, in, "all_gather of unit " + name_ + " (parameter bucket " + std::to_string(b) + ")"));
+  }
+}
+
+void ShardedUnit::wait() {
+  if (storage_ == nullptr) return;
+  TORCH_CHECK(storage_->allocated(), "zero: unit ", name_, " waited for without a gather");
+  for (auto& w : pending_) w.wait();
+  pending_.clear();
+  storage_->view_params();
+}
+
+void ShardedUnit::release() {
+  if (storage_ == nullptr) return;
+  // Freeing bytes a collective still writes would hand them to the next allocation.
+  for (auto& w : pending_) w.wait();
+  pending_.clear();
+  storage_->release();
+}
+
+bool ShardedUnit::gathered() const { return storage_ == nullptr || storage_->allocated(); }
 
 void ShardedUnit::step(const StepContext& ctx, GatherQueue& q) {
   FlatParams& fp = store_.fp;
@@ -72,19 +139,12 @@ void ShardedUnit::step(const StepContext& ctx, GatherQueue& q) {
     // The CPU step of each bucket writes the compute-dtype copy that its gather sends. The
     // scalars reach the host once here, not once per bucket.
     const optim::ShardOptimizer::Scalars host = OptimizerOffload::host_scalars(ctx.scalars);
-    o.begin_step(fp.master, grad, lr);
     publish_from(q, [&](const BucketSlot& b) {
       return store_.offload->update_bucket(&o, fp.master, grad, lr, host, b, own_part(b));
     });
     return;
   }
   const auto& buckets = fp.layout.buckets();
-  const BucketSlot& first = buckets[slot_.first_bucket];
-  if (grad.scalar_type() == at::kFloat) {
-    o.begin_step(fp.master_window(first), grad, lr);
-  } else {
-    o.begin_step(fp.master_window(first), lr);  // update() checks each window
-  }
   if (publish_ != Publish::kAllGather) {
     // Bucket by bucket, as the offloaded step runs: ATen's fused kernels round a slice's last
     // elements past whole vectors otherwise, so the same windows keep the two bit-identical.
@@ -107,7 +167,9 @@ void ShardedUnit::step(const StepContext& ctx, GatherQueue& q) {
 void ShardedUnit::publish(GatherQueue& q) { publish_parameters(q, {}); }
 
 at::Tensor ShardedUnit::buffer() const {
-  return store_.fp.flat.narrow(0, slot_.flat_begin, slot_.flat_end - slot_.flat_begin);
+  const FlatParams& fp = store_.fp;
+  if (!fp.flat.defined()) return fp.unit_buffers[index_];  // stage 3: the unit's own
+  return fp.flat.narrow(0, slot_.flat_begin, slot_.flat_end - slot_.flat_begin);
 }
 
 at::Tensor ShardedUnit::param_values(const ParamSlot& s) const {
@@ -117,6 +179,9 @@ at::Tensor ShardedUnit::param_values(const ParamSlot& s) const {
 }
 
 ShardedUnit::Bytes ShardedUnit::bytes() const {
+  if (storage_ != nullptr) {
+    return {.resident = 0, .gathered = storage_->allocated() ? storage_->nbytes() : 0};
+  }
   return {.resident = static_cast<int64_t>(buffer().nbytes()), .gathered = 0};
 }
 
@@ -142,6 +207,18 @@ void ShardedUnit::publish_from(GatherQueue& q,
   at::NoGradGuard no_grad;
   FlatParams& fp = store_.fp;
   if (publish_ == Publish::kNone) return;
+  if (publish_ == Publish::kCastShard) {
+    // fp32: the shard is the master, already current. Otherwise the master rounded into it,
+    // bucket by bucket (the next gather sends it).
+    if (fp.shard.is_same(fp.master)) return;
+    const auto& buckets = fp.layout.buckets();
+    for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
+      const BucketSlot& bucket = buckets[b];
+      const int64_t S = bucket.shard.shard_numel();
+      fp.shard.narrow(0, bucket.shard_offset, S).copy_(fp.master.narrow(0, bucket.shard_offset, S));
+    }
+    return;
+  }
   if (publish_ == Publish::kCopy) {
     // One shard (stage 0): the unit's master window is its flat window.
     buffer().copy_(fp.master.narrow(0, slot_.shard_begin, slot_.shard_end - slot_.shard_begin));

@@ -9,12 +9,14 @@
 
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/group.hpp"
 #include "zero/units/shard_store.hpp"
+#include "zero/units/unit_storage.hpp"
 
 namespace zero {
 
@@ -22,10 +24,13 @@ namespace zero {
 enum class Publish {
   kNone,       // the master is the flat buffer (stage 0 fp32, one rank fp32)
   kCopy,       // stage 0 otherwise: one flat.copy_(master) after all updates
-  kAllGather,  // stages 1, 2: bucket b updated just before its all-gather is launched
+  kAllGather,  // stages 1, 2, stage 3's root: bucket b updated just before its all-gather
+  kCastShard,  // stage 3's gathered units: the master rounded into the compute shard (bf16/fp16;
+               // fp32: nothing, the shard is the master); the next gather reads it
 };
-// Whether the unit's parameters are always there (stages 0-2) or gathered on use (stage 3).
-enum class Residency { kResident };
+// Whether the unit's parameters are always there (stages 0-2, stage 3's root) or gathered on
+// use and released after it (stage 3's units).
+enum class Residency { kResident, kOnUse };
 
 // All-gathers in flight, oldest first, bounded by allgather_bucket_size elements: what they
 // hold (the cast temporaries) stays bounded while updates and gathers overlap.
@@ -73,6 +78,9 @@ class ShardedUnit {
   Residency residency() const { return residency_; }
   int owner() const { return owner_; }
 
+  // The optimizer's step counter, once per step before the first unit steps (ShardOptimizer::
+  // begin_step: its checks read the first bucket's window of this unit).
+  void begin_step(const StepContext& ctx);
   // The optimizer over this unit's buckets, then the new values into the parameters (gathers
   // queued in `q`; the caller drains it).
   void step(const StepContext& ctx, GatherQueue& q);
@@ -92,6 +100,15 @@ class ShardedUnit {
     int64_t resident = 0, gathered = 0;
   };
   Bytes bytes() const;
+
+  // kOnUse only (stage 3). gather: fresh bytes for the unit's buffer and one all-gather per
+  // bucket from the compute shard into it; wait: those done, the parameters views of the
+  // buffer; release: a gather in flight waited for, the bytes freed (parameters 0-element).
+  void gather();
+  void wait();
+  void release();
+  // Gathered or gathering (a resident unit always is).
+  bool gathered() const;
 
   // What checkpoints, state_dict and the norm read of the unit.
   bool has_bucket(int b) const { return b >= slot_.first_bucket && b < slot_.end_bucket; }
@@ -130,6 +147,9 @@ class ShardedUnit {
   ShardStore& store_;
   comm::Group& dp_;
   UnitSlot slot_;
+  int index_ = 0;  // the slot's position in layout().units(), FlatParams::unit_buffers' index
+  std::unique_ptr<units::UnitStorage> storage_;  // kOnUse only
+  std::vector<comm::Work> pending_;              // gathers issued, not yet waited for
   std::string name_;
   Residency residency_;
   Publish publish_;

@@ -1,0 +1,241 @@
+// ZeRO stage 3 (parameters sharded, each zero::shard-marked block gathered on use) on 2 and 4
+// real gloo ranks (threads) against single-process training on the concatenated batch with
+// torch's own optimizers and clip_grad_norm_, and against stage 2 on the same config: the same
+// parameters after K steps, with accumulation and clipping. Between steps a marked block holds
+// no parameter bytes; the root unit (the input and head layers, and the small parameters kept
+// whole by stage3_param_persistence_threshold) is whole.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+
+#include <mutex>
+
+#include "support/block_mlp.hpp"
+#include "support/thread_group.hpp"
+#include "support/tiny_net.hpp"
+#include "zero/engine.hpp"
+#include "zero/sharding.hpp"
+
+namespace zero::testing {
+namespace {
+
+constexpr int64_t kWidth = 32;
+constexpr int kBlocks = 3;
+
+// input Linear (root) -> kBlocks marked MLP blocks -> head Linear (root). No dropout: every
+// rank and the reference must compute the same function.
+struct Stage3Net : torch::nn::Module {
+  Stage3Net() {
+    inp = register_module("inp", torch::nn::Linear(12, kWidth));
+    body = register_module("body", std::make_shared<BlockMlp>(kBlocks, kWidth, 0.0));
+    head = register_module("head", torch::nn::Linear(kWidth, 5));
+  }
+  at::Tensor forward(const at::Tensor& x) { return head(body->forward(at::tanh(inp(x)))); }
+  torch::nn::Linear inp{nullptr}, head{nullptr};
+  std::shared_ptr<BlockMlp> body;
+};
+
+std::shared_ptr<Stage3Net> make_net(uint64_t seed, bool mark) {
+  auto net = std::make_shared<Stage3Net>();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::NoGradGuard g;
+  for (auto& p : net->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
+  if (mark) {
+    for (size_t i = 0; i < net->body->size(); ++i) zero::shard(net->body->block_module(i));
+  }
+  return net;
+}
+
+struct Case {
+  int world;
+  bool sgd;
+  int accumulation;
+  double clip;
+  // stage3_param_persistence_threshold: 0 shards every block parameter; kWidth keeps the
+  // biases and norms of each block whole, in the root unit.
+  int64_t persistence = 0;
+  bool bf16 = false;
+};
+
+std::string name_of(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return "world" + std::to_string(c.world) + (c.sgd ? "_sgd" : "_adamw") + "_ga" +
+         std::to_string(c.accumulation) + (c.clip > 0 ? "_clip" : "") +
+         (c.persistence > 0 ? "_persist" + std::to_string(c.persistence) : "") +
+         (c.bf16 ? "_bf16" : "");
+}
+
+constexpr int kSteps = 3;
+constexpr int64_t kGlobalRows = 48;
+
+Config case_config(const Case& c, int stage) {
+  Config cfg = test_config(stage, kGlobalRows / (c.world * c.accumulation), c.accumulation, c.clip);
+  if (c.sgd) {
+    cfg.optimizer.type = "SGD";
+    cfg.optimizer.lr = 0.05;
+    cfg.optimizer.momentum = 0.9;
+    cfg.optimizer.weight_decay = 0.01;
+  }
+  cfg.zero_optimization.stage3.param_persistence_threshold = c.persistence;
+  cfg.bf16 = c.bf16;
+  return cfg;
+}
+
+struct RunResult {
+  std::vector<at::Tensor> params;   // flat_parameters() per rank
+  std::vector<at::Tensor> masters;  // state_dict(master) flattened, per rank
+};
+
+// Trains on `c.world` ranks at `stage`; at stage 3 also checks, after every step, what each
+// block and the root hold.
+RunResult train(const Case& c, int stage) {
+  const Config cfg = case_config(c, stage);
+  std::mutex mu;
+  RunResult out;
+  out.params.resize(c.world);
+  out.masters.resize(c.world);
+  run_ranks(c.world, [&](std::shared_ptr<comm::Group> group) {
+    auto net = make_net(3, /*mark=*/true);
+    auto engine = initialize(net, cfg, group);
+    ASSERT_EQ(engine.stage(), stage);
+    const int r = group->rank();
+    for (int s = 0; s < kSteps; ++s) {
+      Batch global = global_batch(s, kGlobalRows);
+      for (int m = 0; m < c.accumulation; ++m) {
+        Batch b = rank_micro_batch(global, r, c.world, m, c.accumulation);
+        at::Tensor x = b.x;
+        if (c.bf16) x = x.to(at::kBFloat16);
+        engine.backward(mse(net->forward(x).to(at::kFloat), b.y));
+        EXPECT_EQ(engine.step(), m == c.accumulation - 1);
+        if (stage != 3) continue;
+        // Between steps (and micro-steps) nothing of a marked block is gathered.
+        for (size_t i = 0; i < net->body->size(); ++i) {
+          const auto& fc = net->body->block_module(i).fc;
+          EXPECT_EQ(fc->weight.numel(), 0) << "block " << i << " step " << s;
+          EXPECT_EQ(fc->weight.storage().nbytes(), 0u) << "block " << i << " step " << s;
+          const auto& norm = net->body->block_module(i).norm;
+          EXPECT_EQ(norm->weight.numel(), c.persistence >= kWidth ? kWidth : 0) << "block " << i;
+          EXPECT_EQ(fc->bias.numel(), c.persistence >= kWidth ? kWidth : 0) << "block " << i;
+        }
+        EXPECT_EQ(net->head->weight.numel(), 5 * kWidth);
+        EXPECT_EQ(net->inp->weight.numel(), 12 * kWidth);
+      }
+    }
+    at::Tensor flat = engine.flat_parameters();
+    std::vector<at::Tensor> parts;
+    for (const auto& [name, t] : engine.state_dict()) parts.push_back(t.reshape({-1}));
+    std::lock_guard<std::mutex> lock(mu);
+    out.params[r] = flat;
+    out.masters[r] = at::cat(parts).to(at::kFloat);
+  });
+  return out;
+}
+
+double max_rel(const at::Tensor& a, const at::Tensor& ref) {
+  return ((a - ref).abs().max() / ref.abs().max()).item<double>();
+}
+
+class Stage3Equivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Stage3Equivalence, MatchesSingleProcessTrainingAndStage2) {
+  const Case c = GetParam();
+  // The reference trains in fp32 also for the bf16 cases: their tolerance is what stage 2
+  // measures against it.
+  auto ref_net = make_net(3, /*mark=*/false);
+  const ReferenceResult ref =
+      train_reference(case_config(c, 3), kSteps, kGlobalRows, *ref_net,
+                      [&](const at::Tensor& x) { return ref_net->forward(x); });
+  const RunResult s2 = train(c, 2);
+  const RunResult s3 = train(c, 3);
+  ASSERT_FALSE(HasFailure());
+  for (int r = 0; r < c.world; ++r) {
+    ASSERT_EQ(s3.params[r].numel(), ref.params.numel());
+    const double d2 = max_rel(s2.masters[r], ref.params), d3 = max_rel(s3.masters[r], ref.params);
+    if (c.bf16) {
+      // bf16 activations and gradients against an fp32 reference: stage 3 is held to what stage 2
+      // measures against it on the same config.
+      EXPECT_LE(d3, 1.5 * d2 + 1e-6) << "rank " << r << ": stage 2 measured " << d2;
+      // bf16 gradients (grad_accum_dtype bf16, DeepSpeed's default) are rounded where buckets
+      // end, and stage 3 closes a bucket at every unit; AdamW turns such roundings of ~0
+      // gradients into whole steps (measured: 1.4e-4 at 4 ranks).
+      EXPECT_LT(max_rel(s3.masters[r], s2.masters[r]), 1e-3) << "rank " << r;
+    } else {
+      EXPECT_LT(d3, 1e-6) << "rank " << r << " (stage 2: " << d2 << ")";
+      EXPECT_LT(max_rel(s3.params[r], ref.params), 1e-6) << "rank " << r;
+    }
+    // The compute-dtype parameters as the ranks see them.
+    EXPECT_LT(max_rel(s3.params[r], s2.params[r]), c.bf16 ? 1e-2 : 1e-6) << "rank " << r;
+    std::cerr << "stage3 " << name_of({c, 0}) << " rank " << r << ": max rel diff vs reference "
+              << d3 << " (stage 2: " << d2 << "), vs stage 2 "
+              << max_rel(s3.masters[r], s2.masters[r]) << "\n";
+  }
+  // Training moved the parameters, so agreement is not trivial.
+  EXPECT_GT((ref.params - flatten(*make_net(3, false))).abs().max().item<double>(), 1e-2);
+  if (c.clip > 0) EXPECT_GT(ref.grad_norms.front(), c.clip);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stage3, Stage3Equivalence,
+                         ::testing::Values(Case{2, false, 2, 0.3}, Case{4, false, 2, 0.3},
+                                           Case{2, true, 2, 0.3}, Case{4, true, 1, 0},
+                                           Case{2, false, 1, 0, kWidth},
+                                           Case{4, true, 2, 0.3, kWidth},
+                                           Case{2, false, 2, 0.3, 0, true},
+                                           Case{4, false, 1, 0.3, kWidth, true}),
+                         name_of);
+
+}  // namespace
+}  // namespace zero::testing
+
+namespace zero::testing {
+namespace {
+
+// Eval (no grad) releases each unit right after its block; a checkpoint save, not supported at
+// stage 3 yet, is refused on every rank naming what to do instead.
+TEST(Stage3, EvalReleasesUnitsAndCheckpointsAreRefused) {
+  const Case c{2, false, 1, 0};
+  const Config cfg = case_config(c, 3);
+  std::mutex mu;
+  std::vector<std::string> errors;
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    auto net = make_net(3, /*mark=*/true);
+    auto engine = initialize(net, cfg, group);
+    Batch b = rank_micro_batch(global_batch(0, kGlobalRows), group->rank(), 2, 0, 1);
+    at::Tensor eval;
+    {
+      at::NoGradGuard no_grad;
+      eval = net->forward(b.x);
+    }
+    EXPECT_EQ(net->body->block_module(0).fc->weight.numel(), 0);
+    // The same values as a training forward.
+    at::Tensor train = net->forward(b.x);
+    EXPECT_TRUE(at::equal(eval, train.detach()));
+    engine.backward(mse(train, b.y));
+    engine.step();
+    // Between steps: the root unit whole (input and head layers, 12x32+32 + 32x5+5 elements),
+    // the blocks as this rank's fp32 master shard only; as the formula says, up to padding.
+    const MemoryReport mr = engine.memory_report();
+    const int64_t root = 12 * kWidth + kWidth + kWidth * 5 + 5;
+    const int64_t padding = mr.padded_params - mr.num_params;
+    EXPECT_EQ(mr.predicted.params, 4 * root);
+    EXPECT_GE(mr.measured.params, 4 * root);
+    EXPECT_LE(mr.measured.params, 4 * (root + padding));
+    EXPECT_EQ(mr.measured.master, 4 * mr.padded_params / 2);
+    EXPECT_EQ(mr.predicted.master, 4 * mr.num_params / 2);
+    try {
+      engine.save_checkpoint("/tmp/zero-stage3-refused", "t");
+      ADD_FAILURE() << "saved";
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e.what());
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("save_checkpoint is not supported at ZeRO stage 3 yet"), std::string::npos)
+        << e;
+  }
+}
+
+}  // namespace
+}  // namespace zero::testing

@@ -1,0 +1,104 @@
+// Stage 3 in the engine (docs/design/sharded-units.md §7 parts 2-7): the unit plan put into the
+// layout, one ShardedUnit per layout unit (the root resident, the marked modules gathered on
+// use), their binding to zero::run_unit, and their release once backward is done with them.
+#include <torch/nn/module.h>
+
+#include "zero/engine/engine_impl.hpp"
+#include "zero/units/unit_plan.hpp"
+#include "zero/units/unit_registry.hpp"
+
+namespace zero {
+
+std::unordered_map<const void*, int> plan_stage3_units(
+    torch::nn::Module& model, const ZeroOptimizationConfig::Stage3Config& z3,
+    std::vector<std::string>& names) {
+  TORCH_CHECK(!z3.param_persistence_threshold_auto,
+              "zero: zero_optimization.stage3_param_persistence_threshold is \"auto\", which "
+              "needs the model's hidden size: call cfg.zero_optimization.stage3.resolve_auto("
+              "hidden) before zero::initialize, or give a number (DeepSpeed's default: 100000)");
+  units::PlanInput in;
+  std::unordered_map<const void*, int> first;      // TensorImpl -> its first entry in in.params
+  std::unordered_map<const void*, size_t> tie_of;  // TensorImpl -> its group in in.ties
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const int idx = static_cast<int>(in.params.size());
+    in.params.push_back({item.key(), item.value().numel()});
+    const void* impl = item.value().unsafeGetTensorImpl();
+    const auto [it, fresh] = first.emplace(impl, idx);
+    if (fresh) continue;
+    auto t = tie_of.find(impl);
+    if (t == tie_of.end()) {
+      t = tie_of.emplace(impl, in.ties.size()).first;
+      in.ties.push_back({it->second});
+    }
+    in.ties[t->second].push_back(idx);
+  }
+  in.marked = units::marked_names(model);
+  in.param_persistence_threshold = z3.param_persistence_threshold;
+  in.model_persistence_threshold = z3.model_persistence_threshold;
+  const units::UnitPlan plan = units::plan_units(in);
+  names = plan.names;
+  std::unordered_map<const void*, int> unit_of;
+  for (const auto& [impl, idx] : first) unit_of[impl] = plan.unit_of[idx];
+  return unit_of;
+}
+
+void Engine::Impl::make_stage3_units() {
+  const auto& slots = fp.layout.units();
+  std::vector<ShardedUnit*> raw;
+  for (const UnitSlot& s : slots) {
+    const bool root = s.unit == units::UnitPlan::kRoot;
+    units.push_back(std::make_unique<ShardedUnit>(
+        store, *group, s, unit_names.at(s.unit), root ? Residency::kResident : Residency::kOnUse,
+        root ? Publish::kAllGather : Publish::kCastShard, param_dtype, sharding.owner));
+    raw.push_back(units.back().get());
+    for (int b = s.first_bucket; b < s.end_bucket; ++b)
+      unit_index_of_bucket.push_back(static_cast<int>(units.size()) - 1);
+  }
+  launched_in_pass.assign(units.size(), 0);
+  unit_runtime = std::make_shared<EngineUnits>(std::move(raw), in_backward);
+  std::unordered_map<std::string, const torch::nn::Module*> by_name{{"", module.get()}};
+  for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    by_name.emplace(item.key(), item.value().get());
+  }
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (slots[k].unit == units::UnitPlan::kRoot) continue;
+    units::bind(*by_name.at(unit_names.at(slots[k].unit)), unit_runtime, static_cast<int>(k));
+  }
+  sync->set_on_launched([this](int b) { on_bucket_launched(b); });
+  // Between steps a unit gathered on use holds only its shard.
+  for (auto& u : units) {
+    if (u->residency() == Residency::kOnUse) u->release();
+  }
+}
+
+void Engine::Impl::on_bucket_launched(int b) {
+  if (!release_on_launch) return;
+  const int k = unit_index_of_bucket.at(b);
+  ShardedUnit& u = *units[k];
+  if (u.residency() != Residency::kOnUse) return;
+  // Every parameter's gradient of the unit's last bucket was delivered, so autograd has no node
+  // left that reads the unit's weights in this pass.
+  const int buckets = u.slot().end_bucket - u.slot().first_bucket;
+  if (++launched_in_pass[k] == buckets && u.gathered()) u.release();
+}
+
+void Engine::Impl::release_gathered_units() {
+  for (auto& u : units) {
+    if (u->residency() == Residency::kOnUse && u->gathered()) u->release();
+  }
+}
+
+std::vector<at::Tensor> Engine::Impl::gathered_params(at::ScalarType dtype) const {
+  std::vector<at::Tensor> full(fp.layout.params().size());
+  for (const auto& u : units) {
+    u->for_each_gathered_master([&](const BucketSlot& bucket, const at::Tensor& values) {
+      for (int pi : bucket.params) {
+        const ParamSlot& s = fp.layout.params()[pi];
+        full[pi] = values.narrow(0, s.flat_offset - bucket.flat_offset, s.numel).to(dtype);
+      }
+    });
+  }
+  return full;
+}
+
+}  // namespace zero
