@@ -3,8 +3,10 @@
 // pairs (on, off, on, off, ...: the machine's drift falls on both), ranks as threads over gloo as
 // in the tests. Prints one markdown row: the median step time of each and the median of the
 // pairs' ratios (on / off; below 1: the overlap hides communication). On a 2-core CPU the ranks'
-// compute and gloo's threads share the cores, so little can hide: the figure that matters is a
-// GPU's (scripts/gpu-check.sh), where the collectives run on their own stream.
+// compute and gloo's threads share the cores, so little can hide. The figure that matters is a
+// GPU's, where the collectives run on NCCL's stream; this program cannot take it (ranks are
+// threads over gloo on the CPU, and NCCL needs a GPU per rank) and none has been taken: the
+// 2-GPU tensor-parallel runs prepared in scripts/gpu-check.sh check NCCL's results, not time.
 //
 //   tp-overlap --model gpt-25m --tp 2 --sp 0 --batch 2 --seq 128 --pairs 5
 #include <ATen/ATen.h>

@@ -6,8 +6,10 @@
 #      every CUDA-gated test compile and link),
 #   3. runs the CUDA-gated tests (they skip without a GPU; here they must pass), among them the
 #      check that backward()/step() return to the host before the device finishes (no host
-#      sync: collectives are waited on by the stream, tests/test_cuda.cpp), and with 2+ GPUs a
-#      2-process NCCL run of the trainer through torchrun (stages 1 and 2, and a 2-stage pipeline),
+#      sync: collectives are waited on by the stream, tests/test_cuda.cpp), and with 2+ GPUs
+#      2-process NCCL runs of the trainer through torchrun (stages 1 and 2, a 2-stage pipeline
+#      on 1F1B and interleaved, tensor parallelism without and with sequence parallelism; the
+#      last three compared with their references' losses in nccl-compare.log),
 #   4. benchmarks the example GPT at ~1.3 B parameters, bf16, sequence 2048, world size 1:
 #      ZeRO stage 0 and 2, each with and without activation checkpointing, next to the same
 #      model in PyTorch eager Python on the same GPU in the same run,
@@ -90,8 +92,68 @@ if (( ngpu >= 2 )); then
     --set steps_per_print=1 --set trainer.metrics_file="$out/$name.jsonl" > "$out/$name.log" 2>&1 \
     || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
   stamp "$name"
+  # The interleaved schedule over NCCL (never run on NCCL before): the same run with 2 chunks
+  # per stage, the last stage's activations going back to stage 0 on the second group. The
+  # same layers, batches and accumulation order as the 1F1B run above, so its losses must be
+  # the 1F1B run's to bf16 rounding.
+  name="nccl-2proc-pipeline-interleaved"
+  python3 -m torch.distributed.run --standalone --nproc-per-node 2 --no-python \
+    build-gpu/examples/zero-train --config configs/zero2.yaml --set trainer.device=cuda \
+    --set trainer.model=gpt-25m --set trainer.steps=10 --set scheduler.params.total_num_steps=10 \
+    --set scheduler.params.warmup_num_steps=2 --set bf16.enabled=true \
+    --set zero_optimization.stage=1 --set pipeline.stages=2 --set gradient_accumulation_steps=4 \
+    --set pipeline.schedule=interleaved --set pipeline.virtual_stages=2 \
+    --set steps_per_print=1 --set trainer.metrics_file="$out/$name.jsonl" > "$out/$name.log" 2>&1 \
+    || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
+  stamp "$name"
+  # Tensor parallelism over NCCL (never run on NCCL before; its backward overlaps the input
+  # gradient's all-reduce, or the all-gather and reduce-scatter under sequence parallelism,
+  # with the weight gradients' products, which only NCCL's stream ordering makes safe): tp 2 x
+  # dp 1 without and with sequence parallelism, fp32, against one GPU at tp 1 with the same
+  # batches. fp32 so that the comparison can be tight: a buffer reused before its collective
+  # finished would move the loss far more than the reduction order's 1e-6.
+  tp_common=(--config configs/zero2.yaml --set trainer.device=cuda --set trainer.model=gpt-25m
+    --set trainer.steps=10 --set scheduler.params.total_num_steps=10
+    --set scheduler.params.warmup_num_steps=2 --set zero_optimization.stage=1
+    --set gradient_clipping=0 --set steps_per_print=1)
+  name="tp-reference-1gpu"
+  build-gpu/examples/zero-train "${tp_common[@]}" --set trainer.metrics_file="$out/$name.jsonl" \
+    --summary-json "$out/$name.json" > "$out/$name.log" 2>&1 \
+    || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
+  stamp "$name"
+  for sp in false true; do
+    name="nccl-2proc-tp2"
+    [[ $sp == true ]] && name="nccl-2proc-tp2-sp"
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 --no-python \
+      build-gpu/examples/zero-train "${tp_common[@]}" --set tensor_parallel.autotp_size=2 \
+      --set tensor_parallel.sequence_parallel=$sp --set trainer.metrics_file="$out/$name.jsonl" \
+      --summary-json "$out/$name.json" > "$out/$name.log" 2>&1 \
+      || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
+    stamp "$name"
+  done
+  # compare_losses A B TOLERANCE: every step's loss of run B against run A's, relative.
+  compare_losses() {
+    python3 - "$out" "$@" <<'PY' 2>&1 | tee -a "$out/nccl-compare.log" | tail -1 | tee -a "$out/progress.log"
+import json, os, sys
+out, a, b, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+def losses(n):
+    p = os.path.join(out, n + ".jsonl")
+    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(p)} if os.path.exists(p) else {}
+x, y = losses(a), losses(b)
+if not x or sorted(x) != sorted(y):
+    print(f"gpu-check: {b} vs {a}: FAILED, steps {sorted(y)} against {sorted(x)}"); sys.exit(0)
+worst = max(abs(x[s] - y[s]) / abs(x[s]) for s in x)
+for s in sorted(x):
+    print(f"step {s}: {a} {x[s]:.7f}  {b} {y[s]:.7f}")
+print(f"gpu-check: {b} vs {a}: max rel diff {worst:.1e} over {len(x)} steps "
+      f"(tolerance {tol:g}): {'ok' if worst <= tol else 'FAILED'}")
+PY
+  }
+  compare_losses nccl-2proc-pipeline nccl-2proc-pipeline-interleaved 1e-2
+  compare_losses tp-reference-1gpu nccl-2proc-tp2 1e-4
+  compare_losses tp-reference-1gpu nccl-2proc-tp2-sp 1e-4
 else
-  echo "gpu-check: $ngpu GPU: the 2-process NCCL runs (data parallel, pipeline) need 2" | tee -a "$out/progress.log"
+  echo "gpu-check: $ngpu GPU: the 2-process NCCL runs (data parallel, pipeline, interleaved pipeline, tensor parallel) need 2" | tee -a "$out/progress.log"
 fi
 
 # 4. Benchmarks: gpt-1.3b, bf16, seq 2048, micro-batch 1, world size 1.
