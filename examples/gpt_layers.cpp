@@ -22,11 +22,12 @@ at::Tensor GptHeadImpl::forward(const at::Tensor& x) {
   return head ? head->forward(h) : at::linear(h, tied_weight);
 }
 
-std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model) {
+std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model, int64_t seq_len) {
   return rope_gpt_layers<BlockImpl>(
       model->embed, model->blocks,
       GptHead(model->norm, model->head, model->cfg.tied ? model->embed->weight : at::Tensor()),
-      model->cfg.tied, model->rope_cos, model->rope_sin, model->cfg.max_seq);
+      model->cfg.tied, model->rope_cos, model->rope_sin, model->cfg.max_seq,
+      seq_len > 0 ? seq_len : model->cfg.max_seq, 1);
 }
 
 std::string gpt_name_of_layer_param(const std::string& name, int layers) {

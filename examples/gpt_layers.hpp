@@ -15,6 +15,7 @@
 
 #include "gpt.hpp"
 #include "zero/pipeline.hpp"
+#include "zero/pipeline_flops.hpp"
 
 namespace zero::examples {
 
@@ -56,19 +57,33 @@ class RopeRows {
   std::mutex mu_;
 };
 
+// Parameters of a module and its submodules (a tied weight registered twice counts once).
+inline int64_t module_params(const torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
 // A GPT (plain or tensor-parallel) as pipeline layers: the embedding, each block run as the
 // model's forward runs it (the first S rows of its rotary tables in the input's dtype), then the
 // head module (final norm and head). A tied table is named "embed" on the first and last layer.
+// Each layer declares its training FLOPs per token on one tensor-parallel rank of `tp`
+// (include/zero/pipeline_flops.hpp) at sequence length `seq_len`: the embedding its lookup, a
+// block 6 x its parameters + attention's 12·s·h / T, the head 6 x its parameters (the tied
+// table is registered on it too) + the cross-entropy over its V / T logits.
 template <class BlockImpl, class Embed, class Head>
 std::vector<zero::pipeline::Layer> rope_gpt_layers(Embed embed, const torch::nn::ModuleList& blocks,
                                                    Head head, bool tied, at::Tensor cos_table,
-                                                   at::Tensor sin_table, int64_t max_seq) {
-  std::vector<zero::pipeline::Layer> layers;
-  zero::pipeline::Layer first{
-      "embed",
-      embed.ptr(),
-      [embed](const at::Tensor& tokens) mutable { return embed->forward(tokens); },
-      {}};
+                                                   at::Tensor sin_table, int64_t max_seq,
+                                                   int64_t seq_len, int64_t tp) {
+  namespace pp = zero::pipeline;
+  const int64_t vocab_rows = embed->weight.size(0), hidden = embed->weight.size(1);
+  std::vector<pp::Layer> layers;
+  pp::Layer first{"embed",
+                  embed.ptr(),
+                  [embed](const at::Tensor& tokens) mutable { return embed->forward(tokens); },
+                  {}};
+  first.flops_per_token = pp::embedding_flops_per_token(hidden);
   if (tied) first.tied["embed"] = embed->weight;
   layers.push_back(std::move(first));
   auto rope = std::make_shared<RopeRows>(std::move(cos_table), std::move(sin_table), max_seq);
@@ -78,17 +93,22 @@ std::vector<zero::pipeline::Layer> rope_gpt_layers(Embed embed, const torch::nn:
       const auto [cos, sin] = rope->rows(x);
       return block->forward(x, cos, sin);
     };
-    layers.push_back({"block " + std::to_string(i), block, std::move(run), {}});
+    pp::Layer l{"block " + std::to_string(i), block, std::move(run), {}};
+    l.flops_per_token = pp::matmul_flops_per_token(module_params(*block)) +
+                        pp::attention_flops_per_token(hidden, seq_len) / tp;
+    layers.push_back(std::move(l));
   }
-  zero::pipeline::Layer last{
+  pp::Layer last{
       "head", head.ptr(), [head](const at::Tensor& x) mutable { return head->forward(x); }, {}};
+  last.flops_per_token = pp::lm_head_flops_per_token(module_params(*head), vocab_rows);
   if (tied) last.tied["embed"] = embed->weight;
   layers.push_back(std::move(last));
   return layers;
 }
 
-// 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head".
-std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model);
+// 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head"; their costs declared for
+// sequences of `seq_len` tokens (0: the model's max_seq).
+std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model, int64_t seq_len = 0);
 
 // The example GPT's name (GptImpl's named_parameters) of a parameter that a pipeline's engine
 // names by its layer's index in gpt_pipeline_layers (PipelineEngine's checkpoints): "0.weight"

@@ -189,13 +189,18 @@ int train_pipeline(const PipelineTrainerArgs& a) {
     } else {
       init_like_gpt(*tp_model, init_gen);
     }
-    layers = tp_gpt_pipeline_layers(tp_model);
+    layers = tp_gpt_pipeline_layers(tp_model, a.seq_len);
     loss_fn = tp_gpt_loss(grid.tp);
   } else {
-    layers = gpt_pipeline_layers(model);
+    layers = gpt_pipeline_layers(model, a.seq_len);
   }
   std::vector<std::string> names;
   for (const auto& l : layers) names.push_back(l.name);
+  // pipeline.partition: compute cuts by these; the start-up lines say where each came from and
+  // each stage's share.
+  const bool by_compute = cfg.pipeline.partition == "compute";
+  const std::vector<pipeline::LayerCost> costs = pipeline::layer_costs(layers);
+  const std::string cost_line = pipeline::describe_layer_costs(layers, costs);
   std::unique_ptr<pipeline::PipelineEngine> pipe;
   try {
     // The model stays on the host; only this stage's layers go to the rank's device.
@@ -235,14 +240,25 @@ int train_pipeline(const PipelineTrainerArgs& a) {
         (long long)a.seq_len, a.data->describe().c_str());
     const auto& b = pipe->bounds();
     const int v = pipe->virtual_stages(), p = pipe->stages();
+    double total = 0;
+    for (const auto& c : costs) total += static_cast<double>(c.flops_per_token);
+    if (by_compute) std::printf("%s\n", cost_line.c_str());
     for (int s = 0; s < p; ++s)
       for (int k = 0; k < v; ++k) {
         const int vs = k * p + s;
-        std::printf("pipeline: stage %d %sholds layers %d..%d (%s .. %s)\n", s,
+        double share = 0;
+        for (int i = b[vs]; i < b[vs + 1]; ++i)
+          share += static_cast<double>(costs[i].flops_per_token) / std::max(total, 1.0);
+        const std::string share_text =
+            by_compute
+                ? ", " + std::to_string(static_cast<int>(100 * share + 0.5)) + "% of the FLOPs"
+                : "";
+        std::printf("pipeline: stage %d %sholds layers %d..%d (%s .. %s)%s\n", s,
                     v > 1 ? ("chunk " + std::to_string(k) + " (virtual stage " +
                              std::to_string(vs) + ") ").c_str()
                           : "",
-                    b[vs], b[vs + 1] - 1, names[b[vs]].c_str(), names[b[vs + 1] - 1].c_str());
+                    b[vs], b[vs + 1] - 1, names[b[vs]].c_str(), names[b[vs + 1] - 1].c_str(),
+                    share_text.c_str());
       }
     std::fflush(stdout);
   }

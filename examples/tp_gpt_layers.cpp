@@ -30,7 +30,7 @@ at::Tensor TpGptHeadImpl::forward(const at::Tensor& x) {
   return at::linear(tp::copy_to_region(h, group), tied_weight);
 }
 
-std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model) {
+std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model, int64_t seq_len) {
   if (model->sequence_parallel)
     throw std::invalid_argument(
         "tensor_parallel.sequence_parallel with pipeline.stages > 1 is not built yet; set "
@@ -39,7 +39,8 @@ std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model) {
       model->embed, model->blocks,
       TpGptHead(model->group, model->norm, model->head,
                 model->cfg.tied ? model->embed->weight : at::Tensor()),
-      model->cfg.tied, model->rope_cos, model->rope_sin, model->cfg.max_seq);
+      model->cfg.tied, model->rope_cos, model->rope_sin, model->cfg.max_seq,
+      seq_len > 0 ? seq_len : model->cfg.max_seq, model->group->size());
 }
 
 zero::pipeline::LossFn tp_gpt_loss(tp::GroupPtr group) {

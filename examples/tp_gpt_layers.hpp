@@ -31,8 +31,9 @@ TORCH_MODULE(TpGptHead);
 
 // 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head". Refuses (invalid_argument)
 // a model built with sequence parallelism: the pipeline engine does not all-reduce the norms'
-// partial gradients.
-std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model);
+// partial gradients. Costs (pipeline.partition: compute) are one tensor-parallel rank's, for
+// sequences of `seq_len` tokens (0: the model's max_seq).
+std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model, int64_t seq_len = 0);
 
 // The last stage's loss: the mean vocabulary-parallel cross-entropy over `group`, as
 // TpGptImpl::loss (the same value on every tensor-parallel rank).

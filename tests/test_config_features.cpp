@@ -349,6 +349,7 @@ TEST(Config, PipelineSection) {
   EXPECT_EQ(c.pipeline.stages, 2);
   EXPECT_EQ(c.pipeline.schedule, "gpipe");
   EXPECT_EQ(c.pipeline.partition, "uniform");
+  EXPECT_EQ(load("pipeline: {stages: 2, partition: compute}\n").pipeline.partition, "compute");
 
   // DeepSpeed's config defaults (stages "auto", partition "best") load, with a note each.
   c = load(
@@ -383,9 +384,10 @@ TEST(Config, PipelineSection) {
              "with pipeline.activation_checkpoint_interval 1 is not supported yet");
   EXPECT_EQ(load("pipeline: {virtual_stages: 1}\n").pipeline.stages, 1);
   EXPECT_HAS(load_error("pipeline: {partition: 'type:Block'}\n"),
-             "partitioning by layer class name is not implemented; use parameters or uniform");
+             "partitioning by layer class name is not implemented; use parameters, compute or "
+             "uniform");
   EXPECT_HAS(load_error("pipeline: {partition: balanced}\n"),
-             "'pipeline.partition' is 'balanced'; use parameters or uniform");
+             "'pipeline.partition' is 'balanced'; use parameters, compute or uniform");
   EXPECT_HAS(load_error("pipeline: {activation_checkpoint_interval: -1}\n"),
              "'pipeline.activation_checkpoint_interval' must be an integer >= 0");
 

@@ -271,28 +271,45 @@ TEST(ParallelTime, SequenceParallelSendsAShardBetweenStages) {
 // The runtime's cut (pipeline.partition) of [embedding, 8 blocks, head] for the small shape,
 // counted by hand: a block holds 4h² + 3hf + 2h = 47232 parameters, the embedding V·h = 6400,
 // the head V·h + h = 6464. Per token a block costs 6·47232 + 12·s·h = 295680 FLOPs, the head
-// 6·6464 = 38784, the embedding nothing.
-constexpr double kBlockFlops = 295680, kHeadFlops = 38784;
+// 6·6464 + its loss's 8·V = 39584, the embedding its lookup's h = 64 (pipeline_flops.hpp).
+constexpr double kBlockFlops = 295680, kHeadFlops = 39584, kEmbedFlops = 64;
 
 TEST(ParallelTime, StagesCutAsTheRuntimeCutsThem) {
-  const double b = kBlockFlops, hd = kHeadFlops;
+  const double b = kBlockFlops, hd = kHeadFlops, e = kEmbedFlops;
   PlanInput in = small(4, 1, 4);
   EXPECT_TRUE(stage_flops_per_token(in).empty());  // kEqual: the blocks' L/P, as before
   // Uniform: 10 layers over 4 stages, 3, 3, 2, 2 (the first ones one longer).
   in.partition = PlanInput::Partition::kUniform;
-  std::vector<double> want = {2 * b, 3 * b, 2 * b, b + hd};
+  std::vector<double> want = {e + 2 * b, 3 * b, 2 * b, b + hd};
   EXPECT_EQ(stage_flops_per_token(in), want);
   // Parameters: the smallest largest stage is embedding + 2 blocks (100864) against 2 blocks +
   // head (100928); any stage of 3 blocks would hold 141696.
   in.partition = PlanInput::Partition::kParameters;
-  want = {2 * b, 2 * b, 2 * b, 2 * b + hd};
+  want = {e + 2 * b, 2 * b, 2 * b, 2 * b + hd};
   EXPECT_EQ(stage_flops_per_token(in), want);
-  // Every layer counted once: the model's FLOPs per token (PaLM's count, time_plan.hpp).
+  EXPECT_EQ(pipeline_stage_bounds(in), (std::vector<int>{0, 3, 5, 7, 10}));
+  // Every layer counted once: the model's FLOPs per token (PaLM's count, time_plan.hpp), plus
+  // the two terms it leaves out, the embedding's lookup (h) and the loss (8·V).
   double sum = 0;
   for (double f : stage_flops_per_token(in)) sum += f;
-  EXPECT_NEAR(sum, model_flops_per_token(in), 1e-9 * sum);
+  EXPECT_NEAR(sum, model_flops_per_token(in) + 64 + 8 * 100, 1e-9 * sum);
+  // Compute: the same layers weighed by those costs. The total is e + 8b + hd = 2405088, a
+  // quarter 601272: a stage of 3 blocks (887040) is worse than the last stage's 2 blocks + head
+  // (630944), and 1 block + head leaves 7 blocks for 3 stages, so 2 blocks each: here the same
+  // cut as by parameters (the GPT presets where they differ: test_pipeline_partition_compute).
+  in.partition = PlanInput::Partition::kCompute;
+  EXPECT_EQ(pipeline_stage_bounds(in), (std::vector<int>{0, 3, 5, 7, 10}));
+  EXPECT_EQ(stage_flops_per_token(in), want);
   EXPECT_THROW(parse_partition("balanced"), std::invalid_argument);
   EXPECT_EQ(parse_partition("parameters"), PlanInput::Partition::kParameters);
+  EXPECT_EQ(parse_partition("compute"), PlanInput::Partition::kCompute);
+  try {
+    parse_partition("flops");
+    FAIL();
+  } catch (const std::invalid_argument& x) {
+    EXPECT_NE(std::string(x.what()).find("equal, uniform, parameters or compute"),
+              std::string::npos);
+  }
 }
 
 // P = 2 cut by parameters: stage 0 embedding + 4 blocks, stage 1 4 blocks + head, the slower.
@@ -307,7 +324,7 @@ TEST(ParallelTime, TheSlowestStagePacesThePipeline) {
     in.partition = PlanInput::Partition::kParameters;
     const ParallelTime got = predict_parallel_step_time(in, 0, Recompute::kNone, round_hardware());
     const double send = s * bsz * h * p / bw + lat;
-    const double tf0 = s * bsz * 4 * kBlockFlops / 3 / peak;
+    const double tf0 = s * bsz * (kEmbedFlops + 4 * kBlockFlops) / 3 / peak;
     const double tf1 = s * bsz * (4 * kBlockFlops + kHeadFlops) / 3 / peak;
     const double f0 = tf0 + send, b0 = 2 * tf0 + send, f1 = tf1 + send, b1 = 2 * tf1 + send;
     const double makespan = f0 + m * (f1 + b1) + b0;

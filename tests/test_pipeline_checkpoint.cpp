@@ -52,10 +52,12 @@ enum class Opt { SGD, AdamW };
 
 struct Layout {
   int stages, dp;
+  std::string partition = "parameters";  // pipeline.partition
 };
 
 std::string text(const Layout& l) {
-  return "P=" + std::to_string(l.stages) + " x D=" + std::to_string(l.dp);
+  return "P=" + std::to_string(l.stages) + " x D=" + std::to_string(l.dp) +
+         (l.partition != "parameters" ? " by " + l.partition : "");
 }
 
 Config engine_config(Opt o, const Layout& l) {
@@ -69,6 +71,7 @@ Config engine_config(Opt o, const Layout& l) {
   c.optimizer.momentum = o == Opt::SGD ? 0.9 : 0.0;
   c.optimizer.weight_decay = o == Opt::SGD ? 0.0 : 0.1;
   c.pipeline.stages = l.stages;
+  c.pipeline.partition = l.partition;
   // AdamW's first step moves every element by about lr * g / (|g| + eps): an element whose
   // gradient is ~0 (1e-11; the tied embedding has some) moves by a fraction of lr set by
   // rounding, which makes a straight P = 2 x D = 2 run differ from any reference by 5e-5
@@ -77,10 +80,11 @@ Config engine_config(Opt o, const Layout& l) {
   return c;
 }
 
-GptConfig model_config(bool tied, int blocks = 4) {
+GptConfig model_config(bool tied, int blocks = 4, int64_t vocab = 0) {
   GptConfig c = examples::gpt_preset("tiny");
   c.layers = blocks;
   c.tied = tied;
+  if (vocab > 0) c.vocab = vocab;
   return c;
 }
 
@@ -211,11 +215,12 @@ std::string fresh_dir(const std::string& what) {
 
 // Trains kSaveAt steps at `a`, saves, resumes at `b` from other weights for the rest: every
 // loss and every parameter as the single-process reference trained for all kSteps.
-void check_reshard(const Layout& a, const Layout& b, Opt o, bool tied) {
+void check_reshard(const Layout& a, const Layout& b, Opt o, bool tied, int64_t vocab = 0,
+                   const std::vector<int>& saved_bounds = {}) {
   const std::string what = text(a) + " -> " + text(b) + (o == Opt::SGD ? " SGD" : " AdamW") +
                            (tied ? " tied" : " untied");
   SCOPED_TRACE(what);
-  const GptConfig c = model_config(tied);
+  const GptConfig c = model_config(tied, 4, vocab);
   const Params init = draw_weights(c, 1234), other = draw_weights(c, 77);
   const auto batches = make_batches(c);
   std::vector<int> groups(kSteps, a.dp);
@@ -228,6 +233,7 @@ void check_reshard(const Layout& a, const Layout& b, Opt o, bool tied) {
   fs::remove_all(dir);
   EXPECT_EQ(saved.stages, a.stages);
   EXPECT_TRUE(saved.recorded);
+  if (!saved_bounds.empty()) EXPECT_EQ(saved.bounds, saved_bounds);
 
   double worst_loss = 0, worst_param = 0;
   auto loss_ok = [&](float got, int step, size_t rank) {
@@ -271,6 +277,15 @@ TEST(PipelineCheckpoint, TwoStagesTimesTwoReplicasResumeOnFour) {
 
 TEST(PipelineCheckpoint, FourStagesResumeOnTwoUntied) {
   for (Opt o : {Opt::SGD, Opt::AdamW}) check_reshard({4, 1}, {2, 1}, o, /*tied=*/false);
+}
+
+// A save cut by parameters resumed cut by compute, and back: other bounds at the same P. The tiny
+// GPT with V = 4096 and 4 blocks: by parameters (262144, 4 x 65664, 262208) 3 | 3 layers; by
+// compute (64, 4 x 492288, 1606016 FLOPs per token at s = 128) embed + 4 blocks | the head.
+TEST(PipelineCheckpoint, ASaveCutByParametersResumesCutByCompute) {
+  check_reshard({2, 1, "parameters"}, {2, 1, "compute"}, Opt::AdamW, /*tied=*/true, 4096,
+                {0, 3, 6});
+  check_reshard({2, 1, "compute"}, {2, 1, "parameters"}, Opt::SGD, /*tied=*/true, 4096, {0, 5, 6});
 }
 
 // A save that does not hold what its pipeline.json says (here: stage 0's of a P = 2 save

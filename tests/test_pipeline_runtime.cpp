@@ -181,6 +181,7 @@ struct Case {
   // is refused by the group, as NCCL refuses it.
   bool fake_device = false;
   int virtual_stages = 1;  // model chunks per stage (the interleaved schedule)
+  int64_t vocab = 0;       // 0: the tiny preset's
 };
 
 std::string name(const Case& k) {
@@ -196,6 +197,7 @@ void run_case(const Case& k) {
   GptConfig c = examples::gpt_preset("tiny");
   c.tied = k.tied;
   c.layers = k.layers;
+  if (k.vocab > 0) c.vocab = k.vocab;
   const int steps = 4, rows_per_mb = 2, seq = 16;
   at::manual_seed(1234);  // the main thread's draw of the initial weights, before any rank runs
   std::map<std::string, at::Tensor> init = snapshot(Gpt(c));
@@ -287,6 +289,28 @@ TEST(PipelineRuntime, MicroBatchCountsAndUniformPartition) {
   run_case({4, ScheduleKind::OneFOneB, Opt::AdamW, false, PartitionMethod::Parameters, 2});
   run_case({2, ScheduleKind::OneFOneB, Opt::SGD, false, PartitionMethod::Parameters, 1});
   run_case({3, ScheduleKind::GPipe, Opt::AdamW, false, PartitionMethod::Uniform, 3, 5});
+}
+
+// pipeline.partition: compute, end to end. The tiny GPT with V = 4096 (h = 64, f = 256, 2 blocks,
+// tied) at its max_seq s = 128: a block costs 6·65664 + 12·128·64 = 492288 FLOPs per token, the
+// head 6·(4096·64 + 64) + 8·4096 = 1606016, the embedding 64. By parameters (262144, 65664,
+// 65664, 262208) the cut is 2 | 2 layers; by compute the head alone (1606016) beats the block and
+// head together: 3 | 1. Trained with those bounds against single-process training.
+TEST(PipelineRuntime, ComputePartitionMatchesSingleProcessTraining) {
+  GptConfig c = examples::gpt_preset("tiny");
+  c.vocab = 4096;
+  const Gpt model(c);
+  EXPECT_EQ(
+      StageLayers(examples::gpt_pipeline_layers(model), PartitionMethod::Parameters, 2, 0).bounds(),
+      (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(
+      StageLayers(examples::gpt_pipeline_layers(model), PartitionMethod::Compute, 2, 0).bounds(),
+      (std::vector<int>{0, 3, 4}));
+  for (auto opt : {Opt::SGD, Opt::AdamW}) {
+    Case k{2, ScheduleKind::OneFOneB, opt, /*tied=*/true, PartitionMethod::Compute};
+    k.vocab = 4096;
+    run_case(k);
+  }
 }
 
 // Megatron-LM's interleaved 1F1B: the model cut into P x v chunks, stage s running chunks s,

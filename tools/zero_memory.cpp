@@ -396,7 +396,7 @@ int run(int argc, char** argv) {
       "partition", po::value(&partition),
       "how the time model cuts the stages: equal (default: L/P blocks of equal compute), or "
       "the pipeline runtime's cut of [embedding, blocks, head] by pipeline.partition: "
-      "parameters or uniform")("parallel-search",
+      "parameters, compute or uniform")("parallel-search",
                                "also search T and P (done anyway when nothing fits at T = P = 1 "
                                "without optimizer offload)")("top", po::value(&top),
                                                              "layouts the search lists (10)");

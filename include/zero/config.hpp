@@ -176,7 +176,7 @@ struct TensorParallelConfig {
 struct PipelineConfig {
   int stages = 1;  // P; "auto" (DeepSpeed's default): 1
   // How the layers are cut: "parameters" (DeepSpeed PipelineModule's default: balanced by
-  // parameter count) or "uniform" (the same number of layers per stage).
+  // parameter count), "compute" (by FLOPs per token) or "uniform" (layers per stage).
   std::string partition = "parameters";
   int activation_checkpoint_interval = 0;  // 0: off; n: runs of n layers recomputed in backward
   std::string schedule = "1f1b";           // "1f1b" (PipeDream-Flush) or "gpipe"

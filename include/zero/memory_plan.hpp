@@ -123,10 +123,10 @@ struct PlanInput {
   bool sequence_parallel = false;
   enum class Schedule { kOneFOneB, kGPipe } schedule = Schedule::kOneFOneB;
   // How the time model cuts the model into stages (parallel_plan.hpp): kEqual, L/P blocks of
-  // equal compute (the embedding and head ignored); kUniform and kParameters, the pipeline
-  // runtime's cut of [embedding, L blocks, head] by DeepSpeed's partition method
-  // (pipeline.partition), each stage timed by its own layers.
-  enum class Partition { kEqual, kUniform, kParameters } partition = Partition::kEqual;
+  // equal compute (the embedding and head ignored); kUniform, kParameters and kCompute, the
+  // runtime's cut of [embedding, L blocks, head] by that pipeline.partition method, each stage
+  // timed by its own layers.
+  enum class Partition { kEqual, kUniform, kParameters, kCompute } partition = Partition::kEqual;
 };
 
 struct ActivationEstimate {

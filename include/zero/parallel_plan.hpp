@@ -54,7 +54,7 @@ const char* schedule_name(PlanInput::Schedule s);
 // "1f1b" or "gpipe"; std::invalid_argument names the choices.
 PlanInput::Schedule parse_schedule(const std::string& name);
 const char* partition_name(PlanInput::Partition p);
-// "equal", "uniform" or "parameters"; std::invalid_argument names the choices.
+// "equal", "uniform", "parameters" or "compute"; std::invalid_argument names the choices.
 PlanInput::Partition parse_partition(const std::string& name);
 
 // Parameters one rank of pipeline stage `stage` holds (see above). Without a shape: Ψ / (T·P).
@@ -159,11 +159,13 @@ TpCommStep tp_comm_per_step(const PlanInput& in, Recompute r, int stage);
 // (ZeRO 2: every micro-batch's), then the optimizer step and (ZeRO 1-2) the parameter all-gather.
 // MFU = model FLOPs per token x tokens/s / (world · peak). ZeRO 2 with P > 1 is an error.
 //
-// Unequal stages (in.partition kUniform or kParameters, with a shape and P > 1): the layers
-// [embedding, L blocks, head] are cut as the pipeline runtime cuts them (zero/pipeline/
+// Unequal stages (in.partition kUniform, kParameters or kCompute, with a shape and P > 1): the
+// layers [embedding, L blocks, head] are cut as the pipeline runtime cuts them (zero/pipeline/
 // partition.hpp over each layer's parameter count: V·h, 4h² + 3hf + 2h, V·h + h, the head
-// holding the tied table too), and each stage's compute is its layers' FLOPs per token: a block
-// 6·(4h² + 3hf + 2h) + 12·s·h, the head 6·(V·h + h), the embedding none (a lookup). The
+// holding the tied table too; or, kCompute, over their FLOPs per token below), and each stage's
+// compute is its layers' FLOPs per token on one rank as the example GPT's layers declare them
+// (include/zero/pipeline_flops.hpp): a block 6·((4h² + 3hf) / T + 2h) + 12·s·h / T, the head
+// 6·(V·h / T + h) + 8·V / T (its loss), the embedding h (its lookup's scatter-add). The
 // schedule is simulated with those stage times (zero/pipeline/simulate.hpp, stage_scale): the
 // slowest stage paces the step, which is the simulated makespan. The compute, tensor-parallel
 // and bubble terms are then the slowest stage's (its idle time is bubble_s), and the data-
@@ -181,8 +183,11 @@ ParallelHardware parallel_hardware(const std::string& device, const std::string&
                                    const ParallelLayout& layout, int per_node = 8);
 
 // Per-token FLOPs of each stage's layers under in.partition (see above); empty with kEqual,
-// without a shape or with P = 1. Divided by T.
+// without a shape or with P = 1. One tensor-parallel rank's.
 std::vector<double> stage_flops_per_token(const PlanInput& in);
+// The cut itself: stage s holds layers bounds[s] .. bounds[s + 1] - 1 of [embedding, L blocks,
+// head], as PipelineEngine cuts the example GPT's layers; empty when stage_flops_per_token is.
+std::vector<int> pipeline_stage_bounds(const PlanInput& in);
 
 struct ParallelTime {
   // One rank, per step (m micro-batches), seconds; every stage computes the same (kEqual), or

@@ -10,10 +10,13 @@
 
 #include <torch/nn/module.h>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace zero::pipeline {
 
@@ -22,7 +25,24 @@ struct Layer {
   std::shared_ptr<torch::nn::Module> module;             // owns the layer's parameters
   std::function<at::Tensor(const at::Tensor&)> forward;  // input -> output
   std::map<std::string, at::Tensor> tied;                // key -> this layer's tied weight
+  // What training this layer costs, in FLOPs per token, forward + backward (the formulas of
+  // include/zero/pipeline_flops.hpp); the last layer's includes the loss that runs after it.
+  // pipeline.partition: compute balances these. Unset: layer_costs' fallback.
+  std::optional<int64_t> flops_per_token = std::nullopt;
 };
+
+// Each layer's cost as pipeline.partition: compute weighs it: its declared flops_per_token; or,
+// for a layer declaring none, a torch::nn::Embedding module counted as its lookup (its
+// embedding_dim per token) and any other module as 6 x its parameters (matmul weights).
+struct LayerCost {
+  enum class Source { kDeclared, kEmbedding, kParameters };
+  int64_t flops_per_token = 0;
+  Source source = Source::kDeclared;
+};
+std::vector<LayerCost> layer_costs(const std::vector<Layer>& layers);
+// One line for the start-up report: how many layers declared their cost and which fell back.
+std::string describe_layer_costs(const std::vector<Layer>& layers,
+                                 const std::vector<LayerCost>& costs);
 
 // Last stage: its output and the micro-batch's target -> that micro-batch's mean loss.
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;

@@ -40,14 +40,14 @@ void load_pipeline(Loader& l, const Entry& s, Config& c) {
                // DeepSpeed's config default; its PipelineModule partitions by "parameters".
                l.note_auto(e, "parameters", "DeepSpeed PipelineModule's partition_method");
                p.partition = "parameters";
-             } else if (v == "parameters" || v == "uniform") {
+             } else if (v == "parameters" || v == "compute" || v == "uniform") {
                p.partition = v;
              } else if (v.rfind("type:", 0) == 0) {
                l.fail(e, "'" + e.path + "' " + v +
                              ": partitioning by layer class name is not implemented; use "
-                             "parameters or uniform");
+                             "parameters, compute or uniform");
              } else {
-               l.fail(e, "'" + e.path + "' is '" + v + "'; use parameters or uniform");
+               l.fail(e, "'" + e.path + "' is '" + v + "'; use parameters, compute or uniform");
              }
            }},
           {"activation_checkpoint_interval",

@@ -35,14 +35,23 @@ int parts_needed(const std::vector<int64_t>& w, int64_t cap) {
 }  // namespace
 
 std::string_view partition_method_name(PartitionMethod m) {
-  return m == PartitionMethod::Uniform ? "uniform" : "parameters";
+  switch (m) {
+    case PartitionMethod::Uniform:
+      return "uniform";
+    case PartitionMethod::Compute:
+      return "compute";
+    case PartitionMethod::Parameters:
+      break;
+  }
+  return "parameters";
 }
 
 PartitionMethod parse_partition_method(std::string_view name) {
   if (name == "uniform") return PartitionMethod::Uniform;
   if (name == "parameters") return PartitionMethod::Parameters;
+  if (name == "compute") return PartitionMethod::Compute;
   throw std::invalid_argument("pipeline.partition: unknown method '" + std::string(name) +
-                              "' (choose uniform or parameters)");
+                              "' (choose parameters, compute or uniform)");
 }
 
 std::vector<int> partition_uniform(int items, int parts) {

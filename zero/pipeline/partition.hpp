@@ -3,6 +3,9 @@
 //                 count does not divide), ds_utils.partition_uniform.
 //   "parameters": contiguous runs of layers whose largest parameter count is as small as it can
 //                 be, ds_utils.partition_balanced over each layer's parameter count.
+//   "compute":    the same over each layer's training FLOPs per token (include/zero/
+//                 pipeline_flops.hpp; Layer::flops_per_token), so that the embedding (many
+//                 parameters, a lookup) and the head with the loss weigh what they cost.
 // Pure arithmetic, torch-free: the runtime and the planner use the same bounds.
 #pragma once
 
@@ -12,10 +15,11 @@
 
 namespace zero::pipeline {
 
-enum class PartitionMethod { Uniform, Parameters };
+enum class PartitionMethod { Uniform, Parameters, Compute };
 
 std::string_view partition_method_name(PartitionMethod m);
-// "uniform" or "parameters"; std::invalid_argument naming pipeline.partition and the choices.
+// "uniform", "parameters" or "compute"; std::invalid_argument naming pipeline.partition and the
+// choices.
 PartitionMethod parse_partition_method(std::string_view name);
 
 // bounds[s] .. bounds[s + 1] are stage s's layers; bounds.size() == parts + 1, bounds[0] == 0,
@@ -24,7 +28,9 @@ PartitionMethod parse_partition_method(std::string_view name);
 std::vector<int> partition_uniform(int items, int parts);
 std::vector<int> partition_balanced(const std::vector<int64_t>& weights, int parts);
 
-// The bounds `method` gives for layers of these parameter counts.
+// The bounds `method` gives for layers of these weights: their parameter counts for Parameters,
+// their FLOPs per token for Compute (both cut by partition_balanced), unused but for their number
+// by Uniform. A pure function of its arguments: every rank computes the same bounds.
 std::vector<int> partition_layers(PartitionMethod method, const std::vector<int64_t>& weights,
                                   int parts);
 

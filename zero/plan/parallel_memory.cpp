@@ -47,6 +47,8 @@ const char* partition_name(PlanInput::Partition p) {
       return "uniform";
     case PlanInput::Partition::kParameters:
       return "parameters";
+    case PlanInput::Partition::kCompute:
+      return "compute";
     case PlanInput::Partition::kEqual:
       break;
   }
@@ -55,10 +57,10 @@ const char* partition_name(PlanInput::Partition p) {
 
 PlanInput::Partition parse_partition(const std::string& name) {
   for (auto p : {PlanInput::Partition::kEqual, PlanInput::Partition::kUniform,
-                 PlanInput::Partition::kParameters})
+                 PlanInput::Partition::kParameters, PlanInput::Partition::kCompute})
     if (name == partition_name(p)) return p;
   throw std::invalid_argument("pipeline partition '" + name +
-                              "': equal, uniform or parameters (pipeline.partition)");
+                              "': equal, uniform, parameters or compute (pipeline.partition)");
 }
 
 int64_t rank_params(const PlanInput& in, int stage) {

@@ -7,36 +7,44 @@
 #include "zero/pipeline/figures.hpp"
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/simulate.hpp"
+#include "zero/pipeline_flops.hpp"
 
 namespace zero {
 namespace {
 
-// One entry of the pipeline runtime's layer list for the GPT (examples/gpt_layers.cpp): its
-// parameter count as the partition weighs it, what one tensor-parallel rank holds of it, its
-// model FLOPs per token (per rank) and those of its re-run forward under checkpointing.
+// One entry of the pipeline runtime's layer list for the GPT (examples/gpt_layers.hpp,
+// rope_gpt_layers): its parameter count as the partition weighs it, what one tensor-parallel
+// rank holds of it, its training FLOPs per token on one rank as the layer declares them
+// (include/zero/pipeline_flops.hpp: what pipeline.partition: compute balances, and this
+// planner's stage times), and those of its re-run forward under checkpointing.
 struct LayerCost {
   int64_t params = 0;
   int64_t rank_params = 0;
-  double flops = 0;
+  int64_t cost = 0;
   double recompute_flops = 0;
   bool block = false;
+  double flops() const { return static_cast<double>(cost); }
 };
 
 std::vector<LayerCost> layer_costs(const PlanInput& in, int tp) {
   const ModelShape& m = in.shape;
   const int64_t h = m.hidden, v = m.vocab, t = tp;
-  const int64_t matmul = 4 * h * h + 3 * h * m.ffn_dim();
+  const int64_t matmul = m.attention_params() + 3 * h * m.ffn_dim();
   const double attention = 12.0 * static_cast<double>(h * in.seq_len);
   std::vector<LayerCost> out;
-  out.push_back({v * h, v * h / t, 0.0, 0.0, false});  // a lookup: no FLOPs
+  out.push_back({v * h, v * h / t, pipeline::embedding_flops_per_token(h), 0.0, false});
+  const int64_t block_rank = matmul / t + 2 * h;
   for (int64_t i = 0; i < m.layers; ++i) {
-    out.push_back({matmul + 2 * h, matmul / t + 2 * h,
-                   (6.0 * static_cast<double>(matmul + 2 * h) + attention) / t,
+    out.push_back({matmul + 2 * h, block_rank,
+                   pipeline::matmul_flops_per_token(block_rank) +
+                       pipeline::attention_flops_per_token(h, in.seq_len) / t,
                    (2.0 * static_cast<double>(matmul + 2 * h) + attention / 3) / t, true});
   }
-  // The head's weight (the tied table too: the runtime registers it on the head as well) and
-  // the final norm.
-  out.push_back({v * h + h, v * h / t + h, 6.0 * static_cast<double>(v * h + h) / t, 0.0, false});
+  // The head's weight (the tied table too: the runtime registers it on the head as well), the
+  // final norm, and the loss over this rank's V / T logits.
+  const int64_t head_rank = v * h / t + h;
+  out.push_back(
+      {v * h + h, head_rank, pipeline::lm_head_flops_per_token(head_rank, v / t), 0.0, false});
   return out;
 }
 
@@ -47,14 +55,23 @@ bool unequal_stages(const PlanInput& in) {
 // Stage s holds layers bounds[s] .. bounds[s + 1] - 1 of layer_costs.
 std::vector<int> stage_bounds(const PlanInput& in, const std::vector<LayerCost>& layers) {
   std::vector<int64_t> weights;
-  for (const LayerCost& l : layers) weights.push_back(l.params);
-  const auto method = in.partition == PlanInput::Partition::kUniform
-                          ? pipeline::PartitionMethod::Uniform
-                          : pipeline::PartitionMethod::Parameters;
+  pipeline::PartitionMethod method = pipeline::PartitionMethod::Parameters;
+  if (in.partition == PlanInput::Partition::kCompute) {
+    method = pipeline::PartitionMethod::Compute;
+    for (const LayerCost& l : layers) weights.push_back(l.cost);
+  } else {
+    if (in.partition == PlanInput::Partition::kUniform) method = pipeline::PartitionMethod::Uniform;
+    for (const LayerCost& l : layers) weights.push_back(l.params);
+  }
   return pipeline::partition_layers(method, weights, in.pipeline_stages);
 }
 
 }  // namespace
+
+std::vector<int> pipeline_stage_bounds(const PlanInput& in) {
+  if (!unequal_stages(in)) return {};
+  return stage_bounds(in, layer_costs(in, parallel_layout(in).tp));
+}
 
 std::vector<double> stage_flops_per_token(const PlanInput& in) {
   if (!unequal_stages(in)) return {};
@@ -63,7 +80,7 @@ std::vector<double> stage_flops_per_token(const PlanInput& in) {
   const std::vector<int> b = stage_bounds(in, layers);
   std::vector<double> out(l.pp, 0.0);
   for (int s = 0; s < l.pp; ++s)
-    for (int i = b[s]; i < b[s + 1]; ++i) out[s] += layers[i].flops;
+    for (int i = b[s]; i < b[s + 1]; ++i) out[s] += layers[i].flops();
   return out;
 }
 
@@ -152,7 +169,7 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
       double flops = 0, re = 0, blocks = 0;
       int64_t params = 0;
       for (int i = bounds[s]; i < bounds[s + 1]; ++i) {
-        flops += layers[i].flops;
+        flops += layers[i].flops();
         re += layers[i].recompute_flops;
         blocks += layers[i].block ? 1 : 0;
         params += layers[i].rank_params;

@@ -47,11 +47,16 @@ StageLayers::StageLayers(std::vector<Layer> all, PartitionMethod method, int sta
     throw std::invalid_argument("pipeline.activation_checkpoint_interval is " +
                                 std::to_string(activation_checkpoint_interval) +
                                 "; it must be 0 (off) or more");
+  // The weights the partition balances: each layer's parameter count, or its FLOPs per token.
   std::vector<int64_t> counts;
-  for (const auto& l : all) {
-    int64_t n = 0;
-    for (const auto& p : l.module->parameters()) n += p.numel();
-    counts.push_back(n);
+  if (method == PartitionMethod::Compute) {
+    for (const LayerCost& c : layer_costs(all)) counts.push_back(c.flops_per_token);
+  } else {
+    for (const auto& l : all) {
+      int64_t n = 0;
+      for (const auto& p : l.module->parameters()) n += p.numel();
+      counts.push_back(n);
+    }
   }
   const int chunks = stages * virtual_stages;
   if (virtual_stages > 1 && static_cast<int>(all.size()) < chunks)

@@ -20,7 +20,8 @@ namespace zero::pipeline {
 // embedding is then on chunk 0 of stage 0, the head on the last chunk of the last stage.
 class StageLayers {
  public:
-  // `all`: every layer of the model (the partition needs their parameter counts); only this
+  // `all`: every layer of the model (the partition needs their parameter counts or, for
+  // PartitionMethod::Compute, their layer_costs); only this
   // stage's are kept. activation_checkpoint_interval > 0 recomputes runs of that many layers in
   // backward instead of keeping their activations (DeepSpeed's PipelineModule option), within
   // each chunk.
