@@ -148,13 +148,16 @@ ResumePoint agree_resume_point(const std::string& save_root, const std::string& 
 std::string agree_pipeline_resume_tag(const std::string& save_dir, const std::string& want,
                                       std::string* note, const c10::Device& device,
                                       const std::shared_ptr<Group>& world) {
-  const std::string stage0 = save_dir + "/stage0";
-  // A tag is a save when the layout it records names stage directories that all completed it.
+  // Stage 0's directory, or its tp0/ when a run under tensor parallelism saved the newest.
+  const std::vector<std::string> first = checkpoint_dirs(save_dir + "/stage0", want);
+  const std::string stage0 = first.empty() ? save_dir + "/stage0" : first.front();
+  // A tag is a save when the layout it records names stage (and tensor-parallel) directories
+  // that all completed it.
   auto whole = [&](const std::string& tag) {
     try {
       const pipeline::PipelineSaveLayout saved = pipeline::read_pipeline_save(save_dir, tag);
-      for (int s = 0; s < saved.stages; ++s)
-        if (!checkpoint_complete(save_dir + "/stage" + std::to_string(s), tag)) return false;
+      for (const std::string& d : pipeline::pipeline_save_dirs(save_dir, saved))
+        if (!checkpoint_complete(d, tag)) return false;
       return saved.stages > 0;
     } catch (const std::exception&) {
       return false;

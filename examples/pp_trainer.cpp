@@ -44,12 +44,6 @@ void refuse_unsupported(const PipelineTrainerArgs& a) {
     p += " resuming the pipelined save in " + cfg.extra_string("trainer.save_dir") + "/stage*/";
   auto no = [&](const std::string& what) { throw ConfigError(a.config_path + ": " + what); };
   const int tp = cfg.tensor_parallel.autotp_size;
-  if (tp > 1 &&
-      (cfg.extra_int("trainer.save_interval") > 0 || cfg.extra_string("trainer.resume") != "false"))
-    no(p + " with tensor_parallel.autotp_size = " + std::to_string(tp) +
-       ": pipeline checkpoints under tensor parallelism are not built yet (the tensor-parallel "
-       "ranks of a stage would write the same files); set trainer.save_interval: 0 and "
-       "trainer.resume: false, or tensor_parallel.autotp_size: 1");
   if (tp > 1 && cfg.tensor_parallel.sequence_parallel)
     no(p +
        " with tensor_parallel.sequence_parallel: the norms' gradients would be partial sums "
@@ -276,16 +270,16 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   int64_t start_step = 0;
   // A save of a run without a pipeline (save_dir/<tag>, save_dir/tp<r>/) names the plain
   // model's parameters, not layers: refused rather than trained over from the start.
-  if (resume != "false" && latest_checkpoint_tag(save_dir + "/stage0").empty() &&
-      !checkpoint_dirs(save_dir).empty())
+  // Stage 0's directory (its tp0/ under tensor parallelism) names the newest save whatever P and
+  // T wrote it (a later stage's may hold an older one, or none): every rank asks it, so all
+  // resume or none.
+  const bool pipelined = !checkpoint_dirs(save_dir + "/stage0").empty();
+  if (resume != "false" && !pipelined && !checkpoint_dirs(save_dir).empty())
     throw ConfigError(path + ": trainer.resume: " + save_dir +
                       " holds a save of a run without a pipeline; a pipeline resumes pipelined "
                       "saves (save_dir/stage<s>/) only: resume it with pipeline.stages: 1, or "
                       "give another trainer.save_dir");
-  // Stage 0's directory names the newest save whatever P wrote it (a later stage's may hold an
-  // older one, or none): every rank asks it, so all resume or none.
-  if (resume != "false" &&
-      !(resume == "auto" && latest_checkpoint_tag(save_dir + "/stage0").empty())) {
+  if (resume != "false" && !(resume == "auto" && !pipelined)) {
     const std::string want = resume == "true" || resume == "auto" ? "" : resume;
     // One tag for every rank: the newest complete in every stage directory of its layout (a save
     // cut short after stage 0 had published its part resumes every stage from the older one).

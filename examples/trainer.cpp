@@ -202,7 +202,7 @@ std::optional<PipelineTrainerArgs> Trainer::pipeline_args() const {
   if (cfg_.pipeline.stages <= 1) {
     const std::string save_dir = cfg_.extra_string("trainer.save_dir");
     if (cfg_.extra_string("trainer.resume") == "false" || save_dir.empty() ||
-        latest_checkpoint_tag(save_dir + "/stage0").empty() || !checkpoint_dirs(save_dir).empty())
+        checkpoint_dirs(save_dir + "/stage0").empty() || !checkpoint_dirs(save_dir).empty())
       return std::nullopt;
   }
   return PipelineTrainerArgs{

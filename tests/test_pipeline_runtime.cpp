@@ -19,10 +19,13 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/group.hpp"
@@ -182,6 +185,8 @@ struct Case {
   bool fake_device = false;
   int virtual_stages = 1;  // model chunks per stage (the interleaved schedule)
   int64_t vocab = 0;       // 0: the tiny preset's
+  // Reorders the built-in schedule's lists (RuntimeOptions::custom_schedule).
+  std::function<void(Schedule&)> edit_schedule;
 };
 
 std::string name(const Case& k) {
@@ -224,6 +229,11 @@ void run_case(const Case& k) {
         auto opt = std::make_unique<TorchStageOptimizer>(make_opt(k.opt, layers.parameters()));
         RuntimeOptions opts{k.schedule, k.micro_batches};
         opts.virtual_stages = k.virtual_stages;
+        if (k.edit_schedule) {
+          Schedule s = make_schedule(k.schedule, k.stages, k.micro_batches, k.virtual_stages);
+          k.edit_schedule(s);
+          opts.custom_schedule = std::make_shared<const Schedule>(std::move(s));
+        }
         PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt), opts);
         EXPECT_EQ(rt.device(), device);
         for (const auto& b : batches) {
@@ -377,6 +387,26 @@ TEST(PipelineRuntime, InterleavedRefusesBadShapes) {
 
 // The tied embedding and head on the first and last stage: their gradients summed between the
 // two stages, against single-process training of the tied model (one weight, one gradient).
+// The tied head's copy sends its gradient where the owner takes it, whatever follows the last
+// backward: here the last stage's ReduceGrads comes between its last Backward and that
+// micro-batch's SendGrad (a schedule the simulator accepts). The runtime used to send the tied
+// gradient only when a SendGrad came right after, so the owner waited out the timeout.
+TEST(PipelineRuntime, TiedGradientDoesNotDependOnWhatFollowsTheLastBackward) {
+  for (auto [P, kind, v, m] : {std::tuple{2, ScheduleKind::OneFOneB, 1, 4},
+                               std::tuple{4, ScheduleKind::OneFOneB, 1, 4},
+                               std::tuple{2, ScheduleKind::Interleaved, 2, 4}}) {
+    Case k{P, kind, Opt::AdamW, /*tied=*/true, PartitionMethod::Parameters, m};
+    k.virtual_stages = v;
+    k.edit_schedule = [P = P, m = m](Schedule& s) {
+      auto& last = s.per_stage[P - 1];
+      last.erase(std::find(last.begin(), last.end(), Instruction{Op::ReduceGrads}));
+      last.insert(std::find(last.begin(), last.end(), Instruction{Op::SendGrad, m - 1, 0}),
+                  Instruction{Op::ReduceGrads});
+    };
+    run_case(k);
+  }
+}
+
 TEST(PipelineRuntime, TiedEmbeddingAndHeadAcrossStages) {
   for (auto schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
     for (auto opt : {Opt::SGD, Opt::AdamW}) {

@@ -93,7 +93,8 @@ int run(int argc, char** argv) {
     stages = saved.stages;
     if (saved.recorded) layers = saved.bounds.back();
     tag = saved.tag;
-    for (int s = 0; s < stages; ++s) dirs.push_back(dir + "/stage" + std::to_string(s));
+    // dir/stage<s>, or dir/stage<s>/tp<r> when each stage's tensor-parallel ranks saved blocks.
+    dirs = zero::pipeline::pipeline_save_dirs(dir, saved);
   }
   if (dirs.empty()) dirs = {dir};  // read_checkpoint_info says what is missing
   const zero::CheckpointInfo info = zero::read_checkpoint_info(dirs.front(), tag);

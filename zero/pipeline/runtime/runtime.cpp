@@ -9,6 +9,8 @@
 #include <stdexcept>
 
 #include "comm/group.hpp"
+#include "zero/pipeline/simulate.hpp"
+#include "zero/pipeline/tied_grads.hpp"
 
 namespace zero::pipeline {
 namespace {
@@ -34,6 +36,20 @@ class Charge {
   double& to_;
   std::chrono::steady_clock::time_point start_;
 };
+
+// A schedule handed in (RuntimeOptions::custom_schedule): the run's shape, and executable.
+const Schedule& checked_custom(const Schedule& s, int stages, int micro_batches, int v) {
+  if (s.stages != stages || static_cast<int>(s.per_stage.size()) != stages ||
+      s.micro_batches != micro_batches || s.virtual_stages != v)
+    throw std::invalid_argument(
+        "pipeline: RuntimeOptions::custom_schedule is for " + std::to_string(s.stages) +
+        " stages (" + std::to_string(s.per_stage.size()) + " lists), " +
+        std::to_string(s.micro_batches) + " micro-batches, " + std::to_string(s.virtual_stages) +
+        " virtual stages; the run has " + std::to_string(stages) + ", " +
+        std::to_string(micro_batches) + ", " + std::to_string(v));
+  simulate(s);  // ScheduleError names the stage and instruction
+  return s;
+}
 
 }  // namespace
 
@@ -96,7 +112,9 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
   // multiple of the stages) fails alike on every stage.
   recv_shape_.resize(v);
   sent_shape_.resize(v);
-  const Schedule all = make_schedule(opts_.schedule, stages_, opts_.micro_batches, v);
+  const Schedule all = opts_.custom_schedule
+                           ? checked_custom(*opts_.custom_schedule, stages_, opts_.micro_batches, v)
+                           : make_schedule(opts_.schedule, stages_, opts_.micro_batches, v);
   instructions_ = all.per_stage[stage_];
   delivered_ = delivered_sends(all, stage_);
   // The stage's device: its parameters' (a stage without any keeps the host).
@@ -117,7 +135,7 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
   for (const auto& [key, holders] : layers_.tie_stages()) {
     if (holders.size() < 2) continue;
     if (std::find(holders.begin(), holders.end(), stage_) == holders.end()) continue;
-    Tie tie{key, holders.front(), {holders.begin() + 1, holders.end()}, {}};
+    Tie tie{key, holders.front(), {holders.begin() + 1, holders.end()}, {}, -1};
     for (const auto& l : layers_.layers()) {
       auto it = l.tied.find(key);
       if (it == l.tied.end()) continue;
@@ -142,6 +160,15 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
       if (theirs != mine)
         throw std::logic_error(where("the schedule ends stage " + std::to_string(t) +
                                      " with another micro-batch; tied weights need the same"));
+    }
+    // A copy's gradient goes on the link to the owner where the owner takes it (refused here,
+    // on every stage alike, for a schedule where no place works).
+    if (tie.owner != stage_) {
+      try {
+        tie.send_after = tied_grad_send_after(all, stage_, tie.owner);
+      } catch (const std::logic_error& e) {
+        throw std::logic_error(where(std::string("tied weight '") + key + "': " + e.what()));
+      }
     }
     ties_.push_back(std::move(tie));
   }
@@ -261,9 +288,15 @@ void PipelineRuntime::recv(at::Tensor& t, int src, const std::string& what) {
   channel(src, stage_).recv(t, src, where(what)).wait();
 }
 
-void PipelineRuntime::wait_sends() {
-  for (auto& p : sends_) p->work.wait();
-  sends_.clear();
+void PipelineRuntime::wait_sends(bool schedule_only) {
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    if (schedule_only && !(*it)->ins) {
+      ++it;
+      continue;
+    }
+    (*it)->work.wait();
+    it = sends_.erase(it);
+  }
 }
 
 void PipelineRuntime::settle(const std::vector<Instruction>& sent) {
@@ -288,11 +321,12 @@ void PipelineRuntime::post_send(at::Tensor t, int dst, const std::string& what,
   sends_.push_back(std::move(p));
 }
 
-// A stage holding a copy: after its last backward, the copy's gradient (this step's sum over
-// micro-batches, with whatever factor the loss's backward applied) goes to the owner.
-void PipelineRuntime::send_tied_grads() {
+// A stage holding a copy: after instruction `idx` of its list (Tie::send_after), the copy's
+// gradient (this step's sum over micro-batches, with whatever factor the loss's backward
+// applied) goes to the owner.
+void PipelineRuntime::send_tied_grads(int idx) {
   for (auto& tie : ties_) {
-    if (tie.owner == stage_) continue;
+    if (tie.owner == stage_ || tie.send_after != idx) continue;
     at::Tensor& w = tie.weights.front();
     at::Tensor g = w.grad().defined() ? w.grad().contiguous() : at::zeros_like(w);
     post_send(g, tie.owner,
@@ -432,13 +466,12 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
                   "send of " + of_mb + "'s gradient to stage " + std::to_string(prev_stage()),
                   Instruction{Op::SendGrad, mb, c});
         x = at::Tensor();
-        // After the gradient of the stage's last backward (every copy's gradient is complete):
-        // the owner receives in this order.
-        if (static_cast<int>(idx) == last_backward_ + 1) send_tied_grads();
         break;
       }
       case Op::ReduceGrads:
-        wait_sends();
+        // The schedule's sends only: the owner takes a tied gradient posted before this in its
+        // last backward, which may wait for what this stage sends after ReduceGrads.
+        wait_sends(/*schedule_only=*/true);
         optimizer_->reduce_grads();
         break;
       case Op::OptimizerStep:
@@ -446,6 +479,7 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         exchange_tied_weights();
         break;
     }
+    send_tied_grads(static_cast<int>(idx));
   }
 
   // The loss lives on the last stage: averaged over micro-batches (and data-parallel replicas),

@@ -91,6 +91,10 @@ struct RuntimeOptions {
   // Model chunks per stage (Megatron's virtual pipeline size): more than 1 needs the
   // interleaved schedule, P > 1 and micro_batches a multiple of P.
   int virtual_stages = 1;
+  // Every stage's list, in place of make_schedule(schedule, ...) (DeepSpeed lets a PipeSchedule
+  // subclass do the same): its stages, micro-batches and virtual stages must be the run's, and
+  // zero/pipeline/simulate.hpp must find it executable. Tests reorder a built-in schedule so.
+  std::shared_ptr<const Schedule> custom_schedule;
 };
 
 class PipelineRuntime {
@@ -127,13 +131,16 @@ class PipelineRuntime {
   // A weight tied across stages (DeepSpeed's TiedLayerSpec). The first stage holding it owns it:
   // only its optimizer (engine) trains it, so the optimizer state and the gradient norm see it
   // once. The other holders keep a copy: they send its gradient, summed over their
-  // micro-batches, to the owner after their last backward; the owner adds them in its own last
-  // backward (the weight as one more root), and sends the updated weight back after the step.
+  // micro-batches, to the owner after their last backward, where the owner's link takes it
+  // (zero/pipeline/tied_grads.hpp: derived from the schedule, refused when nothing fits); the
+  // owner adds them in its own last backward (the weight as one more root), and sends the
+  // updated weight back after the step.
   struct Tie {
     std::string key;
     int owner = 0;                    // the first stage holding it
     std::vector<int> others;          // the later stages holding a copy
     std::vector<at::Tensor> weights;  // this stage's copies (once each)
+    int send_after = -1;  // a copy's gradient is posted after this instruction (tied_grads.hpp)
   };
   struct Pending;
 
@@ -150,10 +157,12 @@ class PipelineRuntime {
   // The group that carries a message from stage `from` to stage `to` (see above).
   comm::Group& channel(int from, int to) const;
   void connect_pairs();
-  void send_tied_grads();
+  void send_tied_grads(int idx);
   std::vector<at::Tensor> recv_tied_grads();
   void exchange_tied_weights();
-  void wait_sends();
+  // Waits on and drops the posted sends (schedule_only: those of the schedule's instructions,
+  // not the tied weights' and their gradients').
+  void wait_sends(bool schedule_only = false);
   // Waits on and drops the posted sends of these instructions (delivered, see above).
   void settle(const std::vector<Instruction>& sent);
 
