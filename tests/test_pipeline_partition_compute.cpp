@@ -12,10 +12,14 @@
 #include "gpt.hpp"
 #include "gpt_config.hpp"
 #include "gpt_layers.hpp"
+#include "support/thread_group.hpp"
+#include "tp_gpt.hpp"
+#include "tp_gpt_layers.hpp"
 #include "zero/parallel_plan.hpp"
 #include "zero/pipeline.hpp"
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/runtime/layers.hpp"
+#include "zero/pipeline_engine.hpp"
 
 namespace zero::pipeline {
 namespace {
@@ -204,6 +208,51 @@ TEST(PipelinePartitionCompute, ThePlannerCutsAsTheRuntimeDoes) {
         for (int i = b[s]; i < b[s + 1]; ++i) sum += costs[i].flops_per_token;
         EXPECT_EQ(planned[s], static_cast<double>(sum)) << preset << " stage " << s;
       }
+    }
+  }
+}
+
+// Under tensor parallelism each rank weighs its own share (attention and the loss ÷ T, the norms
+// whole): gpt-25m's tensor-parallel layers on 2 ranks cut as the planner cuts at T = 2, on both
+// ranks alike.
+TEST(PipelinePartitionCompute, ThePlannerCutsAsTheTensorParallelRuntimeDoes) {
+  const GptConfig c = examples::gpt_preset("gpt-25m");
+  std::vector<std::vector<std::vector<int>>> got(2);  // per rank, per P
+  std::vector<std::vector<int64_t>> costs(2);
+  testing::run_ranks(2, [&](std::shared_ptr<comm::Group> world) {
+    const auto grid = make_pipeline_grid(world, 1, 2);
+    const examples::TpGpt model(grid.tp, c);
+    for (const LayerCost& l : layer_costs(examples::tp_gpt_pipeline_layers(model, kSeq)))
+      costs[world->rank()].push_back(l.flops_per_token);
+    for (int p : {2, 4})
+      got[world->rank()].push_back(
+          StageLayers(examples::tp_gpt_pipeline_layers(model, kSeq), PartitionMethod::Compute, p, 0)
+              .bounds());
+  });
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(costs[0], costs[1]);
+  // Rank 0's block: 6 x (1770240 - 768) / 2 + 6 x 768 + 12·256·384 / 2 = 5902848.
+  ASSERT_EQ(costs[0].size(), 14u);
+  EXPECT_EQ(costs[0][1], 5902848);
+  for (size_t i = 0; i < 2; ++i) {
+    const int p = i == 0 ? 2 : 4;
+    PlanInput in;
+    in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied, c.kv_heads};
+    in.num_params = c.num_params();
+    in.world_size = 2 * p;
+    in.tensor_parallel = 2;
+    in.pipeline_stages = p;
+    in.micro_batch = 1;
+    in.seq_len = kSeq;
+    in.accumulation = 8;
+    in.partition = PlanInput::Partition::kCompute;
+    EXPECT_EQ(pipeline_stage_bounds(in), got[0][i]) << "P=" << p;
+    const std::vector<int> b = got[0][i];
+    const std::vector<double> planned = stage_flops_per_token(in);
+    for (int s = 0; s < p; ++s) {
+      int64_t sum = 0;
+      for (int j = b[s]; j < b[s + 1]; ++j) sum += costs[0][j];
+      EXPECT_EQ(planned[s], static_cast<double>(sum)) << "P=" << p << " stage " << s;
     }
   }
 }
