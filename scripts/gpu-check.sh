@@ -134,15 +134,21 @@ if (( ngpu >= 2 )); then
   # compare_losses A B TOLERANCE: every step's loss of run B against run A's, relative.
   compare_losses() {
     python3 - "$out" "$@" <<'PY' 2>&1 | tee -a "$out/nccl-compare.log" | tail -1 | tee -a "$out/progress.log"
-import json, os, sys
+import json, os, re, sys
 out, a, b, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 def losses(n):
+    # The metrics writer prints a NaN loss as `nan`, which JSON does not have: read it as NaN
+    # (a FAILED line below), never as a parse error that would end gpu-check here.
     p = os.path.join(out, n + ".jsonl")
-    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(p)} if os.path.exists(p) else {}
+    rows = [json.loads(re.sub(r"(?<=[:\[,])\s*(-?)(nan|inf)\b",
+                              lambda m: m.group(1) + ("NaN" if m.group(2) == "nan" else "Infinity"), l))
+            for l in open(p)] if os.path.exists(p) else []
+    return {r["step"]: r["loss"] for r in rows}
 x, y = losses(a), losses(b)
 if not x or sorted(x) != sorted(y):
     print(f"gpu-check: {b} vs {a}: FAILED, steps {sorted(y)} against {sorted(x)}"); sys.exit(0)
 worst = max(abs(x[s] - y[s]) / abs(x[s]) for s in x)
+worst = float("nan") if any(v != v for v in list(x.values()) + list(y.values())) else worst
 for s in sorted(x):
     print(f"step {s}: {a} {x[s]:.7f}  {b} {y[s]:.7f}")
 print(f"gpu-check: {b} vs {a}: max rel diff {worst:.1e} over {len(x)} steps "

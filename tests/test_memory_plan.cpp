@@ -126,6 +126,12 @@ TEST(MemoryPlan, BucketBuffersFollowTheEngine) {
   PlanInput small = in;
   small.bucket_elements = 10'000'000'000;  // one bucket: the whole model
   EXPECT_EQ(bucket_buffer_elements(small, 0), (max_bucket_elements(small) + 63) / 64 * 64);
+  // reduce_bucket_size 0: every parameter its own bucket, reduced whole; the buffer holds the
+  // largest parameter, 7B's 32000 x 4096 head (embedding), padded to 8 x 64-element rows.
+  PlanInput each = in;
+  each.bucket_elements = 0;
+  EXPECT_EQ(max_bucket_elements(each), 32000LL * 4096);
+  EXPECT_EQ(bucket_buffer_elements(each, 1), (32000LL * 4096 + 511) / 512 * 512);
 }
 
 TEST(MemoryPlan, StartupPeakIsTheLargerOfFlatteningAndTheStates) {

@@ -78,6 +78,11 @@ TEST(FlatLayout, BucketSizeZeroGivesEachParameterItsOwnBucket) {
   const FlatLayout L = FlatLayout::build({{"a", 4}, {"b", 1}, {"c", 7}}, 0, 2, 1);
   ASSERT_EQ(L.buckets().size(), 3u);
   for (size_t b = 0; b < 3; ++b) EXPECT_EQ(L.buckets()[b].params.size(), 1u) << "bucket " << b;
+  // Each reduced whole, as DeepSpeed does: one chunk as large as the largest shard (c's 7
+  // elements over 2 ranks: 4), not chunks of `align` elements.
+  const FlatLayout big = FlatLayout::build({{"a", 4000}, {"b", 10}}, 0, 2, 64);
+  EXPECT_EQ(big.chunk_numel(), 2048);
+  EXPECT_EQ(L.chunk_numel(), 4);
 }
 
 // Every element of every parameter is owned by exactly one rank, in a shard slot of its own,

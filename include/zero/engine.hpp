@@ -142,14 +142,14 @@ class Engine {
   at::Tensor all_reduce_mean(const at::Tensor& values) const;
   // Every rank's `value`, in rank order (a collective), e.g. each rank's peak memory.
   std::vector<int64_t> all_gather_values(int64_t value) const;
-  // The full flat parameters as fp32 (every rank holds them), padding excluded, in the
-  // module's named_parameters() order: for checksums and comparisons.
+  // The full flat parameters as fp32 (every rank holds them), padding excluded, in named_parameters()
+  // order, for checksums and comparisons: a collective at stage 3 (call it on every rank there).
   at::Tensor flat_parameters() const;
   // Every parameter by name, in named_parameters() order (tied parameters under their first
   // name, frozen ones included), as full tensors: for evaluation, export or comparison without
   // going through disk. A collective when opts.master and the stage shards the master weights
-  // (1, 2): call it on every rank. Gathers one bucket at a time, so the transient memory on top
-  // of the result is one bucket's fp32 values.
+  // (1, 2), and always at stage 3: call it on every rank. Gathers one bucket at a time, so the
+  // transient memory on top of the result is one bucket's fp32 values.
   StateDict state_dict(const StateDictOptions& opts = {}) const;
 
   // Checkpoints (zero/engine/engine_save.cpp, engine_load.cpp; the on-disk format is

@@ -102,6 +102,10 @@ int64_t FlatLayout::max_bucket_numel() const {
 int64_t FlatLayout::chunk_numel() const {
   int64_t largest_shard = 0;
   for (const auto& b : buckets_) largest_shard = std::max(largest_shard, b.shard.shard_numel());
+  // bucket_numel 0 (DeepSpeed's reduce_bucket_size 0) puts each parameter in a bucket of its own
+  // and reduces it whole, as DeepSpeed does: chunks of `align` elements would mean thousands of
+  // collectives per parameter.
+  if (bucket_numel_ == 0) return largest_shard;
   const int64_t bounded = std::max(align_, bucket_numel_ / world_ / align_ * align_);
   return std::min(largest_shard, bounded);
 }

@@ -103,6 +103,7 @@ ActivationEstimate predict_activations(const PlanInput& in, Recompute r) {
 }
 
 int64_t max_bucket_elements(const PlanInput& in) {
+  // 0 (DeepSpeed's reduce_bucket_size 0): every parameter its own bucket, as a bucket of 1.
   const int64_t bucket = std::max<int64_t>(1, in.bucket_elements);
   const ModelShape& m = in.shape;
   // Only a shape that is the model (a preset) has a known parameter order.
@@ -126,6 +127,7 @@ int64_t bucket_buffer_elements(const PlanInput& in, int stage) {
   constexpr int64_t kAlign = 64;
   const int64_t n = stage == 0 ? 1 : in.world_size;
   const int64_t largest_shard = round_up(max_bucket_elements(in), n * kAlign) / n;
+  if (in.bucket_elements == 0) return n * largest_shard;  // each parameter reduced whole
   const int64_t bounded =
       std::max(kAlign, std::max<int64_t>(1, in.bucket_elements) / n / kAlign * kAlign);
   return n * std::min(largest_shard, bounded);
