@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/group.hpp"
 #include "gpt.hpp"
 #include "gpt_config.hpp"
 #include "gpt_layers.hpp"
@@ -20,6 +21,7 @@
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/runtime/layers.hpp"
 #include "zero/pipeline_engine.hpp"
+#include "zero/tensor_parallel/embedding.hpp"
 
 namespace zero::pipeline {
 namespace {
@@ -130,6 +132,16 @@ TEST(PipelinePartitionCompute, UndeclaredLayersFallBack) {
             "flops_per_token declared) for mlp");
   layers[2].flops_per_token = -1;
   EXPECT_THROW(layer_costs(layers), std::invalid_argument);
+  // A vocabulary-parallel embedding is a lookup too, not 6 x its shard's parameters.
+  layers[0] = {"vembed",
+               std::make_shared<tensor_parallel::VocabParallelEmbeddingImpl>(
+                   comm::Group::single(), tensor_parallel::VocabParallelEmbeddingOptions(1000, 32)),
+               nullptr,
+               {}};
+  layers[2].flops_per_token = 777;
+  const std::vector<LayerCost> v = layer_costs(layers);
+  EXPECT_EQ(v[0].flops_per_token, 32);
+  EXPECT_EQ(v[0].source, LayerCost::Source::kEmbedding);
 }
 
 // gpt-25m (V = 8192, h = 384, 12 blocks, f = 1024, tied) trained on s = 256 tokens:

@@ -7,6 +7,7 @@
 
 #include "zero/pipeline.hpp"
 #include "zero/pipeline_flops.hpp"
+#include "zero/tensor_parallel/embedding.hpp"
 
 namespace zero::pipeline {
 
@@ -26,6 +27,12 @@ std::vector<LayerCost> layer_costs(const std::vector<Layer>& layers) {
     if (const auto* e = l.module ? l.module->as<torch::nn::EmbeddingImpl>() : nullptr) {
       out.push_back(
           {embedding_flops_per_token(e->options.embedding_dim()), LayerCost::Source::kEmbedding});
+      continue;
+    }
+    // The vocabulary-parallel one too (review 06e L8): its shard is also a lookup.
+    if (const auto* v =
+            l.module ? l.module->as<tensor_parallel::VocabParallelEmbeddingImpl>() : nullptr) {
+      out.push_back({embedding_flops_per_token(v->options().dim()), LayerCost::Source::kEmbedding});
       continue;
     }
     int64_t params = 0;
