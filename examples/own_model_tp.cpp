@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
         tp::ColumnParallelLinear(
             mesh.tp, tp::ColumnParallelLinearOptions(16, 64).gather_output(false).seed(1)),
         torch::nn::ReLU(),
-        tp::RowParallelLinear(
-            mesh.tp, tp::RowParallelLinearOptions(64, 1).input_is_parallel(true).seed(2)));
+        tp::RowParallelLinear(mesh.tp,
+                              tp::RowParallelLinearOptions(64, 1).input_is_parallel(true).seed(2)));
     zero::Engine engine = zero::initialize(model.ptr(), cfg, mesh);  // ZeRO over mesh.dp
 
     const int64_t micro = cfg.train_micro_batch_size_per_gpu;

@@ -145,7 +145,6 @@ TEST(FlatLayout, OwnedRangesMergeAdjacentSelectedPieces) {
   EXPECT_EQ(all, (std::vector<Range>{{0, 12}}));
 }
 
-
 // DeepSpeed's bucket rule restated on its own (stage_1_and_2.py: a bucket is reduced before the
 // parameter that would take it past the size joins, and once it reaches the size): the
 // parameter lists of the buckets, empty parameters left out.

@@ -142,8 +142,8 @@ class Engine {
   at::Tensor all_reduce_mean(const at::Tensor& values) const;
   // Every rank's `value`, in rank order (a collective), e.g. each rank's peak memory.
   std::vector<int64_t> all_gather_values(int64_t value) const;
-  // The full flat parameters as fp32 (every rank holds them), padding excluded, in named_parameters()
-  // order, for checksums and comparisons: a collective at stage 3 (call it on every rank there).
+  // The full flat parameters as fp32 (every rank holds them), padding excluded, in the module's
+  // named_parameters() order (checksums, comparisons); at stage 3 a collective: every rank calls.
   at::Tensor flat_parameters() const;
   // Every parameter by name, in named_parameters() order (tied parameters under their first
   // name, frozen ones included), as full tensors: for evaluation, export or comparison without

@@ -55,8 +55,7 @@ int split_size(const torch::nn::Module& m) {
   namespace tp = tensor_parallel;
   if (const auto* c = dynamic_cast<const tp::ColumnParallelLinearImpl*>(&m))
     return c->group()->size();
-  if (const auto* r = dynamic_cast<const tp::RowParallelLinearImpl*>(&m))
-    return r->group()->size();
+  if (const auto* r = dynamic_cast<const tp::RowParallelLinearImpl*>(&m)) return r->group()->size();
   if (const auto* e = dynamic_cast<const tp::VocabParallelEmbeddingImpl*>(&m))
     return e->group()->size();
   if (dynamic_cast<const tp::TensorParallelLayer*>(&m)) return 0;
@@ -91,17 +90,16 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, const Me
   const int pp = mesh.pp ? mesh.pp->size() : 1;
   if (pp > 1 || cfg.pipeline.stages > 1)
     throw ConfigError("zero::initialize(model, cfg, mesh) with pipeline.stages = " +
-                      std::to_string(cfg.pipeline.stages) + " and a mesh of " +
-                      mesh.describe() +
+                      std::to_string(cfg.pipeline.stages) + " and a mesh of " + mesh.describe() +
                       ": initialize trains a whole model; a model cut into stages trains "
                       "through zero::pipeline::PipelineEngine(layers, loss, cfg, mesh) "
                       "(zero/pipeline_engine.hpp)");
   // The config and the mesh say the same, or the config is silent (its defaults).
   if (cfg.tensor_parallel.autotp_size != 1 && cfg.tensor_parallel.autotp_size != tp)
-    throw ConfigError("tensor_parallel.autotp_size = " +
-                      std::to_string(cfg.tensor_parallel.autotp_size) + " but the mesh is " +
-                      mesh.describe() + "; build the mesh from the config (" + kBuildMesh +
-                      ") or set tensor_parallel.autotp_size: " + std::to_string(tp));
+    throw ConfigError(
+        "tensor_parallel.autotp_size = " + std::to_string(cfg.tensor_parallel.autotp_size) +
+        " but the mesh is " + mesh.describe() + "; build the mesh from the config (" + kBuildMesh +
+        ") or set tensor_parallel.autotp_size: " + std::to_string(tp));
   if (cfg.tensor_parallel.sequence_parallel && !mesh.dims.sp)
     throw ConfigError(
         "tensor_parallel.sequence_parallel is true but the mesh's dims have sp false; build the "
