@@ -83,13 +83,15 @@ if (( ngpu >= 2 )); then
   # The pipeline runtime over NCCL (issue 21): 2 stages x 1 replica, 1F1B over 4 micro-batches,
   # activations and gradients on the GPUs, gradients on the second (earlier-stage) group. A
   # pipeline run writes no --summary-json yet: the losses go to the metrics file.
+  pp_common=(--config configs/zero2.yaml --set trainer.device=cuda --set trainer.model=gpt-25m
+             --set trainer.steps=10 --set scheduler.params.total_num_steps=10
+             --set scheduler.params.warmup_num_steps=2 --set bf16.enabled=true
+             --set zero_optimization.stage=1 --set pipeline.stages=2
+             --set gradient_accumulation_steps=4 --set steps_per_print=1)
   name="nccl-2proc-pipeline"
   python3 -m torch.distributed.run --standalone --nproc-per-node 2 --no-python \
-    build-gpu/examples/zero-train --config configs/zero2.yaml --set trainer.device=cuda \
-    --set trainer.model=gpt-25m --set trainer.steps=10 --set scheduler.params.total_num_steps=10 \
-    --set scheduler.params.warmup_num_steps=2 --set bf16.enabled=true \
-    --set zero_optimization.stage=1 --set pipeline.stages=2 --set gradient_accumulation_steps=4 \
-    --set steps_per_print=1 --set trainer.metrics_file="$out/$name.jsonl" > "$out/$name.log" 2>&1 \
+    build-gpu/examples/zero-train "${pp_common[@]}" \
+    --set trainer.metrics_file="$out/$name.jsonl" > "$out/$name.log" 2>&1 \
     || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
   stamp "$name"
   # The interleaved schedule over NCCL (never run on NCCL before): the same run with 2 chunks
@@ -98,12 +100,9 @@ if (( ngpu >= 2 )); then
   # the 1F1B run's to bf16 rounding.
   name="nccl-2proc-pipeline-interleaved"
   python3 -m torch.distributed.run --standalone --nproc-per-node 2 --no-python \
-    build-gpu/examples/zero-train --config configs/zero2.yaml --set trainer.device=cuda \
-    --set trainer.model=gpt-25m --set trainer.steps=10 --set scheduler.params.total_num_steps=10 \
-    --set scheduler.params.warmup_num_steps=2 --set bf16.enabled=true \
-    --set zero_optimization.stage=1 --set pipeline.stages=2 --set gradient_accumulation_steps=4 \
+    build-gpu/examples/zero-train "${pp_common[@]}" \
     --set pipeline.schedule=interleaved --set pipeline.virtual_stages=2 \
-    --set steps_per_print=1 --set trainer.metrics_file="$out/$name.jsonl" > "$out/$name.log" 2>&1 \
+    --set trainer.metrics_file="$out/$name.jsonl" > "$out/$name.log" 2>&1 \
     || { tail -20 "$out/$name.log"; echo "gpu-check: $name failed"; }
   stamp "$name"
   # Tensor parallelism over NCCL (never run on NCCL before; its backward overlaps the input
