@@ -23,9 +23,9 @@
 #include <string>
 
 #include "comm/counting_group.hpp"
-#include "examples/gpt.hpp"
 #include "support/thread_group.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/gpt.hpp"
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> arg = {{"--model", "small"}, {"--ranks", "2"},
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   const int world = std::stoi(arg["--ranks"]);
   const int steps = std::stoi(arg["--steps"]);
   const int64_t seq = std::stoll(arg["--seq"]), block = std::stoll(arg["--block"]);
-  const zero::examples::GptConfig shape = zero::examples::gpt_preset(arg["--model"]);
+  const zero::models::GptConfig shape = zero::models::gpt_preset(arg["--model"]);
   const int nodes = std::stoi(arg["--nodes"]);
   if (nodes > 1) {
     if (world % nodes != 0 || world / nodes < 2) {
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
         [&](std::shared_ptr<zero::comm::Group> inner) {
           auto group = std::make_shared<zero::comm::CountingGroup>(inner);
           const int r = group->rank();
-          zero::examples::Gpt model(shape);
+          zero::models::Gpt model(shape);
           at::Generator gen = at::detail::createCPUGenerator(100 + r);
           auto engine = zero::initialize(model.ptr(), cfg, group);
           group->reset();  // set-up traffic (parameter broadcast) is not the step's

@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "gpt.hpp"
-#include "hf_llama.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/hf_llama.hpp"
 #include "zero/zero.hpp"
 
 namespace {
@@ -102,9 +102,8 @@ int run_llama(const std::string& dir, std::istream& meta) {
     throw std::runtime_error("ds-parity-zero: cannot read " + dir + "/meta.txt");
   }
   zero::Config cfg = zero::Config::from_file(config_path(dir));
-  auto model =
-      std::make_shared<zero::examples::GptImpl>(zero::examples::hf_llama_config(dir + "/hf"));
-  zero::examples::load_hf_llama(*model, dir + "/hf");
+  auto model = std::make_shared<zero::models::GptImpl>(zero::models::hf_llama_config(dir + "/hf"));
+  zero::models::load_hf_llama(*model, dir + "/hf");
   const int64_t n = steps * acc * world * mb * (seq + 1);
   at::Tensor tokens = at::empty({n}, at::kLong);
   {
@@ -130,7 +129,7 @@ int run_llama(const std::string& dir, std::istream& meta) {
   if (rank == 0) {
     std::map<std::string, at::Tensor> by_hf;
     for (const auto& item : model->named_parameters()) {
-      by_hf[zero::examples::hf_llama_name(item.key())] = item.value();
+      by_hf[zero::models::hf_llama_name(item.key())] = item.value();
     }
     std::ifstream names(dir + "/names.txt");
     std::vector<at::Tensor> params;
@@ -164,8 +163,8 @@ int run_grads(const std::string& dir) {
   std::ifstream nf(dir + "/names.txt");
   for (std::string name; nf >> name;) names.push_back(name);
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
-    zero::examples::Gpt model(zero::examples::hf_llama_config(dir + "/hf"));
-    zero::examples::load_hf_llama(*model, dir + "/hf");
+    zero::models::Gpt model(zero::models::hf_llama_config(dir + "/hf"));
+    zero::models::load_hf_llama(*model, dir + "/hf");
     // The RoPE tables are cast too: forward rounds them to the model dtype anyway, as HF does.
     model->to(dtype);
     const at::Tensor logits = model->forward(tokens.narrow(1, 0, seq));
@@ -174,7 +173,7 @@ int run_grads(const std::string& dir) {
         .backward();
     std::map<std::string, at::Tensor> grads;
     for (const auto& item : model->named_parameters()) {
-      grads[zero::examples::hf_llama_name(item.key())] = item.value().grad();
+      grads[zero::models::hf_llama_name(item.key())] = item.value().grad();
     }
     std::vector<at::Tensor> parts;
     for (const auto& n : names) parts.push_back(grads.at(n));

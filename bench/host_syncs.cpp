@@ -19,10 +19,10 @@
 
 #include "comm/group.hpp"
 #include "comm/mesh.hpp"
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
 #include "zero/pipeline_engine.hpp"
 #include "zero/zero.hpp"
 
@@ -55,14 +55,14 @@ using Reads = std::vector<std::vector<int64_t>>;  // [rank][step]
 
 Reads plain(int zero_stage) {
   Reads reads(2, std::vector<int64_t>(kSteps));
-  const examples::GptConfig c = examples::gpt_preset("tiny");
+  const models::GptConfig c = models::gpt_preset("tiny");
   testing::run_ranks(
       2,
       [&](std::shared_ptr<comm::Group> g) {
         const int r = g->rank();
         const c10::Device d = fake::device(r);
         at::manual_seed(1);
-        examples::Gpt model(c);
+        models::Gpt model(c);
         model->to(d);
         Engine engine = initialize(model.ptr(), config(zero_stage, 1), g);
         at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kFloat).device(d));
@@ -84,7 +84,7 @@ Reads plain(int zero_stage) {
 
 Reads pipelined() {
   Reads reads(2, std::vector<int64_t>(kSteps));
-  const examples::GptConfig c = examples::gpt_preset("tiny");
+  const models::GptConfig c = models::gpt_preset("tiny");
   testing::run_ranks(
       2,
       [&](std::shared_ptr<comm::Group> w) {
@@ -92,9 +92,9 @@ Reads pipelined() {
         const int r = w->rank();
         const c10::Device d = fake::device(r);
         at::manual_seed(1);
-        examples::Gpt model(c);
+        models::Gpt model(c);
         model->to(d);
-        pipeline::PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss,
+        pipeline::PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss,
                                       config(1, 2), mesh["pp"], mesh["dp"]);
         for (int step = 0; step < kSteps; ++step) {
           const auto in = tokens(c.vocab, d), tg = tokens(c.vocab, d);

@@ -21,10 +21,10 @@
 
 #include <unistd.h>
 
-#include "examples/gpt.hpp"
 #include "support/peak_allocator.hpp"
 #include "support/thread_group.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/gpt.hpp"
 
 namespace {
 
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   }
   const int world = std::stoi(arg["--ranks"]);
   const int64_t micro = std::stoll(arg["--micro"]), seq = std::stoll(arg["--seq"]);
-  const zero::examples::GptConfig shape = zero::examples::gpt_preset(arg["--model"]);
+  const zero::models::GptConfig shape = zero::models::gpt_preset(arg["--model"]);
   zero::Config cfg;
   cfg.zero_optimization.stage = 2;
   cfg.zero_optimization.reduce_bucket_size = std::stoll(arg["--bucket"]);
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
       [&](std::shared_ptr<zero::comm::Group> group) {
         const int r = group->rank();
         // The rank threads share torch's global generator: each draws from its own instead.
-        zero::examples::Gpt model(shape);
+        zero::models::Gpt model(shape);
         if (arg["--checkpointing"] == "1") apply_activation_checkpointing(model, {true, false, 1});
         for (const auto& p : model->parameters()) user_param_bytes += p.nbytes();
         auto gen = at::detail::createCPUGenerator(100 + r);

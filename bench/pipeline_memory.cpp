@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
 #include "zero/host_counting.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
 
 namespace zero::pipeline {
@@ -38,10 +38,10 @@ struct Result {
 
 // One configuration, on the fake accelerator (device = true) or the host.
 void run(int P, ScheduleKind kind, int m, int rows, int seq, bool device, Result& out) {
-  examples::GptConfig c = examples::gpt_preset("tiny");
+  models::GptConfig c = models::gpt_preset("tiny");
   c.layers = 4;  // one block per stage at P = 4
   at::manual_seed(5);
-  examples::Gpt init(c);
+  models::Gpt init(c);
   auto gen = at::randint(c.vocab, {m * rows, seq + 1}, at::kLong);
   const at::Tensor inputs = gen.narrow(1, 0, seq).contiguous();
   const at::Tensor targets = gen.narrow(1, 1, seq).contiguous();
@@ -52,18 +52,18 @@ void run(int P, ScheduleKind kind, int m, int rows, int seq, bool device, Result
       [&](std::shared_ptr<comm::Group> pp) {
         const int s = pp->rank();
         const c10::Device dev = device ? testing::fake::device(s) : c10::Device(c10::kCPU);
-        examples::Gpt model(c);
+        models::Gpt model(c);
         {
           at::NoGradGuard g;
           auto src = init->parameters();
           auto dst = model->parameters();
           for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
         }
-        StageLayers layers(examples::gpt_pipeline_layers(model), PartitionMethod::Uniform, P, s);
+        StageLayers layers(models::gpt_pipeline_layers(model), PartitionMethod::Uniform, P, s);
         layers.to(dev);
         auto opt = std::make_unique<TorchStageOptimizer>(std::make_unique<torch::optim::SGD>(
             layers.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)));
-        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt), {kind, m});
+        PipelineRuntime rt(std::move(layers), models::gpt_loss, pp, std::move(opt), {kind, m});
         std::vector<at::Tensor> in, tg;
         for (const auto& t : inputs.chunk(m, 0)) in.push_back(t.to(dev));
         for (const auto& t : targets.chunk(m, 0)) tg.push_back(t.to(dev));

@@ -18,8 +18,8 @@
 #include <string>
 
 #include "comm/counting_group.hpp"
-#include "examples/tp_gpt.hpp"
 #include "support/thread_group.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/parallel_plan.hpp"
 #include "zero/tensor_parallel.hpp"
 
@@ -30,9 +30,9 @@ int main(int argc, char** argv) {
   const int tp = std::stoi(arg["--tp"]);
   const bool sp = arg["--sp"] == "1";
   const int64_t batch = std::stoll(arg["--batch"]), seq = std::stoll(arg["--seq"]);
-  zero::examples::GptConfig cfg = zero::examples::gpt_preset(arg["--model"]);
+  zero::models::GptConfig cfg = zero::models::gpt_preset(arg["--model"]);
   cfg.max_seq = std::max(cfg.max_seq, seq);
-  zero::examples::check_tensor_parallel_shape(cfg, tp);
+  zero::models::check_tensor_parallel_shape(cfg, tp);
 
   zero::PlanInput in;
   in.shape = {cfg.layers, cfg.dim, cfg.heads, cfg.ffn_dim(), cfg.vocab, cfg.tied, cfg.kv_heads};
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
       tp,
       [&](std::shared_ptr<zero::comm::Group> g) {
         auto counted = std::make_shared<zero::comm::CountingGroup>(g);
-        zero::examples::TpGpt model(counted, cfg, sp);
+        zero::models::TpGpt model(counted, cfg, sp);
         at::Generator gen = at::detail::createCPUGenerator(5);
         const at::Tensor tokens = at::randint(cfg.vocab, {batch, seq}, gen);
         const at::Tensor targets = (tokens * 3 + 1) % cfg.vocab;

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "examples/tp_gpt.hpp"
 #include "support/thread_group.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/tensor_parallel.hpp"
 
 namespace {
@@ -40,15 +40,15 @@ int main(int argc, char** argv) {
   const int tp = std::stoi(arg["--tp"]), pairs = std::stoi(arg["--pairs"]);
   const bool sp = arg["--sp"] == "1";
   const int64_t batch = std::stoll(arg["--batch"]), seq = std::stoll(arg["--seq"]);
-  zero::examples::GptConfig cfg = zero::examples::gpt_preset(arg["--model"]);
+  zero::models::GptConfig cfg = zero::models::gpt_preset(arg["--model"]);
   cfg.max_seq = std::max(cfg.max_seq, seq);
-  zero::examples::check_tensor_parallel_shape(cfg, tp);
+  zero::models::check_tensor_parallel_shape(cfg, tp);
 
   std::vector<double> on, off, ratio;
   zero::testing::run_ranks(
       tp,
       [&](std::shared_ptr<zero::comm::Group> g) {
-        zero::examples::TpGpt model(g, cfg, sp);
+        zero::models::TpGpt model(g, cfg, sp);
         std::vector<zero::tensor_parallel::ColumnParallelLinearImpl*> columns;
         for (const auto& m : model->modules())
           if (auto* c = dynamic_cast<zero::tensor_parallel::ColumnParallelLinearImpl*>(m.get()))

@@ -17,8 +17,15 @@ set_target_properties(zero_pipeline_schedule PROPERTIES EXPORT_NAME pipeline_sch
 set_target_properties(zero_compress PROPERTIES EXPORT_NAME compress)
 set_target_properties(zero_tensor_parallel PROPERTIES EXPORT_NAME tensor_parallel)
 set_target_properties(zero_torch PROPERTIES EXPORT_NAME torch)
+# The pipeline's runtime and engine (include/zero/pipeline*.hpp), and the models built on the
+# public API: zero::models (GPT, tensor-parallel GPT, HF LLaMA) and their torch-free shapes.
+set_target_properties(zero_pipeline_runtime PROPERTIES EXPORT_NAME pipeline_runtime)
+set_target_properties(zero_pipeline_engine PROPERTIES EXPORT_NAME pipeline)
+set_target_properties(zero_models PROPERTIES EXPORT_NAME models)
+set_target_properties(zero_model_shapes PROPERTIES EXPORT_NAME model_shapes)
 install(TARGETS zero zero_config zero_checkpoint zero_plan zero_pipeline_schedule
-                zero_tensor_parallel zero_comm
+                zero_tensor_parallel zero_comm zero_pipeline_runtime zero_pipeline_engine
+                zero_models zero_model_shapes
                 zero_compress zero_optim zero_offload zero_device zero_torch
         EXPORT zeroTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

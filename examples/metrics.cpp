@@ -7,7 +7,7 @@
 
 namespace zero::examples {
 
-double flops_per_token(const GptConfig& c, int64_t seq_len) {
+double flops_per_token(const models::GptConfig& c, int64_t seq_len) {
   // The embedding table is a lookup, not a matmul; a tied table is also the head, which is one.
   const double matmul_params = static_cast<double>(c.num_params() - (c.tied ? 0 : c.vocab * c.dim));
   const double head_dim = static_cast<double>(c.dim / c.heads);

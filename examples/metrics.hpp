@@ -6,14 +6,14 @@
 #include <fstream>
 #include <string>
 
-#include "gpt.hpp"
+#include "zero/models/gpt.hpp"
 
 namespace zero::examples {
 
 // FLOPs of one training token, forward and backward, as in the PaLM paper's appendix B:
 // 6N for the matmul weights (the head included, the embedding lookup not) plus 12·L·H·Q·T for
 // attention scores and values (L layers, H heads, Q head dim, T sequence length).
-double flops_per_token(const GptConfig& c, int64_t seq_len);
+double flops_per_token(const models::GptConfig& c, int64_t seq_len);
 
 struct StepRecord {
   int64_t step = 0;  // optimizer steps done

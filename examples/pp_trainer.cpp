@@ -12,9 +12,6 @@
 
 #include "checkpoint_agreement.hpp"
 #include "file_checks.hpp"
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
-#include "hf_llama.hpp"
 #include "launcher_check.hpp"
 #include "memory_figures.hpp"
 #include "metrics.hpp"
@@ -22,14 +19,17 @@
 #include "phase_peaks.hpp"
 #include "pp_summary.hpp"
 #include "startup_agreement.hpp"
-#include "tp_gpt.hpp"
-#include "tp_gpt_layers.hpp"
 #include "train_summary.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
 #include "zero/errors.hpp"
 #include "zero/launcher.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
+#include "zero/models/hf_llama.hpp"
+#include "zero/models/tp_gpt.hpp"
+#include "zero/models/tp_gpt_layers.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace zero::examples {
@@ -158,35 +158,35 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   const int tp = cfg.tensor_parallel.autotp_size;
   at::manual_seed(cfg.seed);
   const at::Generator init_gen = at::detail::getDefaultCPUGenerator().clone();
-  Gpt model(nullptr);
+  models::Gpt model(nullptr);
   if (tp == 1 || !a.hf_dir.empty()) {
-    model = Gpt(a.model);
-    if (!a.hf_dir.empty()) load_hf_llama(*model, a.hf_dir);
+    model = models::Gpt(a.model);
+    if (!a.hf_dir.empty()) models::load_hf_llama(*model, a.hf_dir);
   }
 
   auto world = process_group_from_env(cfg, a.device.type());
   pipeline::PipelineGrid grid;
   try {
     grid = pipeline::make_pipeline_grid(world, cfg.pipeline.stages, tp);
-    if (tp > 1) check_tensor_parallel_shape(a.model, tp);
+    if (tp > 1) models::check_tensor_parallel_shape(a.model, tp);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(path + ": " + e.what());
   }
-  TpGpt tp_model(nullptr);
+  models::TpGpt tp_model(nullptr);
   std::vector<pipeline::Layer> layers;
-  pipeline::LossFn loss_fn = gpt_loss;
+  pipeline::LossFn loss_fn = models::gpt_loss;
   if (tp > 1) {
-    tp_model = TpGpt(grid.tp, a.model);
+    tp_model = models::TpGpt(grid.tp, a.model);
     if (model) {
       tp_model->load_full(*model);
-      model = Gpt(nullptr);
+      model = models::Gpt(nullptr);
     } else {
-      init_like_gpt(*tp_model, init_gen);
+      models::init_like_gpt(*tp_model, init_gen);
     }
-    layers = tp_gpt_pipeline_layers(tp_model, a.seq_len);
-    loss_fn = tp_gpt_loss(grid.tp);
+    layers = models::tp_gpt_pipeline_layers(tp_model, a.seq_len);
+    loss_fn = models::tp_gpt_loss(grid.tp);
   } else {
-    layers = gpt_pipeline_layers(model, a.seq_len);
+    layers = models::gpt_pipeline_layers(model, a.seq_len);
   }
   std::vector<std::string> names;
   for (const auto& l : layers) names.push_back(l.name);
@@ -205,8 +205,8 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   }
   // The engine holds this stage's layers; the other stages' go with the model (fp32 on the host:
   // 7/8 of the model per process at P = 8, kept for nothing).
-  model = Gpt(nullptr);
-  tp_model = TpGpt(nullptr);
+  model = models::Gpt(nullptr);
+  tp_model = models::TpGpt(nullptr);
   // Start-up memory as the plain trainer records it (the model and this stage's engine), and
   // the allocator's peaks from here on: each step's, and the saves'.
   const int64_t startup_peak = peak_rss_bytes(), after_initialize = rss_bytes();

@@ -20,15 +20,15 @@
 #include <string>
 
 #include "data.hpp"
-#include "gpt_config.hpp"
 #include "zero/config.hpp"
+#include "zero/models/gpt_config.hpp"
 
 namespace zero::examples {
 
 struct PipelineTrainerArgs {
   Config cfg;
   std::string config_path;  // errors name it
-  GptConfig model;
+  models::GptConfig model;
   std::string preset;  // the start-up line's model name
   std::string hf_dir;  // "" or a Hugging Face directory the weights come from
   std::shared_ptr<const Dataset> data;

@@ -2,13 +2,13 @@
 
 #include <stdexcept>
 
-#include "tp_gpt.hpp"
 #include "zero/errors.hpp"
+#include "zero/models/tp_gpt.hpp"
 
 namespace zero::examples {
 
 tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_ptr<Group> world,
-                                               const GptConfig& mc, int64_t seq_len,
+                                               const models::GptConfig& mc, int64_t seq_len,
                                                const std::string& source) {
   const int tp = cfg.tensor_parallel.autotp_size;
   // The world size first: a layout that cannot exist says so before the model's shape is
@@ -16,7 +16,7 @@ tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_pt
   tensor_parallel::Groups groups;
   try {
     groups = tensor_parallel::make_groups(std::move(world), tp);
-    check_tensor_parallel_shape(mc, tp);
+    models::check_tensor_parallel_shape(mc, tp);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(source + ": " + e.what());
   }

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "gpt_config.hpp"
 #include "zero/config.hpp"
 #include "zero/groups.hpp"
+#include "zero/models/gpt_config.hpp"
 #include "zero/tensor_parallel/groups.hpp"
 #include "zero/tensor_parallel/placement.hpp"
 
@@ -19,7 +19,7 @@ namespace zero::examples {
 // kv_heads, ffn and vocab divide by it; seq_len does under sequence parallelism. Throws
 // ConfigError prefixed with `source` naming the key and the numbers. Only for autotp_size > 1.
 tensor_parallel::Groups tensor_parallel_layout(const Config& cfg, std::shared_ptr<Group> world,
-                                               const GptConfig& mc, int64_t seq_len,
+                                               const models::GptConfig& mc, int64_t seq_len,
                                                const std::string& source);
 
 // What the engine is handed under tensor parallelism: zero::engine_groups

@@ -141,8 +141,8 @@ void TrainSummary::record_phases(const Engine& engine, const PhasePeaks& phases,
 
 void TrainSummary::finish(const Engine& engine, torch::nn::Module& model,
                           const zero::ActivationOffloader* offloader,
-                          const CheckpointPolicy& policy, const std::string& data_description,
-                          double loader_wait_s, RunShape run) {
+                          const models::CheckpointPolicy& policy,
+                          const std::string& data_description, double loader_wait_s, RunShape run) {
   // Every rank's peak, not rank 0's alone: ranks differ (rank 0 serves the store, shards and
   // buckets are uneven), and what must fit is the largest.
   peak_rss_per_rank = over_ranks(*this, engine, examples::peak_rss_bytes());
@@ -226,8 +226,8 @@ MemoryFigures TrainSummary::memory_figures() const {
 std::string TrainSummary::phase_json() const { return memory_figures().phase_json(); }
 
 void TrainSummary::write_json(const std::string& path, const Engine& engine,
-                              const std::string& preset, const GptConfig& mc, int64_t seq_len,
-                              const std::vector<MemoryReport>& reports) const {
+                              const std::string& preset, const models::GptConfig& mc,
+                              int64_t seq_len, const std::vector<MemoryReport>& reports) const {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write the --summary-json file '" + path + "'");
   const Config& c = engine.config();

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "bottleneck.hpp"
-#include "gpt.hpp"
 #include "memory_figures.hpp"
 #include "metrics.hpp"
 #include "phase_peaks.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/gpt.hpp"
 
 namespace zero::examples {
 
@@ -64,7 +64,7 @@ struct TrainSummary {
   // norm are the whole model's, whole_model_stats over `tensor_parallel`); `offloader`: the
   // activation offloader, if any.
   void finish(const Engine& engine, torch::nn::Module& model,
-              const zero::ActivationOffloader* offloader, const CheckpointPolicy& policy,
+              const zero::ActivationOffloader* offloader, const models::CheckpointPolicy& policy,
               const std::string& data_description, double loader_wait_s, RunShape run);
   // Means over the steps after the first.
   StepTimes mean_times() const;
@@ -73,7 +73,7 @@ struct TrainSummary {
   // The memory keys as every layout's summary writes them (memory_figures.hpp).
   MemoryFigures memory_figures() const;
   void write_json(const std::string& path, const Engine& engine, const std::string& preset,
-                  const GptConfig& mc, int64_t seq_len,
+                  const models::GptConfig& mc, int64_t seq_len,
                   const std::vector<MemoryReport>& reports) const;
 };
 

@@ -15,7 +15,6 @@
 
 #include "checkpoint_agreement.hpp"
 #include "file_checks.hpp"
-#include "hf_llama.hpp"
 #include "startup_agreement.hpp"
 #include "tp_trainer.hpp"
 #include "zero/auto_strategy.hpp"
@@ -23,6 +22,7 @@
 #include "zero/device.hpp"
 #include "zero/errors.hpp"
 #include "zero/host_counting.hpp"
+#include "zero/models/hf_llama.hpp"
 #include "zero/tensor_parallel.hpp"
 #include "zero/zero.hpp"
 
@@ -159,7 +159,7 @@ Trainer::Trainer(const TrainerOptions& options) : options_(options) {
   }
   hf_dir_ = init_from.empty() ? "" : init_from.substr(3);
   preset_ = hf_dir_.empty() ? cfg_.extra_string("trainer.model") : init_from;
-  mc_ = hf_dir_.empty() ? gpt_preset(preset_) : hf_llama_config(hf_dir_);
+  mc_ = hf_dir_.empty() ? models::gpt_preset(preset_) : models::hf_llama_config(hf_dir_);
   steps_ = cfg_.extra_int("trainer.steps");
   fill_run_autos(cfg_, steps_);
   seq_ = cfg_.extra_int("trainer.seq_len");
@@ -220,10 +220,10 @@ void Trainer::build() {
   // full model.
   const at::Generator init_gen = at::detail::getDefaultCPUGenerator().clone();
   if (tp_size == 1 || !hf_dir_.empty()) {
-    model_ = Gpt(mc_);
+    model_ = models::Gpt(mc_);
     // Every rank reads the weights (ZeRO-1/2 replicate parameters), each tensor alone; under
     // tensor parallelism each then keeps its part.
-    if (!hf_dir_.empty()) load_hf_llama(*model_, hf_dir_);
+    if (!hf_dir_.empty()) models::load_hf_llama(*model_, hf_dir_);
     if (tp_size == 1) model_->to(device_);
   }
   policy_.cpu_offload = cfg_.extra_bool("activation_checkpointing.cpu_checkpointing");
@@ -242,16 +242,16 @@ void Trainer::build() {
   Groups groups{world_};
   if (tp_size > 1) {
     layout_ = tensor_parallel_layout(cfg_, world_, mc_, seq_, config_path);
-    tp_model_ = TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel);
+    tp_model_ = models::TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel);
     // open_dataset checked every token against the vocabulary: no per-micro-batch check (an
     // all-gather and a host read each in the embedding and the loss) on the hot path.
     tp_model_->set_check_inputs(false);
     groups = engine_groups(layout_, tp_model_->placements());
     if (model_) {
       tp_model_->load_full(*model_);
-      model_ = Gpt(nullptr);
+      model_ = models::Gpt(nullptr);
     } else {
-      init_like_gpt(*tp_model_, init_gen);
+      models::init_like_gpt(*tp_model_, init_gen);
     }
     tp_model_->to(device_);
   }
@@ -286,7 +286,7 @@ void Trainer::build() {
     }
     tp_model_->checkpointing = policy_;
   } else {
-    apply_activation_checkpointing(model_, policy_);
+    models::apply_activation_checkpointing(model_, policy_);
   }
   std::shared_ptr<torch::nn::Module> trained_ptr =
       tp_model_ ? std::shared_ptr<torch::nn::Module>(tp_model_.ptr()) : model_.ptr();

@@ -20,19 +20,19 @@
 #include <vector>
 
 #include "data.hpp"
-#include "gpt.hpp"
 #include "launcher_check.hpp"
 #include "metrics.hpp"
 #include "monitor.hpp"
 #include "phase_peaks.hpp"
 #include "pp_trainer.hpp"
-#include "tp_gpt.hpp"
 #include "train_summary.hpp"
 #include "utilisation.hpp"
 #include "zero/activation_checkpointing.hpp"
 #include "zero/config.hpp"
 #include "zero/engine.hpp"
 #include "zero/groups.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/tensor_parallel/groups.hpp"
 
 namespace zero::examples {
@@ -91,18 +91,18 @@ class Trainer {
   TrainerOptions options_;
   Config cfg_;
   std::string hf_dir_, preset_;
-  GptConfig mc_;
+  models::GptConfig mc_;
   int64_t steps_ = 0, seq_ = 0;
   std::shared_ptr<const Dataset> data_;
   c10::Device device_ = c10::Device(c10::kCPU);
   int64_t rss_before_model_ = 0;
 
   // Build.
-  Gpt model_{nullptr};
-  TpGpt tp_model_{nullptr};
+  models::Gpt model_{nullptr};
+  models::TpGpt tp_model_{nullptr};
   tensor_parallel::Groups layout_;
   std::shared_ptr<Group> world_;
-  CheckpointPolicy policy_;
+  models::CheckpointPolicy policy_;
   std::optional<Engine> engine_;
   std::optional<PhasePeaks> phases_;
   std::optional<BatchLoader> loader_;

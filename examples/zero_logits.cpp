@@ -14,13 +14,13 @@
 #include <iostream>
 #include <sstream>
 
-#include "gpt.hpp"
-#include "hf_llama.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/errors.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/hf_llama.hpp"
 
 namespace po = boost::program_options;
-using namespace zero::examples;
+namespace models = zero::models;
 
 namespace {
 
@@ -69,7 +69,8 @@ int run(int argc, char** argv) {
   if (!hf && ckpt.empty()) {
     throw std::invalid_argument("--model " + model_spec + " has no weights: give --checkpoint");
   }
-  Gpt model(hf ? hf_llama_config(model_spec.substr(3)) : gpt_preset(model_spec));
+  models::Gpt model(hf ? models::hf_llama_config(model_spec.substr(3))
+                       : models::gpt_preset(model_spec));
   if (!ckpt.empty()) {
     at::NoGradGuard no_grad;
     auto params = model->named_parameters();
@@ -90,7 +91,7 @@ int run(int argc, char** argv) {
       p->copy_(t);
     }
   } else {
-    load_hf_llama(*model, model_spec.substr(3));
+    models::load_hf_llama(*model, model_spec.substr(3));
   }
   model->eval();
   at::NoGradGuard no_grad;

@@ -19,18 +19,18 @@
 
 #include "comm/group.hpp"
 #include "comm/mesh.hpp"
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "support/forwarding_group.hpp"
 #include "support/thread_group.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
 
 namespace zero::pipeline {
 namespace {
 
-using examples::Gpt;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptConfig;
 
 // Every group made over a store or by split, on real gloo, is connected before it is returned:
 // the world, and each of a Megatron mesh's tp, dp and pp groups, and a split of a split.
@@ -119,7 +119,7 @@ std::vector<at::Tensor> chunks(const at::Tensor& t, int m) {
 // both groups (the later-bound one from the lower stage, the earlier-bound one from the upper),
 // before any send or receive and before step 1; and the two sides of each pair agree.
 TEST(EagerConnect, PipelinePairsConnectInOneOrderBeforeStepOne) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.layers = 4;
   for (bool tied : {false, true})
     for (int stages : {2, 3, 4}) {
@@ -140,11 +140,11 @@ TEST(EagerConnect, PipelinePairsConnectInOneOrderBeforeStepOne) {
           auto to = model->parameters();
           for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
         }
-        StageLayers layers(examples::gpt_pipeline_layers(model), PartitionMethod::Uniform, stages,
+        StageLayers layers(models::gpt_pipeline_layers(model), PartitionMethod::Uniform, stages,
                            pp->rank());
         auto opt = std::make_unique<TorchStageOptimizer>(std::make_unique<torch::optim::SGD>(
             layers.parameters(), torch::optim::SGDOptions(0.1)));
-        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt),
+        PipelineRuntime rt(std::move(layers), models::gpt_loss, pp, std::move(opt),
                            {ScheduleKind::OneFOneB, m});
         log->add(pp->rank(), {"", "step 1", -1});
         rt.train_batch(chunks(inputs, m), chunks(targets, m));

@@ -17,11 +17,11 @@
 #include <set>
 
 #include "data.hpp"
-#include "gpt.hpp"
 #include "launcher_check.hpp"
 #include "metrics.hpp"
 #include "support/thread_group.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/gpt.hpp"
 
 namespace zero::examples {
 namespace {
@@ -36,24 +36,24 @@ int64_t counted(torch::nn::Module& m) {
 
 TEST(GptPresets, BuiltModelsHaveTheAnalyticParameterCount) {
   for (const char* name : {"tiny", "small", "gpt-25m"}) {
-    Gpt m(gpt_preset(name));
-    EXPECT_EQ(counted(*m), gpt_preset(name).num_params()) << name;
+    models::Gpt m(models::gpt_preset(name));
+    EXPECT_EQ(counted(*m), models::gpt_preset(name).num_params()) << name;
   }
 }
 
 TEST(GptPresets, Llama7bHasLlamasExactShapes) {
-  const GptConfig c = gpt_preset("llama-7b");
+  const models::GptConfig c = models::gpt_preset("llama-7b");
   EXPECT_EQ(c.num_params(), 6'738'415'616);
   EXPECT_EQ(c.ffn_dim(), 11008);
   // Building all 32 layers would take 27 GB; one layer with the real widths checks every shape
   // and the per-layer count the analytic formula multiplies by 32.
-  GptConfig one = c;
+  models::GptConfig one = c;
   one.layers = 1;
-  Gpt m(one);
+  models::Gpt m(one);
   EXPECT_EQ(counted(*m), one.num_params());
   EXPECT_EQ(m->embed->weight.sizes(), (std::vector<int64_t>{32000, 4096}));
   EXPECT_EQ(m->head->weight.sizes(), (std::vector<int64_t>{32000, 4096}));
-  auto* b = (*m->blocks)[0]->as<BlockImpl>();
+  auto* b = (*m->blocks)[0]->as<models::BlockImpl>();
   EXPECT_EQ(b->wq->weight.sizes(), (std::vector<int64_t>{4096, 4096}));
   EXPECT_EQ(b->w_gate->weight.sizes(), (std::vector<int64_t>{11008, 4096}));
   EXPECT_EQ(b->w_down->weight.sizes(), (std::vector<int64_t>{4096, 11008}));
@@ -68,25 +68,25 @@ TEST(GptPresets, Llama7bHasLlamasExactShapes) {
 // summed here from its config (not from the preset's formula): embedding (tied with the head),
 // 28 x (q, o: 3072^2; k, v: 3072 x 1024; gate, up, down: 3072 x 8192; two norms), final norm.
 TEST(GptPresets, Llama3bHasLlama32Shapes) {
-  const GptConfig c = gpt_preset("llama-3b");
+  const models::GptConfig c = models::gpt_preset("llama-3b");
   const int64_t h = 3072, kv = 8 * (3072 / 24), f = 8192;
   const int64_t hf_count = 128256 * h + 28 * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + h;
   EXPECT_EQ(hf_count, 3'212'749'824);
   EXPECT_EQ(c.num_params(), hf_count);
   EXPECT_GT(c.num_params(), int64_t{1} << 31);
-  GptConfig one = c;
+  models::GptConfig one = c;
   one.layers = 1;
   one.vocab = 256;  // the 394 M-element table is not what this checks
-  Gpt m(one);
+  models::Gpt m(one);
   EXPECT_EQ(counted(*m), one.num_params());
-  auto* b = (*m->blocks)[0]->as<BlockImpl>();
+  auto* b = (*m->blocks)[0]->as<models::BlockImpl>();
   EXPECT_EQ(b->wk->weight.sizes(), (std::vector<int64_t>{kv, h}));
   EXPECT_EQ(b->w_up->weight.sizes(), (std::vector<int64_t>{f, h}));
 }
 
 TEST(GptPresets, UnknownPresetNamesTheKnownOnes) {
   try {
-    gpt_preset("gpt-9");
+    models::gpt_preset("gpt-9");
     FAIL();
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("llama-7b"), std::string::npos) << e.what();
@@ -95,21 +95,21 @@ TEST(GptPresets, UnknownPresetNamesTheKnownOnes) {
 
 TEST(GptCheckpointing, GradientsMatchWithoutCheckpointing) {
   at::manual_seed(0);
-  const GptConfig c = gpt_preset("tiny");
-  Gpt plain(c), ckpt(c), offl(c);
+  const models::GptConfig c = models::gpt_preset("tiny");
+  models::Gpt plain(c), ckpt(c), offl(c);
   {
     at::NoGradGuard g;
     auto src = plain->parameters();
-    for (Gpt* m : {&ckpt, &offl}) {
+    for (models::Gpt* m : {&ckpt, &offl}) {
       auto dst = (*m)->parameters();
       for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
     }
   }
-  apply_activation_checkpointing(ckpt, {true, false, 1});
-  apply_activation_checkpointing(offl, {true, true, 1});
+  models::apply_activation_checkpointing(ckpt, {true, false, 1});
+  models::apply_activation_checkpointing(offl, {true, true, 1});
   at::Tensor x = at::randint(c.vocab, {3, 16}, at::kLong),
              y = at::randint(c.vocab, {3, 16}, at::kLong);
-  for (Gpt* m : {&plain, &ckpt, &offl}) (*m)->loss(x, y).backward();
+  for (models::Gpt* m : {&plain, &ckpt, &offl}) (*m)->loss(x, y).backward();
   auto a = plain->parameters(), b = ckpt->parameters(), o = offl->parameters();
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_TRUE(b[i].grad().defined());
@@ -125,9 +125,9 @@ TEST(GptCheckpointing, GradientsMatchWithoutCheckpointing) {
 TEST(GptCheckpointing, ComposesWithZero2BucketsAndAccumulation) {
   // Recomputed blocks produce their parameter gradients inside backward's nested backward: they
   // must still reach the engine's post-accumulate hooks and stage 2's buckets.
-  const GptConfig c = gpt_preset("tiny");
+  const models::GptConfig c = models::gpt_preset("tiny");
   at::manual_seed(1);
-  std::vector<Gpt> models;
+  std::vector<models::Gpt> models;
   for (int i = 0; i < 4; ++i) models.emplace_back(c);  // [rank][plain, checkpointed]
   {
     at::NoGradGuard g;
@@ -137,8 +137,8 @@ TEST(GptCheckpointing, ComposesWithZero2BucketsAndAccumulation) {
       for (size_t k = 0; k < src.size(); ++k) dst[k].copy_(src[k]);
     }
   }
-  apply_activation_checkpointing(models[1], {true, false, 1});
-  apply_activation_checkpointing(models[3], {true, true, 1});
+  models::apply_activation_checkpointing(models[1], {true, false, 1});
+  models::apply_activation_checkpointing(models[3], {true, true, 1});
   std::vector<at::Tensor> tokens;
   for (int i = 0; i < 12; ++i) tokens.push_back(at::randint(c.vocab, {2, 17}, at::kLong));
   Config cfg;
@@ -152,7 +152,7 @@ TEST(GptCheckpointing, ComposesWithZero2BucketsAndAccumulation) {
   for (int variant : {0, 1}) {
     testing::run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
       const int r = group->rank();
-      Gpt& m = models[2 * r + variant];
+      models::Gpt& m = models[2 * r + variant];
       auto engine = initialize(m.ptr(), cfg, group);
       for (int micro = 0; micro < 6; ++micro) {
         const at::Tensor& t = tokens[2 * micro + r];
@@ -261,7 +261,7 @@ TEST(Loader, PrefetchedBatchesFollowTheSamplerAcrossEpochs) {
 }
 
 TEST(Metrics, FlopsPerTokenFollowsPalm) {
-  GptConfig c = gpt_preset("tiny");
+  models::GptConfig c = models::gpt_preset("tiny");
   const double n = static_cast<double>(c.num_params());  // tied: the table is also the head
   EXPECT_DOUBLE_EQ(flops_per_token(c, 128),
                    6 * n + 12.0 * c.layers * c.heads * (c.dim / c.heads) * 128);

@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "gpt.hpp"
-#include "hf_llama.hpp"
-#include "rope.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/config.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/hf_llama.hpp"
+#include "zero/models/rope.hpp"
 #include "zero/safetensors.hpp"
 
 namespace zero::examples {
@@ -25,14 +25,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-GptConfig gqa_config() {
-  GptConfig c;
+models::GptConfig gqa_config() {
+  models::GptConfig c;
   c.vocab = 40, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn = 48, c.max_seq = 16;
   c.tied = false, c.norm_eps = 1e-6, c.rope_theta = 50000.0;
   return c;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> named(GptImpl& m) {
+std::vector<std::pair<std::string, at::Tensor>> named(models::GptImpl& m) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
@@ -48,11 +48,11 @@ struct TempDir {
 };
 
 TEST(HfLlama, GroupedQueryAttentionIsMultiHeadWithRepeatedKeyValueHeads) {
-  const GptConfig gqa = gqa_config();
-  GptConfig mha = gqa;
+  const models::GptConfig gqa = gqa_config();
+  models::GptConfig mha = gqa;
   mha.kv_heads = 0;
   at::manual_seed(1);
-  Gpt a(gqa), b(mha);
+  models::Gpt a(gqa), b(mha);
   int64_t n = 0;
   for (const auto& p : a->parameters()) n += p.numel();
   EXPECT_EQ(n, gqa.num_params());
@@ -78,36 +78,36 @@ TEST(HfLlama, GroupedQueryAttentionIsMultiHeadWithRepeatedKeyValueHeads) {
 
 TEST(HfLlama, ShardedExportLoadsBackExactly) {
   TempDir dir;
-  const GptConfig c = gqa_config();
+  const models::GptConfig c = gqa_config();
   at::manual_seed(2);
-  Gpt src(c);
-  HfExportOptions opts;
+  models::Gpt src(c);
+  models::HfExportOptions opts;
   opts.max_shard_bytes = 20'000;  // several shards
-  const auto files = save_hf_llama(c, named(*src), dir.str(), opts);
+  const auto files = models::save_hf_llama(c, named(*src), dir.str(), opts);
   EXPECT_GT(files.size(), 3u);
   EXPECT_TRUE(fs::exists(dir.str("model.safetensors.index.json")));
   // Tensor names are HF's.
   zero::SafetensorsFile first(dir.str(files.front()));
   EXPECT_TRUE(first.contains("model.embed_tokens.weight"));
 
-  const GptConfig back = hf_llama_config(dir.str());
+  const models::GptConfig back = models::hf_llama_config(dir.str());
   EXPECT_EQ(back.num_params(), c.num_params());
   EXPECT_EQ(back.kv_heads_count(), 2);
   EXPECT_EQ(back.norm_eps, 1e-6);
   EXPECT_EQ(back.rope_theta, 50000.0);
   EXPECT_FALSE(back.tied);
   at::manual_seed(3);
-  Gpt dst(back);
-  load_hf_llama(*dst, dir.str());
+  models::Gpt dst(back);
+  models::load_hf_llama(*dst, dir.str());
   auto dp = dst->named_parameters();
   for (const auto& [name, t] : named(*src)) EXPECT_TRUE(at::equal(dp[name], t)) << name;
 }
 
 TEST(HfLlama, WhatTheGptCannotTakeFailsNamingIt) {
   TempDir dir;
-  const GptConfig c = gqa_config();
-  Gpt src(c);
-  save_hf_llama(c, named(*src), dir.str(), {});
+  const models::GptConfig c = gqa_config();
+  models::Gpt src(c);
+  models::save_hf_llama(c, named(*src), dir.str(), {});
   const std::string cfg_path = dir.str("config.json");
   std::ifstream in(cfg_path);
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -119,7 +119,7 @@ TEST(HfLlama, WhatTheGptCannotTakeFailsNamingIt) {
     text.replace(at, from.size(), to);
     std::ofstream(cfg_path) << text;
     try {
-      hf_llama_config(dir.str());
+      models::hf_llama_config(dir.str());
       ADD_FAILURE() << "accepted " << to;
     } catch (const zero::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
@@ -137,12 +137,12 @@ TEST(HfLlama, WhatTheGptCannotTakeFailsNamingIt) {
   auto tensors = named(*src);
   std::vector<std::pair<std::string, at::Tensor>> hf;
   for (const auto& [name, t] : tensors) {
-    if (name != "blocks.1.w_down.weight") hf.emplace_back(hf_llama_name(name), t);
+    if (name != "blocks.1.w_down.weight") hf.emplace_back(models::hf_llama_name(name), t);
   }
   zero::write_safetensors(dir.str("model.safetensors"), hf, at::kFloat, {});
-  Gpt dst(c);
+  models::Gpt dst(c);
   try {
-    load_hf_llama(*dst, dir.str());
+    models::load_hf_llama(*dst, dir.str());
     ADD_FAILURE() << "loaded a model without model.layers.1.mlp.down_proj.weight";
   } catch (const zero::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("missing tensor 'model.layers.1.mlp.down_proj.weight'"),
@@ -153,8 +153,8 @@ TEST(HfLlama, WhatTheGptCannotTakeFailsNamingIt) {
 
 // Meta's reference for Llama 3.1's frequencies (llama/model.py, apply_scaling), in double: an
 // independent statement of the formula rope.cpp mirrors from transformers in float32.
-std::vector<double> meta_llama3(const GptConfig& c) {
-  const RopeScaling& r = c.rope;
+std::vector<double> meta_llama3(const models::GptConfig& c) {
+  const models::RopeScaling& r = c.rope;
   const double old = static_cast<double>(r.original_max_seq);
   std::vector<double> out;
   for (int64_t i = 0; i < c.head_dim(); i += 2) {
@@ -174,13 +174,13 @@ std::vector<double> meta_llama3(const GptConfig& c) {
 }
 
 TEST(HfLlama, Llama3FrequenciesFollowMetasReference) {
-  GptConfig c = gqa_config();
+  models::GptConfig c = gqa_config();
   c.dim = 64, c.heads = 4;  // head_dim 16: 8 frequencies
   c.rope_theta = 500000.0;
   c.rope.type = "llama3";
   c.rope.factor = 8.0, c.rope.low_freq_factor = 1.0, c.rope.high_freq_factor = 4.0;
   c.rope.original_max_seq = 64;
-  const at::Tensor got = rope_frequencies(c).inv_freq;
+  const at::Tensor got = models::rope_frequencies(c).inv_freq;
   const auto want = meta_llama3(c);
   ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
   int kept = 0, divided = 0, smoothed = 0;
@@ -201,10 +201,10 @@ TEST(HfLlama, Llama3FrequenciesFollowMetasReference) {
 }
 
 TEST(HfLlama, YarnFrequenciesAndScaleFollowThePaper) {
-  GptConfig c = gqa_config();
+  models::GptConfig c = gqa_config();
   c.dim = 64, c.heads = 4, c.max_seq = 128, c.rope_theta = 10000.0;
   c.rope.type = "yarn", c.rope.factor = 4.0, c.rope.original_max_seq = 32;
-  const RopeFrequencies f = rope_frequencies(c);
+  const models::RopeFrequencies f = models::rope_frequencies(c);
   // YaRN (Peng et al. 2023), eq. 17-21: ramp over the dims whose wavelength r = L / lambda lies
   // between beta_slow and beta_fast rotations, mscale 0.1 ln(s) + 1.
   const double d = 16, L = 32, s = 4;
@@ -221,30 +221,30 @@ TEST(HfLlama, YarnFrequenciesAndScaleFollowThePaper) {
   }
   EXPECT_NEAR(f.attention_scaling, 0.1 * std::log(4.0) + 1.0, 1e-12);
   // The tables carry the scale: cos at position 0 is the scale itself.
-  const auto [cos, sin] = rope_tables(c);
+  const auto [cos, sin] = models::rope_tables(c);
   EXPECT_NEAR(cos[0][0].item<double>(), f.attention_scaling, 1e-6);
 }
 
 TEST(HfLlama, LinearDividesAndDynamicKeepsTheFrequenciesWithinTheContext) {
-  GptConfig c = gqa_config();
-  const at::Tensor plain = rope_frequencies(c).inv_freq;
+  models::GptConfig c = gqa_config();
+  const at::Tensor plain = models::rope_frequencies(c).inv_freq;
   c.rope.type = "linear", c.rope.factor = 2.0;
-  EXPECT_TRUE(at::allclose(rope_frequencies(c).inv_freq, plain / 2.0, 0, 0));
+  EXPECT_TRUE(at::allclose(models::rope_frequencies(c).inv_freq, plain / 2.0, 0, 0));
   // transformers recomputes dynamic NTK frequencies only past max_position_embeddings, which the
   // GPT never reaches: within it they are the default ones.
   c.rope.type = "dynamic";
-  EXPECT_TRUE(at::equal(rope_frequencies(c).inv_freq, plain));
+  EXPECT_TRUE(at::equal(models::rope_frequencies(c).inv_freq, plain));
 }
 
 TEST(HfLlama, BiasesAndRopeVariantsSurviveExportAndLoad) {
   for (const bool qwen2 : {true, false}) {
     TempDir dir;
-    GptConfig c = gqa_config();
+    models::GptConfig c = gqa_config();
     c.qkv_bias = true, c.o_bias = !qwen2;  // Qwen2: q/k/v; LLaMA's attention_bias: all four
     c.rope.type = qwen2 ? "yarn" : "llama3";
     c.rope.factor = 4.0, c.rope.original_max_seq = 8, c.rope.attention_factor = 1.25;
     at::manual_seed(4);
-    Gpt src(c);
+    models::Gpt src(c);
     int64_t n = 0;
     for (const auto& p : src->parameters()) n += p.numel();
     EXPECT_EQ(n, c.num_params());
@@ -254,19 +254,19 @@ TEST(HfLlama, BiasesAndRopeVariantsSurviveExportAndLoad) {
         if (p.dim() == 1) p.uniform_(-1, 1);  // biases start at 0
       }
     }
-    save_hf_llama(c, named(*src), dir.str(), {});
+    models::save_hf_llama(c, named(*src), dir.str(), {});
     std::ifstream in(dir.str("config.json"));
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_NE(text.find(qwen2 ? "Qwen2ForCausalLM" : "\"attention_bias\": true"), std::string::npos)
         << text;
-    const GptConfig back = hf_llama_config(dir.str());
+    const models::GptConfig back = models::hf_llama_config(dir.str());
     EXPECT_EQ(back.qkv_bias, true);
     EXPECT_EQ(back.o_bias, !qwen2);
     EXPECT_EQ(back.rope.type, c.rope.type);
     EXPECT_EQ(back.rope.factor, 4.0);
     EXPECT_EQ(back.rope.original_max_seq, 8);
-    Gpt dst(back);
-    load_hf_llama(*dst, dir.str());
+    models::Gpt dst(back);
+    models::load_hf_llama(*dst, dir.str());
     EXPECT_TRUE(at::equal(dst->rope_cos, src->rope_cos));
     const at::Tensor tokens = at::randint(0, c.vocab, {1, 12}, at::kLong);
     EXPECT_TRUE(at::equal(dst->forward(tokens), src->forward(tokens)));
@@ -278,10 +278,10 @@ TEST(HfLlama, BiasesAndRopeVariantsSurviveExportAndLoad) {
 
 TEST(HfLlama, ShapesTheGptCannotExpressFailNamingTheKey) {
   TempDir dir;
-  GptConfig c = gqa_config();
+  models::GptConfig c = gqa_config();
   c.qkv_bias = true;  // exported as Qwen2
-  Gpt src(c);
-  save_hf_llama(c, named(*src), dir.str(), {});
+  models::Gpt src(c);
+  models::save_hf_llama(c, named(*src), dir.str(), {});
   std::ifstream in(dir.str("config.json"));
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto expect = [&](const std::string& from, const std::string& to, const std::string& key) {
@@ -291,7 +291,7 @@ TEST(HfLlama, ShapesTheGptCannotExpressFailNamingTheKey) {
     text.replace(at, from.size(), to);
     std::ofstream(dir.str("config.json")) << text;
     try {
-      hf_llama_config(dir.str());
+      models::hf_llama_config(dir.str());
       ADD_FAILURE() << "accepted " << to;
     } catch (const zero::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
@@ -315,11 +315,11 @@ TEST(HfLlama, ShapesTheGptCannotExpressFailNamingTheKey) {
 // positions go further, is refused by name. (Against transformers itself: hf_variants.sh.)
 TEST(HfLlama, MistralLoadsWhenItsWindowMasksNothing) {
   TempDir dir;
-  GptConfig c = gqa_config();  // max_seq 16
+  models::GptConfig c = gqa_config();  // max_seq 16
   c.hf_model_type = "mistral";
   at::manual_seed(5);
-  Gpt src(c);
-  save_hf_llama(c, named(*src), dir.str(), {});
+  models::Gpt src(c);
+  models::save_hf_llama(c, named(*src), dir.str(), {});
   const std::string cfg_path = dir.str("config.json");
   auto text = [&] {
     std::ifstream in(cfg_path);
@@ -330,12 +330,12 @@ TEST(HfLlama, MistralLoadsWhenItsWindowMasksNothing) {
   EXPECT_NE(exported.find("\"model_type\": \"mistral\""), std::string::npos);
   EXPECT_NE(exported.find("\"sliding_window\": null"), std::string::npos) << exported;
   EXPECT_EQ(exported.find("attention_bias"), std::string::npos) << "Mistral has no such key";
-  GptConfig back = hf_llama_config(dir.str());
+  models::GptConfig back = models::hf_llama_config(dir.str());
   EXPECT_EQ(back.hf_model_type, "mistral");
   EXPECT_EQ(back.hf_sliding_window, 0);
   EXPECT_EQ(back.num_params(), c.num_params());
-  Gpt dst(back);
-  load_hf_llama(*dst, dir.str());
+  models::Gpt dst(back);
+  models::load_hf_llama(*dst, dir.str());
   auto dp = dst->named_parameters();
   for (const auto& [name, t] : named(*src)) EXPECT_TRUE(at::equal(dp[name], t)) << name;
 
@@ -351,7 +351,7 @@ TEST(HfLlama, MistralLoadsWhenItsWindowMasksNothing) {
   };
   auto refused = [&](const std::string& want) {
     try {
-      hf_llama_config(dir.str());
+      models::hf_llama_config(dir.str());
       ADD_FAILURE() << "accepted: " << text();
     } catch (const zero::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
@@ -359,11 +359,11 @@ TEST(HfLlama, MistralLoadsWhenItsWindowMasksNothing) {
   };
   // A window as long as the positions: loaded, and kept for the export.
   with({{"\"sliding_window\": null", "\"sliding_window\": 16"}});
-  back = hf_llama_config(dir.str());
+  back = models::hf_llama_config(dir.str());
   EXPECT_EQ(back.hf_sliding_window, 16);
   TempDir again;
-  save_hf_llama(back, named(*src), again.str(), {});
-  EXPECT_EQ(hf_llama_config(again.str()).hf_sliding_window, 16);
+  models::save_hf_llama(back, named(*src), again.str(), {});
+  EXPECT_EQ(models::hf_llama_config(again.str()).hf_sliding_window, 16);
   // Shorter: sequences of 16 tokens would see a window of 15.
   with({{"\"sliding_window\": null", "\"sliding_window\": 15"}});
   refused("sliding_window is 15, below max_position_embeddings 16");
@@ -371,7 +371,7 @@ TEST(HfLlama, MistralLoadsWhenItsWindowMasksNothing) {
   refused("sliding_window is not positive");
   // Absent: MistralConfig's default 4096, longer than these 16 positions (loads) ...
   with({{"  \"sliding_window\": null,\n", ""}});
-  EXPECT_EQ(hf_llama_config(dir.str()).hf_sliding_window, 4096);
+  EXPECT_EQ(models::hf_llama_config(dir.str()).hf_sliding_window, 4096);
   // ... but not than 8192.
   with({{"  \"sliding_window\": null,\n", ""},
         {"\"max_position_embeddings\": 16,", "\"max_position_embeddings\": 8192,"}});

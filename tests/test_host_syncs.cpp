@@ -18,10 +18,10 @@
 
 #include "comm/group.hpp"
 #include "comm/mesh.hpp"
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
 #include "zero/pipeline_engine.hpp"
 
@@ -82,7 +82,7 @@ constexpr int kSteps = 5, kRows = 2, kSeq = 16, kMicroBatches = 4;
 // each stage.
 std::vector<std::vector<int64_t>> pipeline_reads(const std::string& optimizer) {
   std::vector<std::vector<int64_t>> reads(2, std::vector<int64_t>(kSteps + 1));
-  const examples::GptConfig c = examples::gpt_preset("tiny");
+  const models::GptConfig c = models::gpt_preset("tiny");
   testing::run_ranks(
       2,
       [&](std::shared_ptr<comm::Group> w) {
@@ -90,7 +90,7 @@ std::vector<std::vector<int64_t>> pipeline_reads(const std::string& optimizer) {
         const int rank = w->rank();
         const c10::Device device = fake::device(rank);
         at::manual_seed(3);
-        examples::Gpt model(c);
+        models::Gpt model(c);
         model->to(device);
         Config cfg;
         cfg.zero_optimization.stage = 1;
@@ -100,8 +100,8 @@ std::vector<std::vector<int64_t>> pipeline_reads(const std::string& optimizer) {
         cfg.optimizer.type = optimizer;
         cfg.optimizer.lr = 1e-2;
         cfg.pipeline.stages = 2;
-        PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg,
-                            mesh["pp"], mesh["dp"]);
+        PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
+                            mesh["dp"]);
         std::vector<at::Tensor> losses;
         for (int step = 0; step < kSteps; ++step) {
           std::vector<at::Tensor> in, tg;

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <string>
 
-#include "gpt.hpp"
 #include "zero/memory_plan.hpp"
+#include "zero/models/gpt.hpp"
 #include "zero/params/shard_info.hpp"
 #include "zero/time_plan.hpp"
 
@@ -445,10 +445,10 @@ TEST(MemoryPlan, SvgIsWellFormedWithOneRectPerNonzeroSegment) {
 // registration order, as zero::initialize lays them out (zero/params/flat_params.cpp).
 TEST(MemoryPlan, BucketsAreTheEnginesForTheExampleGpt) {
   for (const int64_t kv : {0, 2}) {
-    examples::GptConfig c = examples::gpt_preset("tiny");
+    models::GptConfig c = models::gpt_preset("tiny");
     c.kv_heads = kv;  // 0: multi-head; 2 of 4 heads: grouped-query
     c.tied = kv == 0;
-    examples::Gpt gpt(c);
+    models::Gpt gpt(c);
     std::vector<ParamSpec> specs;
     const auto named = gpt->named_parameters();
     for (auto it = named.end(); it != named.begin();) {

@@ -21,14 +21,14 @@
 #include <vector>
 
 #include "comm/group.hpp"
-#include "gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/token_batch.hpp"
 #include "support/tp_compare.hpp"
-#include "tp_gpt.hpp"
 #include "tp_trainer.hpp"
 #include "zero/config.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/parallel_dims.hpp"
 #include "zero/pipeline_engine.hpp"
 #include "zero/tensor_parallel.hpp"
@@ -257,9 +257,9 @@ constexpr int kSteps = 4;
 constexpr int64_t kBatch = 4, kSeq = 16;
 constexpr double kLr = 0.5, kClip = 0.05, kTol = 1e-5;
 
-examples::Gpt initial_model() {
+models::Gpt initial_model() {
   at::manual_seed(33);  // in the main thread, before any rank thread
-  examples::Gpt gpt(tiny_gpt(kSeq));
+  models::Gpt gpt(tiny_gpt(kSeq));
   at::Generator gen = at::detail::createCPUGenerator(33);
   torch::NoGradGuard no_grad;
   // Norm weights away from 1, so that a norm's gradient counted twice would show.
@@ -277,8 +277,8 @@ struct TrainRun {
 };
 
 // The reference: the unsplit model in one process, SGD, clip_grad_norm_ at kClip.
-TrainRun train_plain(const examples::Gpt& init) {
-  examples::Gpt gpt(tiny_gpt(kSeq));
+TrainRun train_plain(const models::Gpt& init) {
+  models::Gpt gpt(tiny_gpt(kSeq));
   {
     torch::NoGradGuard no_grad;
     auto src = init->named_parameters();
@@ -303,7 +303,7 @@ TrainRun train_plain(const examples::Gpt& init) {
 // dp 2 x tp 2 with sequence parallelism, ZeRO-2, clipping and accumulation 2: `mesh_path` through
 // initialize(model, cfg, mesh), else through the Groups zero-train builds
 // (tensor_parallel::make_groups, examples::engine_groups).
-TrainRun train_engine(const examples::Gpt& init, bool mesh_path) {
+TrainRun train_engine(const models::Gpt& init, bool mesh_path) {
   constexpr int kDp = 2, kAccum = 2;
   Config cfg;
   cfg.zero_optimization.stage = 2;
@@ -320,16 +320,16 @@ TrainRun train_engine(const examples::Gpt& init, bool mesh_path) {
     std::shared_ptr<Group> tp;
     int dp_rank = 0;
     std::optional<Engine> engine;
-    examples::TpGpt model{nullptr};
+    models::TpGpt model{nullptr};
     if (mesh_path) {
       const Mesh mesh = ParallelDims::from_config(cfg).build_mesh(world);
-      model = examples::TpGpt(mesh.tp, tiny_gpt(kSeq), true);
+      model = models::TpGpt(mesh.tp, tiny_gpt(kSeq), true);
       model->load_full(*init);
       engine.emplace(initialize(model, cfg, mesh));
       dp_rank = mesh.dp_rank();
     } else {
       const auto groups = tensor_parallel::make_groups(world, 2);
-      model = examples::TpGpt(groups.tp, tiny_gpt(kSeq), true);
+      model = models::TpGpt(groups.tp, tiny_gpt(kSeq), true);
       model->load_full(*init);
       engine.emplace(
           initialize(model.ptr(), cfg, examples::engine_groups(groups, model->placements())));
@@ -361,7 +361,7 @@ TrainRun train_engine(const examples::Gpt& init, bool mesh_path) {
 }
 
 TEST(InitializeWithMesh, Dp2Tp2TrainsLikeTheUnsplitModelAndTheGroupsPath) {
-  const examples::Gpt init = initial_model();
+  const models::Gpt init = initial_model();
   const TrainRun ref = train_plain(init);
   const TrainRun mesh = train_engine(init, /*mesh_path=*/true);
   const TrainRun groups = train_engine(init, /*mesh_path=*/false);

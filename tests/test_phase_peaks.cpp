@@ -24,16 +24,16 @@
 
 #include <unistd.h>
 
-#include "examples/gpt.hpp"
 #include "support/peak_allocator.hpp"
 #include "support/thread_group.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/gpt.hpp"
 
 namespace zero::testing {
 namespace {
 
-using examples::Gpt;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptConfig;
 
 constexpr int kWorld = 2;
 constexpr int64_t kBucket = 40'000;  // elements: several buckets per block

@@ -26,20 +26,20 @@
 #include <vector>
 
 #include "comm/mesh.hpp"
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "support/pipeline_gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
 #include "zero/checkpoint_io.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace zero::pipeline {
 namespace {
 
 namespace fs = std::filesystem;
-using examples::Gpt;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptConfig;
 
 constexpr double kTol = 1e-5;
 constexpr double kClip = 0.5;
@@ -81,7 +81,7 @@ Config engine_config(Opt o, const Layout& l) {
 }
 
 GptConfig model_config(bool tied, int blocks = 4, int64_t vocab = 0) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.layers = blocks;
   c.tied = tied;
   if (vocab > 0) c.vocab = vocab;
@@ -180,9 +180,9 @@ Phase run_phase(const GptConfig& c, Opt o, const Layout& l, const Params& init,
     const int rank = w->rank(), d = mesh.coord("dp");
     Gpt model(c);
     load(model, init);
-    auto layers = examples::gpt_pipeline_layers(model);
+    auto layers = models::gpt_pipeline_layers(model);
     const Config cfg = engine_config(o, l);
-    PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
+    PipelineEngine pipe(layers, models::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
     if (resume) {
       EXPECT_EQ(pipe.load_checkpoint(dir), "step" + std::to_string(from));
       out.steps_after_load[rank] = pipe.engine().stats().optimizer_steps;
@@ -314,7 +314,7 @@ TEST(PipelineCheckpoint, AMissingParameterIsNamedWithTheDirectoriesRead) {
   testing::run_ranks(1, [&](std::shared_ptr<comm::Group> w) {
     comm::Mesh mesh = comm::Mesh::megatron(w, 1, 1);
     Gpt model(c);
-    PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss,
+    PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss,
                         engine_config(Opt::SGD, {1, 1}), mesh["pp"], mesh["dp"]);
     try {
       pipe.load_checkpoint(dir);
@@ -346,7 +346,7 @@ TEST(PipelineCheckpoint, AStageThatCannotLoadStopsEveryStage) {
   testing::run_ranks(2, [&](std::shared_ptr<comm::Group> w) {
     comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
     Gpt model(c);
-    PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss,
+    PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss,
                         engine_config(Opt::SGD, {2, 1}), mesh["pp"], mesh["dp"]);
     try {
       pipe.load_checkpoint(dir);
@@ -379,7 +379,7 @@ TEST(PipelineCheckpoint, ASaveWithoutItsLayoutLoadsAtItsOwnStagesOnly) {
     testing::run_ranks(stages, [&](std::shared_ptr<comm::Group> w) {
       comm::Mesh mesh = comm::Mesh::megatron(w, 1, stages);
       Gpt model(c);
-      PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss,
+      PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss,
                           engine_config(Opt::SGD, {stages, 1}), mesh["pp"], mesh["dp"]);
       if (stages == 2) {
         EXPECT_EQ(pipe.load_checkpoint(dir), "step1");
@@ -411,7 +411,7 @@ TEST(PipelineCheckpoint, AnotherModelIsRefused) {
     testing::run_ranks(1, [&](std::shared_ptr<comm::Group> w) {
       comm::Mesh mesh = comm::Mesh::megatron(w, 1, 1);
       Gpt model(other);
-      PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss,
+      PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss,
                           engine_config(Opt::SGD, {1, 1}), mesh["pp"], mesh["dp"]);
       try {
         pipe.load_checkpoint(dir);

@@ -30,20 +30,20 @@
 #include <vector>
 
 #include "comm/mesh.hpp"
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "support/fake_device.hpp"
 #include "support/pipeline_gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
 #include "zero/pipeline/schedule.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace zero::pipeline {
 namespace {
 
-using examples::Gpt;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptConfig;
 
 constexpr double kTol = 1e-5;
 constexpr double kClip = 0.5;
@@ -159,12 +159,12 @@ Trial run_case(const Case& k, const GptConfig& c, const Params& init,
         load(model, init);
         const c10::Device device = k.fake_device ? testing::fake::device(rank) : c10::kCPU;
         model->to(device);
-        auto layers = examples::gpt_pipeline_layers(model);
+        auto layers = models::gpt_pipeline_layers(model);
         Config cfg = engine_config(k.opt, k.zero_stage, k.stages, k.schedule);
         cfg.pipeline.activation_checkpoint_interval = k.checkpoint_interval;
         if (k.virtual_stages > 1)
           cfg.extra["pipeline.virtual_stages"] = std::to_string(k.virtual_stages);
-        PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
+        PipelineEngine pipe(layers, models::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
         ASSERT_EQ(pipe.stage(), mesh.coord("pp"));
         ASSERT_EQ(pipe.engine().world_size(), k.dp);
         ASSERT_EQ(pipe.virtual_stages(), k.virtual_stages);
@@ -200,7 +200,7 @@ Trial run_case(const Case& k, const GptConfig& c, const Params& init,
 
 void check(const Case& k) {
   SCOPED_TRACE(name(k));
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.tied = k.tied;
   at::manual_seed(1234);  // the main thread's draw of the initial weights, before any rank runs
   const Params init = snapshot(Gpt(c));
@@ -288,7 +288,7 @@ TEST(PipelineEngine, InterleavedMatchesSingleProcessTraining) {
 
 // GPipe and 1F1B run the same micro-batches in another order: the same training.
 TEST(PipelineEngine, GPipeEqualsOneFOneB) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   at::manual_seed(1234);
   const Params init = snapshot(Gpt(c));
   const auto batches = make_batches(c, 2 * kMicroBatches * kRowsPerMicroBatch);
@@ -311,7 +311,7 @@ TEST(PipelineEngine, GPipeEqualsOneFOneB) {
 TEST(PipelineEngine, Fp16OverflowOnOneStageSkipsTheStepOnEveryStage) {
   for (bool fake : {false, true}) {
     SCOPED_TRACE(fake ? "fake device" : "host");
-    GptConfig c = examples::gpt_preset("tiny");
+    GptConfig c = models::gpt_preset("tiny");
     at::manual_seed(1234);
     const Params init = snapshot(Gpt(c));
     const auto batches = make_batches(c, 2 * kMicroBatches * kRowsPerMicroBatch);
@@ -327,7 +327,7 @@ TEST(PipelineEngine, Fp16OverflowOnOneStageSkipsTheStepOnEveryStage) {
           load(model, init);
           const c10::Device device = fake ? testing::fake::device(rank) : c10::kCPU;
           model->to(device);
-          auto layers = examples::gpt_pipeline_layers(model);
+          auto layers = models::gpt_pipeline_layers(model);
           bool poison = true;
           auto embed = layers[0].forward;
           layers[0].forward = [embed, &poison](const at::Tensor& t) {
@@ -339,7 +339,7 @@ TEST(PipelineEngine, Fp16OverflowOnOneStageSkipsTheStepOnEveryStage) {
           };
           Config cfg = engine_config(Opt::SGD, 1, 2, ScheduleKind::OneFOneB);
           cfg.fp16.enabled = true;
-          PipelineEngine pipe(layers, examples::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
+          PipelineEngine pipe(layers, models::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
           const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
           for (const auto& b : batches) {
             const Params before = snapshot(model);
@@ -378,7 +378,7 @@ TEST(PipelineEngine, Fp16OverflowOnOneStageSkipsTheStepOnEveryStage) {
 // uninterrupted 4 steps, the tied head's copy on the last stage included (it is not in that
 // stage's engine: the owner sends it after the load).
 TEST(PipelineEngine, CheckpointPerStageResumes) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.tied = true;
   at::manual_seed(1234);
   const Params init = snapshot(Gpt(c));
@@ -407,7 +407,7 @@ TEST(PipelineEngine, CheckpointPerStageResumes) {
     {
       Gpt model(c);
       load(model, init);
-      PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg, mesh["pp"],
+      PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
                           mesh["dp"]);
       train(pipe, 0, 2, straight[rank]);
       pipe.save_checkpoint(dir);
@@ -416,7 +416,7 @@ TEST(PipelineEngine, CheckpointPerStageResumes) {
     }
     Gpt model(c);
     load(model, other);
-    PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg, mesh["pp"],
+    PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
                         mesh["dp"]);
     EXPECT_EQ(pipe.load_checkpoint(dir), "step2");
     train(pipe, 2, 4, resumed[rank]);
@@ -442,7 +442,7 @@ TEST(PipelineEngine, CheckpointPerStageResumes) {
 // activation recomputation (the engine learns which parameters deliver gradients from a pass
 // that reaches one chunk) are refused by name, on every stage, before anything is written.
 TEST(PipelineEngine, InterleavedRefusesCheckpointsAndRecomputation) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   const std::string dir = ::testing::TempDir() + "/interleaved_refused_" + std::to_string(getpid());
   testing::run_ranks(2, [&](std::shared_ptr<comm::Group> w) {
     comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
@@ -450,8 +450,8 @@ TEST(PipelineEngine, InterleavedRefusesCheckpointsAndRecomputation) {
     Config cfg = engine_config(Opt::SGD, 1, 2, ScheduleKind::Interleaved);
     cfg.extra["pipeline.virtual_stages"] = "2";
     {
-      PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg,
-                          mesh["pp"], mesh["dp"]);
+      PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
+                          mesh["dp"]);
       for (auto call : {+[](PipelineEngine& p, const std::string& d) { p.save_checkpoint(d); },
                         +[](PipelineEngine& p, const std::string& d) { p.load_checkpoint(d); }}) {
         try {
@@ -467,7 +467,7 @@ TEST(PipelineEngine, InterleavedRefusesCheckpointsAndRecomputation) {
     }
     cfg.pipeline.activation_checkpoint_interval = 1;
     try {
-      PipelineEngine(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg, mesh["pp"],
+      PipelineEngine(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
                      mesh["dp"]);
       ADD_FAILURE() << "recomputation under interleaving accepted";
     } catch (const std::invalid_argument& e) {
@@ -481,13 +481,13 @@ TEST(PipelineEngine, InterleavedRefusesCheckpointsAndRecomputation) {
 }
 
 TEST(PipelineEngine, RefusesZeroStageTwoAndAMismatchedStageCount) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   testing::run_ranks(2, [&](std::shared_ptr<comm::Group> w) {
     comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
     Gpt model(c);
     Config cfg = engine_config(Opt::SGD, 2, 2, ScheduleKind::OneFOneB);
     try {
-      PipelineEngine(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg, mesh["pp"],
+      PipelineEngine(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
                      mesh["dp"]);
       ADD_FAILURE() << "ZeRO-2 accepted";
     } catch (const std::invalid_argument& e) {
@@ -495,7 +495,7 @@ TEST(PipelineEngine, RefusesZeroStageTwoAndAMismatchedStageCount) {
     }
     cfg = engine_config(Opt::SGD, 1, 4, ScheduleKind::OneFOneB);
     try {
-      PipelineEngine(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg, mesh["pp"],
+      PipelineEngine(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
                      mesh["dp"]);
       ADD_FAILURE() << "4 stages on a pipeline group of 2 accepted";
     } catch (const std::invalid_argument& e) {
@@ -521,7 +521,7 @@ void train_on(PipelineEngine& pipe, const std::vector<Batch>& batches, size_t fr
 // data-parallel group of one has no bound device to take it from; review 2026-12-05b, B2), and a
 // resumed run continues the uninterrupted one's losses exactly.
 TEST(PipelineEngine, CheckpointOnAnAcceleratorWithOneReplicaPerStage) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   at::manual_seed(1234);
   const Params init = snapshot(Gpt(c));
   at::manual_seed(77);
@@ -544,7 +544,7 @@ TEST(PipelineEngine, CheckpointOnAnAcceleratorWithOneReplicaPerStage) {
         auto make = [&](const Params& weights, Gpt& model) {
           load(model, weights);
           model->to(device);
-          return PipelineEngine(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg,
+          return PipelineEngine(models::gpt_pipeline_layers(model), models::gpt_loss, cfg,
                                 mesh["pp"], mesh["dp"]);
         };
         {
@@ -578,7 +578,7 @@ TEST(PipelineEngine, CheckpointOnAnAcceleratorWithOneReplicaPerStage) {
 // losses of the run whose whole model was moved to each stage's device, SGD and AdamW, fp32 and
 // bf16.
 TEST(PipelineEngine, OnlyTheStagesLayersReachItsDevice) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   at::manual_seed(1234);
   const Params init = snapshot(Gpt(c));
   const auto batches = make_batches(c, kMicroBatches * kRowsPerMicroBatch);
@@ -603,7 +603,7 @@ TEST(PipelineEngine, OnlyTheStagesLayersReachItsDevice) {
             load(model, init);
             const int64_t before = testing::fake::allocated_bytes(r);
             model->to(device);
-            PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg,
+            PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss, cfg,
                                 mesh["pp"], mesh["dp"]);
             whole_bytes[r] = testing::fake::allocated_bytes(r) - before;
             train(pipe, whole[r]);
@@ -611,8 +611,8 @@ TEST(PipelineEngine, OnlyTheStagesLayersReachItsDevice) {
           Gpt model(c);
           load(model, init);
           const int64_t before = testing::fake::allocated_bytes(r);
-          PipelineEngine pipe(examples::gpt_pipeline_layers(model), examples::gpt_loss, cfg,
-                              mesh["pp"], mesh["dp"], device);
+          PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
+                              mesh["dp"], device);
           staged_bytes[r] = testing::fake::allocated_bytes(r) - before;
           // What stayed on the host: the other stage's layers, and the tables.
           std::set<const void*> seen;

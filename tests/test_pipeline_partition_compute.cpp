@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "comm/group.hpp"
-#include "gpt.hpp"
-#include "gpt_config.hpp"
-#include "gpt_layers.hpp"
 #include "support/thread_group.hpp"
-#include "tp_gpt.hpp"
-#include "tp_gpt_layers.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_config.hpp"
+#include "zero/models/gpt_layers.hpp"
+#include "zero/models/tp_gpt.hpp"
+#include "zero/models/tp_gpt_layers.hpp"
 #include "zero/parallel_plan.hpp"
 #include "zero/pipeline.hpp"
 #include "zero/pipeline/partition.hpp"
@@ -26,8 +26,8 @@
 namespace zero::pipeline {
 namespace {
 
-using examples::Gpt;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptConfig;
 
 // A toy LM of width h = 64 over s = 16 tokens: blocks of 12h² = 49152 parameters, an embedding
 // of V·h, a head of V·h + h.
@@ -153,15 +153,15 @@ TEST(PipelinePartitionCompute, UndeclaredLayersFallBack) {
 constexpr int64_t kSeq = 256, kBlock = 11801088, kEmbed = 384, kHead = 18942208;
 
 std::vector<int> runtime_bounds(const Gpt& model, PartitionMethod m, int stages) {
-  StageLayers s(examples::gpt_pipeline_layers(model, kSeq), m, stages, 0);
+  StageLayers s(models::gpt_pipeline_layers(model, kSeq), m, stages, 0);
   return s.bounds();
 }
 
 TEST(PipelinePartitionCompute, TheExampleGptCutsAsMegatronsFormulaSays) {
-  const GptConfig c = examples::gpt_preset("gpt-25m");
+  const GptConfig c = models::gpt_preset("gpt-25m");
   ASSERT_EQ(c.ffn_dim(), 1024);
   const Gpt model(c);
-  const std::vector<Layer> layers = examples::gpt_pipeline_layers(model, kSeq);
+  const std::vector<Layer> layers = models::gpt_pipeline_layers(model, kSeq);
   ASSERT_EQ(layers.size(), 14u);
   const std::vector<LayerCost> costs = layer_costs(layers);
   EXPECT_EQ(costs[0].flops_per_token, kEmbed);
@@ -190,7 +190,7 @@ TEST(PipelinePartitionCompute, TheExampleGptCutsAsMegatronsFormulaSays) {
 // parameters.
 TEST(PipelinePartitionCompute, ThePlannerCutsAsTheRuntimeDoes) {
   for (const std::string preset : {"gpt-25m", "small"}) {
-    const GptConfig c = examples::gpt_preset(preset);
+    const GptConfig c = models::gpt_preset(preset);
     const Gpt model(c);
     for (int p : {2, 4}) {
       if (c.layers % p != 0) continue;  // the planner's layout wants P to divide the blocks
@@ -212,7 +212,7 @@ TEST(PipelinePartitionCompute, ThePlannerCutsAsTheRuntimeDoes) {
       // And each stage's FLOPs per token are the runtime layers' declared costs summed.
       in.partition = PlanInput::Partition::kCompute;
       const std::vector<int> b = pipeline_stage_bounds(in);
-      const std::vector<LayerCost> costs = layer_costs(examples::gpt_pipeline_layers(model, kSeq));
+      const std::vector<LayerCost> costs = layer_costs(models::gpt_pipeline_layers(model, kSeq));
       const std::vector<double> planned = stage_flops_per_token(in);
       ASSERT_EQ(planned.size(), static_cast<size_t>(p));
       for (int s = 0; s < p; ++s) {
@@ -228,17 +228,17 @@ TEST(PipelinePartitionCompute, ThePlannerCutsAsTheRuntimeDoes) {
 // whole): gpt-25m's tensor-parallel layers on 2 ranks cut as the planner cuts at T = 2, on both
 // ranks alike.
 TEST(PipelinePartitionCompute, ThePlannerCutsAsTheTensorParallelRuntimeDoes) {
-  const GptConfig c = examples::gpt_preset("gpt-25m");
+  const GptConfig c = models::gpt_preset("gpt-25m");
   std::vector<std::vector<std::vector<int>>> got(2);  // per rank, per P
   std::vector<std::vector<int64_t>> costs(2);
   testing::run_ranks(2, [&](std::shared_ptr<comm::Group> world) {
     const auto grid = make_pipeline_grid(world, 1, 2);
-    const examples::TpGpt model(grid.tp, c);
-    for (const LayerCost& l : layer_costs(examples::tp_gpt_pipeline_layers(model, kSeq)))
+    const models::TpGpt model(grid.tp, c);
+    for (const LayerCost& l : layer_costs(models::tp_gpt_pipeline_layers(model, kSeq)))
       costs[world->rank()].push_back(l.flops_per_token);
     for (int p : {2, 4})
       got[world->rank()].push_back(
-          StageLayers(examples::tp_gpt_pipeline_layers(model, kSeq), PartitionMethod::Compute, p, 0)
+          StageLayers(models::tp_gpt_pipeline_layers(model, kSeq), PartitionMethod::Compute, p, 0)
               .bounds());
   });
   EXPECT_EQ(got[0], got[1]);

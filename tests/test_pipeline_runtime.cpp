@@ -29,21 +29,21 @@
 #include <vector>
 
 #include "comm/group.hpp"
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "support/fake_device.hpp"
 #include "support/forwarding_group.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
 #include "zero/errors.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
 
 namespace zero::pipeline {
 namespace {
 
-using examples::Gpt;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptConfig;
 
 constexpr double kTol = 1e-5;       // against the whole batch in one process
 constexpr double kAccumTol = 1e-6;  // against single-process gradient accumulation
@@ -199,7 +199,7 @@ std::string name(const Case& k) {
 
 void run_case(const Case& k) {
   SCOPED_TRACE(name(k));
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.tied = k.tied;
   c.layers = k.layers;
   if (k.vocab > 0) c.vocab = k.vocab;
@@ -222,7 +222,7 @@ void run_case(const Case& k) {
         load(model, init);
         const c10::Device device = k.fake_device ? testing::fake::device(stage) : c10::kCPU;
         model->to(device);
-        StageLayers layers(examples::gpt_pipeline_layers(model), k.partition, k.stages, stage, 0,
+        StageLayers layers(models::gpt_pipeline_layers(model), k.partition, k.stages, stage, 0,
                            k.virtual_stages);
         std::set<const void*> mine;
         for (const auto& p : layers.parameters()) mine.insert(p.unsafeGetTensorImpl());
@@ -234,7 +234,7 @@ void run_case(const Case& k) {
           k.edit_schedule(s);
           opts.custom_schedule = std::make_shared<const Schedule>(std::move(s));
         }
-        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt), opts);
+        PipelineRuntime rt(std::move(layers), models::gpt_loss, pp, std::move(opt), opts);
         EXPECT_EQ(rt.device(), device);
         for (const auto& b : batches) {
           std::vector<at::Tensor> in, tg;
@@ -307,14 +307,14 @@ TEST(PipelineRuntime, MicroBatchCountsAndUniformPartition) {
 // 65664, 262208) the cut is 2 | 2 layers; by compute the head alone (1606016) beats the block and
 // head together: 3 | 1. Trained with those bounds against single-process training.
 TEST(PipelineRuntime, ComputePartitionMatchesSingleProcessTraining) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.vocab = 4096;
   const Gpt model(c);
   EXPECT_EQ(
-      StageLayers(examples::gpt_pipeline_layers(model), PartitionMethod::Parameters, 2, 0).bounds(),
+      StageLayers(models::gpt_pipeline_layers(model), PartitionMethod::Parameters, 2, 0).bounds(),
       (std::vector<int>{0, 2, 4}));
   EXPECT_EQ(
-      StageLayers(examples::gpt_pipeline_layers(model), PartitionMethod::Compute, 2, 0).bounds(),
+      StageLayers(models::gpt_pipeline_layers(model), PartitionMethod::Compute, 2, 0).bounds(),
       (std::vector<int>{0, 3, 4}));
   for (auto opt : {Opt::SGD, Opt::AdamW}) {
     Case k{2, ScheduleKind::OneFOneB, opt, /*tied=*/true, PartitionMethod::Compute};
@@ -352,19 +352,19 @@ TEST(PipelineRuntime, InterleavedTiedEmbeddingAndHead) {
 
 // Bad shapes are refused on every stage before any message, naming what to change.
 TEST(PipelineRuntime, InterleavedRefusesBadShapes) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.layers = 2;
   auto error = [&](int stages, int v, int m, int layers_v) {
     std::vector<std::string> errors(stages);
     testing::run_ranks(stages, [&](std::shared_ptr<comm::Group> pp) {
       Gpt model(c);
       try {
-        StageLayers layers(examples::gpt_pipeline_layers(model), PartitionMethod::Uniform, stages,
+        StageLayers layers(models::gpt_pipeline_layers(model), PartitionMethod::Uniform, stages,
                            pp->rank(), 0, layers_v);
         auto opt = std::make_unique<TorchStageOptimizer>(make_opt(Opt::SGD, layers.parameters()));
         RuntimeOptions opts{ScheduleKind::Interleaved, m};
         opts.virtual_stages = v;
-        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt), opts);
+        PipelineRuntime rt(std::move(layers), models::gpt_loss, pp, std::move(opt), opts);
       } catch (const std::invalid_argument& e) {
         errors[pp->rank()] = e.what();
       }
@@ -485,7 +485,7 @@ TEST(PipelineRuntime, EachGroupCarriesMatchingOperationsInTheSameOrderOnBothSide
                             {ScheduleKind::Interleaved, 2, 2}, {ScheduleKind::Interleaved, 4, 2}}) {
     const ScheduleKind schedule = lay.schedule;
     const int stages = lay.stages;
-    GptConfig c = examples::gpt_preset("tiny");
+    GptConfig c = models::gpt_preset("tiny");
     c.layers = std::max(2, stages * lay.v - 2);  // interleaved: one layer per chunk
     c.tied = true;
     at::manual_seed(3);
@@ -500,12 +500,12 @@ TEST(PipelineRuntime, EachGroupCarriesMatchingOperationsInTheSameOrderOnBothSide
         auto pp = std::make_shared<RecordingGroup>(g, "pp", log);
         Gpt model(c);
         load(model, init);
-        StageLayers layers(examples::gpt_pipeline_layers(model), PartitionMethod::Uniform, stages,
+        StageLayers layers(models::gpt_pipeline_layers(model), PartitionMethod::Uniform, stages,
                            pp->rank(), 0, lay.v);
         auto opt = std::make_unique<TorchStageOptimizer>(make_opt(Opt::SGD, layers.parameters()));
         RuntimeOptions opts{schedule, m};
         opts.virtual_stages = lay.v;
-        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt), opts);
+        PipelineRuntime rt(std::move(layers), models::gpt_loss, pp, std::move(opt), opts);
         for (const auto& b : batches) rt.train_batch(b.inputs.chunk(m, 0), b.targets.chunk(m, 0));
       });
       int pairs = 0;
@@ -534,7 +534,7 @@ TEST(PipelineRuntime, EachGroupCarriesMatchingOperationsInTheSameOrderOnBothSide
 // closed connection, must end its neighbours' waits). Stage 0 waits for a gradient from it,
 // stage 2 for an activation; both fail within comm_timeout_s naming their stage and rank 1.
 TEST(PipelineRuntime, DeadStageFailsItsNeighboursWithinTheTimeout) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.layers = 2;
   at::manual_seed(7);
   auto init = snapshot(Gpt(c));
@@ -550,10 +550,9 @@ TEST(PipelineRuntime, DeadStageFailsItsNeighboursWithinTheTimeout) {
         const int stage = pp->rank();
         Gpt model(c);
         load(model, init);
-        StageLayers layers(examples::gpt_pipeline_layers(model), PartitionMethod::Uniform, 3,
-                           stage);
+        StageLayers layers(models::gpt_pipeline_layers(model), PartitionMethod::Uniform, 3, stage);
         auto opt = std::make_unique<TorchStageOptimizer>(make_opt(Opt::SGD, layers.parameters()));
-        PipelineRuntime rt(std::move(layers), examples::gpt_loss, pp, std::move(opt),
+        PipelineRuntime rt(std::move(layers), models::gpt_loss, pp, std::move(opt),
                            {ScheduleKind::OneFOneB, 2});
         if (stage == 1) {
           std::unique_lock<std::mutex> lock(mu);

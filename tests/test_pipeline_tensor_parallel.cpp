@@ -1,10 +1,10 @@
 // Pipeline x tensor parallelism (3D, include/zero/pipeline_engine.hpp): the tensor-parallel
-// example GPT (examples::TpGpt, vocabulary-parallel embedding and cross-entropy, column/row
+// example GPT (models::TpGpt, vocabulary-parallel embedding and cross-entropy, column/row
 // parallel blocks) cut into P = 2 stages over T = 2 tensor-parallel ranks (and D = 2 replicas),
 // Megatron's rank order from make_pipeline_grid, each stage's shards trained by the ZeRO engine
 // (stage 1) over its data-parallel group, gradients clipped by the global norm (summed over dp,
 // tp with the replicated norms counted once, and pp). The reference is independent: the plain
-// examples::Gpt with the same initial weights in one process, plain autograd, torch's optimizer
+// models::Gpt with the same initial weights in one process, plain autograd, torch's optimizer
 // and clip_grad_norm_, the whole global batch in one backward. Losses per step within 1e-5
 // relative on every rank, the global norm within 1e-5, and every parameter afterwards, gathered
 // from its tensor-parallel shards, within 1e-5 (AdamW: in L2, per element 1e-3; kAdamMaxTol
@@ -27,21 +27,21 @@
 #include <string>
 #include <vector>
 
-#include "gpt.hpp"
 #include "support/pipeline_gpt.hpp"
 #include "support/pipeline_tp_case.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
-#include "tp_gpt.hpp"
-#include "tp_gpt_layers.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/tp_gpt.hpp"
+#include "zero/models/tp_gpt_layers.hpp"
 #include "zero/pipeline/schedule.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace zero::pipeline {
 namespace {
 
-using examples::Gpt;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptConfig;
 
 using namespace zero::testing::pipeline_tp;
 using Batch = zero::testing::StepBatch;
@@ -126,10 +126,10 @@ Trial run_case(const Case& k, const GptConfig& c, const Gpt& init,
     // Megatron's order: tensor innermost, then data, then pipeline.
     EXPECT_EQ(rank, grid.tp_rank + k.tp * (grid.dp_rank + k.dp * grid.stage));
     run.grids[rank] = grid.describe();
-    examples::TpGpt model(grid.tp, c);
+    models::TpGpt model(grid.tp, c);
     model->load_full(*init);  // this rank's shards of the reference's initial weights
-    auto layers = examples::tp_gpt_pipeline_layers(model);
-    PipelineEngine pipe(layers, examples::tp_gpt_loss(grid.tp),
+    auto layers = models::tp_gpt_pipeline_layers(model);
+    PipelineEngine pipe(layers, models::tp_gpt_loss(grid.tp),
                         engine_config(k.opt, k.stages, k.tp, k.schedule), grid);
     ASSERT_EQ(pipe.stage(), grid.stage);
     ASSERT_EQ(pipe.engine().world_size(), k.dp);
@@ -156,7 +156,7 @@ Trial run_case(const Case& k, const GptConfig& c, const Gpt& init,
 
 void check(const Case& k) {
   SCOPED_TRACE(name(k));
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.tied = k.tied;
   at::manual_seed(1234);  // the main thread's draw of the initial weights, before any rank runs
   const Gpt init(c);
@@ -226,12 +226,12 @@ TEST(PipelineTensorParallel, TwoStagesTimesTwoTensorRanksTimesTwoReplicas) {
 // What the trainer's reports read: where each train_batch spent its time (the instructions'
 // wall time, within the call's), and every stage's values gathered on every rank, by stage.
 TEST(PipelineTensorParallel, StepTimesAndValuesGatheredOverTheStages) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   const auto batches = make_batches(c, kMicroBatches * kRowsPerMicroBatch);
   testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
     const PipelineGrid grid = make_pipeline_grid(w, 2, 2);
-    examples::TpGpt model(grid.tp, c);
-    PipelineEngine pipe(examples::tp_gpt_pipeline_layers(model), examples::tp_gpt_loss(grid.tp),
+    models::TpGpt model(grid.tp, c);
+    PipelineEngine pipe(models::tp_gpt_pipeline_layers(model), models::tp_gpt_loss(grid.tp),
                         engine_config(Opt::SGD, 2, 2, ScheduleKind::OneFOneB), grid);
     for (const auto& b : batches) {
       const auto start = std::chrono::steady_clock::now();
@@ -257,14 +257,14 @@ TEST(PipelineTensorParallel, StepTimesAndValuesGatheredOverTheStages) {
 }
 
 TEST(PipelineTensorParallel, RefusesSequenceParallelismAndAGridNotDividingTheWorld) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
     const PipelineGrid grid = make_pipeline_grid(w, 2, 2);
-    examples::TpGpt model(grid.tp, c);
+    models::TpGpt model(grid.tp, c);
     Config cfg = engine_config(Opt::SGD, 2, 2, ScheduleKind::OneFOneB);
     cfg.tensor_parallel.sequence_parallel = true;
     try {
-      PipelineEngine(examples::tp_gpt_pipeline_layers(model), examples::tp_gpt_loss(grid.tp), cfg,
+      PipelineEngine(models::tp_gpt_pipeline_layers(model), models::tp_gpt_loss(grid.tp), cfg,
                      grid);
       ADD_FAILURE() << "sequence parallelism accepted";
     } catch (const std::invalid_argument& e) {

@@ -1,11 +1,11 @@
 // Checkpoints under pipeline x tensor parallelism (PipelineEngine::save_checkpoint, include/zero/
-// pipeline_engine.hpp): the tensor-parallel example GPT (examples::TpGpt, tied vocabulary-parallel
+// pipeline_engine.hpp): the tensor-parallel example GPT (models::TpGpt, tied vocabulary-parallel
 // embedding and head, or untied) cut into P = 2 stages over T = 2 tensor-parallel ranks trains
 // kSteps steps and saves after step kSaveAt (each stage's tensor-parallel rank r into
 // dir/stage<s>/tp<r>/, so no two ranks write one file). Resumed from that save:
 //   (a) at P2 x T2: every later loss and every final parameter bit-equal to the uninterrupted run;
 //   (b) at P1 x T2 and (c) at P2 x T1: every loss within 1e-5 relative of the independent
-//       reference, the plain examples::Gpt trained in one process from the same weights on the
+//       reference, the plain models::Gpt trained in one process from the same weights on the
 //       same batches (plain autograd, torch's clip_grad_norm_ and SGD with momentum or AdamW),
 //       and the final parameters within the tolerances test_pipeline_tensor_parallel.cpp uses.
 // The save consolidated (read_consolidated of pipeline_save_dirs, what zero-consolidate reads)
@@ -27,23 +27,23 @@
 #include <string>
 #include <vector>
 
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "support/pipeline_gpt.hpp"
 #include "support/pipeline_tp_case.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
-#include "tp_gpt.hpp"
-#include "tp_gpt_layers.hpp"
 #include "zero/checkpoint_io.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
+#include "zero/models/tp_gpt.hpp"
+#include "zero/models/tp_gpt_layers.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace zero::pipeline {
 namespace {
 
 namespace fs = std::filesystem;
-using examples::Gpt;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptConfig;
 using zero::testing::GptParams;
 
 using namespace zero::testing::pipeline_tp;
@@ -102,10 +102,10 @@ Run train(const GptConfig& c, const Gpt& init, Opt o, int stages, int tp,
   std::mutex mu;
   testing::run_ranks(stages * tp, [&](std::shared_ptr<comm::Group> w) {
     const PipelineGrid grid = make_pipeline_grid(w, stages, tp);
-    examples::TpGpt model(grid.tp, c);
+    models::TpGpt model(grid.tp, c);
     model->load_full(*init);
-    const auto layers = examples::tp_gpt_pipeline_layers(model);
-    PipelineEngine pipe(layers, examples::tp_gpt_loss(grid.tp), engine_config(o, stages, tp), grid);
+    const auto layers = models::tp_gpt_pipeline_layers(model);
+    PipelineEngine pipe(layers, models::tp_gpt_loss(grid.tp), engine_config(o, stages, tp), grid);
     if (!load_dir.empty()) pipe.load_checkpoint(load_dir);
     std::set<const void*> mine;  // this stage's layers' parameters
     for (int i = pipe.bounds()[pipe.stage()]; i < pipe.bounds()[pipe.stage() + 1]; ++i)
@@ -158,7 +158,7 @@ void expect_params(const GptParams& got, const GptParams& want, Opt o, const std
 void check(Opt o, bool tied) {
   const std::string name = std::string(o == Opt::SGD ? "SGD" : "AdamW") + (tied ? "_tied" : "");
   SCOPED_TRACE(name);
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   c.tied = tied;
   at::manual_seed(4321);  // the initial weights, drawn here before any rank runs
   const Gpt init(c);
@@ -193,7 +193,7 @@ void check(Opt o, bool tied) {
   EXPECT_EQ(dirs[3], dir.path + "/stage1/tp1");
   GptParams consolidated;
   for (auto& [key, t] : read_consolidated(dirs, saved.tag)) {
-    const std::string plain = examples::gpt_name_of_layer_param(key, saved.bounds.back());
+    const std::string plain = models::gpt_name_of_layer_param(key, saved.bounds.back());
     ASSERT_FALSE(plain.empty()) << key;
     consolidated[plain] = t;
   }
@@ -241,7 +241,7 @@ TEST(PipelineTensorParallelCheckpoint, ResumesExactlyAndAtAnotherPAndTAdamWTied)
 // A stage's tensor-parallel directory missing from a copied save: every rank fails the load,
 // naming the directory and the fix, before any engine reads a shard.
 TEST(PipelineTensorParallelCheckpoint, AMissingTensorParallelDirectoryIsNamedOnEveryRank) {
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   at::manual_seed(5);
   const Gpt init(c);
   const auto batches = testing::step_batches(c.vocab, kSteps, kRows, kSeq);
@@ -251,8 +251,8 @@ TEST(PipelineTensorParallelCheckpoint, AMissingTensorParallelDirectoryIsNamedOnE
   std::vector<std::string> errors(4);
   testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
     const PipelineGrid grid = make_pipeline_grid(w, 2, 2);
-    examples::TpGpt model(grid.tp, c);
-    PipelineEngine pipe(examples::tp_gpt_pipeline_layers(model), examples::tp_gpt_loss(grid.tp),
+    models::TpGpt model(grid.tp, c);
+    PipelineEngine pipe(models::tp_gpt_pipeline_layers(model), models::tp_gpt_loss(grid.tp),
                         engine_config(Opt::SGD, 2, 2), grid);
     try {
       pipe.load_checkpoint(dir.path);

@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "comm/group.hpp"
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "pp_summary.hpp"
 #include "support/thread_group.hpp"
 #include "support/token_batch.hpp"
-#include "tp_gpt.hpp"
-#include "tp_gpt_layers.hpp"
 #include "train_summary.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
+#include "zero/models/tp_gpt.hpp"
+#include "zero/models/tp_gpt_layers.hpp"
 #include "zero/pipeline_engine.hpp"
 #include "zero/tensor_parallel.hpp"
 
@@ -32,8 +32,8 @@ constexpr double kRel = 1e-12;  // fp64 sums of fp32 values in another order
 
 // The tiny GPT (tied head) with its norms moved off 1, so that a replicated weight counted
 // twice, or not at all, shows in the sums.
-examples::Gpt weights() {
-  examples::Gpt gpt(tiny_gpt(16));
+models::Gpt weights() {
+  models::Gpt gpt(tiny_gpt(16));
   at::Generator gen = at::detail::createCPUGenerator(5);
   at::NoGradGuard no_grad;
   for (auto& p : gpt->named_parameters()) p.value().copy_(at::randn(p.value().sizes(), gen));
@@ -55,7 +55,7 @@ Config pipeline_config() {
 }
 
 TEST(SummaryLayouts, ParamNormAndChecksumAreTheWholeModelsUnderEveryLayout) {
-  const examples::Gpt gpt = weights();
+  const models::Gpt gpt = weights();
   const ParamStats ref = examples::parameter_stats(gpt->parameters());
   ASSERT_GT(ref.norm, 0);
 
@@ -63,7 +63,7 @@ TEST(SummaryLayouts, ParamNormAndChecksumAreTheWholeModelsUnderEveryLayout) {
   std::vector<ParamStats> tp(2), shards(2);
   run_ranks(2, [&](std::shared_ptr<comm::Group> world) {
     const auto groups = tensor_parallel::make_groups(world, 2);
-    examples::TpGpt model(groups.tp, tiny_gpt(16));
+    models::TpGpt model(groups.tp, tiny_gpt(16));
     model->load_full(*gpt);
     tp[world->rank()] = examples::whole_model_stats(*model, groups.tp);
     shards[world->rank()] = examples::parameter_stats(model->parameters());
@@ -78,20 +78,20 @@ TEST(SummaryLayouts, ParamNormAndChecksumAreTheWholeModelsUnderEveryLayout) {
     run_ranks(2 * t, [&](std::shared_ptr<comm::Group> world) {
       const auto grid = pipeline::make_pipeline_grid(world, 2, t);
       std::vector<pipeline::Layer> layers;
-      pipeline::LossFn loss = examples::gpt_loss;
-      examples::Gpt whole{nullptr};
-      examples::TpGpt split{nullptr};
+      pipeline::LossFn loss = models::gpt_loss;
+      models::Gpt whole{nullptr};
+      models::TpGpt split{nullptr};
       if (t == 1) {
-        whole = examples::Gpt(tiny_gpt(16));
+        whole = models::Gpt(tiny_gpt(16));
         at::NoGradGuard no_grad;
         auto src = gpt->named_parameters();
         for (auto& p : whole->named_parameters()) p.value().copy_(src[p.key()]);
-        layers = examples::gpt_pipeline_layers(whole);
+        layers = models::gpt_pipeline_layers(whole);
       } else {
-        split = examples::TpGpt(grid.tp, tiny_gpt(16));
+        split = models::TpGpt(grid.tp, tiny_gpt(16));
         split->load_full(*gpt);
-        layers = examples::tp_gpt_pipeline_layers(split);
-        loss = examples::tp_gpt_loss(grid.tp);
+        layers = models::tp_gpt_pipeline_layers(split);
+        loss = models::tp_gpt_loss(grid.tp);
       }
       pipeline::PipelineEngine pipe(std::move(layers), loss, pipeline_config(), grid);
       got[world->rank()] = examples::pipeline_model_stats(pipe, grid.tp);

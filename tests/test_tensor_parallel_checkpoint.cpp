@@ -2,7 +2,7 @@
 // no converter: a run trains kSaveAt steps under (T, D), saves (each tensor-parallel rank its
 // blocks in dir/tp<r>, or dir itself at T = 1), and a second run under (T', D') loads that save
 // and trains on to kSteps. Every loss of both runs must equal, within 1e-5 relative, the loss of
-// the plain examples::Gpt trained in one process with torch::optim on the same batches from the
+// the plain models::Gpt trained in one process with torch::optim on the same batches from the
 // same weights (the independent reference): so the masters and the optimizer states (AdamW's
 // exp_avg, exp_avg_sq; SGD has none) were resharded, not only the weights. The masters the
 // second run starts from must be bit-equal to what the first saved (read_consolidated of its
@@ -24,12 +24,12 @@
 #include <vector>
 
 #include "comm/group.hpp"
-#include "gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/token_batch.hpp"
-#include "tp_gpt.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/tensor_parallel.hpp"
 
 namespace zero::testing {
@@ -51,15 +51,15 @@ struct TempDir {
 enum class Opt { kSgd, kAdamW };
 constexpr double kSgdLr = 0.5, kAdamLr = 1e-3, kWeightDecay = 0.01;
 
-examples::GptConfig shape() { return tiny_gpt(kSeq); }
+models::GptConfig shape() { return tiny_gpt(kSeq); }
 
 using Batch = TokenBatch;
 Batch batch(int step, int64_t vocab) { return token_batch(700 + step, kBatch, kSeq, vocab); }
 
 // The initial weights every run starts from (drawn once, in this thread); norms off 1 so that a
 // norm loaded from the wrong place shows.
-examples::Gpt initial_model() {
-  examples::Gpt gpt(shape());
+models::Gpt initial_model() {
+  models::Gpt gpt(shape());
   at::Generator gen = at::detail::createCPUGenerator(31);
   torch::NoGradGuard no_grad;
   for (auto& p : gpt->named_parameters()) {
@@ -70,8 +70,8 @@ examples::Gpt initial_model() {
   return gpt;
 }
 
-std::vector<double> reference_losses(Opt opt, const examples::Gpt& init) {
-  examples::Gpt gpt(shape());
+std::vector<double> reference_losses(Opt opt, const models::Gpt& init) {
+  models::Gpt gpt(shape());
   {
     torch::NoGradGuard no_grad;
     auto src = init->named_parameters();
@@ -122,7 +122,7 @@ struct RunResult {
 
 // Trains steps [from, to) under `layout`, from `init` (from == 0) or from the checkpoint in
 // `load_dirs`; saves into `save_root` at the end when it is not empty (T > 1: save_root/tp<r>).
-RunResult run(Layout layout, Opt opt, int stage, const examples::Gpt& init, int from, int to,
+RunResult run(Layout layout, Opt opt, int stage, const models::Gpt& init, int from, int to,
               const std::vector<std::string>& load_dirs, const std::string& save_root) {
   RunResult result;
   run_ranks(layout.tp * layout.dp, [&](std::shared_ptr<comm::Group> world) {
@@ -130,11 +130,11 @@ RunResult run(Layout layout, Opt opt, int stage, const examples::Gpt& init, int 
     std::shared_ptr<Group> dp = world;
     std::shared_ptr<Group> tp_group;
     int dp_rank = world->rank();
-    examples::TpGpt tp_model{nullptr};
-    examples::Gpt plain{nullptr};
+    models::TpGpt tp_model{nullptr};
+    models::Gpt plain{nullptr};
     Engine engine = [&] {
       if (layout.tp == 1) {
-        plain = examples::Gpt(shape());
+        plain = models::Gpt(shape());
         torch::NoGradGuard no_grad;
         auto src = init->named_parameters();
         for (auto& p : plain->named_parameters()) p.value().copy_(src[p.key()]);
@@ -144,7 +144,7 @@ RunResult run(Layout layout, Opt opt, int stage, const examples::Gpt& init, int 
       dp = groups.dp;
       tp_group = groups.tp;
       dp_rank = groups.dp_rank();
-      tp_model = examples::TpGpt(groups.tp, shape());
+      tp_model = models::TpGpt(groups.tp, shape());
       tp_model->load_full(*init);
       Groups g{groups.dp};
       g.parts = tensor_parallel::checkpoint_parts(tp_model->placements(), *groups.tp);
@@ -202,7 +202,7 @@ class TpCheckpointReshard : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TpCheckpointReshard, TrainsOnWithTheReferenceLosses) {
   const Case c = GetParam();
-  const examples::Gpt init = initial_model();
+  const models::Gpt init = initial_model();
   const std::vector<double> ref = reference_losses(c.opt, init);
   ASSERT_LT(ref.back(), ref.front());  // it learns
   TempDir dir;
@@ -251,7 +251,7 @@ INSTANTIATE_TEST_SUITE_P(
 // One tensor-parallel rank's directory holds only its blocks: loading or consolidating it alone
 // names what is missing and the fix.
 TEST(TpCheckpointReshard, OneRanksDirectoryAloneNamesTheFix) {
-  const examples::Gpt init = initial_model();
+  const models::Gpt init = initial_model();
   TempDir dir;
   run({2, 1}, Opt::kAdamW, 1, init, 0, 1, {}, dir.path);
   try {

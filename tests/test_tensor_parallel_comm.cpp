@@ -1,4 +1,4 @@
-// The bytes the tensor-parallel example GPT (examples::TpGpt) hands its tensor-parallel group in
+// The bytes the tensor-parallel example GPT (models::TpGpt) hands its tensor-parallel group in
 // one training step, counted at the group (comm::CountingGroup around each rank's gloo group),
 // against the planner's accounting (zero::tp_collectives, include/zero/parallel_plan.hpp:
 // Megatron-LM's 2 all-reduces of b·s·h per block in forward and 2 in backward, or under sequence
@@ -22,9 +22,9 @@
 #include "comm/counting_group.hpp"
 #include "support/thread_group.hpp"
 #include "support/token_batch.hpp"
-#include "tp_gpt.hpp"
 #include "tp_trainer.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/parallel_plan.hpp"
 #include "zero/tensor_parallel.hpp"
 
@@ -33,7 +33,7 @@ namespace {
 
 constexpr int64_t kBatch = 2, kSeq = 16;
 
-PlanInput plan_for(const examples::GptConfig& c, int tp, bool sp, int param_bytes,
+PlanInput plan_for(const models::GptConfig& c, int tp, bool sp, int param_bytes,
                    int64_t micro_batch, int64_t accumulation) {
   PlanInput in;
   in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied, c.kv_heads};
@@ -86,11 +86,11 @@ class TpCommPerStep : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TpCommPerStep, MeasuredEqualsTheFormula) {
   const Case c = GetParam();
-  examples::GptConfig cfg = tiny_gpt(kSeq);
+  models::GptConfig cfg = tiny_gpt(kSeq);
   cfg.tied = c.tied;
   run_ranks(c.tp, [&](std::shared_ptr<comm::Group> g) {
     auto counted = std::make_shared<comm::CountingGroup>(g);
-    examples::TpGpt model(counted, cfg, c.sp);
+    models::TpGpt model(counted, cfg, c.sp);
     model->to(c.dtype);
     if (c.checkpoint) model->checkpointing.enabled = true;
     const TokenBatch b = token_batch(7, kBatch, kSeq, cfg.vocab);
@@ -136,13 +136,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TpCommPerStep,
 // each a collective and a host read per micro-batch, and nothing else changes, loss included.
 TEST(TpCommPerStep, UncheckedInputsDropTheTwoCheckGathers) {
   for (const bool sp : {false, true}) {
-    const examples::GptConfig cfg = tiny_gpt(kSeq);
+    const models::GptConfig cfg = tiny_gpt(kSeq);
     run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
       const TokenBatch b = token_batch(7, kBatch, kSeq, cfg.vocab);
       double losses[2];
       for (const bool check : {true, false}) {
         auto counted = std::make_shared<comm::CountingGroup>(g);
-        examples::TpGpt model(counted, cfg, sp);
+        models::TpGpt model(counted, cfg, sp);
         model->set_check_inputs(check);
         at::Tensor loss = model->loss(b.tokens, b.targets);
         loss.backward();
@@ -175,7 +175,7 @@ TEST(TpCommPerStep, UncheckedInputsDropTheTwoCheckGathers) {
 // 2D through the engine: the tensor-parallel group carries the model's collectives of both
 // micro-batches and nothing of the engine's (its gradients reduce over the data-parallel group).
 TEST(TpCommEngine, T2xD2StepSendsTheFormulaOnTheTensorParallelGroup) {
-  const examples::GptConfig cfg = tiny_gpt(kSeq);
+  const models::GptConfig cfg = tiny_gpt(kSeq);
   Config zc;
   zc.zero_optimization.stage = 1;
   zc.train_micro_batch_size_per_gpu = 1;
@@ -188,7 +188,7 @@ TEST(TpCommEngine, T2xD2StepSendsTheFormulaOnTheTensorParallelGroup) {
     const auto groups = tensor_parallel::make_groups(world, 2);
     auto tp = std::dynamic_pointer_cast<comm::CountingGroup>(comm::of(groups.tp));
     ASSERT_TRUE(tp) << "the tensor-parallel group is a split of the counted world";
-    examples::TpGpt model(groups.tp, cfg);
+    models::TpGpt model(groups.tp, cfg);
     // No norm groups: clipping is off here, and only the traffic is counted.
     Engine engine = initialize(model.ptr(), zc, Groups{groups.dp});
     tp->reset();  // what initialize did (nothing over tp, but only the step counts)
@@ -217,7 +217,7 @@ class TpCommEngineSequenceParallel : public ::testing::TestWithParam<int> {};
 
 TEST_P(TpCommEngineSequenceParallel, PartialGradientsOneAllReducePerStep) {
   const int stage = GetParam();
-  const examples::GptConfig cfg = tiny_gpt(kSeq);
+  const models::GptConfig cfg = tiny_gpt(kSeq);
   Config zc;
   zc.zero_optimization.stage = stage;
   zc.train_micro_batch_size_per_gpu = 1;
@@ -246,7 +246,7 @@ TEST_P(TpCommEngineSequenceParallel, PartialGradientsOneAllReducePerStep) {
     const auto groups = tensor_parallel::make_groups(world, 2);
     auto tp = std::dynamic_pointer_cast<comm::CountingGroup>(comm::of(groups.tp));
     ASSERT_TRUE(tp);
-    examples::TpGpt model(groups.tp, cfg, /*sequence_parallel=*/true);
+    models::TpGpt model(groups.tp, cfg, /*sequence_parallel=*/true);
     Engine engine =
         initialize(model.ptr(), zc, examples::engine_groups(groups, model->placements()));
     const TokenBatch b = token_batch(11, 4, kSeq, cfg.vocab);

@@ -2,12 +2,12 @@
 // the query/key/value projections column-parallel (each rank its heads, rows being head-major),
 // the attention output row-parallel, SwiGLU's gate and up column-parallel, down row-parallel,
 // the RMSNorms replicated; optionally sequence-parallel around them. Checked at T=2 and T=4
-// against examples::Block, the same weights in one process: output and the gradients of the input
+// against models::Block, the same weights in one process: output and the gradients of the input
 // and of every weight (each rank's shard against the same part) within 1e-6 relative, with
 // grouped-query attention (kv heads split across ranks as well).
 //
-// And the whole model, examples::TpGpt (tiny preset, T = 2 and 4, with and without sequence
-// parallelism, tied and untied head) against examples::Gpt with the same weights: the loss and
+// And the whole model, models::TpGpt (tiny preset, T = 2 and 4, with and without sequence
+// parallelism, tied and untied head) against models::Gpt with the same weights: the loss and
 // every gathered gradient within 1e-5 relative.
 #include <gtest/gtest.h>
 #include <torch/utils.h>
@@ -18,24 +18,24 @@
 #include <string>
 
 #include "comm/group.hpp"
-#include "gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
-#include "tp_gpt.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/tensor_parallel.hpp"
 
 namespace zero::tensor_parallel {
 namespace {
 
-using examples::BlockImpl;
-using examples::TpBlock;
-using examples::TpBlockImpl;
+using models::BlockImpl;
+using models::TpBlock;
+using models::TpBlockImpl;
 
 using testing::run_ranks;
 
 constexpr double kTol = 1e-6;
 
-// examples::TpBlock with the weights of a plain examples::Block.
+// models::TpBlock with the weights of a plain models::Block.
 void load_block(TpBlockImpl& block, const BlockImpl& full, bool sp) {
   std::map<std::string, at::Tensor> by_name;
   for (const auto& p : full.named_parameters()) by_name[p.key()] = p.value().detach();
@@ -45,7 +45,7 @@ void load_block(TpBlockImpl& block, const BlockImpl& full, bool sp) {
 }
 
 TEST(TensorParallelGpt, BlockEqualsExampleBlock) {
-  examples::GptConfig c;
+  models::GptConfig c;
   c.vocab = 32;
   c.dim = 32;
   c.layers = 1;
@@ -54,8 +54,8 @@ TEST(TensorParallelGpt, BlockEqualsExampleBlock) {
   c.ffn = 64;
   c.max_seq = 16;
   constexpr int64_t B = 2, S = 8;
-  examples::Gpt gpt(c);
-  auto* full = (*gpt->blocks)[0]->as<examples::BlockImpl>();
+  models::Gpt gpt(c);
+  auto* full = (*gpt->blocks)[0]->as<models::BlockImpl>();
   {  // norms that are not all ones, so their gradients matter
     at::Generator gen = at::detail::createCPUGenerator(7);
     torch::NoGradGuard no_grad;
@@ -106,7 +106,7 @@ TEST(TensorParallelGpt, BlockEqualsExampleBlock) {
 }
 
 TEST(TensorParallelGpt, HeadsNotDivisibleNameTheNumbers) {
-  examples::GptConfig c;
+  models::GptConfig c;
   c.dim = 24;
   c.heads = 3;
   c.ffn = 48;
@@ -129,10 +129,10 @@ class TensorParallelGptModel : public ::testing::TestWithParam<std::tuple<int, b
 
 TEST_P(TensorParallelGptModel, LossAndGradientsEqualPlainGpt) {
   const auto [world, sp, tied] = GetParam();
-  examples::GptConfig c = examples::gpt_preset("tiny");
+  models::GptConfig c = models::gpt_preset("tiny");
   c.tied = tied;
   constexpr int64_t B = 2, S = 8;
-  examples::Gpt gpt(c);
+  models::Gpt gpt(c);
   at::Generator gen = at::detail::createCPUGenerator(11);
   {  // norms that are not all ones, so their gradients matter
     torch::NoGradGuard no_grad;
@@ -150,7 +150,7 @@ TEST_P(TensorParallelGptModel, LossAndGradientsEqualPlainGpt) {
 
   run_ranks(world, [&](std::shared_ptr<comm::Group> g) {
     const bool print = g->rank() == 0;
-    examples::TpGpt model(g, c, sp);
+    models::TpGpt model(g, c, sp);
     model->load_full(*gpt);
     const at::Tensor loss = model->loss(tokens, targets);
     loss.backward();
@@ -187,19 +187,19 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelGptModel,
 // from a generator in the same state (zero-train's tp T starts where tp 1 does).
 TEST(TensorParallelGpt, InitLikeGptDrawsThePlainGptsWeights) {
   for (bool variant : {false, true}) {
-    examples::GptConfig c = examples::gpt_preset("tiny");
+    models::GptConfig c = models::gpt_preset("tiny");
     c.tied = !variant;  // untied, with q/k/v and o biases, grouped-query attention
     c.qkv_bias = c.o_bias = variant;
     c.kv_heads = variant ? 2 : 0;
     // The default generator's state as the plain constructor finds it: each rank thread replays
     // it on a generator of its own (never the shared global one).
     const at::Generator before = at::detail::getDefaultCPUGenerator().clone();
-    examples::Gpt gpt(c);
+    models::Gpt gpt(c);
     std::map<std::string, at::Tensor> want;
     for (const auto& p : gpt->named_parameters()) want[p.key()] = p.value().detach();
     run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
-      examples::TpGpt model(g, c);
-      examples::init_like_gpt(*model, before.clone());
+      models::TpGpt model(g, c);
+      models::init_like_gpt(*model, before.clone());
       const auto full = model->gather_full();
       ASSERT_EQ(full.size(), want.size());
       for (const auto& [name, value] : full) {
@@ -210,10 +210,10 @@ TEST(TensorParallelGpt, InitLikeGptDrawsThePlainGptsWeights) {
 }
 
 TEST(TensorParallelGpt, VocabularyNotDivisibleNamesTheNumbers) {
-  examples::GptConfig c = examples::gpt_preset("tiny");
+  models::GptConfig c = models::gpt_preset("tiny");
   c.vocab = 255;
   try {
-    examples::check_tensor_parallel_shape(c, 2);
+    models::check_tensor_parallel_shape(c, 2);
     ADD_FAILURE() << "no error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("vocabulary (vocab) = 255 is not divisible"),

@@ -1,5 +1,5 @@
-// Training the tensor-parallel example GPT (examples::TpGpt, tiny preset) against the plain
-// examples::Gpt with the same initial weights, trained in one process with torch::optim on the
+// Training the tensor-parallel example GPT (models::TpGpt, tiny preset) against the plain
+// models::Gpt with the same initial weights, trained in one process with torch::optim on the
 // same batches (the independent reference): the loss of every step within 1e-5 relative and, at
 // the end, every parameter gathered from its shards within 1e-5 relative (SGD; AdamW within
 // 5e-5 in L2 and 2e-3 per element, kAdamL2Tol says why).
@@ -29,14 +29,14 @@
 #include <vector>
 
 #include "comm/group.hpp"
-#include "gpt.hpp"
 #include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
 #include "support/token_batch.hpp"
 #include "support/tp_compare.hpp"
-#include "tp_gpt.hpp"
 #include "tp_trainer.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/tensor_parallel.hpp"
 
 namespace zero::testing {
@@ -49,7 +49,7 @@ constexpr double kTol = 1e-5;
 enum class Opt { kSgd, kAdamW };
 constexpr double kSgdLr = 0.5, kAdamLr = 1e-3, kWeightDecay = 0.01;
 
-examples::GptConfig shape() { return tiny_gpt(kSeq); }
+models::GptConfig shape() { return tiny_gpt(kSeq); }
 
 using Batch = TokenBatch;
 Batch batch(int step, int64_t vocab) { return token_batch(500 + step, kBatch, kSeq, vocab); }
@@ -79,13 +79,13 @@ struct Reference {
 };
 
 // The initial weights every run starts from (drawn once, in this thread).
-examples::Gpt initial_model() {
+models::Gpt initial_model() {
   // The Gpt constructor draws from torch's global generator, which LibTorch seeds from the
   // system's entropy in every process (only Python's `import torch` seeds it with a constant): a
   // fixed seed here, in the main thread before any rank thread exists, makes every run start from
   // the same weights. Unseeded, AdamW's L2 error ranged 1.3e-6 .. 1.1e-4 from run to run.
   at::manual_seed(21);
-  examples::Gpt gpt(shape());
+  models::Gpt gpt(shape());
   at::Generator gen = at::detail::createCPUGenerator(21);
   torch::NoGradGuard no_grad;
   for (auto& p : gpt->named_parameters()) {
@@ -99,9 +99,9 @@ examples::Gpt initial_model() {
 // `clip` > 0: the gradient clipped to that global norm before each step, as
 // torch::nn::utils::clip_grad_norm_ does (the coefficient clip / (norm + 1e-6), at most 1).
 // `masked`: on masked_batch's batches.
-Reference train_plain(Opt opt, const examples::Gpt& init, double clip = 0, int steps = kSteps,
+Reference train_plain(Opt opt, const models::Gpt& init, double clip = 0, int steps = kSteps,
                       bool masked = false) {
-  examples::Gpt gpt(shape());
+  models::Gpt gpt(shape());
   {
     torch::NoGradGuard no_grad;
     auto src = init->named_parameters();
@@ -139,7 +139,7 @@ Reference train_plain(Opt opt, const examples::Gpt& init, double clip = 0, int s
 // test_tensor_parallel_training).
 constexpr double kAdamL2Tol = 5e-5, kAdamMaxTol = 2e-3;
 
-void expect_trained_like(examples::TpGptImpl& model, const Reference& ref, Opt opt, bool print) {
+void expect_trained_like(models::TpGptImpl& model, const Reference& ref, Opt opt, bool print) {
   const auto full = model.gather_full();
   ASSERT_EQ(full.size(), ref.params.size());
   for (const auto& [name, shard_value] : full) {
@@ -173,10 +173,10 @@ class TpGptTraining : public ::testing::TestWithParam<std::tuple<Opt, bool>> {};
 
 // Two tensor-parallel ranks train the TP GPT from `init` on kSteps batches (masked or not) with
 // plain torch optimizers, each step's loss and the trained weights against `ref`.
-void train_t2_like(Opt opt, bool sp, const examples::Gpt& init, const Reference& ref, bool masked) {
+void train_t2_like(Opt opt, bool sp, const models::Gpt& init, const Reference& ref, bool masked) {
   run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
     const bool print = g->rank() == 0;
-    examples::TpGpt model(g, shape(), sp);
+    models::TpGpt model(g, shape(), sp);
     model->load_full(*init);
     const auto params = model->placements();
     auto optimizer = make_optimizer(opt, model->parameters());
@@ -196,7 +196,7 @@ void train_t2_like(Opt opt, bool sp, const examples::Gpt& init, const Reference&
 
 TEST_P(TpGptTraining, T2EqualsSingleProcessTraining) {
   const auto [opt, sp] = GetParam();
-  const examples::Gpt init = initial_model();
+  const models::Gpt init = initial_model();
   const Reference ref = train_plain(opt, init);
   ASSERT_LT(ref.losses.back(), ref.losses.front());  // it learns
   train_t2_like(opt, sp, init, ref, /*masked=*/false);
@@ -208,7 +208,7 @@ TEST_P(TpGptTraining, T2EqualsSingleProcessTraining) {
 // by the step's share of unmasked targets, 0.5 .. 0.625 here.)
 TEST_P(TpGptTraining, MaskedTargetsEqualSingleProcessTraining) {
   const auto [opt, sp] = GetParam();
-  const examples::Gpt init = initial_model();
+  const models::Gpt init = initial_model();
   const Reference ref = train_plain(opt, init, 0, kSteps, /*masked=*/true);
   ASSERT_LT(ref.losses.back(), ref.losses.front());
   train_t2_like(opt, sp, init, ref, /*masked=*/true);
@@ -270,7 +270,7 @@ Config engine_config(const EngineCase& c) {
 // One optimizer step of the engine over step `step`'s batch: this rank's rows, in micro-steps.
 // Returns the step's loss, the mean over the whole batch (every rank the same); `applied`: whether
 // the optimizer step was applied (not skipped for an fp16 overflow).
-double engine_step(Engine& engine, examples::TpGptImpl& model, int step, int dp_rank, int dp,
+double engine_step(Engine& engine, models::TpGptImpl& model, int step, int dp_rank, int dp,
                    int accumulation, bool* applied = nullptr) {
   Batch b = batch(step, shape().vocab);
   // On the model's device (the fake accelerator's, or the host).
@@ -300,7 +300,7 @@ class TpGptEngine : public ::testing::TestWithParam<EngineCase> {};
 
 TEST_P(TpGptEngine, EqualsSingleProcessTraining) {
   const EngineCase c = GetParam();
-  const examples::Gpt init = initial_model();
+  const models::Gpt init = initial_model();
   const Reference ref = train_plain(c.opt, init, c.clip);
   const Config cfg = engine_config(c);
   run_ranks(
@@ -309,7 +309,7 @@ TEST_P(TpGptEngine, EqualsSingleProcessTraining) {
         const auto groups = tensor_parallel::make_groups(world, 2);
         const bool print = world->rank() == 0;
         if (print) std::printf("%s: %s\n", groups.describe().c_str(), case_name(c).c_str());
-        examples::TpGpt model(groups.tp, shape(), c.sp);
+        models::TpGpt model(groups.tp, shape(), c.sp);
         model->load_full(*init);
         if (c.fake) model->to(zero::testing::fake::device(world->rank()));
         Engine engine =
@@ -371,12 +371,12 @@ struct EngineRun {
   std::map<std::string, at::Tensor> params;
 };
 
-EngineRun train_engine(const EngineCase& c, int tp, const Config& cfg, const examples::Gpt& init,
+EngineRun train_engine(const EngineCase& c, int tp, const Config& cfg, const models::Gpt& init,
                        int steps) {
   EngineRun out;
   run_ranks(tp * c.dp, [&](std::shared_ptr<comm::Group> world) {
     const auto groups = tensor_parallel::make_groups(world, tp);
-    examples::TpGpt model(groups.tp, shape(), c.sp);
+    models::TpGpt model(groups.tp, shape(), c.sp);
     model->load_full(*init);
     Engine engine =
         initialize(model.ptr(), cfg, examples::engine_groups(groups, model->placements()));
@@ -434,7 +434,7 @@ class TpGptBf16 : public ::testing::TestWithParam<Opt> {};
 
 TEST_P(TpGptBf16, T2StaysWithinTheT1Bf16Tolerance) {
   const Opt opt = GetParam();
-  const examples::Gpt init = initial_model();
+  const models::Gpt init = initial_model();
   const Reference ref = train_plain(opt, init, kClip, kBf16Steps);
   for (const int dp : {1, 2}) {
     // Sequence parallelism on (the engine's partial sums in bf16 too), clipping and
@@ -466,7 +466,7 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, TpGptBf16, ::testing::Values(Opt::kSgd, Opt
 // rank, tp and dp, skips that step and halves the loss scale; the weights stay as they were.
 TEST(TpGptFp16, OneTpRanksOverflowSkipsTheStepOnEveryRank) {
   constexpr int kBad = 2;
-  const examples::Gpt init = initial_model();
+  const models::Gpt init = initial_model();
   EngineCase c{Opt::kSgd, 2, 2, true, 0, 1};
   Config cfg = engine_config(c);
   cfg.optimizer.lr = 1e-2;  // fp16 steps: a small lr keeps every other step finite
@@ -478,7 +478,7 @@ TEST(TpGptFp16, OneTpRanksOverflowSkipsTheStepOnEveryRank) {
   std::vector<double> scale_after(4);
   run_ranks(4, [&](std::shared_ptr<comm::Group> world) {
     const auto groups = tensor_parallel::make_groups(world, 2);
-    examples::TpGpt model(groups.tp, shape(), c.sp);
+    models::TpGpt model(groups.tp, shape(), c.sp);
     model->load_full(*init);
     Engine engine =
         initialize(model.ptr(), cfg, examples::engine_groups(groups, model->placements()));

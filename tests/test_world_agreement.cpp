@@ -26,14 +26,14 @@
 #include "checkpoint_agreement.hpp"
 #include "comm/group.hpp"
 #include "comm/mesh.hpp"
-#include "gpt.hpp"
-#include "gpt_layers.hpp"
 #include "launcher_check.hpp"
 #include "support/thread_group.hpp"
 #include "support/token_batch.hpp"
-#include "tp_gpt.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/gpt_layers.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/pipeline_engine.hpp"
 #include "zero/tensor_parallel.hpp"
 
@@ -117,16 +117,16 @@ Config tp_config() {
 
 struct TpRank {
   tensor_parallel::Groups groups;
-  examples::TpGpt model{nullptr};
+  models::TpGpt model{nullptr};
   std::optional<Engine> engine;
   std::string dir;
 };
 
-TpRank tp_rank(const std::shared_ptr<comm::Group>& world, const examples::Gpt& init,
+TpRank tp_rank(const std::shared_ptr<comm::Group>& world, const models::Gpt& init,
                const std::string& root) {
   TpRank t;
   t.groups = tensor_parallel::make_groups(world, 2);
-  t.model = examples::TpGpt(t.groups.tp, tiny_gpt(kSeq));
+  t.model = models::TpGpt(t.groups.tp, tiny_gpt(kSeq));
   t.model->load_full(*init);
   Groups g{t.groups.dp};
   g.parts = tensor_parallel::checkpoint_parts(t.model->placements(), *t.groups.tp);
@@ -149,7 +149,7 @@ std::map<std::string, at::Tensor> full(const TpRank& t) {
 }
 
 TEST(ResumeAgreement, ASaveCutShortAfterTp0ResumesEveryTensorParallelRankFromTheOlderStep) {
-  examples::Gpt init(tiny_gpt(kSeq));
+  models::Gpt init(tiny_gpt(kSeq));
   TempDir root;
   std::map<std::string, at::Tensor> at_step1;
   run_ranks(2, [&](std::shared_ptr<comm::Group> world) {
@@ -210,21 +210,20 @@ Config pp_config() {
 }
 
 TEST(ResumeAgreement, ASaveCutShortAfterStage0ResumesEveryStageFromTheOlderStep) {
-  const examples::GptConfig shape = tiny_gpt(kSeq);
-  examples::Gpt init(shape);
+  const models::GptConfig shape = tiny_gpt(kSeq);
+  models::Gpt init(shape);
   TempDir root;
   std::vector<at::Tensor> at_step1(2);
   auto make = [&](const std::shared_ptr<comm::Group>& world) {
     comm::Mesh mesh = comm::Mesh::megatron(world, 1, 2);
-    examples::Gpt model(shape);
+    models::Gpt model(shape);
     {
       at::NoGradGuard g;
       auto src = init->named_parameters();
       for (auto& p : model->named_parameters()) p.value().copy_(src[p.key()]);
     }
-    return std::make_unique<pipeline::PipelineEngine>(examples::gpt_pipeline_layers(model),
-                                                      examples::gpt_loss, pp_config(), mesh["pp"],
-                                                      mesh["dp"]);
+    return std::make_unique<pipeline::PipelineEngine>(
+        models::gpt_pipeline_layers(model), models::gpt_loss, pp_config(), mesh["pp"], mesh["dp"]);
   };
   run_ranks(2, [&](std::shared_ptr<comm::Group> world) {
     auto pipe = make(world);

@@ -17,10 +17,10 @@
 #include <filesystem>
 #include <iostream>
 
-#include "gpt_layers.hpp"
-#include "hf_llama.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/errors.hpp"
+#include "zero/models/gpt_layers.hpp"
+#include "zero/models/hf_llama.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace po = boost::program_options;
@@ -107,7 +107,7 @@ int run(int argc, char** argv) {
       for (const auto& t : tensors) layers = std::max(layers, std::atoi(t.first.c_str()) + 1);
     std::vector<std::string> names;
     for (const auto& t : tensors) {
-      names.push_back(zero::examples::gpt_name_of_layer_param(t.first, layers));
+      names.push_back(zero::models::gpt_name_of_layer_param(t.first, layers));
       if (names.back().empty()) {
         names.clear();
         break;
@@ -129,7 +129,7 @@ int run(int argc, char** argv) {
   int64_t numel = 0;
   for (const auto& t : tensors) numel += t.second.numel();
   if (format == "hf") {
-    namespace ex = zero::examples;
+    namespace ex = zero::models;
     const bool hf = model.rfind("hf:", 0) == 0;
     ex::HfExportOptions opts;
     opts.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "gpt_config.hpp"
 #include "zero/memory_plan.hpp"
+#include "zero/models/gpt_config.hpp"
 #include "zero/time_plan.hpp"
 #include "zero_memory_parallel.hpp"
 
@@ -417,7 +417,7 @@ int run(int argc, char** argv) {
       throw std::invalid_argument(
           "--model sets the shape: drop --layers/--hidden/--heads/--kv-heads/--ffn/--vocab");
     }
-    const examples::GptConfig c = examples::gpt_preset(model);
+    const models::GptConfig c = models::gpt_preset(model);
     in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied, c.kv_heads};
     in.num_params = c.num_params();
     name = model;

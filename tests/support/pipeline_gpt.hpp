@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "gpt.hpp"
+#include "zero/models/gpt.hpp"
 
 namespace zero::testing {
 
@@ -32,13 +32,13 @@ inline std::vector<StepBatch> step_batches(int64_t vocab, int steps, int64_t row
 
 using GptParams = std::map<std::string, at::Tensor>;
 
-inline GptParams snapshot(const examples::Gpt& m) {
+inline GptParams snapshot(const models::Gpt& m) {
   GptParams out;
   for (const auto& p : m->named_parameters()) out[p.key()] = p.value().detach().clone();
   return out;
 }
 
-inline void load(examples::Gpt& m, const GptParams& state) {
+inline void load(models::Gpt& m, const GptParams& state) {
   at::NoGradGuard g;
   for (auto& p : m->named_parameters()) p.value().copy_(state.at(p.key()));
 }

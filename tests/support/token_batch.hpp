@@ -8,12 +8,12 @@
 
 #include <cstdint>
 
-#include "gpt_config.hpp"
+#include "zero/models/gpt_config.hpp"
 
 namespace zero::testing {
 
-inline examples::GptConfig tiny_gpt(int64_t max_seq) {
-  examples::GptConfig c = examples::gpt_preset("tiny");
+inline models::GptConfig tiny_gpt(int64_t max_seq) {
+  models::GptConfig c = models::gpt_preset("tiny");
   c.max_seq = max_seq;
   return c;
 }

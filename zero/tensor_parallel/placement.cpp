@@ -74,7 +74,7 @@ std::vector<NamedPlacement> placements(const torch::nn::Module& model, bool sequ
            "the whole sequence would get the group's size times its gradient if summed. Implement "
            "zero::tensor_parallel::SequenceParallelModule on the module holding it (or any "
            "enclosing one, the model itself) and return SequenceShare::kPartial or kWhole for "
-           "it from sequence_share(name), as examples::TpGpt does for its norms";
+           "it from sequence_share(name), as zero::models::TpGpt does for its norms";
     throw std::invalid_argument(msg.str());
   }
   return std::move(w.out);

@@ -1,4 +1,4 @@
-#include "rope.hpp"
+#include "zero/models/rope.hpp"
 
 #include <ATen/ATen.h>
 
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
-namespace zero::examples {
+namespace zero::models {
 namespace {
 
 // Python's `1.0 / t` and `x / t` are t.reciprocal() * x (torch/_tensor.py, __rdiv__): two
@@ -102,4 +102,4 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const GptConfig& c) {
   return {cos, sin};
 }
 
-}  // namespace zero::examples
+}  // namespace zero::models

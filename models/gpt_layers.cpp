@@ -1,10 +1,10 @@
-#include "gpt_layers.hpp"
+#include "zero/models/gpt_layers.hpp"
 
 #include <ATen/ATen.h>
 
 #include <cctype>
 
-namespace zero::examples {
+namespace zero::models {
 
 GptHeadImpl::GptHeadImpl(RMSNorm n, torch::nn::Linear h, at::Tensor tied) {
   norm = register_module("norm", std::move(n));
@@ -51,4 +51,4 @@ at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {
                                 targets.reshape({-1}));
 }
 
-}  // namespace zero::examples
+}  // namespace zero::models

@@ -1,4 +1,4 @@
-// The example GPT as a pipeline's list of layers (include/zero/pipeline.hpp): the embedding, each
+// The GPT (gpt.hpp) as a pipeline's list of layers (include/zero/pipeline.hpp): the embedding, each
 // block, then the final norm with the head; the loss (gpt_loss) on the last stage. The layers
 // share the model's modules, so training them trains the model's parameters. A tied head names
 // the embedding's weight under the key "embed" in both the first and the last layer, so a
@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "gpt.hpp"
+#include "zero/models/gpt.hpp"
 #include "zero/pipeline.hpp"
 #include "zero/pipeline_flops.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 
 // The final RMSNorm and the head (a Linear, or the tied embedding's weight) as one module.
 struct GptHeadImpl : torch::nn::Module {
@@ -110,7 +110,7 @@ std::vector<zero::pipeline::Layer> rope_gpt_layers(Embed embed, const torch::nn:
 // sequences of `seq_len` tokens (0: the model's max_seq).
 std::vector<zero::pipeline::Layer> gpt_pipeline_layers(const Gpt& model, int64_t seq_len = 0);
 
-// The example GPT's name (GptImpl's named_parameters) of a parameter that a pipeline's engine
+// The GPT's name (GptImpl's named_parameters) of a parameter that a pipeline's engine
 // names by its layer's index in gpt_pipeline_layers (PipelineEngine's checkpoints): "0.weight"
 // -> "embed.weight", "3.wq.weight" -> "blocks.2.wq.weight", "<layers - 1>.norm.weight" ->
 // "norm.weight". `layers`: the list's length (2 + blocks). "" for a name that is no such layer's.
@@ -120,4 +120,4 @@ std::string gpt_name_of_layer_param(const std::string& name, int layers);
 // targets [batch, seq], as GptImpl::loss computes it.
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets);
 
-}  // namespace zero::examples
+}  // namespace zero::models

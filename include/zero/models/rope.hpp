@@ -1,4 +1,4 @@
-// The rotary tables of the example GPT for each RoPE variant transformers ships for LLaMA
+// The rotary tables of zero::models::Gpt for each RoPE variant transformers ships for LLaMA
 // (default, linear, dynamic, llama3, yarn): the same float32 ops in the same order as
 // transformers' modeling_rope_utils.py, so that a model loaded from Hugging Face weights gives
 // transformers' logits bit for bit.
@@ -6,9 +6,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "gpt_config.hpp"
+#include "zero/models/gpt_config.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 
 // Inverse frequencies [head_dim / 2] and the factor cos/sin are multiplied by (yarn's
 // attention_factor; 1 otherwise).
@@ -24,4 +24,4 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const GptConfig& c);
 // The rope types rope_frequencies knows.
 bool rope_type_known(const std::string& type);
 
-}  // namespace zero::examples
+}  // namespace zero::models

@@ -1,3 +1,4 @@
+// zero::models (installed with zero: find_package(zero), link zero::models).
 // A LLaMA-style decoder in LibTorch: token embedding, RMSNorm, rotary positions, causal
 // attention through scaled_dot_product_attention, SwiGLU MLP, tied or untied head.
 #pragma once
@@ -11,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "gpt_config.hpp"
 #include "zero/activation_checkpointing.hpp"
+#include "zero/models/gpt_config.hpp"
 #include "zero/sharding.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 
 struct RMSNormImpl : torch::nn::Module {
   explicit RMSNormImpl(int64_t dim, double eps = 1e-5);
@@ -97,4 +98,4 @@ TORCH_MODULE(Gpt);
 // Turns activation checkpointing (and CPU offload of the kept inputs) on for the model's blocks.
 void apply_activation_checkpointing(Gpt& model, const CheckpointPolicy& policy);
 
-}  // namespace zero::examples
+}  // namespace zero::models

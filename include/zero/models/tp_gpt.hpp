@@ -1,4 +1,4 @@
-// The example GPT/LLaMA (gpt.hpp) in Megatron-LM's tensor-parallel form, from the same GptConfig
+// The GPT/LLaMA of gpt.hpp in Megatron-LM's tensor-parallel form, from the same GptConfig
 // and presets: on each of the T ranks of the tensor-parallel group
 //   - the embedding and the head split by vocabulary (VocabParallelEmbedding; a tied head reads
 //     the embedding's shard, an untied one is a ColumnParallelLinear without gather), and the loss
@@ -11,7 +11,7 @@
 // split along the sequence (seq_len divisible by T), the norms see their rank's part only, and
 // their gradients must be all-reduced over the tensor-parallel group before the step
 // (tensor_parallel::all_reduce_partial_grads over placements(); the ZeRO engine does it itself
-// for the parameters listed in its norm group's `partial`, examples::engine_groups).
+// for the parameters listed in its norm group's `partial`: initialize(model, cfg, mesh) fills it).
 //
 // Parameters have the plain Gpt's names ("blocks.0.wq.weight"), each rank its shard, so a plain
 // model's weights split onto it (load_full) and its shards gather back (gather_full) by name.
@@ -26,10 +26,10 @@
 #include <utility>
 #include <vector>
 
-#include "gpt.hpp"
+#include "zero/models/gpt.hpp"
 #include "zero/tensor_parallel.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 
 // Throws std::invalid_argument naming the numbers when `c` cannot be split over `tp` ranks
 // (heads, kv_heads, ffn or vocab not divisible), before anything is allocated.
@@ -104,4 +104,4 @@ TORCH_MODULE(TpGpt);
 // tensor-parallel run starts from the weights of the tp 1 run of the same seed.
 void init_like_gpt(TpGptImpl& model, at::Generator gen);
 
-}  // namespace zero::examples
+}  // namespace zero::models

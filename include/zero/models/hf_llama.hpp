@@ -1,4 +1,4 @@
-// Hugging Face LLaMA interop for the example GPT: a LlamaForCausalLM (or Qwen2ForCausalLM)
+// Hugging Face LLaMA interop for zero::models::Gpt: a LlamaForCausalLM (or Qwen2ForCausalLM)
 // directory (config.json and model.safetensors, or model-0000i-of-0000n.safetensors shards with
 // model.safetensors.index.json) in and out.
 //
@@ -33,9 +33,9 @@
 #include <utility>
 #include <vector>
 
-#include "gpt.hpp"
+#include "zero/models/gpt.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 
 // The GPT shape DIR/config.json describes. Throws zero::ConfigError naming the key for a model
 // the GPT cannot express (another architecture, MLP biases, longrope, a sliding window, ...).
@@ -64,4 +64,4 @@ std::vector<std::string> save_hf_llama(
     const GptConfig& c, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
     const std::string& out_dir, const HfExportOptions& opts);
 
-}  // namespace zero::examples
+}  // namespace zero::models

@@ -1,4 +1,4 @@
-#include "hf_llama.hpp"
+#include "zero/models/hf_llama.hpp"
 
 #include <ATen/ATen.h>
 #include <yaml-cpp/yaml.h>
@@ -11,12 +11,12 @@
 #include <set>
 #include <stdexcept>
 
-#include "rope.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/config.hpp"
+#include "zero/models/rope.hpp"
 #include "zero/safetensors.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 namespace fs = std::filesystem;
 namespace {
 
@@ -556,4 +556,4 @@ std::vector<std::string> save_hf_llama(
   return written;
 }
 
-}  // namespace zero::examples
+}  // namespace zero::models

@@ -1,4 +1,4 @@
-// The tensor-parallel example GPT (tp_gpt.hpp) as a pipeline's list of layers, as gpt_layers.hpp
+// The tensor-parallel GPT (tp_gpt.hpp) as a pipeline's list of layers, as gpt_layers.hpp
 // does for the plain one: the vocabulary-parallel embedding, each block, then the final norm with
 // the head; the loss (tp_gpt_loss) the vocabulary-parallel cross-entropy on the last stage. Every
 // tensor-parallel rank of a stage builds the same list over its own shards, so the pipeline's
@@ -11,10 +11,10 @@
 
 #include <vector>
 
-#include "tp_gpt.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/pipeline.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 
 // The final RMSNorm and the head (a ColumnParallelLinear without gather, or the tied
 // embedding's shard) as one module: [batch, seq, dim] -> this rank's logits [.., vocab / T].
@@ -39,4 +39,4 @@ std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model, in
 // TpGptImpl::loss (the same value on every tensor-parallel rank).
 zero::pipeline::LossFn tp_gpt_loss(tensor_parallel::GroupPtr group);
 
-}  // namespace zero::examples
+}  // namespace zero::models

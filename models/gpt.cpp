@@ -1,14 +1,14 @@
-#include "gpt.hpp"
+#include "zero/models/gpt.hpp"
 
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <stdexcept>
 
-#include "rope.hpp"
+#include "zero/models/rope.hpp"
 #include "zero/sharding.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps(eps) {
   weight = register_parameter("weight", at::ones({dim}));
@@ -155,4 +155,4 @@ at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
                                 targets.reshape({-1}));
 }
 
-}  // namespace zero::examples
+}  // namespace zero::models

@@ -1,4 +1,4 @@
-// The example GPT's shape: sizes, named presets and the exact parameter count. Torch-free, so
+// zero::models::Gpt's shape: sizes, named presets and the exact parameter count. Torch-free, so
 // the planner's command line (tools/zero-memory) can name a preset without linking LibTorch.
 #pragma once
 
@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-namespace zero::examples {
+namespace zero::models {
 
 // Hugging Face's RoPE variants for LLaMA (transformers' rope_parameters / rope_scaling), each
-// computed op for op as transformers' modeling_rope_utils.py does (examples/rope.cpp).
+// computed op for op as transformers' modeling_rope_utils.py does (models/rope.cpp).
 struct RopeScaling {
   std::string type = "default";               // default, linear, dynamic, llama3 or yarn
   double factor = 1.0;                        // linear, dynamic, llama3, yarn
@@ -37,7 +37,7 @@ struct GptConfig {
   bool qkv_bias = false;  // biases on the q/k/v projections (Qwen2; LLaMA's attention_bias)
   bool o_bias = false;    // a bias on the output projection (LLaMA's attention_bias)
   // What a Hugging Face config.json said beyond the shape, kept for the export to write back
-  // (examples/hf_llama.hpp): "mistral" for a Mistral checkpoint ("": LLaMA or Qwen2, chosen by
+  // (zero/models/hf_llama.hpp): "mistral" for a Mistral checkpoint ("": LLaMA or Qwen2, chosen by
   // the biases), and its sliding_window (0: null). The GPT attends over the full causal window;
   // it loads only a window of at least max_seq, which no sequence it runs can reach.
   std::string hf_model_type;
@@ -53,4 +53,4 @@ struct GptConfig {
 GptConfig gpt_preset(const std::string& name);
 std::vector<std::string> gpt_preset_names();
 
-}  // namespace zero::examples
+}  // namespace zero::models

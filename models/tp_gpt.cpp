@@ -1,4 +1,4 @@
-#include "tp_gpt.hpp"
+#include "zero/models/tp_gpt.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -8,9 +8,9 @@
 #include <map>
 #include <stdexcept>
 
-#include "rope.hpp"
+#include "zero/models/rope.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 
 namespace tp = zero::tensor_parallel;
 using tp::NamedPlacement;
@@ -149,7 +149,7 @@ at::Tensor TpGptImpl::forward(const at::Tensor& tokens) {
 at::Tensor TpGptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   // The mean over the targets that are not -100, as Gpt::loss (at::cross_entropy_loss).
   return tp::vocab_parallel_cross_entropy(forward(tokens), targets, group, -100,
-                                         at::Reduction::Mean, check_inputs_);
+                                          at::Reduction::Mean, check_inputs_);
 }
 
 void TpGptImpl::set_check_inputs(bool on) {
@@ -230,4 +230,4 @@ void init_like_gpt(TpGptImpl& model, at::Generator gen) {
       *model.group);
 }
 
-}  // namespace zero::examples
+}  // namespace zero::models

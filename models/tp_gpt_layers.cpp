@@ -1,12 +1,12 @@
-#include "tp_gpt_layers.hpp"
+#include "zero/models/tp_gpt_layers.hpp"
 
 #include <ATen/ATen.h>
 
 #include <stdexcept>
 
-#include "gpt_layers.hpp"
+#include "zero/models/gpt_layers.hpp"
 
-namespace zero::examples {
+namespace zero::models {
 
 namespace tp = zero::tensor_parallel;
 
@@ -49,4 +49,4 @@ zero::pipeline::LossFn tp_gpt_loss(tp::GroupPtr group) {
   };
 }
 
-}  // namespace zero::examples
+}  // namespace zero::models

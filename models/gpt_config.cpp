@@ -1,8 +1,8 @@
-#include "gpt_config.hpp"
+#include "zero/models/gpt_config.hpp"
 
 #include <stdexcept>
 
-namespace zero::examples {
+namespace zero::models {
 
 int64_t GptConfig::ffn_dim() const {
   if (ffn > 0) return ffn;
@@ -49,8 +49,7 @@ GptConfig gpt_preset(const std::string& name) {
 }
 
 std::vector<std::string> gpt_preset_names() {
-  return {"tiny",     "small",    "gpt-25m",  "gpt-50m",
-          "gpt-100m", "gpt-1.3b", "llama-3b", "llama-7b"};
+  return {"tiny", "small", "gpt-25m", "gpt-50m", "gpt-100m", "gpt-1.3b", "llama-3b", "llama-7b"};
 }
 
-}  // namespace zero::examples
+}  // namespace zero::models
