@@ -62,7 +62,10 @@ void Engine::Impl::make_sync() {
   sync = partitioned ? make_partitioned_grads(fp.layout, *group, sync_opts)
                      : make_accumulated_grads(fp.layout, *group, sharding.optimizer, sync_opts);
   if (!bucket_order.empty()) sync->set_release_order(bucket_order);
-  if (unit_runtime) sync->set_on_launched([this](int b) { on_bucket_launched(b); });
+  if (unit_runtime) {
+    sync->set_on_launched([this](int b) { on_bucket_launched(b); });
+    sync->set_launch_gate([this](int b) { return may_launch(b); });
+  }
 }
 
 namespace {

@@ -77,6 +77,12 @@ struct Engine::Impl : Topology, StepProtocol {
   std::vector<int> unit_index_of_bucket;
   std::vector<int> launched_in_pass;
   bool release_on_launch = false;
+  // Stage 3: the units' all-gathers go over a communicator of their own (split from dp), and a
+  // unit's gradient buckets are reduced only once its boundary was reached in this backward
+  // pass (`entered_in_pass`): each communicator then carries one sequence on every rank, whatever
+  // parameters a rank's graph leaves unused (review 06e H1).
+  std::shared_ptr<comm::Group> unit_group;
+  std::vector<char> entered_in_pass;
   // By plan unit id: "<root>", then the marked modules.
   std::vector<std::string> unit_names;
   // Each layout parameter's shape (stage 3's released parameters are 0-element tensors).
@@ -123,6 +129,10 @@ struct Engine::Impl : Topology, StepProtocol {
   std::vector<at::Tensor> gathered_params(at::ScalarType dtype) const;
   // Stage 3: a bucket's reduction was launched in backward; the unit's last one releases it.
   void on_bucket_launched(int b);
+  // Stage 3: whether bucket b may be reduced now (its unit is resident, or was entered in
+  // this backward pass); unit k's boundary was reached in backward.
+  bool may_launch(int b) const;
+  void on_unit_entered_backward(int k);
   // Stage 3: every unit gathered on use that is still gathered, released (the end of each
   // backward, failed ones too: nothing gathered survives into step()).
   void release_gathered_units();

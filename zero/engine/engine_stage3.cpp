@@ -44,18 +44,25 @@ std::unordered_map<const void*, int> plan_stage3_units(
 
 void Engine::Impl::make_stage3_units() {
   const auto& slots = fp.layout.units();
+  // The gathers' own communicator (as the pipeline's groups are made: c10d, split from dp, every
+  // rank in the same order). On dp alone a bucket that one rank's loss leaves unused is
+  // reduce-scattered at once there and only after the unit's gather on a rank that uses it.
+  unit_group = group->split(0, group->rank(), group->name() + "/unit-gathers");
   std::vector<ShardedUnit*> raw;
   for (const UnitSlot& s : slots) {
     const bool root = s.unit == units::UnitPlan::kRoot;
     units.push_back(std::make_unique<ShardedUnit>(
         store, *group, s, unit_names.at(s.unit), root ? Residency::kResident : Residency::kOnUse,
-        root ? Publish::kAllGather : Publish::kCastShard, param_dtype, sharding.owner));
+        root ? Publish::kAllGather : Publish::kCastShard, param_dtype, sharding.owner,
+        unit_group.get()));
     raw.push_back(units.back().get());
     for (int b = s.first_bucket; b < s.end_bucket; ++b)
       unit_index_of_bucket.push_back(static_cast<int>(units.size()) - 1);
   }
   launched_in_pass.assign(units.size(), 0);
-  unit_runtime = std::make_shared<EngineUnits>(std::move(raw), in_backward);
+  entered_in_pass.assign(units.size(), 0);
+  unit_runtime = std::make_shared<EngineUnits>(std::move(raw), in_backward,
+                                               [this](int k) { on_unit_entered_backward(k); });
   std::unordered_map<std::string, const torch::nn::Module*> by_name{{"", module.get()}};
   for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
     by_name.emplace(item.key(), item.value().get());
@@ -65,6 +72,7 @@ void Engine::Impl::make_stage3_units() {
     units::bind(*by_name.at(unit_names.at(slots[k].unit)), unit_runtime, static_cast<int>(k));
   }
   sync->set_on_launched([this](int b) { on_bucket_launched(b); });
+  sync->set_launch_gate([this](int b) { return may_launch(b); });
   // Between steps a unit gathered on use holds only its shard.
   for (auto& u : units) {
     if (u->residency() == Residency::kOnUse) u->release();
@@ -80,6 +88,19 @@ void Engine::Impl::on_bucket_launched(int b) {
   // left that reads the unit's weights in this pass.
   const int buckets = u.slot().end_bucket - u.slot().first_bucket;
   if (++launched_in_pass[k] == buckets && u.gathered()) u.release();
+}
+
+bool Engine::Impl::may_launch(int b) const {
+  const int k = unit_index_of_bucket.at(b);
+  return units[k]->residency() != Residency::kOnUse || entered_in_pass[k] != 0;
+}
+
+void Engine::Impl::on_unit_entered_backward(int k) {
+  // A bucket of this unit that the loss left unused (complete since backward began) waited for
+  // the gather just issued; it and what queues behind it go now.
+  if (entered_in_pass.at(k)) return;
+  entered_in_pass[k] = 1;
+  sync->launch_ready();
 }
 
 void Engine::Impl::release_gathered_units() {

@@ -41,6 +41,8 @@ void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
   const bool boundary = (stats.micro_steps + 1) % accumulation == 0;
   const GradSyncCounters before = sync->counters();
   const bool counting = order->counting();
+  // Stage 3: no unit entered this pass's backward yet (begin_backward consults the gate).
+  std::fill(entered_in_pass.begin(), entered_in_pass.end(), 0);
   sync->begin_backward(boundary, order->begin_pass(roots), counting);
   // Stage 3: a unit is released when its last bucket is launched, except on the pass that may
   // guess gradient counts (a bucket launched early there could still see its weights used).
