@@ -51,6 +51,7 @@ void Engine::Impl::on_grad(int index, const at::Tensor& param) {
   sync->on_grad(index, grad);
   // The engine owns the gradient now; freeing autograd's copy is what makes stage 2 save memory.
   grad.reset();
+  if (unit_runtime) on_unit_grad(index);
 }
 
 void Engine::Impl::make_sync() {
@@ -62,10 +63,7 @@ void Engine::Impl::make_sync() {
   sync = partitioned ? make_partitioned_grads(fp.layout, *group, sync_opts)
                      : make_accumulated_grads(fp.layout, *group, sharding.optimizer, sync_opts);
   if (!bucket_order.empty()) sync->set_release_order(bucket_order);
-  if (unit_runtime) {
-    sync->set_on_launched([this](int b) { on_bucket_launched(b); });
-    sync->set_launch_gate([this](int b) { return may_launch(b); });
-  }
+  if (unit_runtime) sync->set_launch_gate([this](int b) { return may_launch(b); });
 }
 
 namespace {

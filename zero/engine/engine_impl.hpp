@@ -71,12 +71,13 @@ struct Engine::Impl : Topology, StepProtocol {
   ShardStore store;
   std::vector<std::unique_ptr<ShardedUnit>> units;
   // Stage 3: what run_unit calls (the registry holds it weakly; ~Impl unbinds it), the index in
-  // `units` of each bucket's unit, and per unit how many of its buckets this backward pass
-  // launched (the last one releases the unit).
+  // `units` of each bucket's and each layout parameter's unit, and per unit the gradients of its
+  // parameters this backward pass still expects (the last one releases the unit; -1: released
+  // when backward ends).
   std::shared_ptr<EngineUnits> unit_runtime;
   std::vector<int> unit_index_of_bucket;
-  std::vector<int> launched_in_pass;
-  bool release_on_launch = false;
+  std::vector<int> unit_index_of_param;
+  std::vector<int> unit_awaiting;
   // Stage 3: the units' all-gathers go over a communicator of their own (split from dp), and a
   // unit's gradient buckets are reduced only once its boundary was reached in this backward
   // pass (`entered_in_pass`): each communicator then carries one sequence on every rank, whatever
@@ -127,8 +128,10 @@ struct Engine::Impl : Topology, StepProtocol {
   void make_stage3_units();
   // A collective: every layout parameter's values, whole, from the fp32 masters (in `dtype`).
   std::vector<at::Tensor> gathered_params(at::ScalarType dtype) const;
-  // Stage 3: a bucket's reduction was launched in backward; the unit's last one releases it.
-  void on_bucket_launched(int b);
+  // Stage 3: a backward pass expecting `expected` gradients per layout parameter starts; a
+  // gradient of layout parameter `p` arrived (the unit's last expected one releases it).
+  void begin_unit_pass(const std::vector<int>& expected);
+  void on_unit_grad(int p);
   // Stage 3: whether bucket b may be reduced now (its unit is resident, or was entered in
   // this backward pass); unit k's boundary was reached in backward.
   bool may_launch(int b) const;

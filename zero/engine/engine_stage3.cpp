@@ -3,7 +3,10 @@
 // use), their binding to zero::run_unit, and their release once backward is done with them.
 #include <torch/nn/module.h>
 
+#include <algorithm>
+
 #include "zero/engine/engine_impl.hpp"
+#include "zero/grads/grad_buckets.hpp"
 #include "zero/units/unit_plan.hpp"
 #include "zero/units/unit_registry.hpp"
 
@@ -59,7 +62,10 @@ void Engine::Impl::make_stage3_units() {
     for (int b = s.first_bucket; b < s.end_bucket; ++b)
       unit_index_of_bucket.push_back(static_cast<int>(units.size()) - 1);
   }
-  launched_in_pass.assign(units.size(), 0);
+  for (const ParamSlot& p : fp.layout.params()) {
+    unit_index_of_param.push_back(unit_index_of_bucket.at(p.bucket));
+  }
+  unit_awaiting.assign(units.size(), -1);
   entered_in_pass.assign(units.size(), 0);
   unit_runtime = std::make_shared<EngineUnits>(std::move(raw), in_backward,
                                                [this](int k) { on_unit_entered_backward(k); });
@@ -71,7 +77,6 @@ void Engine::Impl::make_stage3_units() {
     if (slots[k].unit == units::UnitPlan::kRoot) continue;
     units::bind(*by_name.at(unit_names.at(slots[k].unit)), unit_runtime, static_cast<int>(k));
   }
-  sync->set_on_launched([this](int b) { on_bucket_launched(b); });
   sync->set_launch_gate([this](int b) { return may_launch(b); });
   // Between steps a unit gathered on use holds only its shard.
   for (auto& u : units) {
@@ -79,15 +84,29 @@ void Engine::Impl::make_stage3_units() {
   }
 }
 
-void Engine::Impl::on_bucket_launched(int b) {
-  if (!release_on_launch) return;
-  const int k = unit_index_of_bucket.at(b);
+void Engine::Impl::begin_unit_pass(const std::vector<int>& expected) {
+  // A node that reads a weight is an ancestor of that weight's AccumulateGrad, so once every
+  // gradient expected of a unit's parameters is in, nothing left in this pass reads them: the
+  // unit goes then, on every pass, the first included (review 06e M1: the first pass used to
+  // keep every unit to its end, the whole model). Not where some count is a guess (a
+  // checkpointed block before the first pass counted): a parameter used there may deliver more,
+  // and its unit is released when backward ends. A unit whose recomputation (checkpoint) runs
+  // later gathers again.
+  const bool guessing =
+      std::find(expected.begin(), expected.end(), kUnknownArrivals) != expected.end();
+  std::fill(unit_awaiting.begin(), unit_awaiting.end(), guessing ? -1 : 0);
+  if (guessing) return;
+  for (size_t p = 0; p < unit_index_of_param.size(); ++p) {
+    unit_awaiting[unit_index_of_param[p]] += expected.empty() ? 1 : expected[p];
+  }
+}
+
+void Engine::Impl::on_unit_grad(int p) {
+  const int k = unit_index_of_param.at(p);
+  int& left = unit_awaiting[k];
+  if (left <= 0) return;  // released when backward ends
   ShardedUnit& u = *units[k];
-  if (u.residency() != Residency::kOnUse) return;
-  // Every parameter's gradient of the unit's last bucket was delivered, so autograd has no node
-  // left that reads the unit's weights in this pass.
-  const int buckets = u.slot().end_bucket - u.slot().first_bucket;
-  if (++launched_in_pass[k] == buckets && u.gathered()) u.release();
+  if (--left == 0 && u.residency() == Residency::kOnUse && u.gathered()) u.release();
 }
 
 bool Engine::Impl::may_launch(int b) const {
