@@ -231,6 +231,8 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
               "yet; set zero_optimization.stage: 2 (tensor parallelism) or 1 (pipelines)");
   if (stage3) {
     fo.unit_of = plan_stage3_units(*impl->module, c.zero_optimization.stage3, impl->unit_names);
+    agree_stage3_units(*impl->group, device, *impl->module, fo.unit_of, impl->unit_names,
+                       fo.bucket_numel);
     fo.unit_buffers = true;
   }
   if (off.enabled) {
@@ -415,7 +417,10 @@ std::vector<int64_t> Engine::all_gather_values(int64_t value) const {
 at::Tensor Engine::flat_parameters() const {
   const auto& fp = impl_->fp;
   std::vector<at::Tensor> full;  // stage 3: per layout parameter, gathered from the masters
-  if (impl_->sharding.params) full = impl_->gathered_params(impl_->param_dtype);
+  if (impl_->sharding.params) {
+    impl_->enter("flat_parameters");  // a collective there (state_dict says why)
+    full = impl_->gathered_params(impl_->param_dtype);
+  }
   std::vector<at::Tensor> parts;
   for (int li : fp.layout_of_named) {
     if (li < 0) continue;

@@ -48,6 +48,13 @@ void refuse_tensor_parallel_model_on_one_group(const torch::nn::Module& model);
 std::unordered_map<const void*, int> plan_stage3_units(
     torch::nn::Module& model, const ZeroOptimizationConfig::Stage3Config& z3,
     std::vector<std::string>& names);
+// A collective over `group` before the first one that depends on the layout: every rank planned
+// the same units (names, parameter counts and sizes) and bucket size, or every rank throws naming
+// the first unit that differs (review 06e L4). One all-gather of two numbers when they agree.
+void agree_stage3_units(comm::Group& group, const at::Device& device,
+                        const torch::nn::Module& model,
+                        const std::unordered_map<const void*, int>& unit_of,
+                        const std::vector<std::string>& names, int64_t bucket_numel);
 
 struct Engine::Impl : Topology, StepProtocol {
   Config cfg;
@@ -136,6 +143,8 @@ struct Engine::Impl : Topology, StepProtocol {
   // this backward pass); unit k's boundary was reached in backward.
   bool may_launch(int b) const;
   void on_unit_entered_backward(int k);
+  // Stage 3: a unit's forward began (its gather issued).
+  void on_unit_entered_forward();
   // Stage 3: every unit gathered on use that is still gathered, released (the end of each
   // backward, failed ones too: nothing gathered survives into step()).
   void release_gathered_units();

@@ -114,7 +114,6 @@ class PartitionedGrads final : public GradSync {
   }
 
  private:
-
   // Takes a pool buffer for bucket `b` and zeroes it: padding and parameters without a gradient
   // in this pass contribute zeros.
   void take_buffer(int b) {

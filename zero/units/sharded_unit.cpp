@@ -81,6 +81,15 @@ ShardedUnit::ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slo
   }
 }
 
+ShardedUnit::~ShardedUnit() {
+  for (auto& w : pending_) {
+    try {
+      w.wait();
+    } catch (...) {
+    }
+  }
+}
+
 void ShardedUnit::begin_step(const StepContext& ctx) {
   FlatParams& fp = store_.fp;
   auto& o = *store_.optimizer;

@@ -76,6 +76,13 @@ class ShardedUnit {
   ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slot, std::string name,
               Residency residency, Publish publish, at::ScalarType param_dtype, int owner,
               comm::Group* gathers = nullptr);
+  // Waits for gathers still in flight (an error between a gather and its wait): freeing the
+  // buffer they write would hand its bytes to the next allocation while a collective still
+  // writes them (review 06e L2). Each wait is bounded by the group's timeout; their errors are
+  // dropped, the one that got here is being reported.
+  ~ShardedUnit();
+  ShardedUnit(const ShardedUnit&) = delete;
+  ShardedUnit& operator=(const ShardedUnit&) = delete;
   const std::string& name() const { return name_; }
   const UnitSlot& slot() const { return slot_; }
   Publish publish_kind() const { return publish_; }
