@@ -51,6 +51,7 @@ void Engine::Impl::on_grad(int index, const at::Tensor& param) {
   sync->on_grad(index, grad);
   // The engine owns the gradient now; freeing autograd's copy is what makes stage 2 save memory.
   grad.reset();
+  if (unit_runtime) on_unit_grad(index);
 }
 
 void Engine::Impl::make_sync() {
@@ -62,7 +63,7 @@ void Engine::Impl::make_sync() {
   sync = partitioned ? make_partitioned_grads(fp.layout, *group, sync_opts)
                      : make_accumulated_grads(fp.layout, *group, sharding.optimizer, sync_opts);
   if (!bucket_order.empty()) sync->set_release_order(bucket_order);
-  if (unit_runtime) sync->set_on_launched([this](int b) { on_bucket_launched(b); });
+  if (unit_runtime) sync->set_launch_gate([this](int b) { return may_launch(b); });
 }
 
 namespace {
@@ -230,6 +231,8 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
               "yet; set zero_optimization.stage: 2 (tensor parallelism) or 1 (pipelines)");
   if (stage3) {
     fo.unit_of = plan_stage3_units(*impl->module, c.zero_optimization.stage3, impl->unit_names);
+    agree_stage3_units(*impl->group, device, *impl->module, fo.unit_of, impl->unit_names,
+                       fo.bucket_numel);
     fo.unit_buffers = true;
   }
   if (off.enabled) {
@@ -414,7 +417,10 @@ std::vector<int64_t> Engine::all_gather_values(int64_t value) const {
 at::Tensor Engine::flat_parameters() const {
   const auto& fp = impl_->fp;
   std::vector<at::Tensor> full;  // stage 3: per layout parameter, gathered from the masters
-  if (impl_->sharding.params) full = impl_->gathered_params(impl_->param_dtype);
+  if (impl_->sharding.params) {
+    impl_->enter("flat_parameters");  // a collective there (state_dict says why)
+    full = impl_->gathered_params(impl_->param_dtype);
+  }
   std::vector<at::Tensor> parts;
   for (int li : fp.layout_of_named) {
     if (li < 0) continue;

@@ -48,6 +48,13 @@ void refuse_tensor_parallel_model_on_one_group(const torch::nn::Module& model);
 std::unordered_map<const void*, int> plan_stage3_units(
     torch::nn::Module& model, const ZeroOptimizationConfig::Stage3Config& z3,
     std::vector<std::string>& names);
+// A collective over `group` before the first one that depends on the layout: every rank planned
+// the same units (names, parameter counts and sizes) and bucket size, or every rank throws naming
+// the first unit that differs (review 06e L4). One all-gather of two numbers when they agree.
+void agree_stage3_units(comm::Group& group, const at::Device& device,
+                        const torch::nn::Module& model,
+                        const std::unordered_map<const void*, int>& unit_of,
+                        const std::vector<std::string>& names, int64_t bucket_numel);
 
 struct Engine::Impl : Topology, StepProtocol {
   Config cfg;
@@ -71,12 +78,19 @@ struct Engine::Impl : Topology, StepProtocol {
   ShardStore store;
   std::vector<std::unique_ptr<ShardedUnit>> units;
   // Stage 3: what run_unit calls (the registry holds it weakly; ~Impl unbinds it), the index in
-  // `units` of each bucket's unit, and per unit how many of its buckets this backward pass
-  // launched (the last one releases the unit).
+  // `units` of each bucket's and each layout parameter's unit, and per unit the gradients of its
+  // parameters this backward pass still expects (the last one releases the unit; -1: released
+  // when backward ends).
   std::shared_ptr<EngineUnits> unit_runtime;
   std::vector<int> unit_index_of_bucket;
-  std::vector<int> launched_in_pass;
-  bool release_on_launch = false;
+  std::vector<int> unit_index_of_param;
+  std::vector<int> unit_awaiting;
+  // Stage 3: the units' all-gathers go over a communicator of their own (split from dp), and a
+  // unit's gradient buckets are reduced only once its boundary was reached in this backward
+  // pass (`entered_in_pass`): each communicator then carries one sequence on every rank, whatever
+  // parameters a rank's graph leaves unused (review 06e H1).
+  std::shared_ptr<comm::Group> unit_group;
+  std::vector<char> entered_in_pass;
   // By plan unit id: "<root>", then the marked modules.
   std::vector<std::string> unit_names;
   // Each layout parameter's shape (stage 3's released parameters are 0-element tensors).
@@ -121,8 +135,16 @@ struct Engine::Impl : Topology, StepProtocol {
   void make_stage3_units();
   // A collective: every layout parameter's values, whole, from the fp32 masters (in `dtype`).
   std::vector<at::Tensor> gathered_params(at::ScalarType dtype) const;
-  // Stage 3: a bucket's reduction was launched in backward; the unit's last one releases it.
-  void on_bucket_launched(int b);
+  // Stage 3: a backward pass expecting `expected` gradients per layout parameter starts; a
+  // gradient of layout parameter `p` arrived (the unit's last expected one releases it).
+  void begin_unit_pass(const std::vector<int>& expected);
+  void on_unit_grad(int p);
+  // Stage 3: whether bucket b may be reduced now (its unit is resident, or was entered in
+  // this backward pass); unit k's boundary was reached in backward.
+  bool may_launch(int b) const;
+  void on_unit_entered_backward(int k);
+  // Stage 3: a unit's forward began (its gather issued).
+  void on_unit_entered_forward();
   // Stage 3: every unit gathered on use that is still gathered, released (the end of each
   // backward, failed ones too: nothing gathered survives into step()).
   void release_gathered_units();

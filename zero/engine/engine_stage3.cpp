@@ -3,7 +3,14 @@
 // use), their binding to zero::run_unit, and their release once backward is done with them.
 #include <torch/nn/module.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <unordered_set>
+
+#include "comm/agree.hpp"
 #include "zero/engine/engine_impl.hpp"
+#include "zero/grads/grad_buckets.hpp"
 #include "zero/units/unit_plan.hpp"
 #include "zero/units/unit_registry.hpp"
 
@@ -42,20 +49,104 @@ std::unordered_map<const void*, int> plan_stage3_units(
   return unit_of;
 }
 
+namespace {
+
+uint64_t fnv1a(const std::string& s, uint64_t h) {
+  for (const unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+void agree_stage3_units(comm::Group& group, const at::Device& device,
+                        const torch::nn::Module& model,
+                        const std::unordered_map<const void*, int>& unit_of,
+                        const std::vector<std::string>& names, int64_t bucket_numel) {
+  if (group.size() == 1) return;
+  const size_t n = names.size();
+  std::vector<int64_t> count(n, 0), numel(n, 0);
+  std::unordered_set<const void*> seen;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const void* impl = item.value().unsafeGetTensorImpl();
+    const auto it = unit_of.find(impl);
+    if (!seen.insert(impl).second || it == unit_of.end()) continue;
+    ++count.at(it->second);
+    numel.at(it->second) += item.value().numel();
+  }
+  // The marked units in order, then the root: a mark that one rank lacks shows as the unit it
+  // names, not as the root that took its parameters.
+  std::string text;
+  for (size_t i = 1; i <= n; ++i) {
+    const size_t u = i % n;
+    text += "'" + names[u] + "' (" + std::to_string(count[u]) + " parameters, " +
+            std::to_string(numel[u]) + " elements)\n";
+  }
+  text += "reduce_bucket_size " + std::to_string(bucket_numel) + "\n";
+  const auto lines = static_cast<int64_t>(n + 1);
+  const auto hash = static_cast<int64_t>(fnv1a(text, 1469598103934665603ull));
+  const at::Tensor status =
+      at::tensor(std::vector<int64_t>{lines, hash}, at::TensorOptions().dtype(at::kLong))
+          .to(device);
+  const at::Tensor all =
+      comm::gather_status(group, status, "all_gather of the check that ranks built the same units");
+  if (all.eq(all[0]).all().item<bool>()) return;
+  // They differ: each rank compares its list with rank 0's, and every rank reports every
+  // difference.
+  const std::vector<std::string> mine = lines_of(text);
+  const std::vector<std::string> theirs =
+      lines_of(comm::broadcast_text(group, text, 0, device, "broadcast of rank 0's stage-3 units"));
+  std::string error;
+  for (size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+    const std::string a = i < mine.size() ? mine[i] : "no unit";
+    const std::string b = i < theirs.size() ? theirs[i] : "no unit";
+    if (a == b) continue;
+    error = "entry " + std::to_string(i + 1) + " of its units is " + a + ", rank 0's is " + b;
+    break;
+  }
+  const std::string all_errors =
+      comm::agree_errors(group, error, device, "all_gather of the stage-3 unit differences");
+  TORCH_CHECK(false, "zero: ZeRO stage 3: the ranks built different units (", all_errors,
+              "). Every rank must mark the same modules with zero::shard before "
+              "zero::initialize, with the same stage3_param_persistence_threshold and "
+              "reduce_bucket_size: a mark made under a rank-dependent condition gives each rank "
+              "another layout, and the collectives would pair different sizes.");
+}
+
 void Engine::Impl::make_stage3_units() {
   const auto& slots = fp.layout.units();
+  // The gathers' own communicator (as the pipeline's groups are made: c10d, split from dp, every
+  // rank in the same order). On dp alone a bucket that one rank's loss leaves unused is
+  // reduce-scattered at once there and only after the unit's gather on a rank that uses it.
+  unit_group = group->split(0, group->rank(), group->name() + "/unit-gathers");
   std::vector<ShardedUnit*> raw;
   for (const UnitSlot& s : slots) {
     const bool root = s.unit == units::UnitPlan::kRoot;
     units.push_back(std::make_unique<ShardedUnit>(
         store, *group, s, unit_names.at(s.unit), root ? Residency::kResident : Residency::kOnUse,
-        root ? Publish::kAllGather : Publish::kCastShard, param_dtype, sharding.owner));
+        root ? Publish::kAllGather : Publish::kCastShard, param_dtype, sharding.owner,
+        unit_group.get()));
     raw.push_back(units.back().get());
     for (int b = s.first_bucket; b < s.end_bucket; ++b)
       unit_index_of_bucket.push_back(static_cast<int>(units.size()) - 1);
   }
-  launched_in_pass.assign(units.size(), 0);
-  unit_runtime = std::make_shared<EngineUnits>(std::move(raw), in_backward);
+  for (const ParamSlot& p : fp.layout.params()) {
+    unit_index_of_param.push_back(unit_index_of_bucket.at(p.bucket));
+  }
+  unit_awaiting.assign(units.size(), -1);
+  entered_in_pass.assign(units.size(), 0);
+  unit_runtime = std::make_shared<EngineUnits>(
+      std::move(raw), in_backward, [this](int) { on_unit_entered_forward(); },
+      [this](int k) { on_unit_entered_backward(k); });
   std::unordered_map<std::string, const torch::nn::Module*> by_name{{"", module.get()}};
   for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
     by_name.emplace(item.key(), item.value().get());
@@ -64,22 +155,59 @@ void Engine::Impl::make_stage3_units() {
     if (slots[k].unit == units::UnitPlan::kRoot) continue;
     units::bind(*by_name.at(unit_names.at(slots[k].unit)), unit_runtime, static_cast<int>(k));
   }
-  sync->set_on_launched([this](int b) { on_bucket_launched(b); });
+  sync->set_launch_gate([this](int b) { return may_launch(b); });
   // Between steps a unit gathered on use holds only its shard.
   for (auto& u : units) {
     if (u->residency() == Residency::kOnUse) u->release();
   }
 }
 
-void Engine::Impl::on_bucket_launched(int b) {
-  if (!release_on_launch) return;
-  const int k = unit_index_of_bucket.at(b);
+void Engine::Impl::begin_unit_pass(const std::vector<int>& expected) {
+  // A node that reads a weight is an ancestor of that weight's AccumulateGrad, so once every
+  // gradient expected of a unit's parameters is in, nothing left in this pass reads them: the
+  // unit goes then, on every pass, the first included (review 06e M1: the first pass used to
+  // keep every unit to its end, the whole model). Not where some count is a guess (a
+  // checkpointed block before the first pass counted): a parameter used there may deliver more,
+  // and its unit is released when backward ends. A unit whose recomputation (checkpoint) runs
+  // later gathers again.
+  const bool guessing =
+      std::find(expected.begin(), expected.end(), kUnknownArrivals) != expected.end();
+  std::fill(unit_awaiting.begin(), unit_awaiting.end(), guessing ? -1 : 0);
+  if (guessing) return;
+  for (size_t p = 0; p < unit_index_of_param.size(); ++p) {
+    unit_awaiting[unit_index_of_param[p]] += expected.empty() ? 1 : expected[p];
+  }
+}
+
+void Engine::Impl::on_unit_grad(int p) {
+  const int k = unit_index_of_param.at(p);
+  int& left = unit_awaiting[k];
+  if (left <= 0) return;  // released when backward ends
   ShardedUnit& u = *units[k];
-  if (u.residency() != Residency::kOnUse) return;
-  // Every parameter's gradient of the unit's last bucket was delivered, so autograd has no node
-  // left that reads the unit's weights in this pass.
-  const int buckets = u.slot().end_bucket - u.slot().first_bucket;
-  if (++launched_in_pass[k] == buckets && u.gathered()) u.release();
+  if (--left == 0 && u.residency() == Residency::kOnUse && u.gathered()) u.release();
+}
+
+void Engine::Impl::on_unit_entered_forward() {
+  // At stage 3 a rank's next accumulation window starts with a unit's gather in forward, which
+  // waits for every peer: announce the window there (run_backward announces it too, once per
+  // window), so that a peer waiting in a call this rank skipped (state_dict on rank 0 only)
+  // hears within seconds that it went on, instead of waiting out comm_timeout_s.
+  if (entries && !in_backward && stats.micro_steps % accumulation == 0) {
+    entries->progress(stats.micro_steps / accumulation + 1);
+  }
+}
+
+bool Engine::Impl::may_launch(int b) const {
+  const int k = unit_index_of_bucket.at(b);
+  return units[k]->residency() != Residency::kOnUse || entered_in_pass[k] != 0;
+}
+
+void Engine::Impl::on_unit_entered_backward(int k) {
+  // A bucket of this unit that the loss left unused (complete since backward began) waited for
+  // the gather just issued; it and what queues behind it go now.
+  if (entered_in_pass.at(k)) return;
+  entered_in_pass[k] = 1;
+  sync->launch_ready();
 }
 
 void Engine::Impl::release_gathered_units() {

@@ -41,11 +41,11 @@ void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
   const bool boundary = (stats.micro_steps + 1) % accumulation == 0;
   const GradSyncCounters before = sync->counters();
   const bool counting = order->counting();
-  sync->begin_backward(boundary, order->begin_pass(roots), counting);
-  // Stage 3: a unit is released when its last bucket is launched, except on the pass that may
-  // guess gradient counts (a bucket launched early there could still see its weights used).
-  std::fill(launched_in_pass.begin(), launched_in_pass.end(), 0);
-  release_on_launch = unit_runtime != nullptr && !counting;
+  // Stage 3: no unit entered this pass's backward yet (begin_backward consults the gate).
+  std::fill(entered_in_pass.begin(), entered_in_pass.end(), 0);
+  const std::vector<int> expected = order->begin_pass(roots);
+  sync->begin_backward(boundary, expected, counting);
+  if (unit_runtime) begin_unit_pass(expected);
   in_backward = true;
   try {
     run();

@@ -125,8 +125,9 @@ int BucketTracker::mark(int param) {
   return n;
 }
 
-int BucketTracker::next_ready() {
+int BucketTracker::next_ready(const std::function<bool(int)>& may_launch) {
   if (next_ >= static_cast<int>(missing_.size()) || missing_[order_[next_]] > 0) return -1;
+  if (may_launch && !may_launch(order_[next_])) return -1;
   return order_[next_++];
 }
 

@@ -62,7 +62,9 @@ class BucketTracker {
   // was already released (its reduction would miss this gradient).
   int mark(int param);
   // The next bucket whose gradients are all in and whose predecessors were released, or -1.
-  int next_ready();
+  // `may_launch` (when set) can hold a complete bucket back: it is then not ready yet, and
+  // neither is any bucket after it in the release order.
+  int next_ready(const std::function<bool(int)>& may_launch = {});
   // The next bucket not yet released, ready or not (for the flush after backward), or -1.
   int next_unreleased();
   // Position in the release order of the first bucket not yet released.

@@ -96,6 +96,13 @@ class GradSync {
   virtual GradPathBytes bytes() const = 0;
   // Called with a bucket's index right after its (first) reduction was launched in a pass.
   void set_on_launched(std::function<void(int)> f) { on_launched_ = std::move(f); }
+  // Stage 3: a complete bucket is reduced during backward only once may_launch(bucket) says so
+  // (its unit's all-gather of this pass was issued), so that no rank reduce-scatters a unit's
+  // gradients before it all-gathered the unit (review 06e H1); what it holds back goes when
+  // launch_ready() is called after the gate opened, or after backward.
+  void set_launch_gate(std::function<bool(int)> may_launch) { gate_ = std::move(may_launch); }
+  // Launches what became ready (a gate opened); nothing outside backward.
+  virtual void launch_ready() {}
   Reducer& reducer() { return *reducer_; }
   GradSink& sink() { return *sink_; }
   const GradSyncCounters& counters() const { return counters_; }
@@ -115,6 +122,7 @@ class GradSync {
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<GradSink> sink_;
   std::function<void(int)> on_launched_;
+  std::function<bool(int)> gate_;
   GradSyncCounters counters_;
 };
 

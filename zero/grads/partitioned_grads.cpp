@@ -106,14 +106,14 @@ class PartitionedGrads final : public GradSync {
   void zero_grad() override { sink_->new_window(); }
   GradPathBytes bytes() const override { return path_bytes(pipeline_, 0); }
 
- private:
-  void launch_ready() {
-    for (int b = tracker_.next_ready(); b >= 0; b = tracker_.next_ready()) {
+  void launch_ready() override {
+    for (int b = tracker_.next_ready(gate_); b >= 0; b = tracker_.next_ready(gate_)) {
       launch(b);
       ++counters_.launched_in_backward;
     }
   }
 
+ private:
   // Takes a pool buffer for bucket `b` and zeroes it: padding and parameters without a gradient
   // in this pass contribute zeros.
   void take_buffer(int b) {

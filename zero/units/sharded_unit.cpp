@@ -53,9 +53,10 @@ double GatherQueue::drain() {
 
 ShardedUnit::ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slot, std::string name,
                          Residency residency, Publish publish, at::ScalarType param_dtype,
-                         int owner)
+                         int owner, comm::Group* gathers)
     : store_(store),
       dp_(dp),
+      gathers_(gathers != nullptr ? *gathers : dp),
       slot_(slot),
       name_(std::move(name)),
       residency_(residency),
@@ -77,6 +78,15 @@ ShardedUnit::ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slo
       params.push_back({fp.params[li], fp.layout.params()[li].flat_offset - slot_.flat_begin});
     }
     storage_ = std::make_unique<units::UnitStorage>(fp.unit_buffers[index_], std::move(params));
+  }
+}
+
+ShardedUnit::~ShardedUnit() {
+  for (auto& w : pending_) {
+    try {
+      w.wait();
+    } catch (...) {
+    }
   }
 }
 
@@ -107,7 +117,7 @@ void ShardedUnit::gather() {
     at::Tensor out = storage_->buffer().narrow(0, bucket.flat_offset - slot_.flat_begin,
                                                bucket.shard.padded_numel());
     at::Tensor in = fp.shard.narrow(0, bucket.shard_offset, bucket.shard.shard_numel());
-    pending_.push_back(dp_.all_gather(
+    pending_.push_back(gathers_.all_gather(
         out, in, "all_gather of unit " + name_ + " (parameter bucket " + std::to_string(b) + ")"));
   }
 }

@@ -70,8 +70,19 @@ struct StepContext {
 class ShardedUnit {
  public:
   // `owner`: whose shard of each bucket this rank's master and states hold (Sharding::owner).
+  // `gathers`: the group a kOnUse unit's gathers go over (stage 3: a communicator of their own,
+  // split from dp, so that they never interleave with the gradient reduce-scatters on dp in an
+  // order that depends on each rank's graph: review 06e H1); null: dp.
   ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slot, std::string name,
-              Residency residency, Publish publish, at::ScalarType param_dtype, int owner);
+              Residency residency, Publish publish, at::ScalarType param_dtype, int owner,
+              comm::Group* gathers = nullptr);
+  // Waits for gathers still in flight (an error between a gather and its wait): freeing the
+  // buffer they write would hand its bytes to the next allocation while a collective still
+  // writes them (review 06e L2). Each wait is bounded by the group's timeout; their errors are
+  // dropped, the one that got here is being reported.
+  ~ShardedUnit();
+  ShardedUnit(const ShardedUnit&) = delete;
+  ShardedUnit& operator=(const ShardedUnit&) = delete;
   const std::string& name() const { return name_; }
   const UnitSlot& slot() const { return slot_; }
   Publish publish_kind() const { return publish_; }
@@ -146,6 +157,7 @@ class ShardedUnit {
 
   ShardStore& store_;
   comm::Group& dp_;
+  comm::Group& gathers_;  // kOnUse gathers
   UnitSlot slot_;
   int index_ = 0;  // the slot's position in layout().units(), FlatParams::unit_buffers' index
   std::unique_ptr<units::UnitStorage> storage_;  // kOnUse only
