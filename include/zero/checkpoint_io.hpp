@@ -93,8 +93,8 @@ std::vector<CheckpointInfo> complete_checkpoints(const std::string& dir);
 // "" when no tag is complete in all of them.
 std::string newest_common_checkpoint(const std::vector<std::string>& dirs);
 
-// Writes `tensors` as a safetensors file (cast to `dtype`: at::kFloat or at::kBFloat16),
-// atomically. `metadata` lands in the header's "__metadata__".
+// Writes `tensors` as a safetensors file (cast to `dtype`: at::kFloat, at::kBFloat16 or
+// at::kHalf), atomically. `metadata` lands in the header's "__metadata__".
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        at::ScalarType dtype, const std::map<std::string, std::string>& metadata);

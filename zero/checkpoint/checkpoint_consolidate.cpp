@@ -116,9 +116,9 @@ std::vector<std::string> checkpoint_dirs(const std::string& save_dir, const std:
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        at::ScalarType dtype, const std::map<std::string, std::string>& metadata) {
-  ZERO_CKPT_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, path,
-                  ": safetensors output supports fp32 and bf16, not ", c10::toString(dtype));
-  const char* code = dtype == at::kFloat ? "F32" : "BF16";
+  ZERO_CKPT_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, path,
+                  ": safetensors output supports fp32, bf16 and fp16, not ", c10::toString(dtype));
+  const char* code = dtype == at::kFloat ? "F32" : dtype == at::kBFloat16 ? "BF16" : "F16";
   std::vector<at::Tensor> data;
   std::string header = "{\"__metadata__\":{";
   bool first = true;

@@ -164,6 +164,18 @@ struct Manifest {
   std::string config_text;  // the config file as it was (written, never read back)
   std::vector<std::pair<std::string, std::string>> config;  // key values, for humans
   std::vector<CheckpointParam> params;
+  // Stage 3's units (zero::shard-marked modules, and the root), in layout order: which
+  // parameters each flat buffer holds and where (element offsets in the unit's buffer, the
+  // parameters in layout order), and its elements with padding. For tools and people: a load
+  // maps pieces by parameter name (the shard files' entries), so any layout reads them. Empty
+  // below stage 3 (one unit over the whole model) and in checkpoints written before stage 3.
+  struct Unit {
+    std::string name;
+    std::vector<std::string> params;
+    std::vector<int64_t> offsets;
+    int64_t numel = 0;
+  };
+  std::vector<Unit> units;
   struct FileInfo {
     std::string name;
     uint64_t bytes = 0;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <tuple>
 
 #include "zero/checkpoint/checkpoint_format.hpp"
@@ -130,7 +131,19 @@ std::string manifest_to_json(const Manifest& m) {
          ", \"offset\": " +
          int_list(p.offset.empty() ? std::vector<int64_t>(p.shape.size(), 0) : p.offset) + "}";
   }
-  j += "\n  ],\n  \"files\": [";
+  j += "\n  ],";
+  if (!m.units.empty()) {
+    j += "\n  \"units\": [";
+    for (size_t i = 0; i < m.units.size(); ++i) {
+      const Manifest::Unit& u = m.units[i];
+      j += std::string(i ? "," : "") + "\n    {\"name\": " + quote(u.name) + ", \"params\": [";
+      for (size_t k = 0; k < u.params.size(); ++k) j += (k ? ", " : "") + quote(u.params[k]);
+      j += "], \"offsets\": " + int_list(u.offsets) + ", \"numel\": " + std::to_string(u.numel) +
+           "}";
+    }
+    j += "\n  ],";
+  }
+  j += "\n  \"files\": [";
   for (size_t i = 0; i < m.files.size(); ++i) {
     j += std::string(i ? "," : "") + "\n    {\"name\": " + quote(m.files[i].name) +
          ", \"bytes\": " + std::to_string(m.files[i].bytes) +
@@ -202,6 +215,28 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
                     int_list(cp.shape), " at offset ", int_list(cp.offset),
                     " does not lie inside its global shape ", int_list(cp.global_shape));
     m.params.push_back(std::move(cp));
+  }
+  // Only stage 3 writes them; each names parameters of the checkpoint, at an offset in its unit.
+  if (const YAML::Node units = n["units"]) {
+    ZERO_CKPT_CHECK(units.IsSequence(), path, ": corrupted: the manifest's 'units' is not a list");
+    std::set<std::string> names;
+    for (const CheckpointParam& p : m.params) names.insert(p.name);
+    for (const auto& u : units) {
+      Manifest::Unit unit{
+          get<std::string>(u, "name", path), get<std::vector<std::string>>(u, "params", path),
+          get<std::vector<int64_t>>(u, "offsets", path), get<int64_t>(u, "numel", path)};
+      ZERO_CKPT_CHECK(unit.params.size() == unit.offsets.size(), path, ": corrupted: unit '",
+                      unit.name, "' lists ", unit.params.size(), " parameters but ",
+                      unit.offsets.size(), " offsets");
+      for (size_t k = 0; k < unit.params.size(); ++k) {
+        ZERO_CKPT_CHECK(
+            names.count(unit.params[k]) && unit.offsets[k] >= 0 && unit.offsets[k] <= unit.numel,
+            path, ": corrupted: unit '", unit.name, "' holds '", unit.params[k], "' at offset ",
+            unit.offsets[k], ", which is not a parameter of the checkpoint inside the unit's ",
+            unit.numel, " elements");
+      }
+      m.units.push_back(std::move(unit));
+    }
   }
   const YAML::Node files = n["files"];
   ZERO_CKPT_CHECK(files.IsSequence() && static_cast<int>(files.size()) == m.world_size, path,

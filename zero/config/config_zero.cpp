@@ -181,8 +181,9 @@ void load_stage3_keys(Loader& l, std::vector<Field>& f, ZeroOptimizationConfig::
 }
 
 // What the stage-3 keys do at the stage the file asks for: below 3 nothing (DeepSpeed ignores
-// them too); at 3 the persistence thresholds shape the units, and the prefetch, live-parameter,
-// reuse-distance and 16-bit-save keys are accepted but not applied yet.
+// them too); at 3 the persistence thresholds shape the units, the 16-bit-save key adds the
+// gathered weights to each checkpoint, and the prefetch, live-parameter and reuse-distance keys
+// are accepted but not applied yet.
 void warn_stage3_keys(Loader& l, const Entry& s, const ZeroOptimizationConfig& z) {
   const bool stage3 = !z.stage_auto && z.stage == 3;
   const std::string no_prefetch =
@@ -194,9 +195,7 @@ void warn_stage3_keys(Loader& l, const Entry& s, const ZeroOptimizationConfig& z
       {"model_persistence_threshold", ""},
       {"max_live_parameters", no_prefetch},
       {"max_reuse_distance", no_prefetch},
-      {"gather_16bit_weights_on_model_save",
-       "' is accepted but has no effect yet: checkpoints are not supported at zero's stage 3; "
-       "engine.state_dict() gathers the weights"},
+      {"gather_16bit_weights_on_model_save", ""},
   };
   for (const auto& [field, msg] : at3) {
     for (const std::string& name : {"stage3_" + field, field}) {
@@ -212,10 +211,10 @@ void warn_stage3_keys(Loader& l, const Entry& s, const ZeroOptimizationConfig& z
   if (const Entry* e = l.seen(s.path + ".stage3_gather_fp16_weights_on_model_save")) {
     l.warn(*e, "'" + e->path +
                    "' is DeepSpeed's deprecated spelling of "
-                   "stage3_gather_16bit_weights_on_model_save; it has no effect here and is "
-                   "ignored: " +
-                   (stage3 ? std::string("checkpoints are not supported at zero's stage 3")
-                           : std::string("only ZeRO stage 3 reads it")));
+                   "stage3_gather_16bit_weights_on_model_save; " +
+                   (stage3 ? std::string("read as that key (rename it)")
+                           : std::string("it has no effect here and is ignored: only ZeRO "
+                                         "stage 3 reads it")));
   }
 }
 

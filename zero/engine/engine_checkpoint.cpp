@@ -74,8 +74,8 @@ std::vector<CheckpointParam> current_params(const Engine::Impl& m) {
   std::vector<CheckpointParam> out;
   for (int li : m.fp.layout_of_named) {
     if (li < 0) continue;
-    const auto sizes = m.fp.params[li].sizes();
-    const std::vector<int64_t> shape(sizes.begin(), sizes.end());
+    // The layout's shape: at stage 3 a released parameter is a 0-element tensor.
+    const std::vector<int64_t>& shape = m.param_shapes[li];
     const std::string& name = m.fp.layout.params()[li].name;
     // Whole unless groups.parts says where this rank's block lies in the model's tensor.
     CheckpointParam cp{name, shape, shape, std::vector<int64_t>(shape.size(), 0)};

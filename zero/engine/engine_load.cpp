@@ -240,12 +240,6 @@ std::string Engine::load_checkpoint(const std::vector<std::string>& dirs,
   at::NoGradGuard no_grad;
   const int rank = m.group->rank(), world = m.group->size();
   TORCH_CHECK(!dirs.empty(), "zero: load_checkpoint: no checkpoint directory given");
-  if (m.sharding.params) {
-    throw CheckpointError(
-        "zero: load_checkpoint is not supported at ZeRO stage 3 yet; resume with "
-        "zero_optimization.stage: 2 (the checkpoint's own stage), or start from the weights "
-        "(trainer.init_from)");
-  }
   try {
     m.enter("load_checkpoint");
   } catch (const CommError& e) {

@@ -1,11 +1,16 @@
 // Engine::save_checkpoint: every rank writes its pieces into dir/tag.tmp/, rank 0 adds the
 // manifest, renames the directory to dir/tag and only then points dir/latest at it. A crash at
 // any point leaves the previous checkpoint and `latest` as they were.
+//
+// At stage 3 a rank's pieces are its shard of every unit, as at stages 1-2 its shard of the one
+// unit: no rank gathers the model, and the files are the same format (pieces by parameter name),
+// so a stage-3 save loads at any stage and world size. The manifest also lists the units.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 
 #include "zero/errors.hpp"
 #include "zero/engine/engine_checkpoint.hpp"
@@ -72,6 +77,18 @@ ckpt::Manifest make_manifest(const Engine::Impl& m, const std::string& tag,
   man.stage = m.sharding.stage();
   man.param_dtype = ckpt::current_dtype(m);
   man.params = ckpt::current_params(m);
+  if (m.sharding.params) {
+    const FlatLayout& L = m.fp.layout;
+    for (const auto& u : m.units) {
+      const UnitSlot& s = u->slot();
+      ckpt::Manifest::Unit rec{u->name(), {}, {}, s.flat_end - s.flat_begin};
+      for (int li : s.params) {
+        rec.params.push_back(L.params()[li].name);
+        rec.offsets.push_back(L.params()[li].flat_offset - s.flat_begin);
+      }
+      man.units.push_back(std::move(rec));
+    }
+  }
   man.fingerprint = ckpt::run_fingerprint(man.params, man.param_dtype);
   man.optimizer = m.store.optimizer->name();
   for (const auto& s : m.store.optimizer->state()) man.state_names.push_back(s.first);
@@ -103,9 +120,11 @@ ckpt::Manifest make_manifest(const Engine::Impl& m, const std::string& tag,
 }
 
 // The save once every rank entered it: the directory, the shards, the manifest, `latest`.
+// `weights16` set (stage 3 with stage3_gather_16bit_weights_on_model_save): a collective giving
+// rank 0 the whole model in the compute dtype, written as tag/model.safetensors.
 void save_into(Engine::Impl& m, const std::string& tag, const fs::path& root,
                const fs::path& final_dir, const fs::path& tmp_dir, int keep_last,
-               const std::string& what);
+               const std::string& what, const std::function<StateDict()>& weights16);
 
 }  // namespace
 
@@ -116,10 +135,6 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg,
   const std::string tag =
       tag_arg.empty() ? "step" + std::to_string(m.stats.optimizer_steps) : tag_arg;
   // Checks every rank makes alike, so they may throw before the first collective.
-  ZERO_CKPT_CHECK(!m.sharding.params,
-                  "zero: save_checkpoint is not supported at ZeRO stage 3 yet; train with "
-                  "zero_optimization.stage: 2 to checkpoint, or export the weights with "
-                  "engine.state_dict() (gathered from the shards)");
   ckpt::check_tag(tag);
   ZERO_CKPT_CHECK(!dir.empty(), "zero: save_checkpoint needs a directory (trainer.save_dir)");
   ZERO_CKPT_CHECK(m.stats.micro_steps % m.accumulation == 0, "zero: save_checkpoint at micro-step ",
@@ -139,8 +154,13 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg,
   } catch (const CommError& e) {
     throw CheckpointError(e.what());
   }
+  // DeepSpeed's save_16bit_model: only stage 3 reads the key (below it the config warns).
+  std::function<StateDict()> weights16;
+  if (m.sharding.params && m.cfg.zero_optimization.stage3.gather_16bit_weights_on_model_save) {
+    weights16 = [this] { return state_dict({.master = false, .to_rank = 0, .cpu = true}); };
+  }
   try {
-    save_into(m, tag, root, final_dir, tmp_dir, keep_last, what);
+    save_into(m, tag, root, final_dir, tmp_dir, keep_last, what, weights16);
   } catch (...) {
     // A failed save leaves no half-written tag.tmp (rank 0 made it; every rank fails alike).
     if (rank == 0) {
@@ -155,7 +175,7 @@ namespace {
 
 void save_into(Engine::Impl& m, const std::string& tag, const fs::path& root,
                const fs::path& final_dir, const fs::path& tmp_dir, int keep_last,
-               const std::string& what) {
+               const std::string& what, const std::function<StateDict()>& weights16) {
   const std::string dir = root.string();
   const int rank = m.group->rank(), world = m.group->size();
   std::string err;
@@ -174,6 +194,20 @@ void save_into(Engine::Impl& m, const std::string& tag, const fs::path& root,
     ckpt::save_error_feedback(m, tmp_dir.string());
   });
   ckpt::agree(m, err, what);
+
+  if (weights16) {
+    // Gathered unit by unit from the masters (rounded as the step rounds them); rank 0 holds
+    // the whole model once, in host memory, as DeepSpeed's consolidated 16-bit state dict does.
+    err = ckpt::attempt([&] {
+      const StateDict weights = weights16();
+      if (rank != 0) return;
+      write_safetensors((tmp_dir / "model.safetensors").string(), weights, m.param_dtype,
+                        {{"format", "pt"},
+                         {"zero.tag", tag},
+                         {"zero.optimizer_steps", std::to_string(m.stats.optimizer_steps)}});
+    });
+    ckpt::agree(m, err, what);
+  }
 
   at::Tensor mine =
       at::tensor({static_cast<int64_t>(written.bytes), static_cast<int64_t>(written.payload_crc)},
