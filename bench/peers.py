@@ -301,7 +301,11 @@ def one_run(fw, n, dtype, a, port, tmp):
         s = json.load(open(out))
         r = {"step_s": s["step_seconds_median"], "peak_rss": rss,
              "model_state_bytes": s["memory"][0]["measured"]["total"],
-             "num_params": s["num_params"]}
+             "num_params": s["num_params"],
+             # The summary's time split (rank 0's means): the step after backward, and what of
+             # it waited for the parameter all-gather.
+             "optimizer_s": s.get("optimizer_s_mean"),
+             "allgather_wait_s": s.get("allgather_wait_s_mean")}
         if a.phases:
             # zero-train's own counting allocator: per phase, the most any rank held (absolute).
             r["phase_peak"] = {ph: s["phase_peaks"][ph]["measured"] for ph in PHASES}

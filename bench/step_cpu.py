@@ -82,6 +82,9 @@ def main():
                         r, long = costs(fw, n, dtype, a, a.steps, port, tmp)
                         _, short = costs(fw, n, dtype, a, a.short, port + 1, tmp)
                         ps = per_step(long, short, a.steps - a.short)
+                        ps["peak_rss"] = r["peak_rss"]
+                        for k in ("optimizer_s", "allgather_wait_s"):
+                            ps[k] = r.get(k)
                         rows.setdefault((n, dtype, fw), []).append((r["step_s"], ps))
                         print(f"step_cpu: rep {rep} N={n} {dtype} {fw}: {r['step_s']:.3f} s/step, "
                               f"CPU/step per rank {ps['cpu_s']:.3f}, switches "
@@ -89,6 +92,7 @@ def main():
                               f"({time.time() - t0:.0f} s, load {' '.join(loadavg())})",
                               file=sys.stderr, flush=True)
     med = statistics.median
+    opt = lambda v: "-" if v is None else f"{v:.3f}"
     lines = [f"# Step time and CPU per step: zero-s2 beside DeepSpeed ZeRO-2 and FSDP2 ({a.model})",
              "", f"`python3 bench/step_cpu.py --ranks {' '.join(map(str, a.ranks))} --dtypes "
              f"{' '.join(a.dtypes)} --reps {a.reps}{' --before <build>' if a.before else ''}`: "
@@ -100,8 +104,9 @@ def main():
              "context switches), the mean over ranks; medians over the repetitions. Ranks' CPU / "
              "wall: how many cores the N ranks kept busy during a step.", "",
              "| N | dtype | framework | step (s) | vs DS ZeRO-2 | vs FSDP2 | CPU s/step/rank "
-             "| ranks' CPU / wall | vol. sw/step/rank | invol. sw/step/rank |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| ranks' CPU / wall | vol. sw/step/rank | invol. sw/step/rank | optimizer phase (s) "
+             "| of which all-gather (s) | peak RSS (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in a.ranks:
         for dtype in a.dtypes:
             fig = {}
@@ -109,7 +114,10 @@ def main():
                 rs = rows[(n, dtype, fw)]
                 fig[fw] = dict(step=med([s for s, _ in rs]),
                                **{k: med([ps[k] for _, ps in rs])
-                                  for k in ("cpu_s", "vcsw", "ivcsw")})
+                                  for k in ("cpu_s", "vcsw", "ivcsw", "peak_rss")})
+                for k in ("optimizer_s", "allgather_wait_s"):
+                    v = [ps[k] for _, ps in rs if ps.get(k) is not None]
+                    fig[fw][k] = med(v) if v else None
             ratio = lambda fw, ref: (f"{fig[fw]['step'] / fig[ref]['step']:.2f}x"
                                      if ref in fig else "-")
             for fw in fws:
@@ -117,7 +125,8 @@ def main():
                 lines.append(f"| {n} | {dtype} | {fw} | {f['step']:.3f} | {ratio(fw, 'ds-z2')} | "
                              f"{ratio(fw, 'fsdp2')} | {f['cpu_s']:.3f} | "
                              f"{n * f['cpu_s'] / f['step']:.2f} | {f['vcsw']:.0f} | "
-                             f"{f['ivcsw']:.0f} |")
+                             f"{f['ivcsw']:.0f} | {opt(f['optimizer_s'])} | "
+                             f"{opt(f['allgather_wait_s'])} | {f['peak_rss'] / 2**20:.0f} |")
     text = "\n".join(lines) + "\n"
     if a.out_md:
         open(a.out_md, "w").write(text)

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "comm/backend.hpp"
+#include "comm/gather_coalescing.hpp"
 #include "comm/liveness.hpp"
 #include "comm/staging.hpp"
 #include "comm/startup.hpp"
@@ -168,6 +169,30 @@ Work C10dGroup::all_gather(at::Tensor& out, at::Tensor& in, const std::string& w
         .then([out, host_out, host_in]() mutable { out.copy_(host_out); });
   }
   return wrap(p_.backend->_allgather_base(out, in, o), what);
+}
+
+Work C10dGroup::all_gather_coalesced(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+                                     const std::string& what) {
+  TORCH_CHECK(outs.size() == ins.size() && !outs.empty(), "zero: ", what, ": ", outs.size(),
+              " outputs for ", ins.size(), " inputs");
+  for (size_t i = 0; i < outs.size(); ++i) {
+    TORCH_CHECK(outs[i].numel() == ins[i].numel() * p_.size, "zero: ", what, ": output ", i,
+                " has ", outs[i].numel(), " elements, expected ", ins[i].numel(), " x ", p_.size);
+    TORCH_CHECK(outs[i].scalar_type() == outs[0].scalar_type() &&
+                    ins[i].scalar_type() == outs[0].scalar_type(),
+                "zero: ", what, ": the coalesced tensors differ in dtype");
+  }
+  // One rank, or a device gloo cannot read (each pair staged through the host): pair by pair.
+  if (p_.size == 1 || staged() || outs.size() == 1) {
+    return all_gather_pairs(*this, outs, ins, what);
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    check_device(ins[i], what);
+    check_device(outs[i], what);
+  }
+  c10d::AllgatherOptions o;
+  o.timeout = p_.opts.timeout;
+  return wrap(p_.backend->allgather_into_tensor_coalesced(outs, ins, o), what);
 }
 
 Work C10dGroup::all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) {

@@ -50,6 +50,12 @@ class C10dGroup final : public Group {
   Work all_reduce_sum(at::Tensor& t, const std::string& what) override;
   Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) override;
   Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) override;
+  // Several all-gathers as one collective (comm/gather_coalescing.hpp): c10d's
+  // allgather_into_tensor_coalesced. Gloo: one gather through one flat buffer of the outputs'
+  // total size, copied into the outputs on its worker thread (what its all_gather does for a
+  // single output too); NCCL: one group of launches into the outputs, no staging.
+  Work all_gather_coalesced(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+                            const std::string& what);
   Work all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) override;
   Work broadcast(at::Tensor& t, int root, const std::string& what) override;
   void barrier(const std::string& what) override;

@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "comm/gather_coalescing.hpp"
+
 namespace zero::comm {
 
 CountingGroup::CountingGroup(std::shared_ptr<Group> inner) : inner_(std::move(inner)) {
@@ -36,6 +38,15 @@ Work CountingGroup::all_gather(at::Tensor& out, at::Tensor& in, const std::strin
   const int64_t n = size(), b = in.nbytes();
   add("all_gather", what, b, b * (n - 1));
   return inner_->all_gather(out, in, what);
+}
+
+Work CountingGroup::all_gather_coalesced(std::vector<at::Tensor>& outs,
+                                         std::vector<at::Tensor>& ins, const std::string& what) {
+  const int64_t n = size();
+  int64_t b = 0;
+  for (const at::Tensor& t : ins) b += static_cast<int64_t>(t.nbytes());
+  add("all_gather", what, b, b * (n - 1));
+  return comm::all_gather_coalesced(*inner_, outs, ins, what);
 }
 
 Work CountingGroup::all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) {

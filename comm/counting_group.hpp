@@ -45,6 +45,10 @@ class CountingGroup final : public Group {
   Work all_reduce_sum(at::Tensor& t, const std::string& what) override;
   Work reduce_scatter_sum(at::Tensor& out, at::Tensor& in, const std::string& what) override;
   Work all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) override;
+  // comm::all_gather_coalesced on the wrapped group, counted as one "all_gather" call of the
+  // pairs' bytes together.
+  Work all_gather_coalesced(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+                            const std::string& what);
   Work all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what) override;
   Work broadcast(at::Tensor& t, int root, const std::string& what) override;
   void barrier(const std::string& what) override { inner_->barrier(what); }

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <unordered_set>
@@ -103,7 +104,22 @@ void check_bound_device(comm::Group& group, const at::Device& device) {
 
 }  // namespace
 
+int64_t publish_gather_bound(const FlatLayout& layout, int64_t allgather_bucket_size, int world) {
+  int64_t largest = 0;
+  for (const BucketSlot& b : layout.buckets()) largest = std::max(largest, b.shard.padded_numel());
+  // Gloo stages a gather's output in a flat buffer of its size (a coalesced one its inputs as
+  // well, 1/world of that), and ran the per-bucket gathers two at a time (its two worker
+  // threads). The coalesced gathers go one at a time: at most 2 x largest x world / (world + 1)
+  // output elements each hold no more than two bucket gathers could, so the step's peak stays
+  // where it was. NCCL stages nothing.
+  const int64_t held = 2 * largest * world / (world + 1);
+  return std::max<int64_t>(1, std::min(allgather_bucket_size, held));
+}
+
 void Engine::Impl::step_units(const StepContext& ctx) {
+  // Declared before the queue: the queue's drain (or its destructor) launches the coalesced
+  // gathers and waits for them before the window closes.
+  comm::CoalescingWindow window(publish_group.get());
   GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
   units.front()->begin_step(ctx);
   for (auto& u : units) u->step(ctx, q);
@@ -112,6 +128,7 @@ void Engine::Impl::step_units(const StepContext& ctx) {
 }
 
 void Engine::Impl::publish_units() {
+  comm::CoalescingWindow window(publish_group.get());
   GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
   for (auto& u : units) u->publish(q);
   if (q.used()) stats.allgather_wait_seconds = q.drain();
@@ -285,13 +302,19 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   if (stage3) {
     impl->make_stage3_units();
   } else {
-    // Stages 0-2: one unit over every bucket, resident.
+    // Stages 0-2: one unit over every bucket, resident. It queues one all-gather per bucket,
+    // each right after that bucket's update; publish_group sends them as one collective per
+    // publish_gather_bound elements (DeepSpeed gathers its whole partition at once).
     const Publish publish = impl->fp.master_aliases_flat() ? Publish::kNone
                             : !impl->sharding.optimizer    ? Publish::kCopy
                                                            : Publish::kAllGather;
+    impl->publish_group = std::make_shared<comm::GatherCoalescingGroup>(
+        impl->group,
+        publish_gather_bound(impl->fp.layout, c.zero_optimization.allgather_bucket_size,
+                             impl->group->size()));
     impl->units.push_back(std::make_unique<ShardedUnit>(
-        impl->store, *impl->group, impl->fp.layout.units().front(), "<root>", Residency::kResident,
-        publish, impl->param_dtype, owner));
+        impl->store, *impl->publish_group, impl->fp.layout.units().front(), "<root>",
+        Residency::kResident, publish, impl->param_dtype, owner));
   }
 
   // The Impl outlives its hooks (~Impl removes them first), so the sinks may hold its address.

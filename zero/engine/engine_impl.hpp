@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/entries.hpp"
+#include "comm/gather_coalescing.hpp"
 #include "comm/group.hpp"
 #include "device/host_readback.hpp"
 #include "zero/engine.hpp"
@@ -43,6 +44,10 @@ void refuse_model_parallel_without_mesh(const Config& cfg);
 // initialize(model, cfg, group) for a model with tensor-parallel layers split over more than one
 // rank: it would train, clipping each tp rank by its own shard's norm. Refused, naming the mesh.
 void refuse_tensor_parallel_model_on_one_group(const torch::nn::Module& model);
+// The most output elements one coalesced parameter all-gather of stages 1-2 carries:
+// allgather_bucket_size (DeepSpeed's elements gathered at a time), and no more than the
+// per-bucket gathers it replaces could hold at once (zero/engine/engine.cpp says why).
+int64_t publish_gather_bound(const FlatLayout& layout, int64_t allgather_bucket_size, int world);
 // Stage 3's unit of each trainable parameter (by TensorImpl) from the zero::shard marks and the
 // persistence thresholds (units::plan_units); `names` gets the plan's unit names.
 std::unordered_map<const void*, int> plan_stage3_units(
@@ -77,6 +82,10 @@ struct Engine::Impl : Topology, StepProtocol {
   // bucket.
   ShardStore store;
   std::vector<std::unique_ptr<ShardedUnit>> units;
+  // Stages 0-2: the group the root unit publishes through, dp with its per-bucket all-gathers
+  // coalesced into gathers of up to publish_gather_bound elements while step_units or
+  // publish_units runs (comm/gather_coalescing.hpp). Null at stage 3.
+  std::shared_ptr<comm::GatherCoalescingGroup> publish_group;
   // Stage 3: what run_unit calls (the registry holds it weakly; ~Impl unbinds it), the index in
   // `units` of each bucket's and each layout parameter's unit, and per unit the gradients of its
   // parameters this backward pass still expects (the last one releases the unit; -1: released
@@ -125,8 +134,8 @@ struct Engine::Impl : Topology, StepProtocol {
   // Called by the post-accumulate-grad hook of parameter `index` (layout index).
   void on_grad(int index, const at::Tensor& param);
   // The optimizer step over every unit, each publishing its updated values into the model:
-  // copied (stage 0) or all-gathered bucket by bucket as each bucket's update is queued
-  // (stages 1, 2).
+  // copied (stage 0) or all-gathered (stages 1, 2: each bucket's gather queued after its
+  // update, the queue gathered in as few collectives as allgather_bucket_size allows).
   void step_units(const StepContext& ctx);
   // Every unit's master values into the model, without a step (after a checkpoint load).
   void publish_units();
