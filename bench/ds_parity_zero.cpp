@@ -27,22 +27,30 @@
 
 #include "zero/models/gpt.hpp"
 #include "zero/models/hf_llama.hpp"
+#include "zero/sharding.hpp"
 #include "zero/zero.hpp"
 
 namespace {
 
-// Same layers, names, order and forward as Mlp in bench/ds_parity.py.
+// Same layers, names, order and forward as Mlp in bench/ds_parity.py. At ZeRO stage 3 each layer
+// is a unit of its own (the s3_* JSONs partition every parameter, as DeepSpeed does with
+// stage3_param_persistence_threshold 0); below stage 3 run_unit is the layer's forward.
 struct MlpImpl : torch::nn::Module {
   MlpImpl(int64_t in, int64_t hidden, int64_t out) {
     fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
     norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})));
     fc2 = register_module("fc2", torch::nn::Linear(hidden, hidden));
     head = register_module("head", torch::nn::Linear(hidden, out));
+    zero::shard(*fc1);
+    zero::shard(*norm);
+    zero::shard(*fc2);
+    zero::shard(*head);
   }
   at::Tensor forward(const at::Tensor& x) {
-    auto h = at::tanh(norm->forward(fc1->forward(x)));
-    h = at::tanh(fc2->forward(h));
-    return head->forward(h);
+    auto h = zero::run_unit(*fc1, [this](const at::Tensor& t) { return fc1->forward(t); }, x);
+    h = at::tanh(zero::run_unit(*norm, [this](const at::Tensor& t) { return norm->forward(t); }, h));
+    h = at::tanh(zero::run_unit(*fc2, [this](const at::Tensor& t) { return fc2->forward(t); }, h));
+    return zero::run_unit(*head, [this](const at::Tensor& t) { return head->forward(t); }, h);
   }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, head{nullptr};
   torch::nn::LayerNorm norm{nullptr};
@@ -82,6 +90,18 @@ void write_floats(const std::string& path, const std::vector<at::Tensor>& tensor
   f.write(reinterpret_cast<const char*>(flat.data_ptr<float>()),
           flat.numel() * static_cast<int64_t>(sizeof(float)));
   if (!f) throw std::runtime_error("ds-parity-zero: cannot write " + path);
+}
+
+// The parameters to write, by name in the module's order: the module's own tensors below stage 3;
+// at stage 3 (where a unit's parameters are empty between uses) what the engine gathers, in the
+// compute dtype, as DeepSpeed's GatheredParameters gives them. A collective at stage 3: every
+// rank calls it.
+std::vector<std::pair<std::string, at::Tensor>> final_parameters(const zero::Engine& engine,
+                                                                 torch::nn::Module& model) {
+  if (engine.stage() == 3) return engine.state_dict({.master = false});
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
 }
 
 void write_results(const std::string& dir, const std::vector<double>& losses,
@@ -126,11 +146,10 @@ int run_llama(const std::string& dir, std::istream& meta) {
     }
     losses.push_back(total / static_cast<double>(acc));
   }
+  const auto final = final_parameters(engine, *model);
   if (rank == 0) {
     std::map<std::string, at::Tensor> by_hf;
-    for (const auto& item : model->named_parameters()) {
-      by_hf[zero::models::hf_llama_name(item.key())] = item.value();
-    }
+    for (const auto& [name, value] : final) by_hf[zero::models::hf_llama_name(name)] = value;
     std::ifstream names(dir + "/names.txt");
     std::vector<at::Tensor> params;
     for (std::string name; names >> name;) {
@@ -231,7 +250,12 @@ int run(const std::string& dir) {
     }
     losses.push_back(total / static_cast<double>(acc));
   }
-  if (rank == 0) write_results(dir, losses, model->parameters());
+  const auto final = final_parameters(engine, *model);
+  if (rank == 0) {
+    std::vector<at::Tensor> params;
+    for (const auto& item : final) params.push_back(item.second);
+    write_results(dir, losses, params);
+  }
   return 0;
 }
 

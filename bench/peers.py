@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import ROOT, mib  # noqa: E402
 
 FRAMEWORKS = ["zero-s0", "zero-s1", "zero-s2", "ddp", "ddp-zero1", "fsdp2", "ds-z1", "ds-z2"]
-# Stage 3 (not in the default set): zero-s3 (refused by zero-train until its stage 3 lands),
+# Stage 3 (not in the default set; --stage3 runs them): zero-s3 (zero-train at stage 3, each
+# block a unit),
 # FSDP2 resharding after forward (fully_shard's default, the ZeRO-3 schedule) and DeepSpeed
 # ZeRO-3. `ref` is the single-process reference of --check-params (one process, the N ranks'
 # batches concatenated), not a table row.
@@ -300,15 +301,19 @@ def one_run(fw, n, dtype, a, port, tmp):
         rss = run(n, port, argv, env, rss_file)
         s = json.load(open(out))
         r = {"step_s": s["step_seconds_median"], "peak_rss": rss,
-             "model_state_bytes": s["memory"][0]["measured"]["total"],
+             "model_state_bytes": max(m["measured"]["total"] for m in s["memory"]),
              "num_params": s["num_params"],
              # The summary's time split (rank 0's means): the step after backward, and what of
              # it waited for the parameter all-gather.
              "optimizer_s": s.get("optimizer_s_mean"),
              "allgather_wait_s": s.get("allgather_wait_s_mean")}
         if a.phases:
-            # zero-train's own counting allocator: per phase, the most any rank held (absolute).
+            # zero-train's own counting allocator: per phase, the most any rank held (absolute),
+            # over the whole run; and the last step's peak over its phases (what the Python
+            # frameworks' figures are: their last step).
             r["phase_peak"] = {ph: s["phase_peaks"][ph]["measured"] for ph in PHASES}
+            r["last_step_peak"] = s["phase_step_peaks"][-1]
+            r["step_peaks"] = s["phase_step_peaks"]
         return r
     py = ds_python() if fw.startswith("ds") else sys.executable
     argv = [py, os.path.abspath(__file__), "--worker", fw, "--dtype", dtype, "--model", a.model,
@@ -352,7 +357,7 @@ def stage3_main(a):
     single-process reference. zero-train's phases come from its own counting allocator
     (summary `phase_peaks`); the Python ones from the profiler's allocator events."""
     if a.frameworks == FRAMEWORKS:
-        a.frameworks = ["zero-s2", "fsdp2-z3", "ds-z3", "ds-z2"]
+        a.frameworks = ["zero-s2", "zero-s3", "fsdp2-z3", "ds-z3", "ds-z2"]
     a.phases = True
     a.check_params = "fp32" in a.dtypes
     port = 29800 + os.getpid() % 100
@@ -384,19 +389,25 @@ def stage3_main(a):
     lines = [f"## {a.model} ({nparams / 1e6:.1f} M parameters), stage 3 and its neighbours", "",
              f"`{cmd}`", "",
              "| N | dtype | framework | step (s) | model states (MiB) | step start (MiB) | "
-             "forward peak (MiB) | backward peak (MiB) | step peak (MiB) | max net peak (MiB) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "forward peak (MiB) | backward peak (MiB) | step peak (MiB) | last-step peak (MiB) "
+             "| net peak, last step (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (fw, n, dtype), r in runs.items():
         if fw == "ref":
             continue
         pk = r.get("phase_peak", {})
         start = r.get("phase_start_bytes")
-        net = (max(pk.values()) - r["model_state_bytes"]) if pk else None
+        # The Python frameworks' phase peaks are their last step's; zero-train's are over the
+        # run (marked *), its last step's peak is its own column.
+        last = r.get("last_step_peak", max(pk.values()) if pk else None)
+        net = (last - r["model_state_bytes"]) if last is not None else None
+        star = "*" if fw.startswith("zero-") else ""
         lines.append(f"| {n} | {dtype} | {fw} | {r['step_s']:.3f} | "
                      f"{mib(r['model_state_bytes']):.1f} | "
                      + (f"{mib(start):.1f} | " if start is not None else "- | "))
-        lines[-1] += " | ".join(f"{mib(pk[ph]):.1f}" if ph in pk else "-" for ph in PHASES)
+        lines[-1] += " | ".join(f"{mib(pk[ph]):.1f}{star}" if ph in pk else "-" for ph in PHASES)
         # No RSS column: the profiler's event records inflate the Python workers' RSS.
+        lines[-1] += (f" | {mib(last):.1f}" if last is not None else " | -")
         lines[-1] += (f" | {mib(net):.1f} |" if net is not None else " | - |")
     if checks:
         lines += ["", f"Final parameters after {a.steps} steps (fp32) against the single-process "
@@ -405,6 +416,19 @@ def stage3_main(a):
                   "| N | framework | max abs diff | rel diff (norm) |", "|---|---|---|---|"]
         for (fw, n), (ab, rel) in checks.items():
             lines.append(f"| {n} | {fw} | {ab:.2e} | {rel:.2e} |")
+    zero_steps = [(fw, n, dtype, r["step_peaks"]) for (fw, n, dtype), r in runs.items()
+                  if "step_peaks" in r]
+    if zero_steps:
+        lines += ["", "zero-train's peak per step (MiB, max over ranks; * above: the most any "
+                  "step reached in that phase):", ""]
+        for fw, n, dtype, peaks in zero_steps:
+            lines.append(f"- N = {n} {dtype} {fw}: " + ", ".join(f"{mib(p):.1f}" for p in peaks))
+    json_out = a.out_md_stage3[:-3] + ".json" if a.out_md_stage3.endswith(".md") else ""
+    if json_out:
+        with open(json_out, "a") as f:
+            for (fw, n, dtype), r in runs.items():
+                f.write(json.dumps({"model": a.model, "framework": fw, "ranks": n, "dtype": dtype,
+                                    **{k: v for k, v in r.items() if k != "params"}}) + "\n")
     text = "\n".join(lines) + "\n"
     if a.out_md_stage3:
         with open(a.out_md_stage3, "a") as f:
@@ -427,8 +451,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out-md", default=os.path.join(ROOT, "bench", "results", "peers_cpu.md"))
     ap.add_argument("--stage3", action="store_true",
-                    help="the stage-3 set: " + " ".join(STAGE3) + " (zero-s3 left out unless "
-                         "named in --frameworks), with --phases and --check-params")
+                    help="the stage-3 set: zero-s2 " + " ".join(STAGE3)
+                    + " ds-z2 (or --frameworks), with --phases and --check-params")
     ap.add_argument("--out-md-stage3", default="",
                     help="--stage3: append the table to this file (default: print only)")
     ap.add_argument("--phases", action="store_true",

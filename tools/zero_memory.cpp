@@ -85,14 +85,17 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
       (long long)in.micro_batch, (long long)in.seq_len, grouped(in.bucket_elements).c_str(),
       grouped(max_bucket_elements(in)).c_str());
 
-  MemoryBreakdown st[3];
+  // Stage 3's column: model states with each block a unit (examples/gpt.cpp); the unit gathered
+  // at a time is transient and not in it. The recommendation below searches stages 0-2.
+  MemoryBreakdown st[4];
   ActivationEstimate act[3];
-  for (int s = 0; s < 3; ++s) st[s] = plan_model_states(in, s);
+  for (int s = 0; s < 4; ++s) st[s] = plan_model_states(in, s);
   for (int r = 0; r < 3; ++r) act[r] = predict_activations(in, kModes[r]);
-  std::printf("  %-40s %12s %12s %12s\n", "per-rank memory", "stage 0", "stage 1", "stage 2");
+  std::printf("  %-40s %12s %12s %12s %12s\n", "per-rank memory", "stage 0", "stage 1", "stage 2",
+              "stage 3");
   auto row = [&](const char* label, auto value) {
     std::printf("  %-40s", label);
-    for (int s = 0; s < 3; ++s) std::printf(" %12s", format_gb(value(s)).c_str());
+    for (int s = 0; s < 4; ++s) std::printf(" %12s", format_gb(value(s)).c_str());
     std::printf("\n");
   };
   row("parameters", [&](int s) { return st[s].params; });
@@ -107,7 +110,7 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   PlanInput off = in;
   off.offload_optimizer = true;
   auto offloaded = [&](int s, bool host) -> int64_t {
-    if (s == 0) return 0;  // the engine offloads at stages 1 and 2 only
+    if (s == 0 || s == 3) return 0;  // the engine offloads at stages 1 and 2 only
     const int64_t h = plan_host_states(off, s);
     return host ? h : plan_model_states(off, s).total() - h;
   };
@@ -124,7 +127,7 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
     }
   }
   std::printf("\n  model states (memory.hpp's formulas; + bucket buffers):\n");
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < 4; ++s) {
     std::printf("    stage %d: %s = %s\n", s, model_state_formula(in, s).c_str(),
                 format_gb(st[s].total() - st[s].comm_buffers).c_str());
   }
@@ -262,7 +265,10 @@ void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts
         t.forward_s, t.backward_s, t.recompute_s, t.grad_comm_s, t.grad_comm_exposed_s,
         t.param_gather_s, t.optimizer_s, t.offload_exposed_s, t.step_s, t.tokens_per_s, t.mfu);
   }
-  std::printf("],\n \"recommendation\": ");
+  // Stage 3 beside the stages the recommendation searches: model states only (no time model).
+  std::printf("],\n \"stage3\": {\"model_states\": %s, \"root_params\": %lld},",
+              to_json(plan_model_states(in, 3)).c_str(), (long long)stage3_root_params(in));
+  std::printf("\n \"recommendation\": ");
   if (!plan.found) {
     std::printf("null\n}\n");
     return;
@@ -321,6 +327,7 @@ int run(int argc, char** argv) {
   std::string model, params, dtype = "bf16", device = "80GB", reserve = "10%", svg;
   std::string host_memory = "1TB";
   std::string bucket = "5e8";
+  std::string persistence = "1e5";
   std::string gpu = "h100", link = "ib400", recompute = "none", time_svg;
   int per_node = 8, top = 10;
   std::string schedule = "1f1b", partition = "equal";
@@ -354,6 +361,9 @@ int run(int argc, char** argv) {
       "max-micro-batch", po::value(&lim.max_micro_batch)->default_value(64),
       "largest micro-batch the search tries")("bucket-size", po::value(&bucket),
                                               "reduce_bucket_size in elements (default 5e8)")(
+      "persistence-threshold", po::value(&persistence),
+      "stage 3: stage3_param_persistence_threshold, block parameters of at most this many "
+      "elements stay whole in the root unit (default 1e5, DeepSpeed's)")(
       "grad-accum-bytes", po::value(&in.grad_accum_bytes)->default_value(0),
       "gradient accumulator and shard bytes (data_types.grad_accum_dtype): 4 fp32; 2 16-bit, "
       "the ZeRO paper's and DeepSpeed's default for bf16; 0 (default): the --dtype's")(
@@ -448,6 +458,7 @@ int run(int argc, char** argv) {
     throw std::invalid_argument("--error-feedback: auto, fp32, bf16, fp16, int8 or off");
   }
   in.bucket_elements = parse_count(bucket);
+  in.param_persistence_threshold = parse_count(persistence);
   lim.device_bytes = parse_byte_size(device);
   lim.host_bytes = parse_byte_size(host_memory);
   in.offload_optimizer = vm.count("offload-optimizer") > 0;

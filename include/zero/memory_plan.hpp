@@ -1,5 +1,6 @@
-// Memory planning before a run: per-rank bytes of ZeRO stages 0-2 for a LLaMA-style decoder
-// (model states and activations), and the cheapest configuration that fits a device.
+// Memory planning before a run: per-rank bytes of ZeRO stages 0-3 for a LLaMA-style decoder
+// (model states and activations), and the cheapest configuration that fits a device (searched
+// over stages 0-2; stage 3's model states are planned, its gathered unit is not yet counted).
 // No torch here: the planner runs on a laptop for a model that only fits on a cluster.
 //
 // Model states come from predict_model_states (memory.hpp) plus the engine's bucket buffers.
@@ -110,6 +111,10 @@ struct PlanInput {
   int64_t bucket_elements = 500'000'000;  // zero_optimization.reduce_bucket_size
   int64_t accumulation = 1;               // gradient_accumulation_steps (stage 1's accumulator)
   bool overlap_comm = true;               // zero_optimization.overlap_comm (likewise)
+  // Stage 3 (zero_optimization.stage3_param_persistence_threshold, _model_persistence_threshold,
+  // DeepSpeed's defaults): which block parameters stay whole in the root unit (stage3_units).
+  int64_t param_persistence_threshold = 100'000;
+  int64_t model_persistence_threshold = INT64_MAX;
   // zero_optimization.offload_optimizer is on (stages 1 and 2 only): the optimizer's part of the
   // model states is in host memory. plan_memory considers offload either way; set, it only
   // considers offload.
@@ -146,9 +151,20 @@ ActivationEstimate predict_activations(const PlanInput& in, Recompute r);
 // Elements of the largest gradient bucket: the example GPT's parameters in the engine's order
 // (reverse registration), a bucket closing at the first parameter that reaches the size.
 int64_t max_bucket_elements(const PlanInput& in);
+// Stage 3's units of the example GPT (examples/gpt.cpp marks each block, zero::shard), each the
+// sizes of its parameters in the engine's order (reverse registration); units[0] is the root:
+// the embedding, the final norm, an untied head, and every block parameter that stays whole by
+// DeepSpeed's persistence rule (zero/units/unit_plan.hpp: numel <= param_persistence_threshold
+// in registration order, while the total kept whole stays within model_persistence_threshold).
+// A unit left with no parameter is dropped. Empty when the shape is not the model.
+std::vector<std::vector<int64_t>> stage3_units(const PlanInput& in);
+// The root unit's elements (units[0] above), gathered all the time at stage 3; 0 without a
+// shape (every parameter counted as sharded).
+int64_t stage3_root_params(const PlanInput& in);
 // Elements of one bucket buffer for `stage` (FlatLayout::buffer_numel: the largest bucket, but at
 // most reduce_bucket_size, larger buckets being reduced in chunks); its 1/N shard buffer is
-// this divided by N at stages 1 and 2.
+// this divided by N at stages 1 to 3. At stage 3 a bucket never spans two units
+// (FlatLayout::build), so the largest bucket is the largest within one unit.
 int64_t bucket_buffer_elements(const PlanInput& in, int stage);
 // predict_model_states plus the bucket buffers the engine declares for this stage (with
 // offload: plus the host compute-dtype copy, which the engine's report counts as a buffer).
@@ -167,7 +183,8 @@ int64_t plan_startup_peak(const PlanInput& in, int stage);
 // plan_model_states' comm_buffers. The engine pads each bucket to a multiple of the world size
 // and keeps a second residual of Ψ·nodes/N under the hierarchical exchange; neither is counted.
 int64_t error_feedback_bytes(const PlanInput& in, int stage);
-// "2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ": the terms of predict_model_states, buffers left out.
+// "2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ": the terms of predict_model_states, buffers left out. Stage 3:
+// "4Ψ_root + 4Ψ/N + 4Ψ/N + 8Ψ/N" with Ψ_root = stage3_root_params as a fraction of Ψ.
 std::string model_state_formula(const PlanInput& in, int stage);
 
 struct PlanLimits {

@@ -64,6 +64,8 @@ PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size) 
   const std::string& opt = cfg.optimizer.type;
   in.optimizer_states = opt == "SGD" ? (cfg.optimizer.momentum > 0 ? 1 : 0) : 2;
   in.bucket_elements = cfg.zero_optimization.reduce_bucket_size;
+  in.param_persistence_threshold = cfg.zero_optimization.stage3.param_persistence_threshold;
+  in.model_persistence_threshold = cfg.zero_optimization.stage3.model_persistence_threshold;
   in.micro_batch = std::max<int64_t>(1, cfg.train_micro_batch_size_per_gpu);
   in.accumulation = std::max<int64_t>(1, cfg.gradient_accumulation_steps);
   in.overlap_comm = cfg.zero_optimization.overlap_comm;

@@ -102,23 +102,72 @@ ActivationEstimate predict_activations(const PlanInput& in, Recompute r) {
   return a;
 }
 
-int64_t max_bucket_elements(const PlanInput& in) {
-  // 0 (DeepSpeed's reduce_bucket_size 0): every parameter its own bucket, as a bucket of 1.
-  const int64_t bucket = std::max<int64_t>(1, in.bucket_elements);
-  const ModelShape& m = in.shape;
-  // Only a shape that is the model (a preset) has a known parameter order.
-  if (!m.known() || m.vocab == 0 || m.num_params() != in.num_params) {
-    return std::min(bucket, in.num_params);
-  }
-  const std::vector<int64_t> sizes = m.parameter_sizes();
+namespace {
+
+// FlatLayout::build's rule over sizes in the engine's order: a bucket closes before a parameter
+// that would overflow it, and once it reaches the size. The largest bucket.
+int64_t largest_bucket(const std::vector<int64_t>& ordered, int64_t bucket) {
   int64_t open = 0, largest = 0;
-  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {  // the engine's order: reversed
-    // FlatLayout::build's rule: close before a parameter that would overflow the bucket.
-    if (open > 0 && open + *it > bucket) largest = std::max(largest, open), open = 0;
-    open += *it;
+  for (int64_t n : ordered) {
+    if (open > 0 && open + n > bucket) largest = std::max(largest, open), open = 0;
+    open += n;
     if (open >= bucket) largest = std::max(largest, open), open = 0;
   }
   return std::max(largest, open);
+}
+
+// Only a shape that is the model (a preset) has a known parameter order.
+bool shape_is_model(const PlanInput& in) {
+  const ModelShape& m = in.shape;
+  return m.known() && m.vocab > 0 && m.num_params() == in.num_params;
+}
+
+}  // namespace
+
+int64_t max_bucket_elements(const PlanInput& in) {
+  // 0 (DeepSpeed's reduce_bucket_size 0): every parameter its own bucket, as a bucket of 1.
+  const int64_t bucket = std::max<int64_t>(1, in.bucket_elements);
+  if (!shape_is_model(in)) return std::min(bucket, in.num_params);
+  std::vector<int64_t> sizes = in.shape.parameter_sizes();
+  std::reverse(sizes.begin(), sizes.end());  // the engine's order: reversed
+  return largest_bucket(sizes, bucket);
+}
+
+std::vector<std::vector<int64_t>> stage3_units(const PlanInput& in) {
+  if (!shape_is_model(in)) return {};
+  const std::vector<int64_t> sizes = in.shape.parameter_sizes();
+  // parameter_sizes: the embedding, then 9 per block, then the final norm (and an untied head).
+  constexpr int64_t kPerBlock = 9;
+  const int64_t layers = in.shape.layers;
+  std::vector<std::vector<int64_t>> units(static_cast<size_t>(layers) + 1);
+  int64_t persistent = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    bool whole = false;  // unit_plan.cpp's persistence rule, in registration order
+    if (n <= in.model_persistence_threshold - persistent && n <= in.param_persistence_threshold) {
+      whole = true;
+      persistent += n;
+    }
+    const int64_t k = static_cast<int64_t>(i) - 1;
+    const bool in_block = k >= 0 && k < layers * kPerBlock;
+    units[in_block && !whole ? static_cast<size_t>(1 + k / kPerBlock) : 0].push_back(n);
+  }
+  std::vector<std::vector<int64_t>> out;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (u > 0 && units[u].empty()) continue;
+    std::reverse(units[u].begin(), units[u].end());
+    out.push_back(std::move(units[u]));
+  }
+  return out;
+}
+
+int64_t stage3_root_params(const PlanInput& in) {
+  const auto units = stage3_units(in);
+  int64_t root = 0;
+  if (!units.empty()) {
+    for (int64_t n : units[0]) root += n;
+  }
+  return root;
 }
 
 int64_t bucket_buffer_elements(const PlanInput& in, int stage) {
@@ -126,7 +175,15 @@ int64_t bucket_buffer_elements(const PlanInput& in, int stage) {
   // is the largest bucket's shard, but at most reduce_bucket_size / N.
   constexpr int64_t kAlign = 64;
   const int64_t n = stage == 0 ? 1 : in.world_size;
-  const int64_t largest_shard = round_up(max_bucket_elements(in), n * kAlign) / n;
+  int64_t largest = max_bucket_elements(in);
+  if (stage == 3) {
+    const auto units = stage3_units(in);
+    if (!units.empty()) largest = 0;
+    for (const auto& u : units) {
+      largest = std::max(largest, largest_bucket(u, std::max<int64_t>(1, in.bucket_elements)));
+    }
+  }
+  const int64_t largest_shard = round_up(largest, n * kAlign) / n;
   if (in.bucket_elements == 0) return n * largest_shard;  // each parameter reduced whole
   const int64_t bounded =
       std::max(kAlign, std::max<int64_t>(1, in.bucket_elements) / n / kAlign * kAlign);
@@ -178,9 +235,11 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   // reduce_bucket_size elements) and, where the reduction is a reduce-scatter (stages 1/2), its 1/N
   // shard; stage 0 all-reduces in place in the bucket buffer and needs no second one.
   // Under optimizer offload the gradients always go through them, on their way to the host.
-  const bool offload = in.offload_optimizer && stage > 0;
+  // Stage 3 refuses optimizer offload and quantized gradients (docs/zero-stages.md): it plans
+  // without them.
+  const bool offload = in.offload_optimizer && stage > 0 && stage < 3;
   const bool partitioned = !keeps_full_gradient(stage, in.accumulation, in.overlap_comm);
-  const bool quantized = stage > 0 && in.quantized_bits > 0;  // reduces out of place
+  const bool quantized = stage > 0 && stage < 3 && in.quantized_bits > 0;  // out of place
   const int buffers =
       (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4 || offload || quantized) ? 2
                                                                                               : 0;
@@ -189,12 +248,14 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + out);
   mi.offload = offload;
   if (offload) mi.comm_buffer_bytes += staging_bytes(in) + landing_ring_bytes(in, stage);
-  mi.comm_buffer_bytes += error_feedback_bytes(in, stage);
+  mi.comm_buffer_bytes += stage == 3 ? 0 : error_feedback_bytes(in, stage);
+  // Stage 3: the root unit whole (memory.cpp); each block's parameters a 1/N shard.
+  if (stage == 3) mi.root_params = stage3_root_params(in);
   return predict_model_states(mi);
 }
 
 int64_t plan_host_states(const PlanInput& in, int stage) {
-  if (!in.offload_optimizer || stage == 0) return 0;
+  if (!in.offload_optimizer || stage == 0 || stage == 3) return 0;
   const MemoryBreakdown st = plan_model_states(in, stage);
   const int64_t grad_shard = static_cast<int64_t>(4.0 * static_cast<double>(in.num_params) /
                                                   static_cast<double>(in.world_size));
@@ -229,6 +290,24 @@ std::string model_state_formula(const PlanInput& in, int stage) {
     }
     out += (out.empty() ? "" : " + ") + std::string(buf);
   };
+  if (stage == 3) {
+    // The root unit whole; each block a p-byte shard (fp32: the master is the shard), the fp32
+    // master shard, the gradient shard and the optimizer states' shards.
+    const double root = in.num_params > 0 ? static_cast<double>(stage3_root_params(in)) /
+                                                static_cast<double>(in.num_params)
+                                          : 0.0;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%dΨ_root (Ψ_root = %.3gΨ)", in.param_bytes, root);
+    out = buf;
+    sum = in.param_bytes * root;
+    if (in.param_bytes != 4) term(in.param_bytes, split);
+    term(in.grad_accum_bytes, split);
+    term(4, split);
+    term(4.0 * in.optimizer_states, split);
+    char total[40];
+    std::snprintf(total, sizeof total, " = %.4gΨ", sum);
+    return out + total;
+  }
   term(in.param_bytes, false);
   if (keeps_full_gradient(stage, in.accumulation, in.overlap_comm)) {
     term(in.grad_accum_bytes, false);
