@@ -80,7 +80,8 @@ PipelineSaveLayout read_pipeline_save(const std::string& dir, const std::string&
 std::vector<std::string> pipeline_save_dirs(const std::string& dir,
                                             const PipelineSaveLayout& saved);
 
-// pipeline.virtual_stages of `cfg` (kept in Config::extra under that key; 1 when unset).
+// cfg.pipeline.virtual_stages (1 when unset). Throws std::invalid_argument when Config::extra
+// still holds the key "pipeline.virtual_stages" (where it was kept before the field existed).
 int virtual_stages(const Config& cfg);
 
 class PipelineEngine {
