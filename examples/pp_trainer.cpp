@@ -49,10 +49,6 @@ void refuse_unsupported(const PipelineTrainerArgs& a) {
        " with tensor_parallel.sequence_parallel: the norms' gradients would be partial sums "
        "over the tensor-parallel group, to be all-reduced inside backward, which the "
        "pipeline's engine does not do yet; set tensor_parallel.sequence_parallel: false");
-  if (tp > 1 && cfg.fp16.enabled)
-    no(p + " with tensor_parallel.autotp_size = " + std::to_string(tp) +
-       " and fp16: the loss scaler's overflow verdict under tensor parallelism is not tested "
-       "yet; use bf16");
   const int v = pipeline::virtual_stages(cfg);
   if (v > 1 &&
       (cfg.extra_int("trainer.save_interval") > 0 || cfg.extra_string("trainer.resume") != "false"))
