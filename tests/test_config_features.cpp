@@ -375,7 +375,14 @@ TEST(Config, PipelineSection) {
   c = load("pipeline: {stages: 2, schedule: interleaved, virtual_stages: 2}\n"
            "gradient_accumulation_steps: 4\n");
   EXPECT_EQ(c.pipeline.schedule, "interleaved");
-  EXPECT_EQ(c.extra.at("pipeline.virtual_stages"), "2");
+  // A field of PipelineConfig (it was an entry of Config::extra, which nothing checked).
+  EXPECT_EQ(c.pipeline.virtual_stages, 2);
+  EXPECT_EQ(c.extra.count("pipeline.virtual_stages"), 0u);
+  EXPECT_EQ(load("pipeline: {stages: 2}\n").pipeline.virtual_stages, 1);
+  EXPECT_EQ(load("", {"pipeline.stages=2", "pipeline.schedule=interleaved",
+                      "pipeline.virtual_stages=3", "gradient_accumulation_steps=6"})
+                .pipeline.virtual_stages,
+            3);
   EXPECT_HAS(load_error("pipeline: {stages: 2, schedule: interleaved}\n"),
              "'pipeline.schedule' interleaved needs pipeline.virtual_stages of 2 or more");
   EXPECT_HAS(load_error("pipeline: {stages: 2, virtual_stages: 2}\n"),

@@ -163,7 +163,7 @@ Trial run_case(const Case& k, const GptConfig& c, const Params& init,
         Config cfg = engine_config(k.opt, k.zero_stage, k.stages, k.schedule);
         cfg.pipeline.activation_checkpoint_interval = k.checkpoint_interval;
         if (k.virtual_stages > 1)
-          cfg.extra["pipeline.virtual_stages"] = std::to_string(k.virtual_stages);
+          cfg.pipeline.virtual_stages = k.virtual_stages;
         PipelineEngine pipe(layers, models::gpt_loss, cfg, mesh["pp"], mesh["dp"]);
         ASSERT_EQ(pipe.stage(), mesh.coord("pp"));
         ASSERT_EQ(pipe.engine().world_size(), k.dp);
@@ -448,7 +448,7 @@ TEST(PipelineEngine, InterleavedRefusesCheckpointsAndRecomputation) {
     comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
     Gpt model(c);
     Config cfg = engine_config(Opt::SGD, 1, 2, ScheduleKind::Interleaved);
-    cfg.extra["pipeline.virtual_stages"] = "2";
+    cfg.pipeline.virtual_stages = 2;
     {
       PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
                           mesh["dp"]);
@@ -464,6 +464,19 @@ TEST(PipelineEngine, InterleavedRefusesCheckpointsAndRecomputation) {
               << e.what();
         }
       }
+    }
+    // The key where it was kept before PipelineConfig had the field: refused, not ignored (one
+    // chunk per stage would run).
+    Config legacy = cfg;
+    legacy.pipeline.virtual_stages = 1;
+    legacy.extra["pipeline.virtual_stages"] = "2";
+    try {
+      PipelineEngine(examples::gpt_pipeline_layers(model), examples::gpt_loss, legacy, mesh["pp"],
+                     mesh["dp"]);
+      ADD_FAILURE() << "Config::extra's pipeline.virtual_stages ignored";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("set cfg.pipeline.virtual_stages"), std::string::npos)
+          << e.what();
     }
     cfg.pipeline.activation_checkpoint_interval = 1;
     try {

@@ -179,7 +179,13 @@ struct PipelineConfig {
   // parameter count), "compute" (by FLOPs per token) or "uniform" (layers per stage).
   std::string partition = "parameters";
   int activation_checkpoint_interval = 0;  // 0: off; n: runs of n layers recomputed in backward
-  std::string schedule = "1f1b";           // "1f1b" (PipeDream-Flush) or "gpipe"
+  // "1f1b" (PipeDream-Flush), "gpipe" or "interleaved" (Megatron-LM's interleaved 1F1B, with
+  // virtual_stages >= 2).
+  std::string schedule = "1f1b";
+  // Model chunks per stage under the interleaved schedule (Megatron-LM's
+  // virtual_pipeline_model_parallel_size): stage s holds chunks s, s + P, ..., and the bubble is
+  // (P - 1) / (virtual_stages x micro-batches). 1: one chunk per stage (GPipe, 1F1B).
+  int virtual_stages = 1;
 };
 
 struct Config {

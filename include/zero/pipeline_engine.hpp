@@ -80,7 +80,8 @@ PipelineSaveLayout read_pipeline_save(const std::string& dir, const std::string&
 std::vector<std::string> pipeline_save_dirs(const std::string& dir,
                                             const PipelineSaveLayout& saved);
 
-// pipeline.virtual_stages of `cfg` (kept in Config::extra under that key; 1 when unset).
+// cfg.pipeline.virtual_stages (1 when unset). Throws std::invalid_argument when Config::extra
+// still holds the key "pipeline.virtual_stages" (where it was kept before the field existed).
 int virtual_stages(const Config& cfg);
 
 class PipelineEngine {
@@ -98,9 +99,11 @@ class PipelineEngine {
                  std::shared_ptr<Group> dp, std::optional<c10::Device> device = std::nullopt);
   // The grid's groups; with grid.tp of size > 1 the layers are tensor-parallel over it: the
   // engine's norm spans tp (the parameters zero/tensor_parallel/placement.hpp calls replicated
-  // counted once) and its checkpoints record each rank's block of the split weights. Refuses
-  // tensor_parallel.sequence_parallel (the replicated parameters' gradients would be partial
-  // sums to all-reduce over tp inside backward, which the engine does not do).
+  // counted once) and its checkpoints record each rank's block of the split weights. With
+  // tensor_parallel.sequence_parallel each stage's engine sums, over tp after its dp reduction,
+  // the gradients of the replicated parameters the layers' modules mark partial
+  // (tensor_parallel::SequenceParallelModule; an unmarked one is refused, named); the activations
+  // between stages are then each tensor-parallel rank's part of the sequence.
   PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg, const PipelineGrid& grid,
                  std::optional<c10::Device> device = std::nullopt);
   // The same over a mesh's pp, dp and tp groups (mesh.dims.pp must be pipeline.stages).

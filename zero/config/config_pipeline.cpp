@@ -10,14 +10,7 @@
 namespace zero::config_detail {
 namespace {
 
-// Config::extra's key for pipeline.virtual_stages (PipelineConfig has no field for it yet; the
-// pipeline engine reads it with zero::pipeline::virtual_stages(cfg)).
 constexpr const char* kVirtualStages = "pipeline.virtual_stages";
-
-int virtual_stages_of(const Config& c) {
-  auto it = c.extra.find(kVirtualStages);
-  return it == c.extra.end() ? 1 : std::stoi(it->second);
-}
 
 }  // namespace
 
@@ -67,7 +60,7 @@ void load_pipeline(Loader& l, const Entry& s, Config& c) {
           // Megatron's virtual pipeline stages (model chunks per stage, its
           // virtual_pipeline_model_parallel_size), for the interleaved schedule.
           {"virtual_stages",
-           [&](const Entry& e) { c.extra[kVirtualStages] = std::to_string(count(l, e, 1)); }},
+           [&](const Entry& e) { p.virtual_stages = static_cast<int>(count(l, e, 1)); }},
           // Seeds each layer from its index when DeepSpeed builds it; here the application builds
           // the layers (and seeds them).
           l.no_effect("seed_layers", "the application builds and seeds the layers"),
@@ -83,7 +76,7 @@ namespace {
 // Megatron-LM's rules for its interleaved schedule (virtual_pipeline_model_parallel_size), each
 // naming the key to change.
 void check_interleaved(Loader& l, const Config& c) {
-  const int v = virtual_stages_of(c);
+  const int v = c.pipeline.virtual_stages;
   const PipelineConfig& p = c.pipeline;
   const Entry* vs = l.seen(kVirtualStages);
   const Entry* sched = l.seen("pipeline.schedule");

@@ -171,6 +171,10 @@ struct Engine::Impl : Topology, StepProtocol {
   // The squared global gradient norm, a one-element fp32 tensor on the device: over dp, then
   // each norm group.
   at::Tensor squared_grad_norm();
+  // fp16 with norm groups: 0, or NaN when a gradient piece this rank leaves out of the norm
+  // (counted on another rank of a norm group) is not finite; this rank's alone, a one-element
+  // fp32 tensor on the shard's device. Undefined when there is nothing to check.
+  at::Tensor uncounted_overflow();
   // From groups.norm: norm_groups and norm_counted (zero/engine/grad_norm.cpp).
   void set_norm_groups();
 

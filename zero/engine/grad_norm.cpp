@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <limits>
 #include <unordered_map>
 
 #include "optim/cpu_adamw.hpp"
@@ -103,12 +104,49 @@ void Engine::Impl::set_norm_groups() {
   }
 }
 
+at::Tensor Engine::Impl::uncounted_overflow() {
+  if (!scaler.active() || norm_counted.empty()) return {};
+  std::vector<char> uncounted(norm_counted.size());
+  bool any = false;
+  for (size_t i = 0; i < norm_counted.size(); ++i) {
+    uncounted[i] = !norm_counted[i];
+    any = any || uncounted[i];
+  }
+  if (!any) return {};
+  const at::Tensor& g = sync->grad_shard();
+  std::vector<at::Tensor> parts;
+  for (const auto& u : units) {
+    for (const optim::Range& r : u->norm_pieces(uncounted)) {
+      if (r.end > r.begin) parts.push_back(g.narrow(0, r.begin, r.end - r.begin));
+    }
+  }
+  if (parts.empty()) return at::zeros({1}, g.options().dtype(at::kFloat));
+  // max |g| is finite for finite pieces (times 0: 0) and inf or NaN otherwise (times 0: NaN).
+  const at::Tensor peak = at::linalg_vector_norm(
+      parts.size() == 1 ? parts[0] : at::cat(parts), std::numeric_limits<double>::infinity(), {},
+      false, at::kFloat);
+  return (peak * 0).reshape({1});
+}
+
 at::Tensor Engine::Impl::squared_grad_norm() {
   at::Tensor& g = sync->grad_shard();
+  // fp16's overflow verdict is the norm's: an inf or NaN in a piece this rank leaves out of the
+  // norm (a replicated norm weight on tensor-parallel rank 1, counted on rank 0) would pass
+  // unseen, the step applied with it on this rank only. Megatron and DeepSpeed check every
+  // gradient on every rank (found_inf all-reduced over the model-parallel group); so does this,
+  // by adding 0, or NaN when the left-out pieces hold a non-finite value, to the square sum
+  // before it is reduced.
+  at::Tensor bad = uncounted_overflow();
   // In fp32 (no fp64 copy); the reduction accumulates in a tree.
   at::Tensor sq;
   if (deepspeed_clip) {
     sq = deepspeed_squared_norm(g, fp, sharding, *group, norm_counted);  // all of dp's already
+    if (bad.defined()) {
+      // The owner of a poisoned piece may be another dp rank, whose norm groups are not ours.
+      bad = bad.to(sq.device());
+      if (sharding.optimizer) group->all_reduce_sum(bad, "all_reduce of the fp16 overflow flag").wait();
+      sq = sq + bad;
+    }
   } else {
     // Offloaded: the shard is on the host, and its norm was summed on the device as the pieces
     // left (grad_to_host.hpp) where it could be; otherwise it is the host's, and travels (the
@@ -137,6 +175,7 @@ at::Tensor Engine::Impl::squared_grad_norm() {
         sq = sq.to(fp.device());
       }
     }
+    if (bad.defined()) sq = sq + bad.to(sq.device());
     // Unsharded, every rank holds the all-reduced gradient: its sum is dp's already.
     if (sharding.optimizer) group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
   }

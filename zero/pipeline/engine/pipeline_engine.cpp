@@ -100,8 +100,13 @@ Config interleaved_engine_config(Config cfg, int dp_size, int v, int& micro_batc
 }  // namespace
 
 int virtual_stages(const Config& cfg) {
-  auto it = cfg.extra.find("pipeline.virtual_stages");
-  return it == cfg.extra.end() ? 1 : std::stoi(it->second);
+  // The key lived in Config::extra before PipelineConfig had the field: a program still setting
+  // it there would silently run one chunk per stage.
+  if (cfg.extra.count("pipeline.virtual_stages"))
+    throw std::invalid_argument(
+        "Config::extra[\"pipeline.virtual_stages\"] is no longer read; set "
+        "cfg.pipeline.virtual_stages (the YAML key pipeline.virtual_stages fills it)");
+  return cfg.pipeline.virtual_stages;
 }
 
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,

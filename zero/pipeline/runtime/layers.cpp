@@ -6,19 +6,72 @@
 #include <stdexcept>
 
 #include "zero/activation_checkpointing.hpp"
+#include "zero/tensor_parallel/placement.hpp"
 
 namespace zero::pipeline {
 namespace {
 
+namespace tp = zero::tensor_parallel;
+
+// A module rebuilt from a tensor-parallel module's parts (below) answers for them as the
+// original does: the engine reads where each parameter lies (tensor_parallel::placements) from
+// the module's type, and a plain torch::nn::Module in its place would make a split weight look
+// replicated and, under sequence parallelism, leave a norm's partial gradient unmarked.
+class MarkedParts : public torch::nn::Module, public tp::SequenceParallelModule {
+ public:
+  MarkedParts(std::shared_ptr<torch::nn::Module> original, const tp::SequenceParallelModule* mark)
+      : torch::nn::Module(original->name()), original_(std::move(original)), mark_(mark) {}
+  tp::SequenceShare sequence_share(const std::string& name) const override {
+    return mark_->sequence_share(name);
+  }
+
+ private:
+  std::shared_ptr<torch::nn::Module> original_;  // kept alive for mark_, its own interface
+  const tp::SequenceParallelModule* mark_;
+};
+
+class LayerParts : public torch::nn::Module,
+                   public tp::SequenceParallelModule,
+                   public tp::TensorParallelLayer {
+ public:
+  LayerParts(std::shared_ptr<torch::nn::Module> original, const tp::TensorParallelLayer* layer,
+             const tp::SequenceParallelModule* mark)
+      : torch::nn::Module(original->name()),
+        original_(std::move(original)),
+        layer_(layer),
+        mark_(mark) {}
+  tp::SequenceShare sequence_share(const std::string& name) const override {
+    return mark_ ? mark_->sequence_share(name) : tp::SequenceShare::kUnsaid;
+  }
+  tp::Placement placement(const std::string& name) const override {
+    return layer_->placement(name);
+  }
+
+ private:
+  std::shared_ptr<torch::nn::Module> original_;  // kept alive for layer_ and mark_
+  const tp::TensorParallelLayer* layer_;
+  const tp::SequenceParallelModule* mark_;
+};
+
 // `m` itself when it holds none of `drop`; otherwise a module of its parameters, buffers and
-// submodules (recursively the same) under their names, less those in `drop`. The parts are the
-// same tensors and modules: training them trains `m`'s.
+// submodules (recursively the same) under their names, less those in `drop`, that describes its
+// tensor-parallel parameters as `m` does (above). The parts are the same tensors and modules:
+// training them trains `m`'s.
 std::shared_ptr<torch::nn::Module> without(const std::shared_ptr<torch::nn::Module>& m,
                                            const std::set<const void*>& drop) {
   bool holds = false;
   for (const auto& p : m->parameters()) holds = holds || drop.count(p.unsafeGetTensorImpl());
   if (!holds) return m;
-  auto out = std::make_shared<torch::nn::Module>(m->name());
+  const auto* layer = dynamic_cast<const tp::TensorParallelLayer*>(m.get());
+  const auto* mark = dynamic_cast<const tp::SequenceParallelModule*>(m.get());
+  std::shared_ptr<torch::nn::Module> out;
+  if (layer) {
+    out = std::make_shared<LayerParts>(m, layer, mark);
+  } else if (mark) {
+    out = std::make_shared<MarkedParts>(m, mark);
+  } else {
+    out = std::make_shared<torch::nn::Module>(m->name());
+  }
   for (const auto& p : m->named_parameters(/*recurse=*/false)) {
     if (!drop.count(p.value().unsafeGetTensorImpl()))
       out->register_parameter(p.key(), p.value(), p.value().requires_grad());
