@@ -1,5 +1,5 @@
 // The planner's stage-3 row (plan_model_states(in, 3), stage3_units) against the engine: the
-// units zero::initialize cuts from a real example GPT (its blocks marked by examples/gpt.cpp), and
+// units zero::initialize cuts from a real example GPT (its blocks marked by models/gpt.cpp), and
 // the model states its memory report measures per rank after training steps at stage 3, on real
 // gloo ranks. Before this row the planner priced stage 3 with no root unit and stage 2's bucket
 // buffer (zero-train's phase predictions at stage 3 used it).
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "gpt.hpp"
 #include "support/thread_group.hpp"
 #include "zero/memory_plan.hpp"
+#include "zero/models/gpt.hpp"
 #include "zero/units/unit_plan.hpp"
 #include "zero/units/unit_registry.hpp"
 #include "zero/zero.hpp"
@@ -21,7 +21,7 @@
 namespace zero {
 namespace {
 
-PlanInput plan_of(const examples::GptConfig& c, int world, int param_bytes, int64_t threshold) {
+PlanInput plan_of(const models::GptConfig& c, int world, int param_bytes, int64_t threshold) {
   PlanInput in;
   in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied, c.kv_heads};
   in.num_params = c.num_params();
@@ -40,10 +40,10 @@ PlanInput plan_of(const examples::GptConfig& c, int world, int param_bytes, int6
 TEST(MemoryPlanStage3, UnitsAreTheEnginesForTheExampleGpt) {
   for (const bool tied : {true, false}) {
     for (const int64_t threshold : {int64_t{0}, int64_t{100}, int64_t{100000}}) {
-      examples::GptConfig c = examples::gpt_preset("tiny");
+      models::GptConfig c = models::gpt_preset("tiny");
       c.tied = tied;
       c.kv_heads = 2;
-      examples::Gpt gpt(c);
+      models::Gpt gpt(c);
       units::PlanInput ui;
       for (const auto& item : gpt->named_parameters()) {
         ui.params.push_back({item.key(), item.value().numel()});
@@ -72,7 +72,7 @@ TEST(MemoryPlanStage3, UnitsAreTheEnginesForTheExampleGpt) {
 // The formula zero-memory prints: the root whole, the rest over N (gpt-25m: the tied embedding
 // and the 25 norms, 3,155,328 of 24,388,992 parameters).
 TEST(MemoryPlanStage3, FormulaKeepsTheRootWhole) {
-  const PlanInput in = plan_of(examples::gpt_preset("gpt-25m"), 4, 4, 100000);
+  const PlanInput in = plan_of(models::gpt_preset("gpt-25m"), 4, 4, 100000);
   EXPECT_EQ(stage3_root_params(in), 3155328);
   EXPECT_EQ(model_state_formula(in, 3),
             "4Ψ_root (Ψ_root = 0.129Ψ) + 4Ψ/4 + 4Ψ/4 + 8Ψ/4 = 4.518Ψ");
@@ -93,7 +93,7 @@ TEST(MemoryPlanStage3, ModelStatesAreWhatTheEngineMeasures) {
   };
   for (const Case k : {Case{2, false, 0}, Case{2, true, 0}, Case{4, false, 100000},
                        Case{2, false, 100}}) {
-    examples::GptConfig c = examples::gpt_preset("tiny");
+    models::GptConfig c = models::gpt_preset("tiny");
     Config cfg;
     cfg.zero_optimization.stage = 3;
     cfg.zero_optimization.reduce_bucket_size = 3000;
@@ -106,7 +106,7 @@ TEST(MemoryPlanStage3, ModelStatesAreWhatTheEngineMeasures) {
     std::vector<MemoryReport> reports(k.world);
     testing::run_ranks(k.world, [&](std::shared_ptr<comm::Group> group) {
       at::manual_seed(7);
-      auto gpt = std::make_shared<examples::GptImpl>(c);
+      auto gpt = std::make_shared<models::GptImpl>(c);
       auto engine = initialize(gpt, cfg, group);
       for (int s = 0; s < 2; ++s) {  // the optimizer states exist after the first step
         const at::Tensor tokens = at::randint(c.vocab, {2, 17}, at::kLong);

@@ -1,7 +1,7 @@
 // fp16 under pipeline x tensor (x data) parallelism: the tensor-parallel example GPT cut into
 // P = 2 stages over T = 2 tensor-parallel ranks (and D = 2 replicas), trained in fp16 by each
 // stage's ZeRO engine with DeepSpeed's dynamic loss scale, against one process training the
-// plain examples::Gpt in fp16 with fp32 master weights and the dynamic loss scale written out here
+// plain models::Gpt in fp16 with fp32 master weights and the dynamic loss scale written out here
 // from DeepSpeed's DynamicLossScaler (update_scale): halve on an overflow (hysteresis 1), double
 // after loss_scale_window steps without one, counting skipped steps as iterations.
 //
@@ -29,19 +29,19 @@
 #include <string>
 #include <vector>
 
-#include "gpt.hpp"
 #include "support/pipeline_gpt.hpp"
 #include "support/pipeline_tp_case.hpp"
 #include "support/thread_group.hpp"
-#include "tp_gpt.hpp"
-#include "tp_gpt_layers.hpp"
+#include "zero/models/gpt.hpp"
+#include "zero/models/tp_gpt.hpp"
+#include "zero/models/tp_gpt_layers.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace zero::pipeline {
 namespace {
 
-using examples::Gpt;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptConfig;
 using Batch = zero::testing::StepBatch;
 using Params = zero::testing::GptParams;
 using namespace zero::testing::pipeline_tp;
@@ -151,10 +151,10 @@ Trial run(int dp, const GptConfig& c, const Gpt& init, const std::vector<Batch>&
   testing::run_ranks(world, [&](std::shared_ptr<comm::Group> w) {
     const PipelineGrid grid = make_pipeline_grid(w, kStages, kTp);
     const int rank = w->rank();
-    examples::TpGpt model(grid.tp, c);
+    models::TpGpt model(grid.tp, c);
     model->load_full(*init);
-    auto layers = examples::tp_gpt_pipeline_layers(model);
-    PipelineEngine pipe(layers, examples::tp_gpt_loss(grid.tp), fp16_config(kStages, kTp), grid);
+    auto layers = models::tp_gpt_pipeline_layers(model);
+    PipelineEngine pipe(layers, models::tp_gpt_loss(grid.tp), fp16_config(kStages, kTp), grid);
     std::set<const void*> mine;
     for (int i = pipe.bounds()[pipe.stage()]; i < pipe.bounds()[pipe.stage() + 1]; ++i)
       for (const auto& p : layers[i].module->parameters()) mine.insert(p.unsafeGetTensorImpl());
@@ -191,7 +191,7 @@ Trial run(int dp, const GptConfig& c, const Gpt& init, const std::vector<Batch>&
 
 void check(int dp) {
   SCOPED_TRACE("P=2 x T=2 x D=" + std::to_string(dp));
-  GptConfig c = examples::gpt_preset("tiny");
+  GptConfig c = models::gpt_preset("tiny");
   at::manual_seed(1234);
   const Gpt init(c);
   const auto batches =
