@@ -77,7 +77,7 @@ FLOOR_NOTE = (
 IN, HIDDEN, OUT = 16, 32, 4
 WORLD = 2
 # The small transformer: a LlamaForCausalLM that zero trains as its example GPT, loaded from the
-# same safetensors (examples/hf_llama.*): grouped-query attention, untied head.
+# same safetensors (models/hf_llama.*): grouped-query attention, untied head.
 LLAMA = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
              rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,

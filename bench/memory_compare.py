@@ -70,7 +70,7 @@ def plan(tool, n, dtype, model, seq_len, grad_accum):
 
 
 def saved_block_bytes(torch, dtype, b, s, h, a, f):
-    """Bytes autograd keeps for one example block (examples/gpt.cpp), weights excluded."""
+    """Bytes autograd keeps for one example block (models/gpt.cpp), weights excluded."""
     F = torch.nn.functional
     w = lambda i, o: (torch.randn(o, i) * 0.02).to(dtype).requires_grad_()
     wq, wk, wv, wo, wg, wu, wd = w(h, h), w(h, h), w(h, h), w(h, h), w(h, f), w(h, f), w(f, h)
@@ -230,7 +230,7 @@ def main():
     acts = None if args.no_activations else activation_rows(tool)
     if acts:
         lines += ["", "Activations of one block: `block_activation_bytes` vs the bytes autograd "
-                  "saves for a PyTorch replica of examples/gpt.cpp's block "
+                  "saves for a PyTorch replica of models/gpt.cpp's block "
                   "(torch.autograd.graph.saved_tensors_hooks, storages counted once, weights "
                   "excluded):", "",
                   "| shape | dtype | predicted (bytes) | saved by autograd | error | within 5% |",

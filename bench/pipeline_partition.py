@@ -137,7 +137,7 @@ def main():
 
 
 def layer_flops(args):
-    # gpt-25m's layers as include/zero/pipeline_flops.hpp and examples/gpt_layers.hpp count them.
+    # gpt-25m's layers as include/zero/pipeline_flops.hpp and include/zero/models/gpt_layers.hpp count them.
     shapes = {"gpt-25m": (8192, 384, 12, 1024), "gpt-50m": (8192, 512, 12, 1536)}
     v, h, n, f = shapes[args.model]
     block = 6 * (4 * h * h + 3 * h * f + 2 * h) + 12 * args.seq_len * h

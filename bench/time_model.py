@@ -23,7 +23,7 @@ import time
 
 from benchlib import ROOT, torchrun
 
-# examples/gpt.cpp's presets: dim, layers, vocab, tied.
+# models/gpt.cpp's presets: dim, layers, vocab, tied.
 PRESETS = {"gpt-25m": (384, 12, 8192, True), "gpt-50m": (512, 12, 8192, True),
            "gpt-100m": (640, 12, 32000, False)}
 

@@ -29,7 +29,7 @@ fi
 "$venv/bin/python" -c 'import torch; print("cuda-check: torch", torch.__version__, "CUDA", torch.version.cuda)'
 build=${ZERO_CUDA_BUILD_DIR:-build-cuda}
 # -O0: this build is checked for compiling and linking and trains three CPU steps; unoptimised
-# code takes a quarter less compile time (zero/engine/engine.cpp 12.2 -> 9.5 s, examples/gpt.cpp
+# code takes a quarter less compile time (zero/engine/engine.cpp 12.2 -> 9.5 s, models/gpt.cpp
 # 11.6 -> 8.4 s of CPU). The benchmarks are left out (the CPU build compiled them; gpu-check.sh
 # builds them optimised where they can run).
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_BUILD_TESTS=OFF \
