@@ -471,7 +471,7 @@ TEST(PipelineEngine, InterleavedRefusesCheckpointsAndRecomputation) {
     legacy.pipeline.virtual_stages = 1;
     legacy.extra["pipeline.virtual_stages"] = "2";
     try {
-      PipelineEngine(examples::gpt_pipeline_layers(model), examples::gpt_loss, legacy, mesh["pp"],
+      PipelineEngine(models::gpt_pipeline_layers(model), models::gpt_loss, legacy, mesh["pp"],
                      mesh["dp"]);
       ADD_FAILURE() << "Config::extra's pipeline.virtual_stages ignored";
     } catch (const std::invalid_argument& e) {
