@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -155,7 +156,25 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   // The norm (clipping, the fp16 overflow check) spans the tensor-parallel ranks and the stages:
   // each stage holds its own layers, and a tied weight is trained by its owner alone, so nothing
   // is replicated across the stages.
-  const Groups groups = stage_groups(*stage.module(), cfg, dp, grid.tp, pp);
+  // A stage's own layers decide whether they can run (a sequence-parallel norm left unmarked
+  // sits on the last stage only): every rank of the pipeline throws the same text, rather than
+  // the other stages waiting comm_timeout_s in the next collective for the one that threw.
+  std::optional<Groups> stage_groups_or;
+  std::string stage_error;
+  try {
+    stage_groups_or = stage_groups(*stage.module(), cfg, dp, grid.tp, pp);
+  } catch (const std::exception& e) {
+    stage_error = e.what();
+  }
+  c10::Device agree_on = device.value_or(c10::Device(c10::kCPU));
+  for (const auto& p : stage.module()->parameters()) {
+    agree_on = p.device();
+    break;
+  }
+  const std::string agreed =
+      comm::agree_errors(*comm::of(pp), stage_error, agree_on, "pipeline stage checks");
+  if (!agreed.empty()) throw std::invalid_argument("pipeline: " + agreed);
+  const Groups groups = std::move(*stage_groups_or);
   if (v > 1) cfg = interleaved_engine_config(std::move(cfg), groups.dp->size(), v, m.micro_batches);
   auto engine =
       std::make_unique<EngineStage>(initialize(stage.module(), std::move(cfg), groups), v);
