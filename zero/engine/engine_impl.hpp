@@ -81,11 +81,15 @@ struct Engine::Impl : Topology, StepProtocol {
   // shard, the gradient path, the optimizer, optimizer offload. Stages 0-2: one unit over every
   // bucket.
   ShardStore store;
-  std::vector<std::unique_ptr<ShardedUnit>> units;
+  // Stage 3: the communicator the units' all-gathers go over (split from dp). Declared before
+  // the units, which hold a reference to it, so that it outlives their destructors' waits.
+  std::shared_ptr<comm::Group> unit_group;
   // Stages 0-2: the group the root unit publishes through, dp with its per-bucket all-gathers
   // coalesced into gathers of up to publish_gather_bound elements while step_units or
-  // publish_units runs (comm/gather_coalescing.hpp). Null at stage 3.
+  // publish_units runs (comm/gather_coalescing.hpp). Null at stage 3. Like
+  // unit_group, declared before the units that hold a reference to it.
   std::shared_ptr<comm::GatherCoalescingGroup> publish_group;
+  std::vector<std::unique_ptr<ShardedUnit>> units;
   // Stage 3: what run_unit calls (the registry holds it weakly; ~Impl unbinds it), the index in
   // `units` of each bucket's and each layout parameter's unit, and per unit the gradients of its
   // parameters this backward pass still expects (the last one releases the unit; -1: released
@@ -94,11 +98,10 @@ struct Engine::Impl : Topology, StepProtocol {
   std::vector<int> unit_index_of_bucket;
   std::vector<int> unit_index_of_param;
   std::vector<int> unit_awaiting;
-  // Stage 3: the units' all-gathers go over a communicator of their own (split from dp), and a
-  // unit's gradient buckets are reduced only once its boundary was reached in this backward
-  // pass (`entered_in_pass`): each communicator then carries one sequence on every rank, whatever
-  // parameters a rank's graph leaves unused (review 06e H1).
-  std::shared_ptr<comm::Group> unit_group;
+  // Stage 3: a unit's gradient buckets are reduced only once its boundary was reached in this
+  // backward pass (`entered_in_pass`; the gathers' own communicator is `unit_group`, above the
+  // units): each communicator then carries one sequence on every rank, whatever parameters a
+  // rank's graph leaves unused (review 06e H1).
   std::vector<char> entered_in_pass;
   // By plan unit id: "<root>", then the marked modules.
   std::vector<std::string> unit_names;
