@@ -17,7 +17,7 @@
 #include <fstream>
 #include <mutex>
 
-#include "support/block_mlp.hpp"
+#include "support/stage3_net.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/checkpoint/checkpoint_format.hpp"
@@ -30,8 +30,8 @@ namespace zero::testing {
 namespace {
 namespace fs = std::filesystem;
 
-constexpr int64_t kWidth = 32;
-constexpr int kBlocks = 3;
+constexpr int64_t kWidth = kStage3Width;
+constexpr int kBlocks = kStage3Blocks;
 constexpr int64_t kRows = 48;  // divisible by 1, 2, 3 and 4 ranks, with accumulation 2
 constexpr int K = 3;           // steps before the save, and after it
 
@@ -43,29 +43,10 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-// input Linear (root) -> kBlocks zero::shard-marked MLP blocks -> head Linear (root).
-struct Net : torch::nn::Module {
-  Net() {
-    inp = register_module("inp", torch::nn::Linear(12, kWidth));
-    body = register_module("body", std::make_shared<BlockMlp>(kBlocks, kWidth, 0.0));
-    head = register_module("head", torch::nn::Linear(kWidth, 5));
-  }
-  at::Tensor forward(const at::Tensor& x) { return head(body->forward(at::tanh(inp(x)))); }
-  torch::nn::Linear inp{nullptr}, head{nullptr};
-  std::shared_ptr<BlockMlp> body;
-};
+using Net = Stage3NetImpl;
 
-// Marked or not, the same module names and values: a stage-2 run (marks are a no-op below
-// stage 3) and the single-process reference train the same function.
 std::shared_ptr<Net> make_net(uint64_t seed, bool mark = true) {
-  auto net = std::make_shared<Net>();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::NoGradGuard g;
-  for (auto& p : net->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
-  if (mark) {
-    for (size_t i = 0; i < net->body->size(); ++i) zero::shard(net->body->block_module(i));
-  }
-  return net;
+  return make_stage3_net(seed, mark);
 }
 
 // Constant lr (the reference has no scheduler); clipping active; persistence 0: every block

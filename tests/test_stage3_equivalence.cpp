@@ -11,7 +11,7 @@
 
 #include <mutex>
 
-#include "support/block_mlp.hpp"
+#include "support/stage3_net.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
@@ -20,31 +20,13 @@
 namespace zero::testing {
 namespace {
 
-constexpr int64_t kWidth = 32;
-constexpr int kBlocks = 3;
+constexpr int64_t kWidth = kStage3Width;
+constexpr int kBlocks = kStage3Blocks;
 
-// input Linear (root) -> kBlocks marked MLP blocks -> head Linear (root). No dropout: every
-// rank and the reference must compute the same function.
-struct Stage3Net : torch::nn::Module {
-  Stage3Net() {
-    inp = register_module("inp", torch::nn::Linear(12, kWidth));
-    body = register_module("body", std::make_shared<BlockMlp>(kBlocks, kWidth, 0.0));
-    head = register_module("head", torch::nn::Linear(kWidth, 5));
-  }
-  at::Tensor forward(const at::Tensor& x) { return head(body->forward(at::tanh(inp(x)))); }
-  torch::nn::Linear inp{nullptr}, head{nullptr};
-  std::shared_ptr<BlockMlp> body;
-};
+using Net = Stage3NetImpl;
 
-std::shared_ptr<Stage3Net> make_net(uint64_t seed, bool mark) {
-  auto net = std::make_shared<Stage3Net>();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::NoGradGuard g;
-  for (auto& p : net->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
-  if (mark) {
-    for (size_t i = 0; i < net->body->size(); ++i) zero::shard(net->body->block_module(i));
-  }
-  return net;
+std::shared_ptr<Net> make_net(uint64_t seed, bool mark) {
+  return make_stage3_net(seed, mark);
 }
 
 struct Case {
