@@ -23,6 +23,7 @@
 #include "comm/entries.hpp"
 #include "comm/group.hpp"
 #include "support/thread_group.hpp"
+#include "support/timed.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/checkpoint_io.hpp"
 #include "zero/engine.hpp"
@@ -35,23 +36,6 @@ namespace {
 
 constexpr auto kTimeout = std::chrono::seconds(30);  // comm_timeout_s of these groups
 constexpr double kBoundS = 5.0;                      // "within seconds"
-
-struct Outcome {
-  std::string error;  // "" = returned
-  double seconds = 0;
-};
-
-Outcome timed(const std::function<void()>& fn) {
-  Outcome o;
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    o.error = e.what();
-  }
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return o;
-}
 
 // One optimizer step of this rank's share of step `step`'s batch.
 void train_step(Engine& e, TinyNetImpl& net, int step, int rank) {

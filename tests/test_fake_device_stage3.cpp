@@ -106,21 +106,13 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndOptimizers, FakeDeviceStage3,
 // Memory per phase at N = 4. Six wide marked blocks (256 x 256 + 3 x 256 fp32 each) and a small
 // root unit (the head): the blocks are 99.7 % of the model, so a rank's parameters should come
 // to about a quarter of the model plus the root between steps, plus one block while one runs.
-constexpr int64_t kWidth = 256;
-constexpr int kBlocks = 6;
+constexpr int64_t kWidth = kStage3DeepWidth;
+constexpr int kBlocks = kStage3DeepBlocks;
 constexpr int64_t kRows = 8;
 constexpr int64_t kBlockNumel = kWidth * kWidth + 3 * kWidth;
 constexpr int64_t kRootNumel = kWidth * 5 + 5;
 
-struct DeepNet : torch::nn::Module {
-  DeepNet() {
-    body = register_module("body", std::make_shared<BlockMlp>(kBlocks, kWidth, 0.0));
-    head = register_module("head", torch::nn::Linear(kWidth, 5));
-  }
-  at::Tensor forward(const at::Tensor& x) { return head(body->forward(x)); }
-  std::shared_ptr<BlockMlp> body;
-  torch::nn::Linear head{nullptr};
-};
+using DeepNet = Stage3DeepNetImpl;
 
 struct Phases {
   int64_t model = 0;     // the model's parameters before initialize

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <vector>
 
-#include "support/block_mlp.hpp"
 #include "support/fake_device.hpp"
+#include "support/stage3_net.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
@@ -22,19 +22,11 @@ namespace {
 
 // kBlocks marked blocks, then a head (the root unit). Wide blocks and few rows: a block's
 // parameters (256 x 256 + 3 x 256 floats, 265 KB) outweigh what its activations hold.
-constexpr int64_t kWidth = 256;
-constexpr int kBlocks = 6;
+constexpr int64_t kWidth = kStage3DeepWidth;
+constexpr int kBlocks = kStage3DeepBlocks;
 constexpr int64_t kRows = 8;
 
-struct DeepNet : torch::nn::Module {
-  DeepNet() {
-    body = register_module("body", std::make_shared<BlockMlp>(kBlocks, kWidth, 0.0));
-    head = register_module("head", torch::nn::Linear(kWidth, 5));
-  }
-  at::Tensor forward(const at::Tensor& x) { return head(body->forward(x)); }
-  std::shared_ptr<BlockMlp> body;
-  torch::nn::Linear head{nullptr};
-};
+using DeepNet = Stage3DeepNetImpl;
 
 std::shared_ptr<DeepNet> make_deep_net(const c10::Device& d) {
   auto net = std::make_shared<DeepNet>();

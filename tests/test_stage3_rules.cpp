@@ -15,6 +15,7 @@
 #include "support/fake_group.hpp"
 #include "support/stage3_net.hpp"
 #include "support/thread_group.hpp"
+#include "support/timed.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
 #include "zero/params/flat_params.hpp"
@@ -35,23 +36,6 @@ Config rules_config() {
   Config cfg = test_config(3, kRows / 2, 1, 0.0);
   cfg.zero_optimization.stage3.param_persistence_threshold = 0;
   return cfg;
-}
-
-struct Outcome {
-  std::string error;  // "" = returned
-  double seconds = 0;
-};
-
-Outcome timed(const std::function<void()>& fn) {
-  Outcome o;
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    o.error = e.what();
-  }
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return o;
 }
 
 void train_step(Engine& e, Stage3NetImpl& net, int step) {

@@ -42,4 +42,20 @@ inline std::shared_ptr<Stage3NetImpl> make_stage3_net(uint64_t seed, bool mark, 
   return net;
 }
 
+// The memory tests' model: kStage3DeepBlocks wide marked blocks (one unit each, large next to
+// the root) and a head Linear (the root unit).
+inline constexpr int64_t kStage3DeepWidth = 256;
+inline constexpr int kStage3DeepBlocks = 6;
+
+struct Stage3DeepNetImpl : torch::nn::Module {
+  Stage3DeepNetImpl() {
+    body = register_module("body",
+                           std::make_shared<BlockMlp>(kStage3DeepBlocks, kStage3DeepWidth, 0.0));
+    head = register_module("head", torch::nn::Linear(kStage3DeepWidth, 5));
+  }
+  at::Tensor forward(const at::Tensor& x) { return head(body->forward(x)); }
+  std::shared_ptr<BlockMlp> body;
+  torch::nn::Linear head{nullptr};
+};
+
 }  // namespace zero::testing
