@@ -85,8 +85,9 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
       (long long)in.micro_batch, (long long)in.seq_len, grouped(in.bucket_elements).c_str(),
       grouped(max_bucket_elements(in)).c_str());
 
-  // Stage 3's column: model states with each block a unit (examples/gpt.cpp); the unit gathered
-  // at a time is transient and not in it. The recommendation below searches stages 0-2.
+  // Stage 3's column: model states with each block a unit (examples/gpt.cpp), and the units
+  // gathered at once (with prefetch) and one unit's gradients in their own row, counted in the
+  // totals. The recommendation below searches stages 0-2.
   MemoryBreakdown st[4];
   ActivationEstimate act[3];
   for (int s = 0; s < 4; ++s) st[s] = plan_model_states(in, s);
@@ -106,6 +107,8 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   row("= model states", [&](int s) { return st[s].total(); });
   row("start-up peak (initialize, with the model)",
       [&](int s) { return plan_startup_peak(in, s); });
+  row("gathered units + one unit's gradients",
+      [&](int s) { return stage3_transient_bytes(in, s); });
   // Optimizer offload (stages 1 and 2): what stays on the device, and what goes to the host.
   PlanInput off = in;
   off.offload_optimizer = true;
@@ -123,7 +126,8 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
     }
     for (int r = 0; r < 3; ++r) {
       const std::string label = std::string("total, ") + recompute_name(kModes[r]);
-      row(label.c_str(), [&](int s) { return st[s].total() + act[r].peak(); });
+      row(label.c_str(),
+          [&](int s) { return st[s].total() + act[r].peak() + stage3_transient_bytes(in, s); });
     }
   }
   std::printf("\n  model states (memory.hpp's formulas; + bucket buffers):\n");
@@ -189,12 +193,13 @@ void print_time(const PlanInput& in, const TimeSetup& ts, const MemoryPlan& plan
       hw.all_reduce_bw / 1e9, hw.reduce_scatter_bw / 1e9, hw.all_gather_bw / 1e9,
       hw.latency_s * 1e6, (long long)in.micro_batch, (long long)in.seq_len,
       (long long)ts.step.grad_accum, recompute_name(ts.step.recompute));
-  TimeEstimate t[3];
-  for (int s = 0; s < 3; ++s) t[s] = time_of(in, ts, s);
-  std::printf("  %-40s %12s %12s %12s\n", "per step, seconds", "stage 0", "stage 1", "stage 2");
+  TimeEstimate t[4];
+  for (int s = 0; s < 4; ++s) t[s] = time_of(in, ts, s);
+  std::printf("  %-40s %12s %12s %12s %12s\n", "per step, seconds", "stage 0", "stage 1", "stage 2",
+              "stage 3");
   auto row = [&](const char* label, const char* f, auto value) {
     std::printf("  %-40s", label);
-    for (int s = 0; s < 3; ++s) {
+    for (int s = 0; s < 4; ++s) {
       char buf[32];
       std::snprintf(buf, sizeof buf, f, value(t[s]));
       std::printf(" %12s", buf);
@@ -210,6 +215,9 @@ void print_time(const PlanInput& in, const TimeSetup& ts, const MemoryPlan& plan
   row("  exposed", "%.4g", [](const TimeEstimate& e) { return e.grad_comm_exposed_s; });
   row("parameter all-gather (exposed)", "%.4g",
       [](const TimeEstimate& e) { return e.param_gather_s; });
+  row("unit gathers (stage 3)", "%.4g", [](const TimeEstimate& e) { return e.unit_gather_s; });
+  row("  exposed (after prefetch)", "%.4g",
+      [](const TimeEstimate& e) { return e.unit_gather_exposed_s; });
   row("optimizer step", "%.4g", [](const TimeEstimate& e) { return e.optimizer_s; });
   if (ts.step.recompute == Recompute::kCheckpointOffload) {
     row("activation offload (exposed)", "%.4g",
@@ -265,9 +273,15 @@ void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts
         t.forward_s, t.backward_s, t.recompute_s, t.grad_comm_s, t.grad_comm_exposed_s,
         t.param_gather_s, t.optimizer_s, t.offload_exposed_s, t.step_s, t.tokens_per_s, t.mfu);
   }
-  // Stage 3 beside the stages the recommendation searches: model states only (no time model).
-  std::printf("],\n \"stage3\": {\"model_states\": %s, \"root_params\": %lld},",
-              to_json(plan_model_states(in, 3)).c_str(), (long long)stage3_root_params(in));
+  // Stage 3 beside the stages the recommendation searches.
+  const TimeEstimate t3 = time_of(in, ts, 3);
+  std::printf(
+      "],\n \"stage3\": {\"model_states\": %s, \"root_params\": %lld, \"gathered\": %lld, "
+      "\"time\": {\"unit_gather_s\": %.6g, \"unit_gather_exposed_s\": %.6g, \"unit_gathers\": "
+      "%lld, \"param_gather_s\": %.6g, \"step_s\": %.6g, \"mfu\": %.6g}},",
+      to_json(plan_model_states(in, 3)).c_str(), (long long)stage3_root_params(in),
+      (long long)stage3_transient_bytes(in, 3), t3.unit_gather_s, t3.unit_gather_exposed_s,
+      (long long)t3.unit_gathers, t3.param_gather_s, t3.step_s, t3.mfu);
   std::printf("\n \"recommendation\": ");
   if (!plan.found) {
     std::printf("null\n}\n");
@@ -364,6 +378,13 @@ int run(int argc, char** argv) {
       "persistence-threshold", po::value(&persistence),
       "stage 3: stage3_param_persistence_threshold, block parameters of at most this many "
       "elements stay whole in the root unit (default 1e5, DeepSpeed's)")(
+      "prefetch-bucket-size", po::value(&in.prefetch_bucket_size)->default_value(50'000'000),
+      "stage 3: stage3_prefetch_bucket_size, elements gathered ahead of use (0: no prefetch)")(
+      "max-live-parameters", po::value(&in.max_live_parameters)->default_value(1'000'000'000),
+      "stage 3: stage3_max_live_parameters")(
+      "max-reuse-distance", po::value(&in.max_reuse_distance)->default_value(1'000'000'000),
+      "stage 3: stage3_max_reuse_distance, a unit used again within this many elements stays "
+      "gathered")(
       "grad-accum-bytes", po::value(&in.grad_accum_bytes)->default_value(0),
       "gradient accumulator and shard bytes (data_types.grad_accum_dtype): 4 fp32; 2 16-bit, "
       "the ZeRO paper's and DeepSpeed's default for bf16; 0 (default): the --dtype's")(
@@ -372,9 +393,9 @@ int run(int argc, char** argv) {
       "error-feedback", po::value(&error_feedback),
       "with --quantized-gradients, the residual's storage "
       "(zero_quantized_gradients_error_feedback_dtype): auto (default: the --dtype's), fp32, "
-      "bf16, fp16, int8, or off")(
-      "optimizer-states", po::value(&in.optimizer_states)->default_value(2),
-      "fp32 states per parameter: AdamW 2, SGD with momentum 1")(
+      "bf16, fp16, int8, or off")("optimizer-states",
+                                  po::value(&in.optimizer_states)->default_value(2),
+                                  "fp32 states per parameter: AdamW 2, SGD with momentum 1")(
       "svg", po::value(&svg), "also write a stacked bar chart of the stages here")(
       "gpu", po::value(&gpu), "device for the time model: a100, h100 (default), h200")(
       "link", po::value(&link),
@@ -406,10 +427,10 @@ int run(int argc, char** argv) {
       "partition", po::value(&partition),
       "how the time model cuts the stages: equal (default: L/P blocks of equal compute), or "
       "the pipeline runtime's cut of [embedding, blocks, head] by pipeline.partition: "
-      "parameters, compute or uniform")("parallel-search",
-                               "also search T and P (done anyway when nothing fits at T = P = 1 "
-                               "without optimizer offload)")("top", po::value(&top),
-                                                             "layouts the search lists (10)");
+      "parameters, compute or uniform")(
+      "parallel-search",
+      "also search T and P (done anyway when nothing fits at T = P = 1 "
+      "without optimizer offload)")("top", po::value(&top), "layouts the search lists (10)");
   po::variables_map vm;
   // No positional arguments: a stray word is a typo, not something to ignore.
   po::store(po::command_line_parser(argc, argv).options(desc).positional({}).run(), vm);

@@ -1,7 +1,10 @@
 // "auto" for the ZeRO stage, the micro-batch and activation checkpointing: the memory planner
 // (memory_plan.hpp) picks the cheapest setting that fits a per-rank memory budget, by its own
-// rule (least recompute, then the largest micro-batch, then the lowest stage). A value the user
-// gave is kept; only the "auto" ones are chosen.
+// rule (least recompute, then the largest micro-batch, then the lowest stage). Stage 3 is the
+// last resort: "auto" picks it only when no setting at stages 0-2 fits (its model states plus
+// its gathered units, memory_plan.hpp's stage3_transient_bytes), as DeepSpeed users reach for
+// ZeRO-3 when ZeRO-2 runs out of memory. A value the user gave is kept; only the "auto" ones
+// are chosen.
 //
 // The budget is zero_optimization.auto_device_memory when set, else the device's free memory
 // (CUDA) plus what the model already holds there; every rank plans for the smallest budget of
@@ -36,6 +39,9 @@ struct AutoRequest {
   std::optional<bool> checkpointing;
   bool cpu_offload = false;    // checkpointing keeps its inputs in host memory
   int64_t per_rank_batch = 0;  // train_batch_size / N when fixed: the micro-batch must divide it
+  // Whether "auto" may pick stage 3 when nothing at stages 0-2 fits (false while a stage-3 key
+  // the engine needs, such as a persistence threshold "auto", is still unresolved).
+  bool stage3_allowed = true;
 };
 
 struct AutoChoice {

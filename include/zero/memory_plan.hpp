@@ -1,6 +1,7 @@
 // Memory planning before a run: per-rank bytes of ZeRO stages 0-3 for a LLaMA-style decoder
 // (model states and activations), and the cheapest configuration that fits a device (searched
-// over stages 0-2; stage 3's model states are planned, its gathered unit is not yet counted).
+// over stages 0-2, stage 3 when nothing else fits; stage 3 adds its gathered units,
+// stage3_transient_bytes).
 // No torch here: the planner runs on a laptop for a model that only fits on a cluster.
 //
 // Model states come from predict_model_states (memory.hpp) plus the engine's bucket buffers.
@@ -115,6 +116,12 @@ struct PlanInput {
   // DeepSpeed's defaults): which block parameters stay whole in the root unit (stage3_units).
   int64_t param_persistence_threshold = 100'000;
   int64_t model_persistence_threshold = INT64_MAX;
+  // stage3_prefetch_bucket_size (0: no prefetch), stage3_max_live_parameters and
+  // stage3_max_reuse_distance, DeepSpeed's defaults: what stage 3 gathers ahead and keeps
+  // (stage3_pass below).
+  int64_t prefetch_bucket_size = 50'000'000;
+  int64_t max_live_parameters = 1'000'000'000;
+  int64_t max_reuse_distance = 1'000'000'000;
   // zero_optimization.offload_optimizer is on (stages 1 and 2 only): the optimizer's part of the
   // model states is in host memory. plan_memory considers offload either way; set, it only
   // considers offload.
@@ -161,6 +168,37 @@ std::vector<std::vector<int64_t>> stage3_units(const PlanInput& in);
 // The root unit's elements (units[0] above), gathered all the time at stage 3; 0 without a
 // shape (every parameter counted as sharded).
 int64_t stage3_root_params(const PlanInput& in);
+// Stage 3's units that are gathered on use (every unit but the root), in forward order, their
+// elements each. Without a shape: the parameters outside the root in buckets of
+// reduce_bucket_size, as equal units.
+std::vector<int64_t> stage3_gathered_units(const PlanInput& in);
+
+// One forward and one backward pass of stage 3 over units u_0..u_{k-1} (elements), as the
+// engine's trace decides (zero/units/unit_trace.hpp): at each unit's entry the following units
+// in pass order are prefetched while the elements chosen stay below
+// min(prefetch_bucket_size, max_live_parameters - live), so the last one chosen may cross it;
+// a unit is released after its forward unless it is used again within max_reuse_distance
+// elements (its backward: 2·(u_{i+1} + ... + u_{k-1}) elements later), and released after its
+// backward. Collectives run one at a time on the link: the gathers, and with `reduce_s` each
+// unit's gradient reduce-scatter, launched when its backward is done (so backward's gathers
+// wait behind earlier reduce-scatters). A unit computes once its gather is done and the unit
+// before it has computed. Given each unit's gather seconds and its forward and backward compute
+// seconds, the pass's times and the most elements gathered at once.
+struct Stage3Pass {
+  double forward_s = 0, backward_s = 0;                // makespans, gathers included
+  double forward_gather_s = 0, backward_gather_s = 0;  // gathers issued (all of them)
+  double exposed_s = 0;    // makespans minus compute: the gathers' time not hidden
+  double link_free_s = 0;  // when the last collective ends (the pass starts at 0)
+  int64_t gathers = 0;     // all-gathers per micro-step (units gathered twice count twice)
+  int64_t peak_live = 0;   // elements gathered at once, at the worst moment
+};
+Stage3Pass stage3_pass(const std::vector<int64_t>& units, const std::vector<double>& gather_s,
+                       const std::vector<double>& forward_s, const std::vector<double>& backward_s,
+                       const PlanInput& limits, const std::vector<double>& reduce_s = {});
+// Device bytes stage 3 holds beyond its model states at the worst moment of a pass: the units
+// gathered at once (stage3_pass's peak_live) in the compute dtype, and the gradients of the
+// largest unit in the compute dtype before they are copied into their bucket. 0 below stage 3.
+int64_t stage3_transient_bytes(const PlanInput& in, int stage);
 // Elements of one bucket buffer for `stage` (FlatLayout::buffer_numel: the largest bucket, but at
 // most reduce_bucket_size, larger buckets being reduced in chunks); its 1/N shard buffer is
 // this divided by N at stages 1 to 3. At stage 3 a bucket never spans two units

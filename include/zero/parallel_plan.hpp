@@ -71,7 +71,8 @@ ActivationEstimate predict_stage_activations(const PlanInput& in, Recompute r, i
 // plan_startup_peak) give that rank's figures; at T = P = 1 it is `in`.
 PlanInput rank_states_input(const PlanInput& in, int stage);
 // One rank's device bytes at its peak: rank_states_input's model states less what is offloaded
-// to the host, plus predict_stage_activations; the worst of the first and last stage. What
+// to the host, plus predict_stage_activations (and at stage 3 its gathered units,
+// stage3_transient_bytes); the worst of the first and last stage. What
 // "auto" plans with (auto_strategy.hpp).
 int64_t rank_device_peak(const PlanInput& in, int stage, Recompute r);
 
@@ -80,10 +81,11 @@ struct RankPlan {
   int64_t params = 0;      // rank_params of it
   MemoryBreakdown states;  // over D ranks
   ActivationEstimate act;
-  int64_t total() const { return states.total() + act.peak(); }
+  int64_t gathered = 0;  // ZeRO 3: units gathered at once and one unit's gradients
+  int64_t total() const { return states.total() + act.peak() + gathered; }
 };
-// The most any rank needs: every pipeline stage planned, the largest kept. ZeRO `stage` 0-2
-// (no optimizer offload here).
+// The most any rank needs: every pipeline stage planned, the largest kept. ZeRO `stage` 0-3
+// (no optimizer offload here; stage 3 with one pipeline stage).
 RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r);
 
 // Tensor-parallel communication: every collective one rank of pipeline stage `stage` runs over
@@ -197,7 +199,8 @@ struct ParallelTime {
   double p2p_s = 0;                                       // stage-boundary sends
   double bubble_fraction = 0, bubble_s = 0;               // pipeline idle time
   double grad_comm_s = 0, grad_comm_exposed_s = 0;        // data-parallel gradients
-  double param_gather_s = 0;                              // ZeRO 1-2, after the step
+  double param_gather_s = 0;                              // ZeRO 1-3, after the step
+  double unit_gather_s = 0, unit_gather_exposed_s = 0;    // ZeRO 3 (P = 1), time_plan.hpp
   double optimizer_s = 0;
   double offload_exposed_s = 0;  // offloaded checkpoints' copies beyond the compute
   double step_s = 0;
@@ -213,7 +216,8 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
                                         const ParallelHardware& hw);
 
 // The search: T ∈ {1, 2, 4, 8} (T <= ranks per node, T divides the heads and the world), P
-// dividing the layers with T·P dividing the world, ZeRO stage 0-2 (0-1 with P > 1), each
+// dividing the layers with T·P dividing the world, ZeRO stage 0-3 (0-1 with P > 1; 3 with T = 1,
+// as the engine runs it), each
 // recompute, the largest power-of-two micro-batch that fits; the highest predicted MFU wins
 // (then the fewest model-parallel ranks). m = in.accumulation micro-batches per step. With
 // limits.host_bytes, offloaded checkpoints of a node's ranks must fit its host memory. Optimizer

@@ -1,4 +1,4 @@
-// Time planning before a run: the predicted step time of ZeRO stages 0-2 for a LLaMA-style
+// Time planning before a run: the predicted step time of ZeRO stages 0-3 for a LLaMA-style
 // decoder, from FLOPs, bytes moved and rates. No torch here, as for memory_plan.hpp.
 //
 // Compute. Model FLOPs per token, as PaLM's appendix B counts them: 6·Ψmm for the matmul
@@ -16,6 +16,11 @@
 //   stage 1  reduce-scatter of every bucket, on the last micro-step only; all-gather of the
 //            updated parameters after the optimizer step
 //   stage 2  reduce-scatter of every bucket on every micro-step; the same all-gather
+//   stage 3  stage 2's reduce-scatters; the all-gather after the step only for the root unit
+//            (embedding, final norm, head, the parameters kept whole); every other unit
+//            all-gathered before its forward and again before its backward, every micro-step,
+//            prefetched ahead of use as the engine's trace decides (stage3_micro_step). In
+//            backward the gathers and each unit's reduce-scatter share the link, one at a time.
 // (reduce_scatter: false turns the reduce-scatters into all-reduces.) zero_quantized_gradients
 // replaces a reduce-scatter by an all-to-all of B' = bits/8 + 4/block bytes per element, which
 // also sends (N-1)/N·B'; hierarchical (N ranks on n nodes of L, hw.ranks_per_node = L): an
@@ -91,7 +96,11 @@ struct TimeEstimate {
   double forward_s = 0, backward_s = 0, recompute_s = 0;  // compute, all micro-steps
   double grad_comm_s = 0;                                 // gradient collectives, all of them
   double grad_comm_exposed_s = 0;                         // of which after backward's end
-  double param_gather_s = 0;                              // stages 1-2, after the step: exposed
+  double param_gather_s = 0;  // stages 1-2 (stage 3: the root unit), after the step: exposed
+  // Stage 3: every unit but the root all-gathered in forward and again in backward (unless
+  // kept, stage3_max_reuse_distance), each micro-step, with prefetch (stage3_pass).
+  double unit_gather_s = 0, unit_gather_exposed_s = 0;
+  int64_t unit_gathers = 0;  // per micro-step
   double optimizer_s = 0;
   double offload_s = 0, offload_exposed_s = 0;
   int64_t buckets = 0;
@@ -99,7 +108,9 @@ struct TimeEstimate {
   double tokens_per_s = 0;  // all ranks
   double mfu = 0;           // model FLOPs / (N · peak)
   double compute_s() const { return forward_s + backward_s + recompute_s; }
-  double exposed_comm_s() const { return grad_comm_exposed_s + param_gather_s; }
+  double exposed_comm_s() const {
+    return grad_comm_exposed_s + param_gather_s + unit_gather_exposed_s;
+  }
 };
 
 // Model FLOPs per token (see above); with `recompute`, what checkpointing adds.
@@ -117,6 +128,16 @@ double exposed_after_backward(const std::vector<int64_t>& buckets,
                               const std::vector<double>& comm_s, double backward_s);
 // Bytes the optimizer step reads and writes on one rank (see above).
 double optimizer_bytes(const PlanInput& in, int stage);
+
+// Stage 3's unit gathers in one micro-step whose forward and backward compute take these
+// seconds: each unit's share of them is its share of the parameters; its all-gather moves
+// p·u·(N-1)/N bytes and its gradients' reduce-scatter c·u·(N-1)/N (c: the communication
+// dtype's bytes), on the same link (stage3_pass in memory_plan.hpp for the order, prefetch and
+// reuse). `grad_tail_s` (overlap_comm): what of the reduce-scatters ends after backward's
+// compute (the root unit's last), the stage's exposed gradient communication; null: the
+// reduce-scatters run after backward, off the pass.
+Stage3Pass stage3_micro_step(const PlanInput& in, double forward_s, double backward_s, int world,
+                             const Hardware& hw, double* grad_tail_s = nullptr);
 
 TimeEstimate predict_step_time(const PlanInput& in, const StepShape& step, const Hardware& hw);
 

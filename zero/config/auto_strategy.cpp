@@ -66,6 +66,9 @@ PlanInput plan_input_for(const Config& cfg, int64_t num_params, int world_size) 
   in.bucket_elements = cfg.zero_optimization.reduce_bucket_size;
   in.param_persistence_threshold = cfg.zero_optimization.stage3.param_persistence_threshold;
   in.model_persistence_threshold = cfg.zero_optimization.stage3.model_persistence_threshold;
+  in.prefetch_bucket_size = cfg.zero_optimization.stage3.prefetch_bucket_size;
+  in.max_live_parameters = cfg.zero_optimization.stage3.max_live_parameters;
+  in.max_reuse_distance = cfg.zero_optimization.stage3.max_reuse_distance;
   in.micro_batch = std::max<int64_t>(1, cfg.train_micro_batch_size_per_gpu);
   in.accumulation = std::max<int64_t>(1, cfg.gradient_accumulation_steps);
   in.overlap_comm = cfg.zero_optimization.overlap_comm;
@@ -86,10 +89,14 @@ AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const Aut
   if (!req.checkpointing.value_or(false)) modes.push_back(Recompute::kNone);
   if (req.checkpointing.value_or(true)) modes.push_back(ckpt);
   std::vector<int> stages;
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < 4; ++s) {
     // The engine offloads the optimizer at stages 1 and 2 only.
-    if ((!req.stage || *req.stage == s) && !(s == 0 && in.offload_optimizer)) stages.push_back(s);
+    if (s == 0 && in.offload_optimizer) continue;
+    // Stage 3 is the last resort ("auto" tries it only when nothing at 0-2 fits, below): it
+    // all-gathers every unit twice per micro-step.
+    if (req.stage ? *req.stage == s : s < 3) stages.push_back(s);
   }
+  if (req.stage == 3 && in.offload_optimizer) stages.clear();
   if (stages.empty()) {
     throw ConfigError(
         "zero: auto: zero_optimization.offload_optimizer needs ZeRO stage 1 or 2; set "
@@ -107,6 +114,18 @@ AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const Aut
   }
 
   const int64_t budget = lim.budget();
+  // "auto" reaches stage 3 only when no stage 0-2 setting fits, and only where the engine runs
+  // it: data parallelism alone, gradients not quantized, the optimizer not offloaded.
+  const bool stage3_runs = req.stage3_allowed && in.tensor_parallel == 1 &&
+                           in.pipeline_stages == 1 && in.quantized_bits == 0 &&
+                           !in.offload_optimizer;
+  bool last_resort = false;
+  if (!req.stage && stage3_runs) {
+    bool any = false;
+    for (Recompute r : modes)
+      for (int s : stages) any = any || peak_bytes(in, s, r, micros.back()) <= budget;
+    if (!any) stages = {3}, last_resort = true;
+  }
   for (Recompute r : modes) {
     bool found = false;
     AutoChoice best;
@@ -139,7 +158,12 @@ AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const Aut
                 format_gb(peak_bytes(in, best.stage, r, up)).c_str()));
       }
     }
-    if (!req.stage) {
+    if (last_resort) {
+      add(fmt("no stage 0-2 setting fits (stage 2 with %s at micro-batch %lld needs %s)",
+              recompute_name(modes.back()), (long long)micros.back(),
+              format_gb(peak_bytes(in, 2, modes.back(), micros.back())).c_str()));
+    }
+    if (!req.stage && !last_resort) {
       for (int s : stages) {
         if (s == best.stage) continue;
         int64_t fits = 0;

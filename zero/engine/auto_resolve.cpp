@@ -84,6 +84,7 @@ std::optional<AutoChoice> resolve_auto(Config& cfg, AutoTarget& target, Group& p
   if (!micro_auto) req.micro_batch = in.micro_batch;
   req.checkpointing = target.checkpointing;
   req.cpu_offload = target.cpu_offload;
+  req.stage3_allowed = !z3.param_persistence_threshold_auto && !z3.prefetch_bucket_size_auto;
   if (micro_auto && cfg.train_batch_size > 0) {
     if (cfg.train_batch_size % world != 0) {
       throw ConfigError("zero: " + cfg.source + ": train_batch_size " +

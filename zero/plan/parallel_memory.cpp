@@ -164,7 +164,8 @@ int64_t rank_device_peak(const PlanInput& in, int stage, Recompute r) {
   for (int s : {0, l.pp - 1}) {
     const PlanInput x = rank_states_input(in, s);
     worst = std::max(worst, plan_model_states(x, stage).total() - plan_host_states(x, stage) +
-                                predict_stage_activations(in, r, s).peak());
+                                predict_stage_activations(in, r, s).peak() +
+                                stage3_transient_bytes(x, stage));
   }
   return worst;
 }
@@ -182,6 +183,7 @@ RankPlan plan_parallel_rank(const PlanInput& in, int stage, Recompute r) {
     rp.params = x.num_params;
     rp.states = plan_model_states(x, stage);
     rp.act = predict_stage_activations(in, r, s);
+    rp.gathered = stage3_transient_bytes(x, stage);
     if (s == 0 || rp.total() > worst.total()) worst = rp;
   }
   return worst;

@@ -27,7 +27,10 @@ ParallelSearch search_parallel(const PlanInput& in, const PlanLimits& limits,
       x.offload_optimizer = false;
       const ParallelLayout layout = parallel_layout(x);
       const ParallelHardware hw = hardware(layout);
-      for (int stage = 0; stage < (p > 1 ? 2 : 3); ++stage) {
+      // Stage 2 and 3 reduce every micro-step: not with pipelines (DeepSpeed refuses them);
+      // the engine runs stage 3 without tensor parallelism.
+      const int stages = p > 1 ? 2 : t > 1 ? 3 : 4;
+      for (int stage = 0; stage < stages; ++stage) {
         for (Recompute r : kModes) {
           bool fits = false;
           ParallelCandidate c;

@@ -1,6 +1,7 @@
 // Step time under tensor and pipeline parallelism: formulas in include/zero/parallel_plan.hpp.
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 
 #include "zero/parallel_plan.hpp"
@@ -100,9 +101,10 @@ ParallelHardware parallel_hardware(const std::string& device, const std::string&
 ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recompute r,
                                         const ParallelHardware& hw) {
   const ParallelLayout l = parallel_layout(in);
-  if (l.pp > 1 && stage == 2) {
+  if (l.pp > 1 && stage >= 2) {
     throw std::invalid_argument(
-        "ZeRO stage 2 with pipeline stages > 1: DeepSpeed refuses it (it reduce-scatters every "
+        "ZeRO stage " + std::to_string(stage) +
+        " with pipeline stages > 1: DeepSpeed refuses it (it reduce-scatters every "
         "micro-step); use stage 0 or 1");
   }
   const Hardware& base = hw.dp;
@@ -243,14 +245,24 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
                              : all_reduce_s(bytes, l.dp, hw.dp));
     per_reduce += comm.back();
   }
-  const double reducing = stage == 2 ? m : 1;
+  const double reducing = stage >= 2 ? m : 1;
   t.grad_comm_s = per_reduce * reducing;
   t.grad_comm_exposed_s =
       (in.overlap_comm ? exposed_after_backward(buckets, comm, overlap_window) : per_reduce) *
       reducing;
   if (stage > 0) {
-    t.param_gather_s = all_gather_s(static_cast<double>(most) * in.param_bytes, l.dp, hw.dp) +
-                       all_reduce_s(4, l.dp, hw.dp);
+    // Stage 3 publishes only its root unit after the step (time_plan.hpp).
+    const double published = static_cast<double>(stage == 3 ? stage3_root_params(y) : most);
+    t.param_gather_s =
+        all_gather_s(published * in.param_bytes, l.dp, hw.dp) + all_reduce_s(4, l.dp, hw.dp);
+  }
+  if (stage == 3) {
+    double tail = 0;
+    const Stage3Pass pass =
+        stage3_micro_step(y, tf, tb + trc, l.dp, hw.dp, in.overlap_comm ? &tail : nullptr);
+    t.unit_gather_s = m * (pass.forward_gather_s + pass.backward_gather_s);
+    t.unit_gather_exposed_s = m * pass.exposed_s;
+    if (in.overlap_comm) t.grad_comm_exposed_s = m * tail;
   }
   t.optimizer_s = optimizer_bytes(y, stage) / base.memory_bw;
   // Offloaded checkpoints: every kept block input to the host and back, under the compute.
@@ -262,7 +274,7 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
         std::max(0.0, bytes / base.host_bw - (t.forward_s + t.backward_s + t.recompute_s));
   }
   t.step_s = busy + t.bubble_s + tp_step + t.grad_comm_exposed_s + t.param_gather_s +
-             t.optimizer_s + t.offload_exposed_s;
+             t.unit_gather_exposed_s + t.optimizer_s + t.offload_exposed_s;
   t.tokens_per_s = tokens * m * l.dp / t.step_s;
   t.mfu = t.tokens_per_s * t.model_flops_per_token / (in.world_size * base.peak_flops);
   return t;

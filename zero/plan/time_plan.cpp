@@ -174,6 +174,28 @@ double optimizer_bytes(const PlanInput& in, int stage) {
   return bytes;
 }
 
+Stage3Pass stage3_micro_step(const PlanInput& in, double forward_s, double backward_s, int world,
+                             const Hardware& hw, double* grad_tail_s) {
+  const std::vector<int64_t> units = stage3_gathered_units(in);
+  std::vector<double> g, f, b, rs;
+  for (int64_t u : units) {
+    const double share = in.num_params > 0 ? static_cast<double>(u) / in.num_params : 0.0;
+    g.push_back(all_gather_s(static_cast<double>(u) * in.param_bytes, world, hw));
+    f.push_back(forward_s * share);
+    b.push_back(backward_s * share);
+    rs.push_back(reduce_scatter_s(static_cast<double>(u) * in.comm_bytes, world, hw));
+  }
+  // Without a tail asked for, the reduce-scatters run after backward (overlap_comm off).
+  const Stage3Pass p = stage3_pass(units, g, f, b, in, grad_tail_s ? rs : std::vector<double>{});
+  if (grad_tail_s) {
+    // The root unit's gradients (the embedding's last) are reduced after the last unit's.
+    const double root =
+        reduce_scatter_s(static_cast<double>(stage3_root_params(in)) * in.comm_bytes, world, hw);
+    *grad_tail_s = std::max(0.0, p.link_free_s + root - (p.forward_s + p.backward_s));
+  }
+  return p;
+}
+
 TimeEstimate predict_step_time(const PlanInput& in, const StepShape& step, const Hardware& hw) {
   if (hw.peak_flops <= 0 || hw.efficiency <= 0 || hw.memory_bw <= 0) {
     throw std::invalid_argument(
@@ -222,7 +244,7 @@ TimeEstimate predict_step_time(const PlanInput& in, const StepShape& step, const
       comm.push_back(rs ? reduce_scatter_s(bytes, n, hw) : all_reduce_s(bytes, n, hw));
     }
   }
-  const int64_t reducing = step.stage == 2 ? ga : 1;
+  const int64_t reducing = step.stage >= 2 ? ga : 1;
   const double micro_backward = (t.backward_s + t.recompute_s) / static_cast<double>(ga);
   double per_reduce = 0;
   for (double c : comm) per_reduce += c;
@@ -231,8 +253,22 @@ TimeEstimate predict_step_time(const PlanInput& in, const StepShape& step, const
       (step.overlap_comm ? exposed_after_backward(buckets, comm, micro_backward) : per_reduce) *
       static_cast<double>(reducing);
   if (step.stage > 0) {
-    t.param_gather_s = all_gather_s(static_cast<double>(in.num_params) * in.param_bytes, n, hw) +
+    // Stage 3 publishes only the root unit by all-gather; the others are gathered on use.
+    const double published =
+        static_cast<double>(step.stage == 3 ? stage3_root_params(in) : in.num_params);
+    t.param_gather_s = all_gather_s(published * in.param_bytes, n, hw) +
                        all_reduce_s(4, n, hw);  // and the gradient norm's scalar
+  }
+  if (step.stage == 3) {
+    double tail = 0;
+    const Stage3Pass pass =
+        stage3_micro_step(in, t.forward_s / static_cast<double>(ga), micro_backward, n, hw,
+                          step.overlap_comm ? &tail : nullptr);
+    t.unit_gathers = pass.gathers;
+    t.unit_gather_s = (pass.forward_gather_s + pass.backward_gather_s) * static_cast<double>(ga);
+    t.unit_gather_exposed_s = pass.exposed_s * static_cast<double>(ga);
+    // The reduce-scatters ran on the link between the backward's gathers (stage3_pass).
+    if (step.overlap_comm) t.grad_comm_exposed_s = tail * static_cast<double>(ga);
   }
   t.optimizer_s = optimizer_bytes(in, step.stage) / hw.memory_bw;
   if (step.recompute == Recompute::kCheckpointOffload && in.shape.known()) {
@@ -257,6 +293,11 @@ std::string describe_time(const TimeEstimate& t) {
                 t.step_s, t.compute_s(), t.recompute_s, t.exposed_comm_s(), t.grad_comm_s,
                 t.grad_comm_s - t.grad_comm_exposed_s, t.param_gather_s, t.optimizer_s);
   std::string s = buf;
+  if (t.unit_gather_s > 0) {
+    std::snprintf(buf, sizeof buf, " + unit gathers %.3g (of %.3g, %lld per micro-step)",
+                  t.unit_gather_exposed_s, t.unit_gather_s, static_cast<long long>(t.unit_gathers));
+    s += buf;
+  }
   if (t.offload_s > 0) {
     std::snprintf(buf, sizeof buf, " + offload %.3g (of %.3g)", t.offload_exposed_s, t.offload_s);
     s += buf;

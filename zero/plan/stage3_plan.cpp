@@ -1,0 +1,91 @@
+// Stage 3 in the planner: the units gathered on use, a pass's gathers as the engine's trace
+// decides them, and the bytes they hold (formulas in include/zero/memory_plan.hpp). The prefetch
+// and reuse rules are the engine's own (zero/units/unit_trace.cpp, compiled into this library).
+#include <algorithm>
+#include <stdexcept>
+
+#include "zero/memory_plan.hpp"
+#include "zero/units/unit_trace.hpp"
+
+namespace zero {
+
+std::vector<int64_t> stage3_gathered_units(const PlanInput& in) {
+  std::vector<int64_t> out;
+  const auto units = stage3_units(in);
+  if (!units.empty()) {
+    for (size_t u = 1; u < units.size(); ++u) {
+      int64_t n = 0;
+      for (int64_t x : units[u]) n += x;
+      out.push_back(n);
+    }
+    return out;
+  }
+  const int64_t bucket = std::max<int64_t>(1, in.bucket_elements);
+  for (int64_t left = in.num_params; left > 0; left -= bucket)
+    out.push_back(std::min(left, bucket));
+  return out;
+}
+
+Stage3Pass stage3_pass(const std::vector<int64_t>& units, const std::vector<double>& gather_s,
+                       const std::vector<double>& forward_s, const std::vector<double>& backward_s,
+                       const PlanInput& limits, const std::vector<double>& reduce_s) {
+  const size_t k = units.size();
+  if (gather_s.size() != k || forward_s.size() != k || backward_s.size() != k ||
+      (!reduce_s.empty() && reduce_s.size() != k)) {
+    throw std::invalid_argument(
+        "stage3_pass: one gather, forward, backward (and reduce) time per unit");
+  }
+  std::vector<units::TraceEntry> trace;
+  for (size_t u = 0; u < k; ++u) trace.push_back({static_cast<int>(u), false});
+  for (size_t u = k; u-- > 0;) trace.push_back({static_cast<int>(u), true});
+  const units::PrefetchLimits lim{limits.prefetch_bucket_size, limits.max_live_parameters,
+                                  limits.max_reuse_distance};
+
+  Stage3Pass p;
+  std::vector<double> ready(k, -1);  // when a gathered unit's all-gather is done; -1: released
+  int64_t live = 0;
+  double stream = 0, t = 0, compute = 0;  // the gathers' stream, the compute cursor
+  auto issue = [&](int u, bool backward) {
+    const double start = std::max(t, stream);
+    ready[u] = stream = start + gather_s[u];
+    live += units[u];
+    ++p.gathers;
+    (backward ? p.backward_gather_s : p.forward_gather_s) += gather_s[u];
+  };
+  auto gathered = [&](int u) { return ready[u] >= 0; };
+  double forward_end = 0;
+  for (size_t pos = 0; pos < trace.size(); ++pos) {
+    const auto [u, backward] = trace[pos];
+    if (!gathered(u)) issue(u, backward);
+    for (int v :
+         units::prefetch_after(trace, static_cast<int64_t>(pos), units, gathered, live, lim))
+      issue(v, backward);
+    p.peak_live = std::max(p.peak_live, live);
+    const double c = backward ? backward_s[u] : forward_s[u];
+    t = std::max(t, ready[u]) + c;
+    compute += c;
+    if (backward && !reduce_s.empty()) stream = std::max(stream, t) + reduce_s[u];
+    const bool keep = !backward && units::reused_soon(trace, static_cast<int64_t>(pos), units,
+                                                      lim.max_reuse_distance);
+    if (!keep) ready[u] = -1, live -= units[u];
+    if (pos + 1 == k) forward_end = t;
+  }
+  p.forward_s = forward_end;
+  p.backward_s = t - forward_end;
+  p.exposed_s = t - compute;
+  p.link_free_s = stream;
+  return p;
+}
+
+int64_t stage3_transient_bytes(const PlanInput& in, int stage) {
+  if (stage != 3) return 0;
+  const std::vector<int64_t> units = stage3_gathered_units(in);
+  if (units.empty()) return 0;
+  // Only the order and the sizes decide what is live: any positive times will do.
+  const std::vector<double> ones(units.size(), 1.0);
+  const int64_t live = stage3_pass(units, ones, ones, ones, in).peak_live;
+  const int64_t largest = *std::max_element(units.begin(), units.end());
+  return static_cast<int64_t>(in.param_bytes) * (live + largest);
+}
+
+}  // namespace zero
