@@ -17,8 +17,17 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
                                             int size, const GroupOptions& opts,
                                             const std::string& interface_hint);
 // `device`: the GPU to bind the group to; -1: this rank's (LOCAL_RANK's, see nccl.cpp).
+// `parent` (a subgroup: C10dGroup::split): its communicator comes from ncclCommSplit of the
+// parent's with `color`, as torch's new_group does for a device-bound parent, instead of a new
+// bootstrap with buffers of its own (review 06f M3); null: a communicator of its own.
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                            int size, const GroupOptions& opts, int device = -1);
+                                            int size, const GroupOptions& opts, int device = -1,
+                                            const c10::intrusive_ptr<c10d::Backend>& parent = {},
+                                            int color = -1);
+// ncclCommSplit is a collective of the parent's ranks: a rank that gets no communicator from a
+// split (its color is negative, or its group is itself alone) still takes part, without a
+// color. No-op for a backend that does not split (gloo).
+void nccl_split_without_color(c10d::Backend& parent);
 // The GPU an NCCL group is bound to; -1 for any other backend.
 int nccl_bound_device(const c10d::Backend& backend);
 // Whether this build can make NCCL groups (a CUDA build of torch).

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 #include <numeric>
 
 #include "comm/backend.hpp"
@@ -352,7 +353,20 @@ std::shared_ptr<Group> C10dGroup::split(int color, int key, const std::string& n
   } else {
     all = exchange(n, color, key);
   }
-  if (color < 0) return nullptr;
+  // NCCL subgroups are split from this group's communicator (make_nccl): ncclCommSplit is a
+  // collective of all of this group's ranks, so a rank that gets no communicator here joins it
+  // without a color whenever some group of this split gets one.
+  const bool nccl = p_.opts.device == c10::DeviceType::CUDA && p_.backend;
+  std::map<int, int> sizes;  // color -> members
+  for (const auto& [c, k] : all) {
+    if (c >= 0) ++sizes[c];
+  }
+  bool any_comm = false;
+  for (const auto& [c, n] : sizes) any_comm = any_comm || n > 1;
+  if (color < 0 || sizes[color] <= 1) {
+    if (nccl && any_comm) nccl_split_without_color(*p_.backend);
+    if (color < 0) return nullptr;
+  }
 
   std::vector<int> members;  // ranks of this group, in the new group's order
   for (int r = 0; r < p_.size; ++r) {
@@ -379,7 +393,8 @@ std::shared_ptr<Group> C10dGroup::split(int color, int key, const std::string& n
       c.backend = c.opts.device == c10::DeviceType::CUDA
                       // The subgroup's GPU is this rank's (the parent's bound device), not the
                       // one its rank within the subgroup would pick.
-                      ? make_nccl(c.store, c.rank, c.size, c.opts, nccl_bound_device(*p_.backend))
+                      ? make_nccl(c.store, c.rank, c.size, c.opts, nccl_bound_device(*p_.backend),
+                                  p_.backend, color)
                       : make_gloo(c.store, c.rank, c.size, c.opts, c.interface_hint);
     } catch (const std::exception& e) {
       const std::string gone =

@@ -48,7 +48,9 @@ c10::DeviceIndex local_device(int rank, int size) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                            int size, const GroupOptions& opts, int device_index) {
+                                            int size, const GroupOptions& opts, int device_index,
+                                            const c10::intrusive_ptr<c10d::Backend>& parent,
+                                            int color) {
   if (const std::string w = drop_nccl_blocking_wait(); !w.empty() && rank == 0) {
     std::cerr << w << "\n";
   }
@@ -61,9 +63,22 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
   c10::cuda::set_device(device.index());
   auto o = c10d::ProcessGroupNCCL::Options::create();
   o->timeout = opts.timeout;
+  // c10d splits the parent's communicator when the child's is first made (this group's
+  // connect()), if the parent has one on this device; otherwise it bootstraps a new one.
+  if (auto from = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupNCCL>(parent);
+      from && color >= 0) {
+    o->split_from = from;
+    o->split_color = color;
+  }
   auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);
   pg->setBoundDeviceId(device);
   return pg;
+}
+
+void nccl_split_without_color(c10d::Backend& parent) {
+  auto* pg = dynamic_cast<c10d::ProcessGroupNCCL*>(&parent);
+  if (!pg) return;
+  if (const auto device = pg->getBoundDeviceId()) pg->performNocolorSplit(*device);
 }
 
 int nccl_bound_device(const c10d::Backend& backend) {

@@ -6,7 +6,8 @@
 namespace zero::comm {
 
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>&, int, int,
-                                            const GroupOptions&, int) {
+                                            const GroupOptions&, int,
+                                            const c10::intrusive_ptr<c10d::Backend>&, int) {
   TORCH_CHECK(false,
               "zero: CUDA tensors need the NCCL backend, but this build of zero was compiled "
               "against a CPU-only torch. Rebuild with a CUDA build of torch.");
@@ -23,5 +24,7 @@ int nccl_bound_device(const c10d::Backend&) { return -1; }
 void nccl_use_bound_device(const c10d::Backend&) {}
 
 void nccl_close(c10d::Backend&, bool) {}
+
+void nccl_split_without_color(c10d::Backend&) {}
 
 }  // namespace zero::comm

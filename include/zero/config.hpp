@@ -120,9 +120,9 @@ struct ZeroOptimizationConfig {
     bool hierarchical = true;
   } quantized_gradients;
   // ZeRO-3's keys, with DeepSpeed's names (each also without its "stage3_" prefix, as
-  // DeepSpeed's aliases allow), meanings and defaults (deepspeed/runtime/zero/config.py). They
-  // are read and checked now; stage 3 itself is not implemented yet (stage: 3 is refused), and
-  // below stage 3 they have no effect, in DeepSpeed as here (a warning says so).
+  // DeepSpeed's aliases allow), meanings and defaults (deepspeed/runtime/zero/config.py). Stage 3
+  // reads them (docs/zero-stages.md says which take effect); below stage 3 they have no effect,
+  // in DeepSpeed as here (a warning says so).
   struct Stage3Config {
     // Elements gathered ahead of use; 0: no prefetch. "auto": 0.9 x hidden^2 (transformers'
     // HfTrainerDeepSpeedConfig), resolved from the model by resolve_auto().

@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <exception>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -34,15 +35,29 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
     // seconds, naming the call, instead of waiting in its first all-gather (review 06e M4).
     im.enter("state_dict");
     gathered.resize(fp.layout.params().size());
+    // Every rank runs every bucket's all-gather whatever happens to its own copies: a rank that
+    // failed copying (host memory) and left the loop would pair its next collective with the
+    // others' next gather (review 06f M4). The first local error is rethrown after the loop.
+    std::exception_ptr failed;
     for (const auto& u : im.units) {
       u->for_each_gathered_master([&](const BucketSlot& bucket, const at::Tensor& full) {
-        if (!keep) return;
-        for (int pi : bucket.params) {
-          const ParamSlot& s = fp.layout.params()[pi];
-          gathered[pi] = out_of(full.narrow(0, s.flat_offset - bucket.flat_offset, s.numel));
+        if (!keep || failed) return;
+        try {
+          for (int pi : bucket.params) {
+            const ParamSlot& s = fp.layout.params()[pi];
+            at::Tensor v = full.narrow(0, s.flat_offset - bucket.flat_offset, s.numel);
+            // The compute-dtype values are rounded where the bucket is, before the copy: the
+            // kept rank holds the model once in the compute dtype, not in fp32 and then again
+            // (review 06f M5: 6 bytes per parameter on rank 0's host for a 16-bit save).
+            if (!opts.master) v = v.to(im.param_dtype);
+            gathered[pi] = out_of(v);
+          }
+        } catch (...) {
+          failed = std::current_exception();
         }
       });
     }
+    if (failed) std::rethrow_exception(failed);
   }
   StateDict out;
   if (!keep) return out;

@@ -492,8 +492,8 @@ void explain_nothing_fits(const PlanInput& plain, const MemoryPlan& plan,
   } else {
     why.push_back(
         fmt("   the %dΨ of parameters every rank holds leaves no room: it needs "
-            "parameter partitioning (ZeRO stage 3, not in this engine) or a larger "
-            "device",
+            "parameter partitioning (zero_optimization.stage: 3, which stage: auto picks when "
+            "it fits: see its column above) or a larger device",
             plain.param_bytes));
   }
 }
