@@ -423,7 +423,10 @@ int run(int argc, char** argv) {
       "sp", "sequence parallelism (with --tp)")(
       "schedule", po::value(&schedule),
       "pipeline schedule over --grad-accum micro-batches: 1f1b "
-      "(default) or gpipe")(
+      "(default), gpipe or interleaved (with --virtual-stages)")(
+      "virtual-stages", po::value(&in.virtual_stages)->default_value(1),
+      "interleaved schedule: model chunks per stage v (pipeline.virtual_stages); P x v must "
+      "divide the layers and P the micro-batches")(
       "partition", po::value(&partition),
       "how the time model cuts the stages: equal (default: L/P blocks of equal compute), or "
       "the pipeline runtime's cut of [embedding, blocks, head] by pipeline.partition: "

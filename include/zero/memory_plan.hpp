@@ -133,7 +133,10 @@ struct PlanInput {
   int tensor_parallel = 1;
   int pipeline_stages = 1;
   bool sequence_parallel = false;
-  enum class Schedule { kOneFOneB, kGPipe } schedule = Schedule::kOneFOneB;
+  enum class Schedule { kOneFOneB, kGPipe, kInterleaved } schedule = Schedule::kOneFOneB;
+  // kInterleaved: v model chunks per stage (pipeline.virtual_stages, Megatron's interleaved
+  // 1F1B): P·v must divide the layers and P the micro-batches.
+  int virtual_stages = 1;
   // How the time model cuts the model into stages (parallel_plan.hpp): kEqual, L/P blocks of
   // equal compute (the embedding and head ignored); kUniform, kParameters and kCompute, the
   // runtime's cut of [embedding, L blocks, head] by that pipeline.partition method, each stage

@@ -51,7 +51,7 @@ struct ParallelLayout {
 // world / (T·P), checked: T, P >= 1, T·P divides world_size, P divides the layers (with a shape).
 ParallelLayout parallel_layout(const PlanInput& in);
 const char* schedule_name(PlanInput::Schedule s);
-// "1f1b" or "gpipe"; std::invalid_argument names the choices.
+// "1f1b", "gpipe" or "interleaved"; std::invalid_argument names the choices.
 PlanInput::Schedule parse_schedule(const std::string& name);
 const char* partition_name(PlanInput::Partition p);
 // "equal", "uniform", "parameters" or "compute"; std::invalid_argument names the choices.

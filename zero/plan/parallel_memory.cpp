@@ -7,6 +7,7 @@
 
 #include "zero/parallel_plan.hpp"
 #include "zero/pipeline/figures.hpp"
+#include "zero/plan/schedule_of.hpp"
 
 namespace zero {
 
@@ -28,17 +29,51 @@ ParallelLayout parallel_layout(const PlanInput& in) {
     throw std::invalid_argument("pipeline stages " + std::to_string(p) + " do not divide the " +
                                 std::to_string(in.shape.layers) + " layers; pick a divisor");
   }
+  const int v = chunks_per_stage(in);
+  if (p > 1 && in.schedule == PlanInput::Schedule::kInterleaved) {
+    if (v < 1) throw std::invalid_argument("pipeline.virtual_stages must be >= 1");
+    if (in.shape.known() && in.shape.layers % (p * v) != 0) {
+      throw std::invalid_argument(
+          "the interleaved schedule cuts the " + std::to_string(in.shape.layers) +
+          " layers into P x v = " + std::to_string(p) + " x " + std::to_string(v) +
+          " chunks: they must divide them; pick pipeline.virtual_stages accordingly");
+    }
+    if (v > 1 && in.accumulation % p != 0) {
+      throw std::invalid_argument("the interleaved schedule runs micro-batches in groups of P = " +
+                                  std::to_string(p) + ": " + std::to_string(in.accumulation) +
+                                  " micro-batches (gradient_accumulation_steps) are not a "
+                                  "multiple of it");
+    }
+  }
   return {t, p, w / (t * p)};
 }
 
 const char* schedule_name(PlanInput::Schedule s) {
-  return s == PlanInput::Schedule::kGPipe ? "gpipe" : "1f1b";
+  return s == PlanInput::Schedule::kGPipe         ? "gpipe"
+         : s == PlanInput::Schedule::kInterleaved ? "interleaved"
+                                                  : "1f1b";
 }
 
 PlanInput::Schedule parse_schedule(const std::string& name) {
   if (name == "1f1b") return PlanInput::Schedule::kOneFOneB;
   if (name == "gpipe") return PlanInput::Schedule::kGPipe;
-  throw std::invalid_argument("pipeline schedule '" + name + "': 1f1b or gpipe");
+  if (name == "interleaved") return PlanInput::Schedule::kInterleaved;
+  throw std::invalid_argument("pipeline schedule '" + name + "': 1f1b, gpipe or interleaved");
+}
+
+pipeline::ScheduleKind schedule_kind(const PlanInput& in) {
+  switch (in.schedule) {
+    case PlanInput::Schedule::kGPipe:
+      return pipeline::ScheduleKind::GPipe;
+    case PlanInput::Schedule::kInterleaved:
+      return pipeline::ScheduleKind::Interleaved;
+    default:
+      return pipeline::ScheduleKind::OneFOneB;
+  }
+}
+
+int chunks_per_stage(const PlanInput& in) {
+  return in.schedule == PlanInput::Schedule::kInterleaved ? in.virtual_stages : 1;
 }
 
 const char* partition_name(PlanInput::Partition p) {
@@ -84,10 +119,9 @@ int64_t rank_params(const PlanInput& in, int stage) {
 int in_flight_micro_batches(const PlanInput& in, int stage) {
   const ParallelLayout l = parallel_layout(in);
   if (l.pp == 1) return 1;  // data parallelism runs each micro-batch's backward before the next
-  const auto kind = in.schedule == PlanInput::Schedule::kGPipe ? pipeline::ScheduleKind::GPipe
-                                                               : pipeline::ScheduleKind::OneFOneB;
   const int m = static_cast<int>(std::max<int64_t>(1, in.accumulation));
-  const auto f = pipeline::pipeline_figures(kind, l.pp, m);
+  // Interleaved: in whole micro-batches of the stage's layers (a chunk holds 1/v of them).
+  const auto f = pipeline::pipeline_figures(schedule_kind(in), l.pp, m, chunks_per_stage(in));
   return static_cast<int>(std::ceil(f.peak_activation_micro_batches.at(stage)));
 }
 

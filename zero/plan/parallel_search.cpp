@@ -21,6 +21,11 @@ ParallelSearch search_parallel(const PlanInput& in, const PlanLimits& limits,
     const int64_t layers = m.known() ? m.layers : 1;
     for (int p = 1; p <= layers; ++p) {
       if (layers % p != 0 || in.world_size % (t * p) != 0) continue;
+      // The interleaved schedule needs P·v chunks of whole layers and groups of P micro-batches.
+      if (p > 1 && in.schedule == PlanInput::Schedule::kInterleaved &&
+          (layers % (p * in.virtual_stages) != 0 || in.accumulation % p != 0)) {
+        continue;
+      }
       PlanInput x = in;
       x.tensor_parallel = t;
       x.pipeline_stages = p;

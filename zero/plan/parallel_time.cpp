@@ -9,6 +9,7 @@
 #include "zero/pipeline/partition.hpp"
 #include "zero/pipeline/simulate.hpp"
 #include "zero/pipeline_flops.hpp"
+#include "zero/plan/schedule_of.hpp"
 
 namespace zero {
 namespace {
@@ -147,7 +148,8 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
     const double bytes = tokens * static_cast<double>(in.shape.hidden) * in.param_bytes /
                          (in.sequence_parallel ? l.tp : 1);
     if (hw.p2p.all_gather_bw <= 0) throw std::invalid_argument("the stage link needs a rate");
-    p2p = bytes / hw.p2p.all_gather_bw + hw.p2p.latency_s;
+    // Interleaved: every chunk boundary is a stage boundary, v sends each way per micro-batch.
+    p2p = chunks_per_stage(in) * (bytes / hw.p2p.all_gather_bw + hw.p2p.latency_s);
   }
   const double micro_f = tf + tp_f + p2p, micro_b = tb + trc + tp_b + p2p;
   t.forward_s = m * tf;
@@ -158,8 +160,13 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
   double busy = m * (micro_f + micro_b);
   int64_t most = 0;                  // the parameters of the rank holding the most
   double overlap_window = tb + trc;  // the backward the last gradient buckets hide behind
-  const auto kind = in.schedule == PlanInput::Schedule::kGPipe ? pipeline::ScheduleKind::GPipe
-                                                               : pipeline::ScheduleKind::OneFOneB;
+  const auto kind = schedule_kind(in);
+  const int v = chunks_per_stage(in);
+  if (unequal_stages(in) && v > 1) {
+    throw std::invalid_argument(
+        "the time model runs the interleaved schedule with equal chunks only: use "
+        "pipeline.partition equal (--partition equal) with it");
+  }
   if (unequal_stages(in)) {
     // Each stage timed by its own layers; the simulated schedule's makespan is the pipeline's
     // part of the step, and the slowest stage's idle time in it the bubble.
@@ -220,7 +227,7 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
     overlap_window = 2 * tf_s[k] + trc_s[k];
   } else if (l.pp > 1) {
     t.bubble_fraction =
-        pipeline::pipeline_figures(kind, l.pp, static_cast<int>(m), 1, micro_b / micro_f)
+        pipeline::pipeline_figures(kind, l.pp, static_cast<int>(m), v, micro_b / micro_f)
             .bubble_fraction;
     t.bubble_s = busy / (1 - t.bubble_fraction) - busy;
   }
