@@ -38,6 +38,8 @@ struct Case {
   // biases and norms of each block whole, in the root unit.
   int64_t persistence = 0;
   bool bf16 = false;
+  // zero_optimization.offload_optimizer: {device: cpu}, at stage 3 and at stage 2 alike.
+  bool offload = false;
 };
 
 std::string name_of(const ::testing::TestParamInfo<Case>& info) {
@@ -45,7 +47,7 @@ std::string name_of(const ::testing::TestParamInfo<Case>& info) {
   return "world" + std::to_string(c.world) + (c.sgd ? "_sgd" : "_adamw") + "_ga" +
          std::to_string(c.accumulation) + (c.clip > 0 ? "_clip" : "") +
          (c.persistence > 0 ? "_persist" + std::to_string(c.persistence) : "") +
-         (c.bf16 ? "_bf16" : "");
+         (c.bf16 ? "_bf16" : "") + (c.offload ? "_offload" : "");
 }
 
 constexpr int kSteps = 3;
@@ -61,6 +63,8 @@ Config case_config(const Case& c, int stage) {
   }
   cfg.zero_optimization.stage3.param_persistence_threshold = c.persistence;
   cfg.bf16 = c.bf16;
+  cfg.zero_optimization.offload_optimizer.enabled = c.offload;
+  cfg.zero_optimization.offload_optimizer.threads = 2;
   return cfg;
 }
 
@@ -163,7 +167,15 @@ INSTANTIATE_TEST_SUITE_P(Stage3, Stage3Equivalence,
                                            Case{2, false, 1, 0, kWidth},
                                            Case{4, true, 2, 0.3, kWidth},
                                            Case{2, false, 2, 0.3, 0, true},
-                                           Case{4, false, 1, 0.3, kWidth, true}),
+                                           Case{4, false, 1, 0.3, kWidth, true},
+                                           // Optimizer offload: the host step's new values
+                                           // uploaded into each unit's compute shard.
+                                           Case{2, false, 2, 0.3, 0, false, true},
+                                           Case{4, true, 2, 0.3, 0, false, true},
+                                           Case{2, true, 1, 0, kWidth, false, true},
+                                           Case{4, false, 1, 0.3, kWidth, false, true},
+                                           Case{2, false, 2, 0.3, 0, true, true},
+                                           Case{4, true, 1, 0.3, kWidth, true, true}),
                          name_of);
 
 }  // namespace
@@ -202,6 +214,40 @@ TEST(Stage3, EvalReleasesUnits) {
     EXPECT_LE(mr.measured.params, 4 * (root + padding));
     EXPECT_EQ(mr.measured.master, 4 * mr.padded_params / 2);
     EXPECT_EQ(mr.predicted.master, 4 * mr.num_params / 2);
+  });
+}
+
+}  // namespace
+}  // namespace zero::testing
+
+namespace zero::testing {
+namespace {
+
+// Optimizer offload at stage 3: the fp32 master and the optimizer states in host memory, and on
+// the device the root unit whole plus this rank's compute-dtype shard of the units (its own
+// tensor even in fp32: the gathers' source must stay on the device). The report measures each
+// from the engine's tensors and predicts it from the formula.
+TEST(Stage3, OffloadKeepsTheShardBesideTheHostMaster) {
+  Case c{2, false, 1, 0};
+  c.offload = true;
+  const Config cfg = case_config(c, 3);
+  run_ranks(2, [&](std::shared_ptr<comm::Group> group) {
+    auto net = make_net(3, /*mark=*/true);
+    auto engine = initialize(net, cfg, group);
+    Batch b = rank_micro_batch(global_batch(0, kGlobalRows), group->rank(), 2, 0, 1);
+    engine.backward(mse(net->forward(b.x), b.y));
+    engine.step();
+    EXPECT_EQ(net->body->block_module(0).fc->weight.numel(), 0);
+    const MemoryReport mr = engine.memory_report();
+    const int64_t root = 12 * kWidth + kWidth + kWidth * 5 + 5;
+    const int64_t padding = mr.padded_params - mr.num_params;
+    EXPECT_EQ(mr.predicted.params, 4 * root + 4 * mr.num_params / 2);
+    EXPECT_GE(mr.measured.params, 4 * root + 4 * mr.padded_params / 2);
+    EXPECT_LE(mr.measured.params, 4 * (root + padding) + 4 * mr.padded_params / 2);
+    EXPECT_EQ(mr.measured.master, 4 * mr.padded_params / 2);
+    // The host holds the master, AdamW's two states, the fp32 gradient shard and the
+    // compute-dtype copy the CPU step writes, each a 1/2 shard.
+    EXPECT_GE(mr.host_measured, (4 + 8 + 4 + 4) * mr.padded_params / 2);
   });
 }
 

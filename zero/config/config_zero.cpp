@@ -80,18 +80,17 @@ void load_offload_keys(Loader& l, std::vector<Field>& f,
                         "use zero_optimization.offload_optimizer: {device: cpu}"));
 }
 
-// Offload moves what stages 1 and 2 shard (the fp32 master, its optimizer states and gradient
+// Offload moves what stages 1-3 shard (the fp32 master, its optimizer states and gradient
 // shard) to the host; stage 0 has no shard to move, and "auto" must not pick one silently.
 void check_offload_stage(const Loader& l, const Entry& s, const ZeroOptimizationConfig& z) {
-  if (!z.offload_optimizer.enabled || (!z.stage_auto && (z.stage == 1 || z.stage == 2))) return;
+  if (!z.offload_optimizer.enabled || (!z.stage_auto && z.stage >= 1 && z.stage <= 3)) return;
   const Entry* at = l.seen(s.path + ".offload_optimizer");
   if (!at) at = l.seen(s.path + ".cpu_offload");
   const std::string key = at ? at->path : s.path + ".offload_optimizer";
   const std::string got = z.stage_auto ? std::string("\"auto\"") : std::to_string(z.stage);
-  const std::string msg = "'" + key + "' offloads the optimizer of ZeRO stage 1 or 2, but " +
-                          s.path + ".stage is " + got +
-                          (got == "3" ? " (not supported there yet)" : "") + "; set " + s.path +
-                          ".stage: 2 (or 1), or remove the offload";
+  const std::string msg = "'" + key + "' offloads the optimizer of ZeRO stage 1, 2 or 3, but " +
+                          s.path + ".stage is " + got + "; set " + s.path +
+                          ".stage: 2 (or 1 or 3), or remove the offload";
   if (at) l.fail_at_key(*at, msg);
   l.fail(s, msg);
 }

@@ -237,9 +237,6 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   const bool stage3 = impl->sharding.params;
   // The config refuses these at stage 3 when it loads (config_zero.cpp); a Config built in C++
   // is refused here, on every rank alike.
-  TORCH_CHECK(!stage3 || !off.enabled, "zero: ", c.source,
-              ": zero_optimization.offload_optimizer is not supported at ZeRO stage 3 yet; set "
-              "zero_optimization.stage: 2 to offload the optimizer, or turn the offload off");
   TORCH_CHECK(!stage3 || !c.zero_optimization.quantized_gradients.enabled, "zero: ", c.source,
               ": zero_optimization.zero_quantized_gradients is not supported at ZeRO stage 3 "
               "yet; set zero_optimization.stage: 2, or zero_quantized_gradients: false");
@@ -253,9 +250,9 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
     fo.unit_buffers = true;
   }
   if (off.enabled) {
-    // The config refuses offload outside stages 1 and 2; an application could set the field.
+    // The config refuses offload at stage 0; an application could set the field.
     TORCH_CHECK(impl->sharding.optimizer, "zero: ", c.source,
-                ": zero_optimization.offload_optimizer needs ZeRO stage 1 or 2, got stage ",
+                ": zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3, got stage ",
                 impl->sharding.stage(), "; set zero_optimization.stage: 2 or turn the offload off");
     fo.host_master = true;
     fo.pin_memory = off.pin_memory;

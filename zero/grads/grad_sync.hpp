@@ -33,7 +33,7 @@ struct GradSyncOptions {
   at::Device device = at::kCPU;
   bool overlap = true;         // launch a bucket's reduction as soon as it is complete
   bool reduce_scatter = true;  // false: all-reduce and keep the own shard (DeepSpeed's option)
-  // Optimizer offload (stages 1, 2): the fp32 gradient shard lives in host memory (page-locked
+  // Optimizer offload (stages 1-3): the fp32 gradient shard lives in host memory (page-locked
   // with pin_memory); each bucket's reduced shard is copied there as its reduction completes.
   bool host_shard = false;
   bool pin_memory = false;

@@ -31,10 +31,12 @@ MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
   b.master = (in.param_bytes == 4 && !in.offload) ? 0 : static_cast<int64_t>(4.0 * part);
   if (in.stage == 3) {
     // The root unit whole; every other parameter a 1/N shard between uses (the gathered unit
-    // of the moment is an activation-time cost, not a model state). An fp32 shard is the master.
+    // of the moment is an activation-time cost, not a model state). An fp32 shard is the master,
+    // except under optimizer offload (the master on the host, the shard on the device).
     const double root = static_cast<double>(in.root_params);
+    const bool shard_is_master = in.param_bytes == 4 && !in.offload;
     b.params = static_cast<int64_t>(root * in.param_bytes +
-                                    (in.param_bytes == 4 ? 0.0 : psi / n * in.param_bytes));
+                                    (shard_is_master ? 0.0 : psi / n * in.param_bytes));
     b.master = static_cast<int64_t>(4.0 * part);
   }
   b.optimizer = static_cast<int64_t>(4.0 * in.optimizer_states * part);

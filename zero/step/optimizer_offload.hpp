@@ -1,4 +1,4 @@
-// ZeRO-Offload's engine side (stages 1 and 2, zero_optimization.offload_optimizer): this rank's
+// ZeRO-Offload's engine side (stages 1-3, zero_optimization.offload_optimizer): this rank's
 // fp32 master shard, its optimizer states and its fp32 gradient shard live in host memory
 // (flat_params, the host optimizer, GradSyncOptions::host_shard put them there); the device
 // keeps the compute-dtype parameters and the bucket buffers. This object holds what the step
@@ -11,7 +11,8 @@
 //    its overflow verdict once a step too); the CPU optimizer then never reads the device;
 //  - update_bucket(b): the CPU step over b's slice writes the master, the states and the
 //    compute-dtype copy in staging; the copy engine's stream uploads that slice straight into
-//    this rank's part of b's flat buffer (device/copy_engine.hpp), and the current stream,
+//    this rank's part of b's flat buffer (stage 3: b's window of the unit's compute shard,
+//    which the unit's next gather sends; device/copy_engine.hpp), and the current stream,
 //    which the all-gather is ordered after, waits for the upload on the device. The host goes
 //    on to bucket b+1 while b uploads and gathers;
 //  - begin_publish(): staging is rewritten only after every earlier upload from it finished

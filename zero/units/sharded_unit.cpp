@@ -71,7 +71,7 @@ ShardedUnit::ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slo
               name_, ": a unit gathered on use publishes into its compute shard");
   if (residency_ == Residency::kOnUse) {
     const FlatParams& fp = store_.fp;
-    TORCH_CHECK(!fp.flat.defined() && fp.shard.defined() && !store_.offload, "zero: unit ", name_,
+    TORCH_CHECK(!fp.flat.defined() && fp.shard.defined(), "zero: unit ", name_,
                 " is gathered on use without stage 3's storage");
     std::vector<units::UnitStorage::Param> params;
     for (int li : slot_.params) {
@@ -150,7 +150,7 @@ void ShardedUnit::step(const StepContext& ctx, GatherQueue& q) {
     // scalars reach the host once here, not once per bucket.
     const optim::ShardOptimizer::Scalars host = OptimizerOffload::host_scalars(ctx.scalars);
     publish_from(q, [&](const BucketSlot& b) {
-      return store_.offload->update_bucket(&o, fp.master, grad, lr, host, b, own_part(b));
+      return store_.offload->update_bucket(&o, fp.master, grad, lr, host, b, publish_dst(b));
     });
     return;
   }
@@ -195,6 +195,11 @@ ShardedUnit::Bytes ShardedUnit::bytes() const {
   return {.resident = static_cast<int64_t>(buffer().nbytes()), .gathered = 0};
 }
 
+at::Tensor ShardedUnit::publish_dst(const BucketSlot& b) const {
+  if (publish_ != Publish::kCastShard) return own_part(b);
+  return store_.fp.shard.narrow(0, b.shard_offset, b.shard.shard_numel());
+}
+
 at::Tensor ShardedUnit::own_part(const BucketSlot& b) const {
   const int64_t S = b.shard.shard_numel();
   return buffer().narrow(0, b.flat_offset - slot_.flat_begin + dp_.rank() * S, S);
@@ -205,7 +210,8 @@ void ShardedUnit::publish_parameters(GatherQueue& q,
   publish_from(q, [&](const BucketSlot& b) {
     if (before) before(b);
     if (store_.offload) {
-      return store_.offload->update_bucket(nullptr, store_.fp.master, {}, 0, {}, b, own_part(b));
+      return store_.offload->update_bucket(nullptr, store_.fp.master, {}, 0, {}, b,
+                                           publish_dst(b));
     }
     at::Tensor in = store_.fp.bucket_master(b);
     return param_dtype_ != at::kFloat ? in.to(param_dtype_) : in;
@@ -218,10 +224,18 @@ void ShardedUnit::publish_from(GatherQueue& q,
   FlatParams& fp = store_.fp;
   if (publish_ == Publish::kNone) return;
   if (publish_ == Publish::kCastShard) {
+    const auto& buckets = fp.layout.buckets();
+    if (store_.offload) {
+      // The CPU step (or the master, without one) writes each bucket's compute-dtype values
+      // into staging and uploads them into the shard (publish_dst): no gather, the unit's next
+      // use gathers them. DeepSpeed's stage 3 under offload_optimizer alike: the CPU step's fp32
+      // partition copied into the device's fp16 partition, gathered in the next forward.
+      store_.offload->begin_publish();
+      for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) source(buckets[b]);
+      return;
+    }
     // fp32: the shard is the master, already current. Otherwise the master rounded into it,
     // bucket by bucket (the next gather sends it).
-    if (fp.shard.is_same(fp.master)) return;
-    const auto& buckets = fp.layout.buckets();
     for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
       const BucketSlot& bucket = buckets[b];
       const int64_t S = bucket.shard.shard_numel();

@@ -26,7 +26,8 @@ enum class Publish {
   kCopy,       // stage 0 otherwise: one flat.copy_(master) after all updates
   kAllGather,  // stages 1, 2, stage 3's root: bucket b updated just before its all-gather
   kCastShard,  // stage 3's gathered units: the master rounded into the compute shard (bf16/fp16;
-               // fp32: nothing, the shard is the master); the next gather reads it
+               // fp32: nothing, the shard is the master; under optimizer offload the CPU
+               // step's compute-dtype copy uploaded into it); the next gather reads it
 };
 // Whether the unit's parameters are always there (stages 0-2, stage 3's root) or gathered on
 // use and released after it (stage 3's units).
@@ -154,6 +155,9 @@ class ShardedUnit {
   // values are uploaded straight there and the gather runs in place (its input inside its
   // output at the rank's offset, which NCCL and gloo both accept): no device temporary.
   at::Tensor own_part(const BucketSlot& b) const;
+  // Where optimizer offload uploads bucket b's new compute-dtype values: own_part, or for a
+  // kCastShard unit (stage 3) b's window of the compute shard, which the unit's gathers send.
+  at::Tensor publish_dst(const BucketSlot& b) const;
 
   ShardStore& store_;
   comm::Group& dp_;
