@@ -44,11 +44,13 @@ void refuse_unsupported(const PipelineTrainerArgs& a) {
     p += " resuming the pipelined save in " + cfg.extra_string("trainer.save_dir") + "/stage*/";
   auto no = [&](const std::string& what) { throw ConfigError(a.config_path + ": " + what); };
   const int tp = cfg.tensor_parallel.autotp_size;
-  if (tp > 1 && cfg.tensor_parallel.sequence_parallel)
-    no(p +
-       " with tensor_parallel.sequence_parallel: the pipeline engine sums the norms' partial "
-       "gradients, but the example GPT's pipeline layers (tp_gpt_pipeline_layers) do not pass "
-       "the sequence shard between stages yet; set tensor_parallel.sequence_parallel: false");
+  // Sequence parallelism: each tensor-parallel rank holds (and sends to the next stage) its
+  // 1/T of the sequence, so the sequence must split evenly.
+  if (tp > 1 && cfg.tensor_parallel.sequence_parallel && a.seq_len % tp != 0)
+    no(p + " with tensor_parallel.sequence_parallel: trainer.seq_len " + std::to_string(a.seq_len) +
+       " must be a multiple of tensor_parallel.autotp_size " + std::to_string(tp) +
+       " (each tensor-parallel rank holds an equal part of the sequence); "
+       "choose another trainer.seq_len or set tensor_parallel.sequence_parallel: false");
   const int v = pipeline::virtual_stages(cfg);
   if (v > 1 &&
       (cfg.extra_int("trainer.save_interval") > 0 || cfg.extra_string("trainer.resume") != "false"))
@@ -172,7 +174,7 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   std::vector<pipeline::Layer> layers;
   pipeline::LossFn loss_fn = models::gpt_loss;
   if (tp > 1) {
-    tp_model = models::TpGpt(grid.tp, a.model);
+    tp_model = models::TpGpt(grid.tp, a.model, cfg.tensor_parallel.sequence_parallel);
     if (model) {
       tp_model->load_full(*model);
       model = models::Gpt(nullptr);
@@ -223,11 +225,14 @@ int train_pipeline(const PipelineTrainerArgs& a) {
         "zero-train: %s (%lld parameters), %d ranks (%s) on %s, ZeRO stage %d, %s, pipeline "
         "%s, micro-batch %lld x %lld micro-batches x %d data-parallel ranks = %lld sequences "
         "of %lld tokens, data: %s\n",
-        a.preset.c_str(), (long long)a.model.num_params(), world_size, grid.describe().c_str(),
+        a.preset.c_str(), (long long)a.model.num_params(), world_size,
+        (grid.describe() +
+         (tp > 1 && cfg.tensor_parallel.sequence_parallel ? ", sequence parallel" : ""))
+            .c_str(),
         a.device.str().c_str(), engine.stage(),
         c.bf16 ? "bf16" : (c.fp16.enabled ? "fp16" : "fp32"), c.pipeline.schedule.c_str(),
-        (long long)micro, (long long)ga, dp_size, (long long)train_batch,
-        (long long)a.seq_len, a.data->describe().c_str());
+        (long long)micro, (long long)ga, dp_size, (long long)train_batch, (long long)a.seq_len,
+        a.data->describe().c_str());
     const auto& b = pipe->bounds();
     const int v = pipe->virtual_stages(), p = pipe->stages();
     double total = 0;
@@ -243,12 +248,13 @@ int train_pipeline(const PipelineTrainerArgs& a) {
             by_compute
                 ? ", " + std::to_string(static_cast<int>(100 * share + 0.5)) + "% of the FLOPs"
                 : "";
-        std::printf("pipeline: stage %d %sholds layers %d..%d (%s .. %s)%s\n", s,
-                    v > 1 ? ("chunk " + std::to_string(k) + " (virtual stage " +
-                             std::to_string(vs) + ") ").c_str()
-                          : "",
-                    b[vs], b[vs + 1] - 1, names[b[vs]].c_str(), names[b[vs + 1] - 1].c_str(),
-                    share_text.c_str());
+        std::printf(
+            "pipeline: stage %d %sholds layers %d..%d (%s .. %s)%s\n", s,
+            v > 1 ? ("chunk " + std::to_string(k) + " (virtual stage " + std::to_string(vs) + ") ")
+                        .c_str()
+                  : "",
+            b[vs], b[vs + 1] - 1, names[b[vs]].c_str(), names[b[vs + 1] - 1].c_str(),
+            share_text.c_str());
       }
     std::fflush(stdout);
   }

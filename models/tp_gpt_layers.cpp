@@ -10,8 +10,9 @@ namespace zero::models {
 
 namespace tp = zero::tensor_parallel;
 
-TpGptHeadImpl::TpGptHeadImpl(tp::GroupPtr g, RMSNorm n, tp::ColumnParallelLinear h, at::Tensor tied)
-    : group(std::move(g)) {
+TpGptHeadImpl::TpGptHeadImpl(tp::GroupPtr g, RMSNorm n, tp::ColumnParallelLinear h, at::Tensor tied,
+                             bool sp)
+    : group(std::move(g)), sequence_parallel(sp) {
   norm = register_module("norm", std::move(n));
   if (h) {
     head = register_module("head", std::move(h));
@@ -24,23 +25,33 @@ TpGptHeadImpl::TpGptHeadImpl(tp::GroupPtr g, RMSNorm n, tp::ColumnParallelLinear
 
 at::Tensor TpGptHeadImpl::forward(const at::Tensor& x) {
   auto h = norm->forward(x);
+  // An untied head was built with the model's sequence_parallel: it gathers the sequence itself.
   if (head) return head->forward(h);
-  // As TpGptImpl::forward's tied head: the input enters the tensor-parallel region (backward
-  // all-reduces its gradient), then this rank's vocabulary shard of the logits.
-  return at::linear(tp::copy_to_region(h, group), tied_weight);
+  // As TpGptImpl::forward's tied head: the input enters the tensor-parallel region (under SP
+  // all-gathered along the sequence, backward reduce-scatters; otherwise copied, backward
+  // all-reduces), then this rank's vocabulary shard of the logits.
+  const at::Tensor in = sequence_parallel ? tp::gather_from_sequence_region(h, group, /*dim=*/1)
+                                          : tp::copy_to_region(h, group);
+  return at::linear(in, tied_weight);
+}
+
+tp::SequenceShare TpGptHeadImpl::sequence_share(const std::string& name) const {
+  // The norm runs before the head gathers the sequence.
+  if (name.rfind("norm.", 0) == 0) return tp::SequenceShare::kPartial;
+  // The embedding's vocabulary shard, here again: where the embedding shares the stage, the engine
+  // takes its placement from the embedding (listed first); elsewhere the copy is not the stage's.
+  if (name == "tied_weight") return tp::SequenceShare::kWhole;
+  return tp::SequenceShare::kUnsaid;
 }
 
 std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model, int64_t seq_len) {
-  if (model->sequence_parallel)
-    throw std::invalid_argument(
-        "tensor_parallel.sequence_parallel with pipeline.stages > 1 is not built yet; set "
-        "tensor_parallel.sequence_parallel: false");
   return rope_gpt_layers<TpBlockImpl>(
       model->embed, model->blocks,
       TpGptHead(model->group, model->norm, model->head,
-                model->cfg.tied ? model->embed->weight : at::Tensor()),
+                model->cfg.tied ? model->embed->weight : at::Tensor(), model->sequence_parallel),
       model->cfg.tied, model->rope_cos, model->rope_sin, model->cfg.max_seq,
-      seq_len > 0 ? seq_len : model->cfg.max_seq, model->group->size());
+      seq_len > 0 ? seq_len : model->cfg.max_seq, model->group->size(),
+      model->sequence_parallel ? model->group->size() : 1);
 }
 
 zero::pipeline::LossFn tp_gpt_loss(tp::GroupPtr group) {

@@ -10,7 +10,9 @@
 // from its tensor-parallel shards, within 1e-5 (AdamW: in L2, per element 1e-3; kAdamMaxTol
 // says why), for GPipe
 // and 1F1B, SGD with momentum and AdamW, tied (vocabulary-parallel embedding shard reused as the
-// head on the last stage) and untied.
+// head on the last stage) and untied, with and without sequence parallelism (Megatron-SP: each
+// tensor-parallel rank holds and sends its 1/T of the sequence between the parallel regions and
+// stages; the norms' partial gradients are summed over tp by each stage's engine).
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
@@ -98,12 +100,14 @@ struct Case {
   ScheduleKind schedule;
   Opt opt;
   bool tied;
+  bool sp = false;  // tensor_parallel.sequence_parallel
 };
 
 std::string name(const Case& k) {
   return "P=" + std::to_string(k.stages) + " x T=" + std::to_string(k.tp) +
          " x D=" + std::to_string(k.dp) + " " + std::string(schedule_name(k.schedule)) + " " +
-         (k.opt == Opt::SGD ? "SGD" : "AdamW") + (k.tied ? " tied" : " untied");
+         (k.opt == Opt::SGD ? "SGD" : "AdamW") + (k.tied ? " tied" : " untied") +
+         (k.sp ? " SP" : "");
 }
 
 struct Trial {
@@ -126,11 +130,12 @@ Trial run_case(const Case& k, const GptConfig& c, const Gpt& init,
     // Megatron's order: tensor innermost, then data, then pipeline.
     EXPECT_EQ(rank, grid.tp_rank + k.tp * (grid.dp_rank + k.dp * grid.stage));
     run.grids[rank] = grid.describe();
-    models::TpGpt model(grid.tp, c);
+    models::TpGpt model(grid.tp, c, k.sp);
     model->load_full(*init);  // this rank's shards of the reference's initial weights
     auto layers = models::tp_gpt_pipeline_layers(model);
-    PipelineEngine pipe(layers, models::tp_gpt_loss(grid.tp),
-                        engine_config(k.opt, k.stages, k.tp, k.schedule), grid);
+    Config cfg = engine_config(k.opt, k.stages, k.tp, k.schedule);
+    cfg.tensor_parallel.sequence_parallel = k.sp;
+    PipelineEngine pipe(layers, models::tp_gpt_loss(grid.tp), cfg, grid);
     ASSERT_EQ(pipe.stage(), grid.stage);
     ASSERT_EQ(pipe.engine().world_size(), k.dp);
     std::set<const void*> mine;  // this stage's layers' parameters (a tied copy included)
@@ -223,6 +228,18 @@ TEST(PipelineTensorParallel, TwoStagesTimesTwoTensorRanksTimesTwoReplicas) {
   check({2, 2, 2, ScheduleKind::GPipe, Opt::SGD, false});
 }
 
+// Sequence parallelism inside the pipeline: the embedding reduce-scatters its output along the
+// sequence, each stage's tensor rank r sends its [b, s / T, h] to the next stage's rank r, the
+// head all-gathers the sequence before the vocabulary-parallel logits, and each stage's engine
+// sums the norms' partial gradients over tp after its dp reduction (Megatron's
+// finalize_model_grads). Untied and tied (the last stage's head then holds a copy of the
+// embedding's shard: its module is rebuilt without it and must still say its norm is partial).
+TEST(PipelineTensorParallel, SequenceParallelStagesMatchSingleProcessTraining) {
+  check({2, 2, 1, ScheduleKind::OneFOneB, Opt::SGD, false, true});
+  check({2, 2, 1, ScheduleKind::GPipe, Opt::AdamW, true, true});
+  check({2, 2, 2, ScheduleKind::OneFOneB, Opt::AdamW, false, true});
+}
+
 // What the trainer's reports read: where each train_batch spent its time (the instructions'
 // wall time, within the call's), and every stage's values gathered on every rank, by stage.
 TEST(PipelineTensorParallel, StepTimesAndValuesGatheredOverTheStages) {
@@ -256,16 +273,22 @@ TEST(PipelineTensorParallel, StepTimesAndValuesGatheredOverTheStages) {
   });
 }
 
-TEST(PipelineTensorParallel, RefusesSequenceParallelismAndAGridNotDividingTheWorld) {
+TEST(PipelineTensorParallel, RefusesAnUnmarkedNormAndAGridNotDividingTheWorld) {
   GptConfig c = models::gpt_preset("tiny");
+  c.tied = false;
   testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
     const PipelineGrid grid = make_pipeline_grid(w, 2, 2);
-    models::TpGpt model(grid.tp, c);
+    models::TpGpt model(grid.tp, c, /*sequence_parallel=*/true);
     Config cfg = engine_config(Opt::SGD, 2, 2, ScheduleKind::OneFOneB);
     cfg.tensor_parallel.sequence_parallel = true;
+    // The last layer's norm and head in a plain module, which says nothing of its norm.
+    auto layers = models::tp_gpt_pipeline_layers(model);
+    auto plain = std::make_shared<torch::nn::Module>();
+    plain->register_module("norm", model->norm);
+    plain->register_module("head", model->head);
+    layers.back().module = plain;
     try {
-      PipelineEngine(models::tp_gpt_pipeline_layers(model), models::tp_gpt_loss(grid.tp), cfg,
-                     grid);
+      PipelineEngine(layers, models::tp_gpt_loss(grid.tp), cfg, grid);
       ADD_FAILURE() << "sequence parallelism accepted";
     } catch (const std::invalid_argument& e) {
       // The last stage's head holds the final norm without a sequence-parallel mark; the first

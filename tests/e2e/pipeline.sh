@@ -201,8 +201,4 @@ check "checkpoints under the interleaved schedule: refused naming the key" \
   --set pipeline.stages=2 --set pipeline.schedule=interleaved --set pipeline.virtual_stages=2 \
   --set gradient_accumulation_steps=2 --set trainer.save_interval=1 \
   --set "trainer.save_dir=$out/interleaved_ckpt"
-check "sequence parallelism with stages: refused naming the key" \
-  bad "pipeline.stages = 2 with tensor_parallel.sequence_parallel" --set pipeline.stages=2 \
-  --set tensor_parallel.autotp_size=2 --set tensor_parallel.sequence_parallel=true \
-  --set gradient_accumulation_steps=4
 summary

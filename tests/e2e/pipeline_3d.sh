@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# fp16 inside the pipeline under tensor parallelism (issue 34), real processes through torchrun
-# (gloo), the tiny preset, 6 steps of 8 sequences of 32 tokens:
+# Sequence parallelism and fp16 inside the pipeline under tensor parallelism (issue 34), real
+# processes through torchrun (gloo), the tiny preset, 6 steps of 8 sequences of 32 tokens:
+#  - P = 2 x T = 2 with tensor_parallel.sequence_parallel on 4 processes trains as P = 1 x T = 1
+#    (one process, the plain trainer) does: the losses, and with clipping the global norm,
+#    within 1e-5 relative. Each tensor-parallel rank holds and sends its half of the sequence
+#    between stages; the norms' gradients are partial per rank and each stage's engine sums them
+#    over tp (a norm gradient left partial, or summed twice, moves the norm at step 1 and the loss
+#    from step 2 on). A trainer.seq_len that does not split over tp is refused naming it.
 #  - fp16 at P = 2 x T = 2 against fp16 at P = 1 x T = 1, DeepSpeed's dynamic loss scale from
 #    2^20 (here steps 3 and 4 overflow): the same steps skipped, the same loss scale at every
 #    step, the losses within 1e-4 relative (fp16 rounding in another order: the stages'
-#    micro-batches, the split matmuls; measured 3.1e-6).
+#    micro-batches, the split matmuls; measured 3.1e-6); the same with sequence parallelism.
 set -euo pipefail
 train=$1
 src=$2
@@ -53,6 +59,26 @@ sys.exit(0 if len(a) == 6 and a == b else 1)
 PY
 }
 
+p2t2sp=(--set pipeline.stages=2 --set tensor_parallel.autotp_size=2
+        --set tensor_parallel.sequence_parallel=true)
+check "P = 1 trains" run p1 1
+check "P = 2 x T = 2 with sequence parallelism (4 processes) trains" run p2t2sp 4 "${p2t2sp[@]}"
+check "the start-up line says sequence parallel" \
+  grep -q "4 ranks (pp 2 x dp 1 x tp 2, sequence parallel) on cpu" "$out/p2t2sp.log"
+check "P = 2 x T = 2 with sequence parallelism: P = 1's losses" compare p1 p2t2sp loss 1e-5
+check "P = 1 trains with clipping" run p1clip 1 --set gradient_clipping=0.05
+check "P = 2 x T = 2 with sequence parallelism trains with clipping" run p2t2spclip 4 \
+  "${p2t2sp[@]}" --set gradient_clipping=0.05
+check "with clipping: P = 1's losses" compare p1clip p2t2spclip loss 1e-5
+check "with clipping: P = 1's gradient norm (the partial norm gradients summed once)" \
+  compare p1clip p2t2spclip grad_norm 1e-5
+odd_seq() {
+  ! run oddseq 4 "${p2t2sp[@]}" --set trainer.seq_len=31 --set trainer.steps=1 &&
+    grep -q "trainer.seq_len 31 must be a multiple of tensor_parallel.autotp_size 2" \
+      "$out/oddseq.log"
+}
+check "a sequence that does not split over tp: refused naming trainer.seq_len" odd_seq
+
 fp16=(--set fp16.enabled=true --set fp16.initial_scale_power=20 --set fp16.hysteresis=1
       --set fp16.loss_scale_window=2)
 check "P = 1 trains in fp16" run p1fp16 1 "${fp16[@]}"
@@ -62,4 +88,11 @@ check "fp16: some steps overflowed" grep -q '"skipped": true' "$out/p1fp16.jsonl
 check "fp16: the same steps skipped as P = 1" same p1fp16 p2t2fp16 skipped
 check "fp16: the same loss scale at every step as P = 1" same p1fp16 p2t2fp16 loss_scale
 check "fp16: P = 1's losses" compare p1fp16 p2t2fp16 loss 1e-4
+check "P = 2 x T = 2 with sequence parallelism trains in fp16" run p2t2spfp16 4 "${p2t2sp[@]}" \
+  "${fp16[@]}"
+check "fp16 with sequence parallelism: the same steps skipped as P = 1" \
+  same p1fp16 p2t2spfp16 skipped
+check "fp16 with sequence parallelism: the same loss scale as P = 1" \
+  same p1fp16 p2t2spfp16 loss_scale
+check "fp16 with sequence parallelism: P = 1's losses" compare p1fp16 p2t2spfp16 loss 1e-4
 summary

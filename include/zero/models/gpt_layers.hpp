@@ -38,9 +38,11 @@ class RopeRows {
  public:
   RopeRows(at::Tensor cos, at::Tensor sin, int64_t max_seq)
       : cos_(std::move(cos)), sin_(std::move(sin)), max_seq_(max_seq) {}
-  // The first `x.size(1)` rows of both tables, as x's dtype on x's device.
-  std::pair<at::Tensor, at::Tensor> rows(const at::Tensor& x) {
-    const int64_t s = x.size(1);
+  // The first `x.size(1) x shards` rows of both tables, as x's dtype on x's device: under
+  // sequence parallelism a block's input is this rank's 1/shards of the sequence, and its
+  // attention runs on the whole sequence (gathered inside the block).
+  std::pair<at::Tensor, at::Tensor> rows(const at::Tensor& x, int64_t shards = 1) {
+    const int64_t s = x.size(1) * shards;
     if (s > max_seq_) throw std::invalid_argument("sequence longer than the model's max_seq");
     std::lock_guard<std::mutex> lock(mu_);
     if (!cos_at_.defined() || cos_at_.device() != x.device() ||
@@ -70,12 +72,14 @@ inline int64_t module_params(const torch::nn::Module& m) {
 // Each layer declares its training FLOPs per token on one tensor-parallel rank of `tp`
 // (include/zero/pipeline_flops.hpp) at sequence length `seq_len`: the embedding its lookup, a
 // block 6 x its parameters + attention's 12·s·h / T, the head 6 x its parameters (the tied
-// table is registered on it too) + the cross-entropy over its V / T logits.
+// table is registered on it too) + the cross-entropy over its V / T logits. `sequence_shards`:
+// the parts a block's input holds of the sequence (T under sequence parallelism, else 1).
 template <class BlockImpl, class Embed, class Head>
 std::vector<zero::pipeline::Layer> rope_gpt_layers(Embed embed, const torch::nn::ModuleList& blocks,
                                                    Head head, bool tied, at::Tensor cos_table,
                                                    at::Tensor sin_table, int64_t max_seq,
-                                                   int64_t seq_len, int64_t tp) {
+                                                   int64_t seq_len, int64_t tp,
+                                                   int64_t sequence_shards = 1) {
   namespace pp = zero::pipeline;
   const int64_t vocab_rows = embed->weight.size(0), hidden = embed->weight.size(1);
   std::vector<pp::Layer> layers;
@@ -89,8 +93,8 @@ std::vector<zero::pipeline::Layer> rope_gpt_layers(Embed embed, const torch::nn:
   auto rope = std::make_shared<RopeRows>(std::move(cos_table), std::move(sin_table), max_seq);
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto block = blocks->ptr<BlockImpl>(i);
-    auto run = [block, rope](const at::Tensor& x) {
-      const auto [cos, sin] = rope->rows(x);
+    auto run = [block, rope, sequence_shards](const at::Tensor& x) {
+      const auto [cos, sin] = rope->rows(x, sequence_shards);
       return block->forward(x, cos, sin);
     };
     pp::Layer l{"block " + std::to_string(i), block, std::move(run), {}};

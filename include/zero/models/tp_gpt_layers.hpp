@@ -18,21 +18,27 @@ namespace zero::models {
 
 // The final RMSNorm and the head (a ColumnParallelLinear without gather, or the tied
 // embedding's shard) as one module: [batch, seq, dim] -> this rank's logits [.., vocab / T].
-struct TpGptHeadImpl : torch::nn::Module {
+// Under sequence parallelism its input is this rank's [batch, seq / T, dim]: the norm sees that
+// part only (its weight's gradient is partial, marked so) and the head gathers the sequence.
+struct TpGptHeadImpl : torch::nn::Module, tensor_parallel::SequenceParallelModule {
   TpGptHeadImpl(tensor_parallel::GroupPtr group, RMSNorm norm,
-                tensor_parallel::ColumnParallelLinear head, at::Tensor tied_weight);
+                tensor_parallel::ColumnParallelLinear head, at::Tensor tied_weight,
+                bool sequence_parallel = false);
   at::Tensor forward(const at::Tensor& x);
+  tensor_parallel::SequenceShare sequence_share(const std::string& name) const override;
   tensor_parallel::GroupPtr group;
+  bool sequence_parallel;
   RMSNorm norm{nullptr};
   tensor_parallel::ColumnParallelLinear head{nullptr};  // null when tied
   at::Tensor tied_weight;                               // the embedding's shard when tied
 };
 TORCH_MODULE(TpGptHead);
 
-// 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head". Refuses (invalid_argument)
-// a model built with sequence parallelism: the pipeline engine does not all-reduce the norms'
-// partial gradients. Costs (pipeline.partition: compute) are one tensor-parallel rank's, for
-// sequences of `seq_len` tokens (0: the model's max_seq).
+// 2 + cfg.layers layers: "embed", "block 0" .. "block n-1", "head". A model built with sequence
+// parallelism sends each rank's 1/T of the sequence between stages (the embedding's output is
+// scattered, the head gathers it); the stage's engine sums the marked norms' partial gradients
+// over tp (tensor_parallel.sequence_parallel in its config). Costs (pipeline.partition: compute)
+// are one tensor-parallel rank's, for sequences of `seq_len` tokens (0: the model's max_seq).
 std::vector<zero::pipeline::Layer> tp_gpt_pipeline_layers(const TpGpt& model, int64_t seq_len = 0);
 
 // The last stage's loss: the mean vocabulary-parallel cross-entropy over `group`, as
