@@ -121,15 +121,22 @@ void Engine::Impl::step_units(const StepContext& ctx) {
   // gathers and waits for them before the window closes.
   comm::CoalescingWindow window(publish_group.get());
   GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
+  // Stage 3: a unit still gathered (prefetched by a forward run after backward) would keep the
+  // values from before the step.
+  if (unit_runtime) release_gathered_units();
   units.front()->begin_step(ctx);
   for (auto& u : units) u->step(ctx, q);
-  // What the updates did not hide (host-blocking on gloo; stream-ordered on NCCL).
-  if (q.used()) stats.allgather_wait_seconds = q.drain();
+  // What the updates did not hide (host-blocking on gloo; stream-ordered on NCCL); at stage 3
+  // also the units' gathers that forward and backward waited for since the last step.
+  const double wait = q.used() ? q.drain() : 0.0;
+  if (unit_runtime) stats.allgather_wait_seconds = wait + unit_runtime->take_wait_seconds();
+  else if (q.used()) stats.allgather_wait_seconds = wait;
 }
 
 void Engine::Impl::publish_units() {
   comm::CoalescingWindow window(publish_group.get());
   GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
+  if (unit_runtime) release_gathered_units();
   for (auto& u : units) u->publish(q);
   if (q.used()) stats.allgather_wait_seconds = q.drain();
 }
