@@ -236,6 +236,7 @@ void ShardedUnit::publish_from(GatherQueue& q,
     }
     // fp32: the shard is the master, already current. Otherwise the master rounded into it,
     // bucket by bucket (the next gather sends it).
+    if (fp.shard.is_same(fp.master)) return;
     for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
       const BucketSlot& bucket = buckets[b];
       const int64_t S = bucket.shard.shard_numel();
