@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "comm/group.hpp"
+#include "zero/pipeline/runtime/early_recvs.hpp"
 #include "zero/pipeline/simulate.hpp"
 #include "zero/pipeline/tied_grads.hpp"
 
@@ -58,6 +59,12 @@ struct PipelineRuntime::Pending {
   comm::Work work;
   at::Tensor buffer;
   std::optional<Instruction> ins;
+};
+
+// A receive posted ahead of its instruction: the buffer it fills and its Work.
+struct PipelineRuntime::Posted {
+  comm::Work work;
+  at::Tensor buffer;
 };
 
 namespace {
@@ -172,6 +179,21 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
     }
     ties_.push_back(std::move(tie));
   }
+  // Receives are posted early across neither the owner's last backward (it receives the tied
+  // gradients) nor the instruction after which a copy sends its tied gradient: those messages
+  // share the channels, whose order must stay the schedule's.
+  std::vector<bool> fenced(instructions_.size(), false);
+  for (const auto& tie : ties_) {
+    if (tie.owner == stage_ && last_backward_ >= 0) fenced[last_backward_] = true;
+    if (tie.send_after >= 0) fenced[tie.send_after] = true;
+  }
+  auto channel_of = [this](const Instruction& ins) {
+    const bool to_next = ins.op == Op::SendActivation || ins.op == Op::RecvGrad;
+    const int peer = to_next ? next_stage() : prev_stage();
+    const bool sending = ins.op == Op::SendActivation || ins.op == Op::SendGrad;
+    return &channel(sending ? stage_ : peer, sending ? peer : stage_) == pp_.get() ? 0 : 1;
+  };
+  if (stages_ > 1) early_ = early_receives(instructions_, channel_of, fenced);
   // A copy takes the dtype this stage computes in (an engine may have cast the stage's
   // parameters to bf16), then the owner's values, as DeepSpeed's _synchronize_tied_weights (a
   // program that seeds each stage differently stays correct).
@@ -201,6 +223,48 @@ std::string PipelineRuntime::where(const std::string& what) const {
          what;
 }
 
+std::string PipelineRuntime::recv_activation_what(int mb, int chunk) const {
+  return "recv of micro-batch " + std::to_string(mb) + "'s activation from stage " +
+         std::to_string(prev_stage()) +
+         (opts_.virtual_stages > 1 ? " (chunk " + std::to_string(chunk) + ")" : "");
+}
+
+std::string PipelineRuntime::recv_grad_what(int mb, int chunk) const {
+  return "recv of micro-batch " + std::to_string(mb) +
+         (opts_.virtual_stages > 1 ? " (chunk " + std::to_string(chunk) + ")" : "") +
+         "'s gradient from stage " + std::to_string(next_stage());
+}
+
+void PipelineRuntime::post_early(size_t idx) {
+  if (idx >= early_.size()) return;
+  for (int r : early_[idx]) {
+    if (static_cast<size_t>(r) == idx) continue;  // posted by its own instruction
+    const Instruction& ins = instructions_[r];
+    // A gradient has the shape of the activation this chunk sent; an activation the shape
+    // announced before the chunk's first one. Unknown (first step) or changing: not early.
+    const Shape& shape =
+        ins.op == Op::RecvActivation ? recv_shape_[ins.chunk] : sent_shape_[ins.chunk];
+    if (opts_.dynamic_shape || !shape.known) continue;
+    auto p = std::make_unique<Posted>();
+    p->buffer = at::empty(shape.sizes, at::TensorOptions(shape.dtype).device(device_));
+    const bool act = ins.op == Op::RecvActivation;
+    const int src = act ? prev_stage() : next_stage();
+    const std::string what = act ? recv_activation_what(ins.micro_batch, ins.chunk)
+                                 : recv_grad_what(ins.micro_batch, ins.chunk);
+    p->work = channel(src, stage_).recv(p->buffer, src, where(what + " (posted early)"));
+    posted_[r] = std::move(p);
+  }
+}
+
+at::Tensor PipelineRuntime::take_posted(size_t idx) {
+  auto it = posted_.find(idx);
+  if (it == posted_.end()) return {};
+  std::unique_ptr<Posted> p = std::move(it->second);
+  posted_.erase(it);
+  p->work.wait();  // bounded by comm_timeout_s; its error names the peer
+  return p->buffer;
+}
+
 at::Tensor PipelineRuntime::recv_activation(int mb, int chunk) {
   const int prev = prev_stage();
   const std::string from =
@@ -224,7 +288,7 @@ at::Tensor PipelineRuntime::recv_activation(int mb, int chunk) {
     shape.known = true;
   }
   at::Tensor x = at::empty(shape.sizes, at::TensorOptions(shape.dtype).device(device_));
-  recv(x, prev, "recv of micro-batch " + std::to_string(mb) + "'s activation" + from);
+  recv(x, prev, recv_activation_what(mb, chunk));
   return x;
 }
 
@@ -400,9 +464,14 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   auto is_last = [&](int chunk) { return last && chunk == v - 1; };
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kFloat).device(device_));
   times_ = {};
+  posted_.clear();  // a step that failed may have left some
   for (size_t idx = 0; idx < instructions_.size(); ++idx) {
     const Instruction& ins = instructions_[idx];
     const int mb = ins.micro_batch, c = ins.chunk;
+    if (opts_.early_receives) {
+      Charge posting(times_.comm_s);
+      post_early(idx);
+    }
     // Each instruction's wall time goes to its kind (StepTimes): the sends and receives are the
     // pipeline's communication, waiting for the neighbours included.
     Charge charge(ins.op == Op::Forward         ? times_.forward_s
@@ -414,7 +483,8 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         (v > 1 ? " (chunk " + std::to_string(c) + ")" : "");
     switch (ins.op) {
       case Op::RecvActivation:
-        in[c][mb] = recv_activation(mb, c);
+        in[c][mb] = take_posted(idx);
+        if (!in[c][mb].defined()) in[c][mb] = recv_activation(mb, c);
         if (in[c][mb].is_floating_point()) in[c][mb].requires_grad_(true);
         settle(delivered_[idx]);
         break;
@@ -433,9 +503,11 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         release_data(out[c][mb]);
         break;
       case Op::RecvGrad: {
-        grad_out[c][mb] = at::empty_like(out[c][mb], at::MemoryFormat::Contiguous);
-        recv(grad_out[c][mb], next_stage(),
-             "recv of " + of_mb + "'s gradient from stage " + std::to_string(next_stage()));
+        grad_out[c][mb] = take_posted(idx);
+        if (!grad_out[c][mb].defined()) {
+          grad_out[c][mb] = at::empty_like(out[c][mb], at::MemoryFormat::Contiguous);
+          recv(grad_out[c][mb], next_stage(), recv_grad_what(mb, c));
+        }
         settle(delivered_[idx]);
         break;
       }

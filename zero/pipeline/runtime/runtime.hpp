@@ -24,6 +24,15 @@
 // is bounded by the group's comm_timeout_s, and its error names this stage, the instruction and
 // the peer stage and rank.
 //
+// Receives are posted early (RuntimeOptions::early_receives): each before the compute of the
+// schedule step before the one that needs it (zero/pipeline/runtime/early_recvs.hpp), so the
+// message travels while this stage computes and the receive's instruction waits only for what is
+// still missing; each step's sends and receives are thus all posted before its first wait.
+// Megatron-LM's interleaved schedule does the same with overlap_p2p_comm; its 1F1B batches each
+// step's send and receive (batch_isend_irecv) and waits at once. Only a receive whose buffer's
+// shape is known is posted early: not the first activation of a chunk (its shape arrives with it),
+// nor any under dynamic_shape.
+//
 // Nothing is kept per micro-batch beyond what the schedule has in flight, so 1F1B holds P - s
 // micro-batches on stage s however many the step has (Megatron-LM's schedules do the same):
 //  - a send (its Work and buffer) is waited on and dropped at the first receive that shows the
@@ -66,6 +75,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,6 +105,9 @@ struct RuntimeOptions {
   // subclass do the same): its stages, micro-batches and virtual stages must be the run's, and
   // zero/pipeline/simulate.hpp must find it executable. Tests reorder a built-in schedule so.
   std::shared_ptr<const Schedule> custom_schedule;
+  // Post each receive before the compute of the step before it (above); false: at its own
+  // instruction, waited on at once (what the runtime did before; for measuring the difference).
+  bool early_receives = true;
 };
 
 class PipelineRuntime {
@@ -143,9 +156,17 @@ class PipelineRuntime {
     int send_after = -1;  // a copy's gradient is posted after this instruction (tied_grads.hpp)
   };
   struct Pending;
+  struct Posted;
 
   std::string where(const std::string& what) const;
   at::Tensor recv_activation(int mb, int chunk);
+  // The receives early_receives() places before instruction `idx` whose buffers' shapes are
+  // known, posted now (kept in posted_ until their instruction).
+  void post_early(size_t idx);
+  // Instruction `idx`'s receive, if it was posted early: waited on, its buffer; else undefined.
+  at::Tensor take_posted(size_t idx);
+  std::string recv_activation_what(int mb, int chunk) const;
+  std::string recv_grad_what(int mb, int chunk) const;
   void send_activation(int mb, int chunk, const at::Tensor& y);
   // The stages before and after this one on the ring of virtual stages.
   int prev_stage() const { return (stage_ + stages_ - 1) % stages_; }
@@ -179,6 +200,9 @@ class PipelineRuntime {
   std::vector<std::unique_ptr<Pending>> sends_;  // posted, not yet known delivered
   // delivered_sends(...) of this stage's list: the sends to settle after each receive.
   std::vector<std::vector<Instruction>> delivered_;
+  // early_receives(...) of this stage's list, and the receives posted ahead of their instruction.
+  std::vector<std::vector<int>> early_;
+  std::map<size_t, std::unique_ptr<Posted>> posted_;
   // Per chunk, the activation's shape and dtype: received from the previous stage (known once
   // known), and sent to the next one (once known).
   struct Shape {
