@@ -108,6 +108,19 @@ struct RuntimeOptions {
   // Post each receive before the compute of the step before it (above); false: at its own
   // instruction, waited on at once (what the runtime did before; for measuring the difference).
   bool early_receives = true;
+  // DeepSpeed's pipeline.pipe_partitioned / grad_partitioned: where every rank of
+  // `partition_group` (the stage's tensor-parallel group) holds the same activation (tensor
+  // parallelism without sequence parallelism: the blocks end in an all-reduce), each sends the
+  // next stage's rank of the same tensor-parallel index only its 1/T part (flattened, the last
+  // part zero-padded), and the receiving stage all-gathers the parts over its own group: the
+  // pipeline carries 1/T of the bytes per rank, the all-gather runs inside the stage (NVLink on
+  // a node). partition_grads does the same for the gradient sent back (the gradient of a
+  // replicated input is replicated: its tensor-parallel region all-reduced it). The first
+  // activation and gradient of each chunk are checked to be the same on every rank of the group
+  // (a checksum all-gathered, one host read), refused naming the key where they differ.
+  std::shared_ptr<comm::Group> partition_group;
+  bool partition_activations = false;
+  bool partition_grads = false;
 };
 
 class PipelineRuntime {
@@ -166,6 +179,17 @@ class PipelineRuntime {
   // Instruction `idx`'s receive, if it was posted early: waited on, its buffer; else undefined.
   at::Tensor take_posted(size_t idx);
   std::string recv_activation_what(int mb, int chunk) const;
+  // pipe_partitioned / grad_partitioned (RuntimeOptions): whether they apply, this rank's part
+  // of a tensor to send, the buffer a received part (or the whole tensor) lands in, and the
+  // whole tensor from a received part (all-gathered over the partition group).
+  bool split_activations() const;
+  bool split_grads() const;
+  at::Tensor part_of(const at::Tensor& whole) const;
+  at::Tensor wire_buffer(c10::IntArrayRef sizes, c10::ScalarType dtype, bool split) const;
+  at::Tensor whole_of(const at::Tensor& received, c10::IntArrayRef sizes, bool split,
+                      const std::string& what);
+  // Throws, on every rank of the partition group alike, where `t` differs between them.
+  void check_replicated(const at::Tensor& t, const std::string& what, const char* key);
   std::string recv_grad_what(int mb, int chunk) const;
   void send_activation(int mb, int chunk, const at::Tensor& y);
   // The stages before and after this one on the ring of virtual stages.
@@ -211,6 +235,7 @@ class PipelineRuntime {
     bool known = false;
   };
   std::vector<Shape> recv_shape_, sent_shape_;
+  std::vector<bool> grad_checked_;  // per chunk: its sent gradient checked replicated
   int64_t steps_ = 0;  // train_batch calls begun (for the error naming the step)
   c10::Device device_{c10::kCPU};  // the stage's: every buffer sent or received lives there
   StepTimes times_;
