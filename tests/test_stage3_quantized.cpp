@@ -44,8 +44,8 @@ struct LinearUnits : torch::nn::Module {
     at::Generator gen = at::detail::createCPUGenerator(11);
     root = register_parameter("root", at::randn({kSizes[0]}, gen));
     for (int k = 1; k < 4; ++k) {
-      pieces.push_back(register_module("p" + std::to_string(k),
-                                        std::make_shared<PieceImpl>(kSizes[k], gen)));
+      pieces.push_back(
+          register_module("p" + std::to_string(k), std::make_shared<PieceImpl>(kSizes[k], gen)));
       zero::shard(*pieces.back());
     }
   }
@@ -143,9 +143,10 @@ TEST(Stage3Quantized, ErrorFeedbackKeepsTheSumOfUpdatesExact) {
     for (const int stage : {2, 3}) {
       const double ef = err(train_linear(world, stage, true, true));
       const double no_ef = err(train_linear(world, stage, true, false));
-      std::printf("world %d stage %d: max |w - closed form| int8+EF %.3g (bound %.3g), int8 "
-                  "without EF %.3g\n",
-                  world, stage, ef, bound, no_ef);
+      std::printf(
+          "world %d stage %d: max |w - closed form| int8+EF %.3g (bound %.3g), int8 "
+          "without EF %.3g\n",
+          world, stage, ef, bound, no_ef);
       EXPECT_LT(ef, bound) << "world " << world << " stage " << stage;
       // Compression is on, and the feedback is what keeps it exact.
       EXPECT_GT(ef, 1e-5) << "world " << world << " stage " << stage;
@@ -266,8 +267,7 @@ INSTANTIATE_TEST_SUITE_P(Stage3, Stage3QuantizedTraining,
                                            TrainCase{4, "AdamW", 1, 0.3}),
                          [](const ::testing::TestParamInfo<TrainCase>& i) {
                            return "world" + std::to_string(i.param.world) + "_" +
-                                  i.param.optimizer + "_ga" +
-                                  std::to_string(i.param.accumulation) +
+                                  i.param.optimizer + "_ga" + std::to_string(i.param.accumulation) +
                                   (i.param.clip > 0 ? "_clip" : "");
                          });
 

@@ -427,7 +427,7 @@ EngineRun train_engine(const EngineCase& c, int tp, const Config& cfg, const mod
     }
     // Collectives over tp (and at stage 3 over dp first): every rank.
     const auto full = cfg.zero_optimization.stage == 3 ? stage3_full(engine, groups.tp, c.sp)
-                                                        : model->gather_full();
+                                                       : model->gather_full();
     if (world->rank() != 0) return;
     out.losses = losses;
     for (const auto& [name, value] : full) out.params[name] = value.to(at::kFloat);

@@ -210,8 +210,7 @@ void ShardedUnit::publish_parameters(GatherQueue& q,
   publish_from(q, [&](const BucketSlot& b) {
     if (before) before(b);
     if (store_.offload) {
-      return store_.offload->update_bucket(nullptr, store_.fp.master, {}, 0, {}, b,
-                                           publish_dst(b));
+      return store_.offload->update_bucket(nullptr, store_.fp.master, {}, 0, {}, b, publish_dst(b));
     }
     at::Tensor in = store_.fp.bucket_master(b);
     return param_dtype_ != at::kFloat ? in.to(param_dtype_) : in;
