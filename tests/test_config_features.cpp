@@ -79,21 +79,17 @@ TEST(Config, StageThreeKeysAreReadUnderBothSpellings) {
   EXPECT_TRUE(c.zero_optimization.stage3.gather_16bit_weights_on_model_save);
   ASSERT_EQ(c.warnings.size(), 1u);
   EXPECT_HAS(c.warnings[0], "deprecated spelling of stage3_gather_16bit_weights_on_model_save");
-  // At stage 3 the persistence thresholds shape the units and the 16-bit save adds the gathered
-  // weights to each checkpoint (no warning); what zero's stage 3 does not do yet (prefetch,
-  // keeping units live) says so.
+  // At stage 3 every key takes effect: no warning.
   c = load(
       "zero_optimization:\n  stage: 3\n  stage3_prefetch_bucket_size: 2e7\n"
       "  param_persistence_threshold: 4096\n  stage3_model_persistence_threshold: 123456\n"
       "  max_live_parameters: 3e8\n  stage3_max_reuse_distance: 0\n"
       "  gather_16bit_weights_on_model_save: true\n");
   EXPECT_EQ(c.zero_optimization.stage3.param_persistence_threshold, 4096);
-  ASSERT_EQ(c.warnings.size(), 3u);
-  EXPECT_HAS(c.warnings[0],
-             "'zero_optimization.stage3_prefetch_bucket_size' is accepted but has "
-             "no effect yet: zero's stage 3 gathers each unit when it is used");
-  EXPECT_HAS(c.warnings[1], "'zero_optimization.max_live_parameters' is accepted");
-  EXPECT_HAS(c.warnings[2], "'zero_optimization.stage3_max_reuse_distance' is accepted");
+  EXPECT_EQ(c.zero_optimization.stage3.prefetch_bucket_size, 20'000'000);
+  EXPECT_EQ(c.zero_optimization.stage3.max_live_parameters, 300'000'000);
+  EXPECT_EQ(c.zero_optimization.stage3.max_reuse_distance, 0);
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
   EXPECT_TRUE(c.zero_optimization.stage3.gather_16bit_weights_on_model_save);
   // The deprecated spelling counts at stage 3 too.
   c = load("zero_optimization: {stage: 3, stage3_gather_fp16_weights_on_model_save: true}\n");

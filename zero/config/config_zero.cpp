@@ -180,31 +180,17 @@ void load_stage3_keys(Loader& l, std::vector<Field>& f, ZeroOptimizationConfig::
 }
 
 // What the stage-3 keys do at the stage the file asks for: below 3 nothing (DeepSpeed ignores
-// them too); at 3 the persistence thresholds shape the units, the 16-bit-save key adds the
-// gathered weights to each checkpoint, and the prefetch, live-parameter and reuse-distance keys
-// are accepted but not applied yet.
+// them too, a warning says so); at 3 each takes effect (the persistence thresholds shape the
+// units, the prefetch, live-parameter and reuse-distance keys drive the gathers ahead of use, the
+// 16-bit-save key adds the gathered weights to each checkpoint).
 void warn_stage3_keys(Loader& l, const Entry& s, const ZeroOptimizationConfig& z) {
   const bool stage3 = !z.stage_auto && z.stage == 3;
-  const std::string no_prefetch =
-      "' is accepted but has no effect yet: zero's stage 3 gathers each unit when it is used, "
-      "without prefetching, and releases it after its forward and after its last gradient";
-  const std::vector<std::pair<std::string, std::string>> at3 = {
-      {"prefetch_bucket_size", no_prefetch},
-      {"param_persistence_threshold", ""},
-      {"model_persistence_threshold", ""},
-      {"max_live_parameters", no_prefetch},
-      {"max_reuse_distance", no_prefetch},
-      {"gather_16bit_weights_on_model_save", ""},
-  };
-  for (const auto& [field, msg] : at3) {
-    for (const std::string& name : {"stage3_" + field, field}) {
+  for (const char* field :
+       {"prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
+        "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save"}) {
+    for (const std::string& name : {"stage3_" + std::string(field), std::string(field)}) {
       const Entry* e = l.seen(s.path + "." + name);
-      if (e == nullptr) continue;
-      if (!stage3) {
-        l.warn(*e, "'" + e->path + kOnlyStage3);
-      } else if (!msg.empty()) {
-        l.warn(*e, "'" + e->path + msg);
-      }
+      if (e != nullptr && !stage3) l.warn(*e, "'" + e->path + kOnlyStage3);
     }
   }
   if (const Entry* e = l.seen(s.path + ".stage3_gather_fp16_weights_on_model_save")) {

@@ -144,8 +144,15 @@ void Engine::Impl::make_stage3_units() {
   }
   unit_awaiting.assign(units.size(), -1);
   entered_in_pass.assign(units.size(), 0);
-  // No prefetch and no reuse yet: the trace is recorded and the gather order checked.
-  const units::PrefetchLimits limits{.prefetch_bucket_size = 0, .max_reuse_distance = 0};
+  const auto& z3 = cfg.zero_optimization.stage3;
+  TORCH_CHECK(!z3.prefetch_bucket_size_auto,
+              "zero: zero_optimization.stage3_prefetch_bucket_size is \"auto\", which needs the "
+              "model's hidden size: call cfg.zero_optimization.stage3.resolve_auto(hidden) "
+              "before zero::initialize, or give a number (DeepSpeed's default: 50000000; 0 turns "
+              "prefetch off)");
+  const units::PrefetchLimits limits{.prefetch_bucket_size = z3.prefetch_bucket_size,
+                                     .max_live_parameters = z3.max_live_parameters,
+                                     .max_reuse_distance = z3.max_reuse_distance};
   unit_runtime = std::make_shared<EngineUnits>(
       std::move(raw), in_backward, limits, [this](int) { on_unit_entered_forward(); },
       [this](int k) { on_unit_entered_backward(k); });

@@ -64,8 +64,8 @@ void EngineUnits::prefetch() {
   // Every rank decides from the same trace, the same gathered set (gathers and releases follow
   // the same graph on every rank) and the same limits, so the gathers issued here come in the
   // same order everywhere; the order check at the end of backward holds the rest to it.
-  const std::vector<int> next = trace_.prefetch(
-      [this](int u) { return at(u).gathered(); }, live_numel(), limits_);
+  const std::vector<int> next =
+      trace_.prefetch([this](int u) { return at(u).gathered(); }, live_numel(), limits_);
   for (const int u : next) {
     gather(u);
     ++counters_.prefetched;

@@ -32,13 +32,13 @@ void OrderCheck::check(comm::Group& g, const c10::Device& device, GatherOrder& o
     order.clear();
     return;
   }
-  const at::Tensor host = at::tensor(
-      std::vector<int64_t>{static_cast<int64_t>(order.units().size()),
-                           static_cast<int64_t>(order.hash())},
-      at::TensorOptions().dtype(at::kLong));
+  const at::Tensor host =
+      at::tensor(std::vector<int64_t>{static_cast<int64_t>(order.units().size()),
+                                      static_cast<int64_t>(order.hash())},
+                 at::TensorOptions().dtype(at::kLong));
   // Into the stream from page-locked memory on CUDA: a pageable upload would wait for it.
-  at::Tensor mine = device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true)
-                                     : host.to(device);
+  at::Tensor mine =
+      device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host.to(device);
   at::Tensor all = at::empty({2 * g.size()}, mine.options());
   g.all_gather(all, mine, "all_gather of the units' gather order").wait();
   const at::Tensor rows = all.view({g.size(), 2});
