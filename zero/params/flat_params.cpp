@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 
 #include <c10/core/StorageImpl.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <unordered_map>
@@ -217,6 +218,10 @@ void fill_from_values(FlatParams& fp, std::vector<std::pair<std::string, at::Ten
       fp.shard.narrow(0, at_shard, end - begin).copy_(kept);
     }
   }
+  // The per-parameter fp32 transients (and the model's construction before them) were freed
+  // into glibc's heaps, which keep freed memory resident once its mmap threshold has risen past
+  // a parameter's size: give it back, or the process's RSS keeps a model's worth of it.
+  ::malloc_trim(0);
 }
 
 }  // namespace
