@@ -219,12 +219,19 @@ void Trainer::build() {
   // very same weights from a copy of it (init_like_gpt), one full tensor at a time, without the
   // full model.
   const at::Generator init_gen = at::detail::getDefaultCPUGenerator().clone();
-  if (tp_size == 1 || !hf_dir_.empty()) {
+  if (tp_size == 1) {
+    // Deferred (docs/start-up.md): built a block at a time with no weights held, then
+    // zero::initialize fills what this rank keeps - at stage 3 its shard and the root unit, at
+    // stages 0-2 the flat buffer once, in the compute dtype on the device - from the seed's
+    // draws or from the HF files' slices. Bit for bit the eager build's weights.
+    model_ = models::Gpt(mc_, Deferred{device_});
+    initial_values_ =
+        hf_dir_.empty() ? model_->initial_values() : models::hf_llama_values(*model_, hf_dir_);
+  } else if (!hf_dir_.empty()) {
     model_ = models::Gpt(mc_);
-    // Every rank reads the weights (ZeRO-1/2 replicate parameters), each tensor alone; under
-    // tensor parallelism each then keeps its part.
-    if (!hf_dir_.empty()) models::load_hf_llama(*model_, hf_dir_);
-    if (tp_size == 1) model_->to(device_);
+    // Under tensor parallelism every rank reads the weights, each tensor alone, and then keeps
+    // its part.
+    models::load_hf_llama(*model_, hf_dir_);
   }
   policy_.cpu_offload = cfg_.extra_bool("activation_checkpointing.cpu_checkpointing");
   std::string ckpt = cfg_.extra_string("trainer.activation_checkpointing");
@@ -269,7 +276,9 @@ void Trainer::build() {
   if (ckpt != "auto") target.checkpointing = ckpt == "true";
   target.device = device_;
   if (device_.is_cuda()) {
-    for (const auto& p : trained().parameters()) target.held_bytes += p.nbytes();
+    for (const auto& p : trained().parameters()) {
+      if (!is_deferred(p)) target.held_bytes += p.nbytes();
+    }
   }
   resolve_auto(cfg_, target, *groups.dp);
   policy_.enabled = target.checkpointing.value_or(false);
@@ -290,7 +299,8 @@ void Trainer::build() {
   }
   std::shared_ptr<torch::nn::Module> trained_ptr =
       tp_model_ ? std::shared_ptr<torch::nn::Module>(tp_model_.ptr()) : model_.ptr();
-  engine_.emplace(initialize(trained_ptr, cfg_, groups));
+  engine_.emplace(initialize(trained_ptr, cfg_, groups, initial_values_));
+  initial_values_ = nullptr;  // the HF files' maps go with it
   startup_peak_ = peak_rss_bytes();
   after_initialize_ = rss_bytes();
   phases_.emplace(device_);             // closes "initialize": the allocator's peak so far

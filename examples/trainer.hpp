@@ -99,6 +99,8 @@ class Trainer {
 
   // Build.
   models::Gpt model_{nullptr};
+  // The deferred model's source of initial values, until initialize has used it.
+  zero::InitialValues initial_values_;
   models::TpGpt tp_model_{nullptr};
   tensor_parallel::Groups layout_;
   std::shared_ptr<Group> world_;

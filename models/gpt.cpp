@@ -2,8 +2,14 @@
 
 #include <ATen/ATen.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
+#include <optional>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "zero/models/rope.hpp"
 #include "zero/sharding.hpp"
@@ -88,43 +94,122 @@ at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const 
   return out + w_down->forward(at::silu(w_gate->forward(m)) * w_up->forward(m));
 }
 
-GptImpl::GptImpl(const GptConfig& c) : cfg(c) {
+namespace {
+
+// The GPT-2 style init of one parameter, as the constructor gives it: small normal weights,
+// residual projections scaled by depth; norm weights 1, attention biases (Qwen2-shaped models) 0.
+void init_parameter(const std::string& name, at::Tensor& p, int64_t layers,
+                    const std::optional<at::Generator>& gen) {
+  if (p.dim() < 2) {
+    if (name.find(".bias") != std::string::npos) {
+      p.zero_();
+    } else {
+      p.fill_(1.0);
+    }
+    return;
+  }
+  const double std = 0.02, resid = 0.02 / std::sqrt(2.0 * static_cast<double>(layers));
+  const bool residual =
+      name.find("wo.") != std::string::npos || name.find("w_down.") != std::string::npos;
+  p.normal_(0.0, residual ? resid : std, gen);
+}
+
+}  // namespace
+
+GptImpl::GptImpl(const GptConfig& c) : GptImpl(c, nullptr) {}
+
+GptImpl::GptImpl(const GptConfig& c, const zero::Deferred& deferred) : GptImpl(c, &deferred) {}
+
+GptImpl::GptImpl(const GptConfig& c, const zero::Deferred* deferred) : cfg(c) {
   if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0) {
     throw std::invalid_argument("model dim must split into heads of an even size");
   }
   if (c.kv_heads < 0 || c.heads % c.kv_heads_count() != 0) {
     throw std::invalid_argument("kv_heads must divide heads");
   }
+  // Deferred: each child's constructor draws as it would eagerly (the generator must pass
+  // through the same states), then its parameters become placeholders before the next is built.
+  const auto built = [deferred](torch::nn::Module& m) {
+    if (deferred != nullptr) zero::defer_parameters(m, deferred->device);
+  };
   embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
+  built(*embed);
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    blocks->push_back(Block(c));
+    built(*(*blocks)[i]);
+  }
   // Each block is a unit of its own at ZeRO stage 3 (gathered around its run_unit in
   // run_blocks); the marks change nothing below stage 3.
   for (const auto& b : *blocks) zero::shard(*b);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
-  if (!c.tied) head = register_module("head", linear(c.dim, c.vocab));
+  built(*norm);
+  if (!c.tied) {
+    head = register_module("head", linear(c.dim, c.vocab));
+    built(*head);
+  }
 
   // HF Llama's RoPE formulas, op for op and in fp32 (not the exact angle in double): the
   // tables are then bit-identical to transformers' and so are the logits and gradients of a
   // model loaded from its weights (a last-bit difference here moved fp32 training off it).
   auto [cos, sin] = rope_tables(c);
-  rope_cos = register_buffer("rope_cos", cos);
-  rope_sin = register_buffer("rope_sin", sin);
+  const c10::Device home = deferred != nullptr ? deferred->device : c10::Device(c10::kCPU);
+  rope_cos = register_buffer("rope_cos", cos.to(home));
+  rope_sin = register_buffer("rope_sin", sin.to(home));
 
-  // GPT-2 style init: small normal weights, residual projections scaled by depth.
   at::NoGradGuard g;
-  const double std = 0.02, resid = 0.02 / std::sqrt(2.0 * c.layers);
-  for (auto& item : named_parameters()) {
-    auto& p = item.value();
-    if (p.dim() < 2) {
-      // Norm weights stay 1; attention biases (Qwen2-shaped models) start at 0.
-      if (item.key().find(".bias") != std::string::npos) p.zero_();
-      continue;
-    }
-    const bool residual = item.key().find("wo.") != std::string::npos ||
-                          item.key().find("w_down.") != std::string::npos;
-    p.normal_(0.0, residual ? resid : std);
+  if (deferred == nullptr) {
+    for (auto& item : named_parameters()) init_parameter(item.key(), item.value(), c.layers, {});
+    return;
   }
+  init_generator_ = at::detail::getDefaultCPUGenerator().clone();
+  // The same draws into scratch tensors, one at a time, so that the global generator ends where
+  // the eager build leaves it (data order, dropout: whatever draws next sees the same stream).
+  for (auto& item : named_parameters()) {
+    at::Tensor scratch = at::empty(item.value().sizes());
+    init_parameter(item.key(), scratch, c.layers, {});
+  }
+}
+
+zero::InitialValues GptImpl::initial_values() const {
+  TORCH_CHECK(init_generator_.defined(),
+              "zero::models::Gpt::initial_values: the model was built eagerly (its weights are "
+              "in its parameters); build it with zero::Deferred{device} to initialise it sharded");
+  struct Draws {
+    at::Generator gen;
+    std::vector<std::pair<std::string, std::vector<int64_t>>> params;
+    size_t next = 0;
+    int64_t layers = 0;
+    at::Tensor draw() {
+      const auto& [name, shape] = params[next++];
+      at::Tensor t = at::empty(shape);
+      init_parameter(name, t, layers, gen);
+      return t;
+    }
+  };
+  auto d = std::make_shared<Draws>();
+  d->gen = init_generator_.clone();
+  d->layers = cfg.layers;
+  for (const auto& item : named_parameters()) {
+    d->params.emplace_back(item.key(), item.value().sizes().vec());
+  }
+  return [d](const std::string& name, at::IntArrayRef shape,
+             const std::vector<zero::ParamPiece>& pieces) {
+    at::NoGradGuard g;
+    // Parameters nobody asks for (none, through zero::initialize) are drawn all the same: the
+    // values after them depend on the generator passing through their draws.
+    while (d->next < d->params.size() && d->params[d->next].first != name) d->draw();
+    TORCH_CHECK(d->next < d->params.size(), "zero::models::Gpt: initial values asked for '", name,
+                "', which is not a parameter of the model or was asked for out of registration "
+                "order; a source serves one zero::initialize, in named_parameters() order");
+    TORCH_CHECK(shape.vec() == d->params[d->next].second, "zero::models::Gpt: '", name,
+                "' asked for with shape ", shape, ", the model's is ",
+                at::IntArrayRef(d->params[d->next].second));
+    const at::Tensor full = d->draw().reshape({-1});
+    for (const zero::ParamPiece& piece : pieces) {
+      piece.out.copy_(full.narrow(0, piece.begin, piece.out.numel()));
+    }
+  };
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& tokens) {

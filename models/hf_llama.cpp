@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -426,12 +427,27 @@ std::string hf_llama_name(const std::string& gpt_name) {
   throw std::invalid_argument("GPT parameter '" + gpt_name + "' has no Hugging Face LLaMA name");
 }
 
-void load_hf_llama(GptImpl& model, const std::string& dir) {
+namespace {
+
+// Where each of the GPT's parameters is in DIR (file and HF name), checked against the model
+// before any weight is read: a missing tensor, a shape or dtype the GPT cannot take, a tensor
+// the GPT has no place for. Only the headers are read.
+struct HfTensors {
+  struct Source {
+    const SafetensorsFile* file = nullptr;
+    std::string name;
+  };
+  std::map<std::string, SafetensorsFile> files;
+  std::map<std::string, Source> of_param;  // GPT name -> where
+};
+
+std::shared_ptr<HfTensors> open_hf_tensors(const GptImpl& model, const std::string& dir) {
+  auto out = std::make_shared<HfTensors>();
   // Where each tensor is: the index's weight_map, or the one file's header.
   std::map<std::string, std::string> where;
   const std::string index_path = (fs::path(dir) / kIndexFile).string();
   const std::string single_path = (fs::path(dir) / kSingleFile).string();
-  std::map<std::string, SafetensorsFile> files;
+  std::map<std::string, SafetensorsFile>& files = out->files;
   if (fs::exists(index_path)) {
     const YAML::Node map = load_json(index_path, "")["weight_map"];
     if (!map.IsMap()) ckpt_fail(index_path + ": no weight_map object");
@@ -445,9 +461,8 @@ void load_hf_llama(GptImpl& model, const std::string& dir) {
               " (zero reads safetensors only; save with save_pretrained(safe_serialization=True))");
   }
 
-  at::NoGradGuard no_grad;
   std::set<std::string> used;
-  for (auto& item : model.named_parameters()) {
+  for (const auto& item : model.named_parameters()) {
     const std::string hf = hf_llama_name(item.key());
     const auto it = where.find(hf);
     if (it == where.end()) {
@@ -459,16 +474,15 @@ void load_hf_llama(GptImpl& model, const std::string& dir) {
       f = files.emplace(it->second, SafetensorsFile(shard)).first;
     }
     const auto& e = f->second.entry(hf);
-    at::Tensor& p = item.value();
+    const at::Tensor& p = item.value();
     if (at::IntArrayRef(e.shape) != p.sizes()) {
       ckpt_fail(f->second.path() + ": tensor '" + hf + "' has shape " + shape_text(e.shape) +
                 "; config.json makes the GPT's " + item.key() + " " + shape_text(p.sizes()));
     }
-    const at::Tensor t = f->second.read(hf);
-    if (!at::isFloatingType(t.scalar_type())) {
+    if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16" && e.dtype != "F64") {
       ckpt_fail(f->second.path() + ": tensor '" + hf + "' is " + e.dtype + ", not a float type");
     }
-    p.copy_(t);
+    out->of_param[item.key()] = {&f->second, hf};
     used.insert(hf);
   }
   for (const auto& [name, file] : where) {
@@ -480,6 +494,44 @@ void load_hf_llama(GptImpl& model, const std::string& dir) {
     ckpt_fail(dir + "/" + file + ": tensor '" + name +
               "' has no place in the GPT (an architecture beyond LLaMA's?)");
   }
+  return out;
+}
+
+}  // namespace
+
+void load_hf_llama(GptImpl& model, const std::string& dir) {
+  for (const auto& p : model.parameters()) {
+    if (zero::is_deferred(p)) {
+      throw std::invalid_argument(
+          "load_hf_llama: the model is deferred (built with zero::Deferred); pass "
+          "hf_llama_values(model, \"" + dir + "\") to zero::initialize instead");
+    }
+  }
+  const std::shared_ptr<HfTensors> t = open_hf_tensors(model, dir);
+  at::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    const HfTensors::Source& src = t->of_param.at(item.key());
+    // Each tensor's bytes read alone.
+    item.value().copy_(src.file->read(src.name));
+  }
+}
+
+zero::InitialValues hf_llama_values(const GptImpl& model, const std::string& dir,
+                                    std::shared_ptr<std::atomic<int64_t>> bytes_read) {
+  std::shared_ptr<HfTensors> t = open_hf_tensors(model, dir);
+  return [t, bytes_read](const std::string& name, at::IntArrayRef /*shape*/,
+                         const std::vector<zero::ParamPiece>& pieces) {
+    const auto it = t->of_param.find(name);
+    TORCH_CHECK(it != t->of_param.end(), "hf_llama_values: '", name,
+                "' is not a parameter of the model the source was made for");
+    for (const zero::ParamPiece& piece : pieces) {
+      // Converted as load_hf_llama's copy_ into an fp32 parameter converts.
+      const at::Tensor bytes =
+          it->second.file->read_range(it->second.name, piece.begin, piece.out.numel());
+      if (bytes_read) *bytes_read += static_cast<int64_t>(bytes.nbytes());
+      piece.out.copy_(bytes);
+    }
+  };
 }
 
 std::vector<std::string> save_hf_llama(

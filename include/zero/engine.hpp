@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "zero/config.hpp"
+#include "zero/deferred_init.hpp"
 #include "zero/group.hpp"
 #include "zero/groups.hpp"
 #include "zero/memory.hpp"
@@ -203,6 +204,14 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
 // Over the groups of a mesh (groups.hpp): data parallel over groups.dp, the gradient norm over
 // dp and then groups.norm. rank(), world_size() and the collectives below are dp's.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups groups);
+// A deferred model (deferred_init.hpp, docs/start-up.md): each rank fills what it keeps from
+// `values` (stage 3: its shard and the root unit; stages 0-2: the whole flat buffer in the
+// compute dtype on the model's device) and nothing is broadcast; every parameter must be
+// deferred. An empty `values` is the overload without it.
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
+                  std::shared_ptr<Group> group, const InitialValues& values);
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups groups,
+                  const InitialValues& values);
 // A model whose tensor-parallel layers were built over mesh.tp (parallel_dims.hpp): the engine
 // shards over mesh.dp and sums the gradient norm over dp and tp, with the parameters every
 // tensor-parallel rank holds whole counted once (engine_groups(*model, mesh)). cfg's

@@ -37,6 +37,13 @@ class SafetensorsFile {
   const Entry& entry(const std::string& name) const;
   // The tensor on the CPU, in the file's dtype.
   at::Tensor read(const std::string& name) const;
+  // Elements [begin, begin + count) of tensor `name` in row-major order, as a 1-D CPU tensor in
+  // the file's dtype: copied out of a read-only memory map of the file, so only the pages that
+  // hold them are read (a rank taking its shard of a model reads its shard). Throws
+  // CheckpointError naming the tensor for a range outside it. Safe to call from several threads.
+  at::Tensor read_range(const std::string& name, int64_t begin, int64_t count) const;
+  // Bytes read_range has copied out of this file so far.
+  uint64_t range_bytes_read() const;
   const std::map<std::string, std::string>& metadata() const;
 
  private:

@@ -1,7 +1,15 @@
 // The safetensors reader: an 8-byte little-endian header length, a JSON header (parsed with
 // yaml-cpp, JSON being YAML's flow syntax), then the tensors' bytes.
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
 
 #include "zero/checkpoint/checkpoint_format.hpp"
 #include "zero/safetensors.hpp"
@@ -36,6 +44,28 @@ struct SafetensorsFile::Impl {
   uint64_t data_begin = 0;
   std::map<std::string, Entry> entries;
   std::map<std::string, std::string> metadata;
+  // read_range's read-only map of the whole file, made on its first call.
+  std::once_flag mapped;
+  const uint8_t* map = nullptr;
+  size_t map_bytes = 0;
+  std::atomic<uint64_t> range_bytes{0};
+
+  ~Impl() {
+    if (map != nullptr) ::munmap(const_cast<uint8_t*>(map), map_bytes);
+  }
+  void map_file() {
+    std::call_once(mapped, [this] {
+      const int fd = ::open(file.path().c_str(), O_RDONLY | O_CLOEXEC);
+      ZERO_CKPT_CHECK(fd >= 0, file.path(), ": cannot open to map: ", std::strerror(errno));
+      map_bytes = static_cast<size_t>(file.size());
+      void* p = ::mmap(nullptr, map_bytes, PROT_READ, MAP_SHARED, fd, 0);
+      const int err = errno;
+      ::close(fd);  // the map keeps the file
+      ZERO_CKPT_CHECK(p != MAP_FAILED, file.path(), ": cannot map ", map_bytes,
+                      " bytes read-only: ", std::strerror(err));
+      map = static_cast<const uint8_t*>(p);
+    });
+  }
 };
 
 SafetensorsFile::SafetensorsFile(const std::string& path) {
@@ -52,7 +82,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
   std::string header(header_len, '\0');
   f.pread_all(header.data(), header_len, 8);
 
-  auto impl = std::make_unique<Impl>(Impl{std::move(f), 8 + header_len, {}, {}});
+  // Parenthesised aggregate initialisation: Impl holds a once_flag, so it cannot be moved.
+  auto impl = std::make_unique<Impl>(std::move(f), 8 + header_len);
   const uint64_t data_bytes = size - impl->data_begin;
   YAML::Node root;
   try {
@@ -129,6 +160,35 @@ at::Tensor SafetensorsFile::read(const std::string& name) const {
   impl_->file.pread_all(t.data_ptr(), e.end - e.begin, impl_->data_begin + e.begin);
   return t;
 }
+
+at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t begin,
+                                       int64_t count) const {
+  const Entry& e = entry(name);
+  const at::ScalarType type = find_dtype(e.dtype)->type;
+  const auto size = static_cast<int64_t>(c10::elementSize(type));
+  const auto numel = static_cast<int64_t>((e.end - e.begin)) / size;
+  ZERO_CKPT_CHECK(begin >= 0 && count >= 0 && begin + count <= numel, path(), ": elements [",
+                  begin, ", ", begin + count, ") of tensor '", name, "' lie outside its ", numel);
+  at::Tensor t = at::empty({count}, type);
+  if (count == 0) return t;
+  impl_->map_file();
+  const uint64_t at_byte = impl_->data_begin + e.begin + static_cast<uint64_t>(begin * size);
+  const auto bytes = static_cast<size_t>(count * size);
+  // Little-endian, as every machine zero builds for.
+  std::memcpy(t.data_ptr(), impl_->map + at_byte, bytes);
+  impl_->range_bytes += bytes;
+  // The pages only this range used leave the process (the page cache keeps them): resident
+  // memory stays what the rank keeps, not what it has read.
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t first = (at_byte + page - 1) / page * page;
+  const uint64_t last = (at_byte + bytes) / page * page;
+  if (last > first) {
+    ::madvise(const_cast<uint8_t*>(impl_->map) + first, last - first, MADV_DONTNEED);
+  }
+  return t;
+}
+
+uint64_t SafetensorsFile::range_bytes_read() const { return impl_->range_bytes.load(); }
 
 const std::map<std::string, std::string>& SafetensorsFile::metadata() const {
   return impl_->metadata;

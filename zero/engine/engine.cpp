@@ -173,7 +173,21 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
   return initialize(std::move(model), std::move(cfg), Groups{std::move(public_group), {}});
 }
 
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg,
+                  std::shared_ptr<Group> public_group, const InitialValues& values) {
+  TORCH_CHECK(public_group, "zero::initialize: the process group is null");
+  TORCH_CHECK(model, "zero::initialize: the model is null");
+  refuse_tensor_parallel_model_on_one_group(*model);
+  return initialize(std::move(model), std::move(cfg), Groups{std::move(public_group), {}},
+                    values);
+}
+
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups groups) {
+  return initialize(std::move(model), std::move(cfg), std::move(groups), InitialValues{});
+}
+
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups groups,
+                  const InitialValues& values) {
   TORCH_CHECK(model, "zero::initialize: the model is null");
   TORCH_CHECK(groups.dp, "zero::initialize: groups.dp (the data-parallel process group) is null");
   for (size_t i = 0; i < groups.norm.size(); ++i) {
@@ -192,7 +206,8 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   int64_t replaced = 0;
   std::unordered_set<const void*> seen;  // tied weights once
   for (const auto& p : model->parameters()) {
-    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) {
+    // A deferred parameter held no bytes of its own (deferred_init.hpp).
+    if (p.requires_grad() && !is_deferred(p) && seen.insert(p.unsafeGetTensorImpl()).second) {
       replaced += static_cast<int64_t>(p.nbytes());
     }
   }
@@ -205,7 +220,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
     for (const auto& p : model->parameters()) {
       t.num_params += p.numel();
       t.device = p.device();
-      if (!p.is_cpu()) t.held_bytes += static_cast<int64_t>(p.nbytes());
+      if (!p.is_cpu() && !is_deferred(p)) t.held_bytes += static_cast<int64_t>(p.nbytes());
     }
     resolve_auto(cfg, t, *group);
   }
@@ -262,6 +277,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
     impl->sync_opts.pin_memory = off.pin_memory;
     impl->offload = std::make_unique<OptimizerOffload>(off, impl->param_dtype, device);
   }
+  if (values) fo.values = &values;
   impl->fp = flatten_parameters(*impl->module, *impl->group, fo);
   for (const at::Tensor& p : impl->fp.params) impl->param_shapes.push_back(p.sizes().vec());
   if (impl->offload) impl->offload->reserve(impl->fp.master.numel());

@@ -3,51 +3,70 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <c10/core/StorageImpl.h>
+#include <malloc.h>
+
 #include <algorithm>
 #include <unordered_map>
 
 #include "comm/unowned_view.hpp"
 #include "optim/cpu_adamw.hpp"
+#include "zero/deferred_init.hpp"
+#include "zero/units/unit_plan.hpp"
 
 namespace zero {
 
 namespace {
 
-// Builds the flat buffer and the master shard one bucket at a time, so start-up never holds
-// more than one bucket beyond the final buffers: each bucket's parameters are copied into an
-// fp32 staging bucket (the flat buffer itself when it is fp32) and re-pointed at their slot of
-// the flat buffer, which frees the user's tensors as we go; rank 0's values are broadcast
-// (the masters must start from the unrounded weights), this rank's shard of the bucket goes
-// to the master, and the bucket is cast into the flat buffer. The flat buffer and the master
-// are allocated up front but their pages are touched bucket by bucket too.
-void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at::Tensor>>& named,
-                          const std::vector<int>& named_of_layout, comm::Group& group,
-                          const FlattenOptions& opts) {
-  const at::Device device = named.front().second.device();
+// The unit stage 3 keeps whole on every rank (units::UnitPlan::kRoot).
+constexpr int kResidentUnit = units::UnitPlan::kRoot;
+
+// A buffer of n elements whose bytes are already given back: its storage keeps the allocator
+// (units::UnitStorage refills it when the unit is gathered) and reports 0 bytes.
+at::Tensor released_buffer(int64_t n, const at::TensorOptions& o) {
+  at::Tensor t = at::empty({n}, o);
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+  return t;
+}
+
+at::Tensor bucket_buffer(const FlatParams& fp, const std::vector<int>& unit_of_bucket,
+                         int bi) {
+  const BucketSlot& b = fp.layout.buckets()[bi];
+  if (fp.flat.defined()) return fp.flat.narrow(0, b.flat_offset, b.shard.padded_numel());
+  const int u = unit_of_bucket[bi];
+  return fp.unit_buffers[u].narrow(0, b.flat_offset - fp.layout.units()[u].flat_begin,
+                                   b.shard.padded_numel());
+}
+
+// The buffers the fills write: `flat` or, at stage 3, one buffer per unit; the master shard; the
+// stage-3 compute shard. Returns each bucket's unit (stage 3). `from_values`: everything zeroed
+// (a rank writes only what it keeps; padding stays 0), and a unit gathered on use starts with
+// its bytes freed, so that start-up holds its shard and no whole unit beyond the root.
+std::vector<int> allocate_flat_and_master(FlatParams& fp, const at::Device& device,
+                                          const FlattenOptions& opts, bool from_values) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
   const bool fp32 = opts.param_dtype == at::kFloat;
   const bool whole = opts.shards == 1;
   const auto compute = f32.dtype(opts.param_dtype);
-  // The buffer each bucket lives in, and the bucket's offset there: `flat`, or at stage 3 its
-  // unit's own buffer.
+  const auto make = [&](int64_t n, const at::TensorOptions& o) {
+    return from_values ? at::zeros({n}, o) : at::empty({n}, o);
+  };
   std::vector<int> unit_of_bucket;
   if (opts.unit_buffers) {
     for (const UnitSlot& u : fp.layout.units()) {
-      fp.unit_buffers.push_back(at::empty({u.flat_end - u.flat_begin}, compute));
+      const int64_t n = u.flat_end - u.flat_begin;
+      fp.unit_buffers.push_back(from_values && u.unit != kResidentUnit ? released_buffer(n, compute)
+                                                                       : make(n, compute));
       for (int b = u.first_bucket; b < u.end_bucket; ++b) {
         unit_of_bucket.push_back(static_cast<int>(fp.unit_buffers.size()) - 1);
       }
     }
   } else {
-    fp.flat = at::empty({fp.layout.total_numel()}, compute);
+    fp.flat = make(fp.layout.total_numel(), compute);
   }
   fp.compute_options = opts.unit_buffers ? fp.unit_buffers.front().options() : fp.flat.options();
-  auto bucket_buffer = [&](const BucketSlot& b, int bi) {
-    if (!opts.unit_buffers) return fp.flat.narrow(0, b.flat_offset, b.shard.padded_numel());
-    const int u = unit_of_bucket[bi];
-    return fp.unit_buffers[u].narrow(0, b.flat_offset - fp.layout.units()[u].flat_begin,
-                                     b.shard.padded_numel());
-  };
   using Storage = FlatParams::MasterStorage;
   fp.storage = opts.host_master    ? Storage::kHost
                : !fp32             ? Storage::kOwnTensor
@@ -63,7 +82,7 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
       break;
     case Storage::kOwnTensor:
     case Storage::kShard:
-      fp.master = at::empty({fp.layout.shard_numel()}, f32);
+      fp.master = make(fp.layout.shard_numel(), f32);
       break;
     case Storage::kInFlat:
       break;
@@ -72,16 +91,35 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
     // Under optimizer offload the master is in host memory, and the gather source stays on the
     // device: a compute-dtype shard of its own, fp32 included (DeepSpeed's stage 3 keeps the
     // fp16 partition on the device and the fp32 one on the host alike).
-    fp.shard =
-        fp.storage == Storage::kShard ? fp.master : at::empty({fp.layout.shard_numel()}, compute);
+    fp.shard = fp.storage == Storage::kShard ? fp.master : make(fp.layout.shard_numel(), compute);
   }
+  return unit_of_bucket;
+}
+
+// Builds the flat buffer and the master shard one bucket at a time, so start-up never holds
+// more than one bucket beyond the final buffers: each bucket's parameters are copied into an
+// fp32 staging bucket (the flat buffer itself when it is fp32) and re-pointed at their slot of
+// the flat buffer, which frees the user's tensors as we go; rank 0's values are broadcast
+// (the masters must start from the unrounded weights), this rank's shard of the bucket goes
+// to the master, and the bucket is cast into the flat buffer. The flat buffer and the master
+// are allocated up front but their pages are touched bucket by bucket too.
+void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at::Tensor>>& named,
+                          const std::vector<int>& named_of_layout, comm::Group& group,
+                          const FlattenOptions& opts) {
+  const at::Device device = named.front().second.device();
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  const bool fp32 = opts.param_dtype == at::kFloat;
+  const bool whole = opts.shards == 1;
+  // The buffer each bucket lives in, and the bucket's offset there: `flat`, or at stage 3 its
+  // unit's own buffer.
+  const std::vector<int> unit_of_bucket = allocate_flat_and_master(fp, device, opts, false);
   const int r = whole ? 0 : group.rank();
   fp.shard_rank = r;
   const auto& buckets = fp.layout.buckets();
   for (size_t bi = 0; bi < buckets.size(); ++bi) {
     const BucketSlot& b = buckets[bi];
     const int64_t padded = b.shard.padded_numel();
-    at::Tensor flat_b = bucket_buffer(b, static_cast<int>(bi));
+    at::Tensor flat_b = bucket_buffer(fp, unit_of_bucket, static_cast<int>(bi));
     at::Tensor staging = fp32 ? flat_b : at::empty({padded}, f32);
     staging.zero_();  // padding
     for (int li : b.params) {
@@ -112,6 +150,81 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
       fp.shard.narrow(0, b.shard_offset, S).copy_(fp.master.narrow(0, b.shard_offset, S));
     }
   }
+}
+
+// Fills from a deferred model's source (deferred_init.hpp) instead of broadcasting rank 0's
+// tensors: every rank asks the source, parameter by parameter in registration order, for the
+// elements it keeps - its shard of each bucket for the master (and, at stage 3, the compute
+// shard), and every element of a parameter held whole (stages 0-2: all of them; stage 3: the
+// root unit's). Nothing is broadcast: the source gives every rank the same values. Host memory
+// beyond the final buffers: one parameter in fp32 (the pieces the source writes).
+void fill_from_values(FlatParams& fp, std::vector<std::pair<std::string, at::Tensor>>& named,
+                      const std::vector<int>& named_of_layout, comm::Group& group,
+                      const FlattenOptions& opts) {
+  const at::Device device = named.front().second.device();
+  const std::vector<int> unit_of_bucket = allocate_flat_and_master(fp, device, opts, true);
+  const auto compute = at::TensorOptions().dtype(opts.param_dtype).device(device);
+  const auto host = at::TensorOptions().dtype(at::kFloat);
+  const int r = opts.shards == 1 ? 0 : group.rank();
+  fp.shard_rank = r;
+  std::vector<int> layout_of(named.size(), -1);
+  for (size_t li = 0; li < named_of_layout.size(); ++li) {
+    layout_of[named_of_layout[li]] = static_cast<int>(li);
+  }
+  const InitialValues& values = *opts.values;
+  for (size_t i = 0; i < named.size(); ++i) {
+    auto& [name, p] = named[i];
+    const int li = layout_of[i];
+    if (li < 0) {
+      // Frozen (or empty): whole on every rank, in the compute dtype as a materialised one.
+      at::Tensor v = at::empty({p.numel()}, host);
+      values(name, p.sizes(), {ParamPiece{0, v}});
+      p.set_data(v.to(compute).view(p.sizes()));
+      continue;
+    }
+    const ParamSlot& s = fp.layout.params()[li];
+    const BucketSlot& b = fp.layout.buckets()[s.bucket];
+    const bool whole = !opts.unit_buffers ||
+                       fp.layout.units()[unit_of_bucket[s.bucket]].unit == kResidentUnit;
+    // This rank's shard of the bucket, in the parameter's element coordinates.
+    const int64_t own = b.flat_offset + b.shard.shard(r).begin - s.flat_offset;
+    const int64_t begin = std::max<int64_t>(0, own);
+    const int64_t end = std::min<int64_t>(s.numel, own + b.shard.shard_numel());
+    at::Tensor v;  // the pieces asked for, one tensor
+    std::vector<ParamPiece> pieces;
+    if (whole) {
+      v = at::empty({s.numel}, host);
+      pieces.push_back({0, v});
+    } else if (begin < end) {
+      v = at::empty({end - begin}, host);
+      pieces.push_back({begin, v});
+    }
+    values(name, p.sizes(), pieces);
+    if (whole) {
+      at::Tensor slot =
+          bucket_buffer(fp, unit_of_bucket, s.bucket).narrow(0, s.flat_offset - b.flat_offset,
+                                                             s.numel);
+      slot.copy_(v);
+      p.set_data(slot.view(p.sizes()));
+    } else {
+      // A unit gathered on use starts released: units::UnitStorage reads the shape off this.
+      p.set_data(at::zeros({1}, compute).expand(p.sizes()));
+    }
+    if (begin >= end) continue;
+    // Where those elements sit in the master and the compute shard.
+    const int64_t at_shard = b.shard_offset + begin - own;
+    const at::Tensor kept = whole ? v.narrow(0, begin, end - begin) : v;
+    if (fp.master.defined() && !fp.master_aliases_flat()) {
+      fp.master.narrow(0, at_shard, end - begin).copy_(kept);
+    }
+    if (fp.shard.defined() && !fp.shard.is_same(fp.master)) {
+      fp.shard.narrow(0, at_shard, end - begin).copy_(kept);
+    }
+  }
+  // The per-parameter fp32 transients (and the model's construction before them) were freed
+  // into glibc's heaps, which keep freed memory resident once its mmap threshold has risen past
+  // a parameter's size: give it back, or the process's RSS keeps a model's worth of it.
+  ::malloc_trim(0);
 }
 
 }  // namespace
@@ -178,13 +291,23 @@ FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
       t.set_data(t.to(opts.param_dtype));
     }
   };
+  const bool from_values = opts.values != nullptr && *opts.values;
   for (auto& [name, t] : named) {
+    // A deferred parameter has no values to broadcast; a materialised one has no source.
+    TORCH_CHECK(from_values || !is_deferred(t), "zero: parameter '", name,
+                "' is deferred (zero::defer_parameters, or a model built with zero::Deferred) "
+                "but zero::initialize got no InitialValues to fill it from; pass the model's "
+                "source: zero::initialize(model, cfg, group, values)");
+    TORCH_CHECK(!from_values || is_deferred(t), "zero: parameter '", name,
+                "' holds values but zero::initialize was given InitialValues, which fill only "
+                "deferred parameters; build the whole model deferred (zero::defer_parameters) "
+                "or drop the InitialValues");
     TORCH_CHECK(t.device() == device, "zero: parameter '", name, "' is on ", t.device(), " but '",
                 named.front().first, "' is on ", device,
                 "; move the whole model to one device before zero::initialize");
     TORCH_CHECK(at::isFloatingType(t.scalar_type()), "zero: parameter '", name, "' has dtype ",
                 t.scalar_type(), "; only floating-point parameters can train");
-    if (!t.requires_grad()) {
+    if (!t.requires_grad() && !from_values) {
       auto c = t.contiguous();
       group.broadcast(c, 0, "broadcast of frozen parameter '" + name + "'").wait();
       if (!c.is_same(t)) t.copy_(c);
@@ -240,7 +363,11 @@ FlatParams flatten_parameters(torch::nn::Module& module, comm::Group& group,
   }
   fp.layout = FlatLayout::build(specs, opts.bucket_numel, opts.shards, opts.align);
 
-  fill_flat_and_master(fp, named, named_of_layout, group, opts);
+  if (from_values) {
+    fill_from_values(fp, named, named_of_layout, group, opts);
+  } else {
+    fill_flat_and_master(fp, named, named_of_layout, group, opts);
+  }
   fp.layout_of_named.assign(named.size(), -1);
   for (size_t li = 0; li < fp.layout.params().size(); ++li) {
     fp.params.push_back(named[named_of_layout[li]].second);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "zero/deferred_init.hpp"
 #include "zero/params/shard_info.hpp"
 
 namespace torch::nn {
@@ -87,6 +88,9 @@ struct FlattenOptions {
   std::unordered_map<const void*, int> unit_of;
   // Stage 3: one buffer per unit (FlatParams::unit_buffers) and the compute-dtype shard.
   bool unit_buffers = false;
+  // A deferred model's source (deferred_init.hpp): each rank fills what it keeps from it and
+  // nothing is broadcast; every parameter must then be deferred. Null: broadcast rank 0's.
+  const InitialValues* values = nullptr;
 };
 
 // Broadcasts rank 0's parameters and buffers, builds the flat layout (parameters in reverse

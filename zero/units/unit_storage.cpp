@@ -14,10 +14,13 @@ UnitStorage::UnitStorage(at::Tensor buffer, std::vector<Param> params)
   TORCH_CHECK(buffer_.defined() && buffer_.dim() == 1 && buffer_.is_contiguous() &&
                   buffer_.storage_offset() == 0,
               "zero: a unit's buffer must be a contiguous 1-D tensor that owns its storage");
-  nbytes_ = static_cast<int64_t>(buffer_.storage().nbytes());
-  TORCH_CHECK(nbytes_ == buffer_.numel() * static_cast<int64_t>(buffer_.element_size()),
-              "zero: a unit's buffer must span its whole storage (", nbytes_, " bytes for ",
-              buffer_.numel(), " elements)");
+  nbytes_ = buffer_.numel() * static_cast<int64_t>(buffer_.element_size());
+  const auto held = static_cast<int64_t>(buffer_.storage().nbytes());
+  // A buffer whose bytes were given back before the unit was made (a deferred start-up fills
+  // only the shard) starts released.
+  const bool released = held == 0 && nbytes_ > 0;
+  TORCH_CHECK(released || held == nbytes_, "zero: a unit's buffer must span its whole storage (",
+              held, " bytes for ", buffer_.numel(), " elements)");
   shapes_.reserve(params_.size());
   for (const Param& p : params_) {
     TORCH_CHECK(p.tensor.defined() && p.tensor.scalar_type() == buffer_.scalar_type() &&
@@ -28,7 +31,13 @@ UnitStorage::UnitStorage(at::Tensor buffer, std::vector<Param> params)
                 ") lies outside its buffer of ", buffer_.numel(), " elements");
     shapes_.emplace_back(p.tensor.sizes().vec());
   }
-  view_params();
+  if (!released) {
+    view_params();
+    return;
+  }
+  const at::Tensor empty = at::empty({0}, buffer_.options());
+  for (Param& p : params_) p.tensor.set_data(empty);
+  allocated_ = false;
 }
 
 void UnitStorage::release() {

@@ -24,7 +24,9 @@ class UnitStorage {
     int64_t offset = 0;  // where it starts in the buffer, in elements
   };
   // `buffer`: one contiguous 1-D tensor, allocated, holding every parameter at its offset (the
-  // caller filled it); the parameters become views of it. Padding between or after them is
+  // caller filled it); the parameters become views of it. A buffer whose storage holds no bytes
+  // (given back by a deferred start-up) starts released; the parameters' shapes are read off
+  // their tensors either way. Padding between or after them is
   // allowed (a sharded layout pads each bucket).
   UnitStorage(at::Tensor buffer, std::vector<Param> params);
   UnitStorage(const UnitStorage&) = delete;

@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Generator.h>
+
 #include "zero/activation_checkpointing.hpp"
+#include "zero/deferred_init.hpp"
 #include "zero/models/gpt_config.hpp"
 #include "zero/sharding.hpp"
 
@@ -79,6 +82,17 @@ at::Tensor run_blocks(torch::nn::ModuleList& blocks, at::Tensor x, const at::Ten
 
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& c);
+  // Deferred (zero/deferred_init.hpp): each child is built as above, its parameters replaced by
+  // placeholders right after, so construction holds one block at a time; the weights come from
+  // initial_values() in zero::initialize. Draws what the eager constructor draws, in the same
+  // order, from the same generator: an engine started from it holds bit for bit the weights an
+  // eager build from the same seed gives, and the global generator ends where the eager build
+  // leaves it.
+  GptImpl(const GptConfig& c, const zero::Deferred& deferred);
+  // A deferred model's source of initial values (the GPT-2 style init below, from the
+  // generator as the constructor left it), for zero::initialize. One per initialize: it keeps
+  // its place in the draws. Throws for a model built eagerly.
+  zero::InitialValues initial_values() const;
   // tokens [batch, seq] int64 -> logits [batch, seq, vocab]
   at::Tensor forward(const at::Tensor& tokens);
   // Mean next-token cross-entropy of `tokens` predicting `targets`.
@@ -92,6 +106,10 @@ struct GptImpl : torch::nn::Module {
   at::Tensor rope_cos, rope_sin;    // buffers [max_seq, head_dim]
   CheckpointPolicy checkpointing;
   std::unique_ptr<zero::ActivationOffloader> offloader;  // set when checkpointing.cpu_offload
+
+ private:
+  GptImpl(const GptConfig& c, const zero::Deferred* deferred);
+  at::Generator init_generator_;  // deferred: the CPU generator before the init draws
 };
 TORCH_MODULE(Gpt);
 

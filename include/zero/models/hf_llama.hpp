@@ -28,7 +28,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +52,15 @@ std::string hf_llama_name(const std::string& gpt_name);
 // index names for it. Throws zero::CheckpointError naming the tensor for a missing tensor, a
 // shape mismatch, or a tensor the GPT has no place for.
 void load_hf_llama(GptImpl& model, const std::string& dir);
+
+// DIR's weights as the source of a deferred model's values (zero/deferred_init.hpp): checks
+// DIR against `model` as load_hf_llama does (before anything is read, on every rank alike),
+// then zero::initialize takes from each tensor only the elements the rank keeps, copied out of
+// a read-only memory map (SafetensorsFile::read_range): a stage-3 rank reads its shard and the
+// root unit, not the model. Bit for bit load_hf_llama's values. `bytes_read`, when given, counts
+// the bytes the source copies out of the files.
+zero::InitialValues hf_llama_values(const GptImpl& model, const std::string& dir,
+                                    std::shared_ptr<std::atomic<int64_t>> bytes_read = nullptr);
 
 struct HfExportOptions {
   at::ScalarType dtype = at::kFloat;          // at::kFloat or at::kBFloat16
