@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <stdexcept>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "json_text.hpp"
@@ -56,34 +57,15 @@ ParamStats parameter_stats(const std::vector<at::Tensor>& params, int64_t chunk_
   return out;
 }
 
-ParamStats gathered_model_stats(const Engine& engine, const torch::nn::Module& model) {
-  std::unordered_set<std::string> trainable;
-  for (const auto& item : model.named_parameters()) {
-    if (item.value().requires_grad()) trainable.insert(item.key());
-  }
-  StateDictOptions opts;
-  opts.master = false;  // the compute-dtype values, what the other stages' summaries read
-  opts.cpu = false;
-  std::vector<at::Tensor> values;
-  for (auto& [name, t] : engine.state_dict(opts)) {
-    if (trainable.count(name)) values.push_back(t.detach().requires_grad_(true));
-  }
-  return parameter_stats(values);
-}
+namespace {
 
-ParamStats whole_model_stats(const torch::nn::Module& model, const std::shared_ptr<Group>& tp) {
-  if (!tp || tp->size() == 1) return parameter_stats(model.parameters());
-  std::vector<at::Tensor> split, replicated;
-  for (const auto& p : tensor_parallel::placements(model, /*sequence_parallel=*/false))
-    (p.placement.sharded ? split : replicated).push_back(p.param);
+// The whole model's figures from this tensor-parallel rank's values: `split` summed over `tp`,
+// `replicated` counted once; `device`: the group's.
+ParamStats over_tensor_parallel(const std::vector<at::Tensor>& split,
+                                const std::vector<at::Tensor>& replicated,
+                                const c10::Device& device, const std::shared_ptr<Group>& tp) {
   const ParamStats mine = parameter_stats(split), once = parameter_stats(replicated);
   at::NoGradGuard no_grad;
-  // The group's device (an NCCL group refuses host tensors): any parameter's, the split ones'
-  // first, since a rank may hold none of them.
-  const std::vector<at::Tensor> all = model.parameters();
-  const c10::Device device = !split.empty() ? split.front().device()
-                             : !all.empty() ? all.front().device()
-                                            : c10::Device(c10::kCPU);
   const at::Tensor sums =
       tensor_parallel::reduce_from_region(
           at::tensor({mine.checksum, mine.norm * mine.norm}, at::kDouble).to(device), tp)
@@ -92,6 +74,49 @@ ParamStats whole_model_stats(const torch::nn::Module& model, const std::shared_p
   out.checksum = sums[0].item<double>() + once.checksum;
   out.norm = std::sqrt(sums[1].item<double>() + once.norm * once.norm);
   return out;
+}
+
+}  // namespace
+
+ParamStats gathered_model_stats(const Engine& engine, const torch::nn::Module& model,
+                                const std::shared_ptr<Group>& tp) {
+  std::unordered_set<std::string> trainable;
+  for (const auto& item : model.named_parameters()) {
+    if (item.value().requires_grad()) trainable.insert(item.key());
+  }
+  StateDictOptions opts;
+  opts.master = false;  // the compute-dtype values, what the other stages' summaries read
+  opts.cpu = false;
+  std::unordered_map<std::string, at::Tensor> values;
+  std::vector<at::Tensor> all;
+  for (auto& [name, t] : engine.state_dict(opts)) {
+    if (!trainable.count(name)) continue;
+    values[name] = t.detach().requires_grad_(true);
+    all.push_back(values[name]);
+  }
+  if (!tp || tp->size() == 1) return parameter_stats(all);
+  // Stage 3 under tensor parallelism: this tp rank's shards, gathered over dp by state_dict.
+  std::vector<at::Tensor> split, replicated;
+  for (const auto& p : tensor_parallel::placements(model, /*sequence_parallel=*/false)) {
+    const auto it = values.find(p.name);
+    if (it != values.end()) (p.placement.sharded ? split : replicated).push_back(it->second);
+  }
+  const c10::Device device = all.empty() ? c10::Device(c10::kCPU) : all.front().device();
+  return over_tensor_parallel(split, replicated, device, tp);
+}
+
+ParamStats whole_model_stats(const torch::nn::Module& model, const std::shared_ptr<Group>& tp) {
+  if (!tp || tp->size() == 1) return parameter_stats(model.parameters());
+  std::vector<at::Tensor> split, replicated;
+  for (const auto& p : tensor_parallel::placements(model, /*sequence_parallel=*/false))
+    (p.placement.sharded ? split : replicated).push_back(p.param);
+  // The group's device (an NCCL group refuses host tensors): any parameter's, the split ones'
+  // first, since a rank may hold none of them.
+  const std::vector<at::Tensor> all = model.parameters();
+  const c10::Device device = !split.empty() ? split.front().device()
+                             : !all.empty() ? all.front().device()
+                                            : c10::Device(c10::kCPU);
+  return over_tensor_parallel(split, replicated, device, tp);
 }
 
 int64_t peak_rss_bytes() { return status_bytes("VmHWM:"); }
@@ -161,8 +186,9 @@ void TrainSummary::finish(const Engine& engine, torch::nn::Module& model,
   // worth at most).
   // At stage 3 the marked blocks' parameters are released between steps: their values come
   // gathered from the shards (a whole-model copy, the one place the example makes it).
-  const ParamStats stats = engine.stage() == 3 ? gathered_model_stats(engine, model)
-                                               : whole_model_stats(model, tensor_parallel);
+  const ParamStats stats = engine.stage() == 3
+                               ? gathered_model_stats(engine, model, tensor_parallel)
+                               : whole_model_stats(model, tensor_parallel);
   param_checksum = stats.checksum;
   param_norm = stats.norm;
   checkpointing = policy.enabled;

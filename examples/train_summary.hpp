@@ -90,8 +90,10 @@ ParamStats parameter_stats(const std::vector<at::Tensor>& params, int64_t chunk_
 // the group, the replicated ones (tensor_parallel::placements: the norms) counted once, so the
 // figures equal the unsplit model's (up to the order of the fp64 sums). A collective over `tp`.
 ParamStats whole_model_stats(const torch::nn::Module& model, const std::shared_ptr<Group>& tp);
-// The same at stage 3, from the engine's gathered state_dict (compute dtype; a collective).
-ParamStats gathered_model_stats(const Engine& engine, const torch::nn::Module& model);
+// The same at stage 3, from the engine's gathered state_dict (compute dtype; a collective over
+// the engine's group, and under tensor parallelism over `tp` as whole_model_stats).
+ParamStats gathered_model_stats(const Engine& engine, const torch::nn::Module& model,
+                                const std::shared_ptr<Group>& tp);
 
 // Peak resident memory of this process (Linux VmHWM): on CPU it is where activations show up.
 int64_t peak_rss_bytes();

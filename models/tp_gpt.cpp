@@ -108,6 +108,9 @@ TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
                    group, tp::VocabParallelEmbeddingOptions(c.vocab, c.dim).sequence_parallel(sp)));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(TpBlock(group, c, sp));
+  // As Gpt's: each block a unit of its own at ZeRO stage 3, holding the data-parallel shard of
+  // this tensor-parallel rank's block; nothing changes below stage 3.
+  for (const auto& b : *blocks) zero::shard(*b);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
   if (!c.tied) {
     head = register_module(

@@ -26,14 +26,14 @@ TEST(Config, StageThreeLoadsAndRefusesWhatItDoesNotSupportYet) {
   // Optimizer offload at stage 3 (tests/test_stage3_equivalence.cpp trains it).
   EXPECT_TRUE(load("zero_optimization: {stage: 3, offload_optimizer: {device: cpu}}\n")
                   .zero_optimization.offload_optimizer.enabled);
-  std::string m = load_error("zero_optimization: {stage: 3, zero_quantized_gradients: true}\n");
-  EXPECT_HAS(m, "'zero_optimization.zero_quantized_gradients' compresses");
-  EXPECT_HAS(m, "stage is 3 (not supported there yet); set zero_optimization.stage: 1 or 2");
-  m = load_error("zero_optimization: {stage: 3}\ntensor_parallel: {autotp_size: 2}\n");
-  EXPECT_HAS(m, "t.yaml:2:");  // at tensor_parallel.autotp_size
-  EXPECT_HAS(m, "'zero_optimization.stage' 3 with tensor_parallel.autotp_size 2 is not supported");
-  EXPECT_HAS(m, "set zero_optimization.stage: 2 with tensor parallelism");
-  m = load_error("pipeline: {stages: 2}\nzero_optimization: {stage: 3}\n");
+  // And quantized gradients (tests/test_stage3_quantized.cpp).
+  EXPECT_TRUE(load("zero_optimization: {stage: 3, zero_quantized_gradients: true}\n")
+                  .zero_optimization.quantized_gradients.enabled);
+  // And tensor parallelism (tests/test_tensor_parallel_gpt_training.cpp, *_stage3_*).
+  EXPECT_EQ(load("zero_optimization: {stage: 3}\ntensor_parallel: {autotp_size: 2}\n")
+                .tensor_parallel.autotp_size,
+            2);
+  std::string m = load_error("pipeline: {stages: 2}\nzero_optimization: {stage: 3}\n");
   EXPECT_HAS(m, "'zero_optimization.stage' 3 with pipeline.stages 2 is not supported");
   EXPECT_HAS(m, "Use stage 1");
   EXPECT_HAS(load_error("zero_optimization: {stage: 3, offload_param: {device: cpu}}\n"),
@@ -293,8 +293,8 @@ TEST(Config, QuantizedGradientsKeys) {
       "zero_quantized_gradients_block: 0}\n");
   EXPECT_HAS(m, "zero_quantized_gradients_block");
   m = load_error("zero_optimization: {stage: 0, zero_quantized_gradients: true}\n");
-  EXPECT_HAS(m, "stages 1 and 2");
-  EXPECT_HAS(m, "stage: 1 or 2");
+  EXPECT_HAS(m, "stages 1, 2 and 3");
+  EXPECT_HAS(m, "stage: 1, 2 or 3");
   m = load_error(
       "zero_optimization: {stage: 2, zero_quantized_gradients: true, "
       "zero_quantized_gradients_bits: 4, zero_quantized_gradients_block: 31}\n");

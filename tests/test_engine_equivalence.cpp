@@ -222,9 +222,6 @@ TEST(Engine, StageThreeFromTheApiRefusesWhatItDoesNotSupportYet) {
   cfg.zero_optimization.stage = 4;
   refused(cfg, "zero_optimization.stage 4 is not a ZeRO stage; set 0, 1, 2 or 3");
   cfg = test_config(3, 48, 1, 0);
-  cfg.zero_optimization.quantized_gradients.enabled = true;
-  refused(cfg, "zero_quantized_gradients is not supported at ZeRO stage 3 yet");
-  cfg = test_config(3, 48, 1, 0);
   cfg.zero_optimization.stage3.param_persistence_threshold_auto = true;
   refused(cfg,
           "stage3_param_persistence_threshold is \"auto\", which needs the model's hidden "

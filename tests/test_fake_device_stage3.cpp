@@ -39,6 +39,9 @@ struct Case {
   int world;
   const char* optimizer;
   int accumulation;
+  // offload_optimizer: the master and states in host memory, each unit's compute shard on the
+  // fake device, the CPU step's values uploaded into it (a host / device mix-up throws here).
+  bool offload = false;
 };
 
 class FakeDeviceStage3 : public ::testing::TestWithParam<Case> {};
@@ -53,6 +56,8 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
     cfg.optimizer.weight_decay = 0.01;
   }
   cfg.zero_optimization.stage3.param_persistence_threshold = 0;
+  cfg.zero_optimization.offload_optimizer.enabled = c.offload;
+  cfg.zero_optimization.offload_optimizer.threads = 2;
   auto ref_net = make_stage3_net(3, /*mark=*/false);
   const ReferenceResult ref = train_reference(
       cfg, kSteps, kGlobalRows, *ref_net, [&](const at::Tensor& x) { return ref_net->forward(x); });
@@ -81,6 +86,7 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
         }
         at::Tensor flat = engine.flat_parameters();
         EXPECT_EQ(flat.device(), d);
+        if (c.offload) EXPECT_GT(engine.memory_report().host_measured, 0);
         std::lock_guard<std::mutex> lock(mu);
         got[r] = flat.cpu();
       },
@@ -88,8 +94,8 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
   for (int r = 0; r < c.world; ++r) {
     ASSERT_EQ(got[r].numel(), ref.params.numel());
     const double rel = ((got[r] - ref.params).abs().max() / ref.params.abs().max()).item<double>();
-    std::printf("world %d %s ga %d rank %d: max rel diff vs one process %.3g\n", c.world,
-                c.optimizer, c.accumulation, r, rel);
+    std::printf("world %d %s ga %d%s rank %d: max rel diff vs one process %.3g\n", c.world,
+                c.optimizer, c.accumulation, c.offload ? " offload" : "", r, rel);
     EXPECT_LT(rel, 1e-6) << "rank " << r;
   }
   EXPECT_GT((ref.params - flatten(*make_stage3_net(3, false))).abs().max().item<double>(), 1e-2);
@@ -97,10 +103,12 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndOptimizers, FakeDeviceStage3,
                          ::testing::Values(Case{2, "AdamW", 1}, Case{2, "SGD", 2},
-                                           Case{4, "AdamW", 2}, Case{4, "SGD", 1}),
+                                           Case{4, "AdamW", 2}, Case{4, "SGD", 1},
+                                           Case{2, "AdamW", 2, true}, Case{4, "SGD", 1, true}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return "world" + std::to_string(i.param.world) + "_" +
-                                  i.param.optimizer + "_ga" + std::to_string(i.param.accumulation);
+                                  i.param.optimizer + "_ga" + std::to_string(i.param.accumulation) +
+                                  (i.param.offload ? "_offload" : "");
                          });
 
 // Memory per phase at N = 4. Six wide marked blocks (256 x 256 + 3 x 256 fp32 each) and a small

@@ -25,9 +25,7 @@ constexpr int kBlocks = kStage3Blocks;
 
 using Net = Stage3NetImpl;
 
-std::shared_ptr<Net> make_net(uint64_t seed, bool mark) {
-  return make_stage3_net(seed, mark);
-}
+std::shared_ptr<Net> make_net(uint64_t seed, bool mark) { return make_stage3_net(seed, mark); }
 
 struct Case {
   int world;
@@ -161,22 +159,18 @@ TEST_P(Stage3Equivalence, MatchesSingleProcessTrainingAndStage2) {
   if (c.clip > 0) EXPECT_GT(ref.grad_norms.front(), c.clip);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stage3, Stage3Equivalence,
-                         ::testing::Values(Case{2, false, 2, 0.3}, Case{4, false, 2, 0.3},
-                                           Case{2, true, 2, 0.3}, Case{4, true, 1, 0},
-                                           Case{2, false, 1, 0, kWidth},
-                                           Case{4, true, 2, 0.3, kWidth},
-                                           Case{2, false, 2, 0.3, 0, true},
-                                           Case{4, false, 1, 0.3, kWidth, true},
-                                           // Optimizer offload: the host step's new values
-                                           // uploaded into each unit's compute shard.
-                                           Case{2, false, 2, 0.3, 0, false, true},
-                                           Case{4, true, 2, 0.3, 0, false, true},
-                                           Case{2, true, 1, 0, kWidth, false, true},
-                                           Case{4, false, 1, 0.3, kWidth, false, true},
-                                           Case{2, false, 2, 0.3, 0, true, true},
-                                           Case{4, true, 1, 0.3, kWidth, true, true}),
-                         name_of);
+INSTANTIATE_TEST_SUITE_P(
+    Stage3, Stage3Equivalence,
+    ::testing::Values(
+        Case{2, false, 2, 0.3}, Case{4, false, 2, 0.3}, Case{2, true, 2, 0.3}, Case{4, true, 1, 0},
+        Case{2, false, 1, 0, kWidth}, Case{4, true, 2, 0.3, kWidth},
+        Case{2, false, 2, 0.3, 0, true}, Case{4, false, 1, 0.3, kWidth, true},
+        // Optimizer offload: the host step's new values
+        // uploaded into each unit's compute shard.
+        Case{2, false, 2, 0.3, 0, false, true}, Case{4, true, 2, 0.3, 0, false, true},
+        Case{2, true, 1, 0, kWidth, false, true}, Case{4, false, 1, 0.3, kWidth, false, true},
+        Case{2, false, 2, 0.3, 0, true, true}, Case{4, true, 1, 0.3, kWidth, true, true}),
+    name_of);
 
 }  // namespace
 }  // namespace zero::testing

@@ -14,7 +14,10 @@
 
 #include <mutex>
 
+#include "support/fake_device.hpp"
+#include "support/stage3_net.hpp"
 #include "support/thread_group.hpp"
+#include "support/timed.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
 #include "zero/sharding.hpp"
@@ -130,6 +133,68 @@ TEST_P(Stage3Branch, BranchRunByOneRankOnlyTrainsAsOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Optimizers, Stage3Branch, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) {
                            return std::string(i.param ? "SGD" : "AdamW");
+                         });
+
+// Rank 0 runs the three marked blocks (one unit each, all of one size) in order, rank 1 in
+// reverse: each rank's first gather is of another unit, and the all-gathers pair block 0's
+// shards with block 2's without any error from the backend (before the order check this trained
+// on, each rank computing with parameters half of another block's). Every rank must fail with
+// the same text, naming where the orders part and the units there, within seconds. On the fake
+// accelerator the comparison stays on the device and is read one backward later.
+class Stage3GatherOrder : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Stage3GatherOrder, RankDependentUnitOrderFailsOnEveryRankNamingTheUnits) {
+  const bool device = GetParam();
+  constexpr int kRanks = 2;
+  constexpr int64_t kGlobal = 16;
+  // One bucket per block: with many, the gradient path's bounded buffers make a rank wait for
+  // a reduction that its peer, all-gathering in another order, launches only later, and the
+  // device's pass (compared one backward late) would end in the comm timeout instead.
+  Config cfg = test_config(3, kGlobal / kRanks, 1, /*clip=*/0.0, /*bucket=*/4096);
+  cfg.zero_optimization.stage3.param_persistence_threshold = 0;
+  std::vector<Outcome> outcome(kRanks);
+  std::vector<int> steps_done(kRanks, 0);
+  run_ranks(
+      kRanks,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        const c10::Device d = device ? fake::device(r) : c10::Device(c10::kCPU);
+        auto net = make_stage3_net(3, /*mark=*/true);
+        net->to(d);
+        auto engine = initialize(net, cfg, group);
+        const size_t n = net->body->size();
+        outcome[r] = timed([&] {
+          for (int s = 0; s < 3; ++s) {
+            const Batch b = rank_micro_batch(global_batch(s, kGlobal), r, kRanks, 0, 1);
+            at::Tensor h = at::tanh(net->inp(b.x.to(d)));
+            for (size_t k = 0; k < n; ++k) h = net->body->block(r == 1 ? n - 1 - k : k, h);
+            engine.backward(mse(net->head(h), b.y.to(d)));
+            engine.step();
+            ++steps_done[r];
+          }
+        });
+      },
+      std::chrono::seconds(20), device ? fake::device().type() : c10::DeviceType::CPU);
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const std::string& e = outcome[r].error;
+    EXPECT_NE(e.find("the ranks all-gathered their units in different orders"), std::string::npos)
+        << e;
+    EXPECT_NE(e.find("rank 1: its gather 1 was of unit 'body.block2' where rank 0's was of "
+                     "'body.block0'"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("zero::run_unit"), std::string::npos) << e;
+    EXPECT_EQ(e.find("rank 0:"), std::string::npos) << e;  // rank 0's order is the reference
+    EXPECT_LT(outcome[r].seconds, 10.0);
+    // The CPU check reads the comparison in the first backward, the device's one later.
+    EXPECT_EQ(steps_done[r], device ? 1 : 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuAndDevice, Stage3GatherOrder, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return std::string(i.param ? "FakeDevice" : "Cpu");
                          });
 
 }  // namespace

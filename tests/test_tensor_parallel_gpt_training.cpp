@@ -5,7 +5,8 @@
 // 5e-5 in L2 and 2e-3 per element, kAdamL2Tol says why).
 //   - T = 2 (with and without sequence parallelism), each rank stepping its shards with its own
 //     torch::optim (SGD, AdamW): the model and its communication alone.
-//   - T = 2 and T = 2 x D = 2 through the ZeRO engine (stages 0, 1, 2) on the data-parallel
+//   - T = 2 and T = 2 x D = 2 through the ZeRO engine (stages 0, 1, 2; stage 3 at D = 2, each
+//     block a unit of this tp rank's shards) on the data-parallel
 //     group, each data-parallel rank its share of every batch, the tensor-parallel ranks of a
 //     pair the same share: with and without sequence parallelism (the engine sums the norms'
 //     partial gradients over tp), with clipping (the global norm equal to the reference's too)
@@ -264,6 +265,9 @@ Config engine_config(const EngineCase& c) {
   cfg.optimizer.type = c.opt == Opt::kSgd ? "SGD" : "AdamW";
   cfg.optimizer.lr = c.opt == Opt::kSgd ? kSgdLr : kAdamLr;
   cfg.optimizer.weight_decay = c.opt == Opt::kSgd ? 0.0 : kWeightDecay;
+  // Stage 3: every block parameter in its block's unit, the norms included (DeepSpeed's
+  // default threshold would keep the tiny preset's block whole in the root).
+  cfg.zero_optimization.stage3.param_persistence_threshold = 0;
   return cfg;
 }
 
@@ -329,7 +333,23 @@ TEST_P(TpGptEngine, EqualsSingleProcessTraining) {
             }
           }
         }
-        expect_trained_like(*model, ref, c.opt, print);
+        if (c.stage < 3) {
+          expect_trained_like(*model, ref, c.opt, print);
+          return;
+        }
+        // Stage 3: between steps a block holds no parameter bytes; its values are the fp32
+        // masters, gathered over dp by state_dict (this tp rank's shards), put into an
+        // engine-free twin that gathers them over tp.
+        EXPECT_EQ(model->blocks->ptr<models::TpBlockImpl>(0)->wq->weight.numel(), 0);
+        models::TpGpt twin(groups.tp, shape(), c.sp);
+        auto named = twin->named_parameters();
+        {
+          torch::NoGradGuard no_grad;
+          for (const auto& [name, value] : engine.state_dict()) {
+            if (auto* p = named.find(name)) p->copy_(value);
+          }
+        }
+        expect_trained_like(*twin, ref, c.opt, print);
       },
       std::chrono::seconds(60),
       // The fake device's groups stage its tensors through the host, as the engine's bound groups
@@ -351,6 +371,11 @@ std::vector<EngineCase> engine_cases() {
     // accumulation without it (the replicated norms counted once).
     cases.push_back({opt, 2, 2, true, 0, 1});
     cases.push_back({opt, 1, 2, false, kClip, 2});
+    // ZeRO stage 3 inside tensor parallelism: each block a unit holding the dp shard of this tp
+    // rank's block, gathered over dp only; the norm over tp x dp.
+    cases.push_back({opt, 3, 2, false, 0, 1});
+    cases.push_back({opt, 3, 2, true, kClip, 2});
+    cases.push_back({opt, 3, 2, false, kClip, 1});
   }
   // On the fake accelerator (issue 23: the tensor-parallel tests where no GPU runs them): the
   // parameters, the engine's buffers and the collectives' tensors are device tensors, so a host /
@@ -363,6 +388,22 @@ std::vector<EngineCase> engine_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, TpGptEngine, ::testing::ValuesIn(engine_cases()),
                          [](const auto& info) { return case_name(info.param); });
+
+// Stage 3's trained parameters at full shape: the fp32 masters gathered over dp (state_dict,
+// this tp rank's shards) in an engine-free twin of the model, gathered over tp. A collective.
+std::vector<std::pair<std::string, at::Tensor>> stage3_full(const Engine& engine,
+                                                            const tensor_parallel::GroupPtr& tp,
+                                                            bool sp) {
+  models::TpGpt twin(tp, shape(), sp);
+  auto named = twin->named_parameters();
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, value] : engine.state_dict()) {
+      if (auto* p = named.find(name)) p->copy_(value);
+    }
+  }
+  return twin->gather_full();
+}
 
 // What an engine run leaves: the loss of every step and the trained parameters at full shape,
 // in fp32 (world rank 0's; every rank's are the same).
@@ -384,7 +425,9 @@ EngineRun train_engine(const EngineCase& c, int tp, const Config& cfg, const mod
     for (int step = 0; step < steps; ++step) {
       losses.push_back(engine_step(engine, *model, step, groups.dp_rank(), c.dp, c.accumulation));
     }
-    const auto full = model->gather_full();  // a collective over tp: every rank
+    // Collectives over tp (and at stage 3 over dp first): every rank.
+    const auto full = cfg.zero_optimization.stage == 3 ? stage3_full(engine, groups.tp, c.sp)
+                                                       : model->gather_full();
     if (world->rank() != 0) return;
     out.losses = losses;
     for (const auto& [name, value] : full) out.params[name] = value.to(at::kFloat);
@@ -455,6 +498,36 @@ TEST_P(TpGptBf16, T2StaysWithinTheT1Bf16Tolerance) {
     EXPECT_LE(t2.param, kBf16Slack * t1.param) << "D = " << dp;
   }
 }
+
+// Stage 3 against stage 2 on the same T = 2 x D = 2 config (sequence parallelism, clipping,
+// accumulation): the second check beside the single-process reference. Each step's loss and
+// every parameter within 1e-6 relative.
+class TpGptStage3 : public ::testing::TestWithParam<Opt> {};
+
+TEST_P(TpGptStage3, EqualsStage2) {
+  const models::Gpt init = initial_model();
+  EngineCase c{GetParam(), 2, 2, true, kClip, 2};
+  const EngineRun s2 = train_engine(c, 2, engine_config(c), init, kSteps);
+  c.stage = 3;
+  const EngineRun s3 = train_engine(c, 2, engine_config(c), init, kSteps);
+  ASSERT_EQ(s3.losses.size(), s2.losses.size());
+  for (size_t i = 0; i < s2.losses.size(); ++i) {
+    EXPECT_NEAR(s3.losses[i], s2.losses[i], 1e-6 * std::abs(s2.losses[i])) << "step " << i;
+  }
+  ASSERT_EQ(s3.params.size(), s2.params.size());
+  double worst = 0;
+  for (const auto& [name, want] : s2.params) {
+    const double rel = max_rel_err(s3.params.at(name), want);
+    EXPECT_LT(rel, 1e-6) << name;
+    worst = std::max(worst, rel);
+  }
+  std::printf("stage 3 vs stage 2, T = 2 x D = 2: worst parameter max rel err %.2g\n", worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, TpGptStage3, ::testing::Values(Opt::kSgd, Opt::kAdamW),
+                         [](const auto& info) {
+                           return std::string(info.param == Opt::kSgd ? "SGD" : "AdamW");
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, TpGptBf16, ::testing::Values(Opt::kSgd, Opt::kAdamW),
                          [](const auto& info) {

@@ -37,7 +37,9 @@ struct EngineStats {
   int64_t buckets_launched_after_backward = 0;
   double comm_wait_seconds = 0;  // time spent waiting on reductions after backward returned
   // Time step() spent waiting for parameter all-gathers after the last bucket's update was
-  // queued (the part of the gather the update did not hide; host-blocking on gloo only).
+  // queued (the part of the gather the update did not hide; host-blocking on gloo only). Stage
+  // 3 adds the waits for the units' gathers in forward and backward since the previous step:
+  // what neither prefetch nor the compute before the wait hid.
   double allgather_wait_seconds = 0;
   double last_grad_norm = 0;  // global norm before clipping, of the last optimizer step
   int64_t optimizer_steps = 0;

@@ -84,6 +84,12 @@ std::vector<std::string> pipeline_save_dirs(const std::string& dir,
 // still holds the key "pipeline.virtual_stages" (where it was kept before the field existed).
 int virtual_stages(const Config& cfg);
 
+// DeepSpeed's pipeline.pipe_partitioned / pipeline.grad_partitioned (`key`, the dotted name):
+// true unless Config::extra[key] is "false" (the YAML keys fill it; DeepSpeed's default, true).
+// Under tensor parallelism without sequence parallelism each tensor-parallel rank then sends 1/T
+// of the activation (its gradient) between stages; the receiving stage all-gathers the parts.
+bool pipeline_partitioned(const Config& cfg, const std::string& key);
+
 class PipelineEngine {
  public:
   // `layers`: the whole model's (each rank passes the same list; only this stage's are kept).

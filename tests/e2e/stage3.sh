@@ -2,7 +2,8 @@
 # ZeRO stage 3 through zero-train and torchrun (2 ranks, the example GPT, each block a unit):
 # the same losses, parameter norm and checksum as stage 2 on the same config (fp32, within
 # 1e-6 relative), and a memory report whose per-rank parameter bytes are the root unit's only
-# (the blocks' shards are the fp32 master). Stage-3 checkpoints: stage3_checkpoint.sh.
+# (the blocks' shards are the fp32 master); the same with optimizer offload, and at tp 2 x dp 2.
+# Stage-3 checkpoints: stage3_checkpoint.sh.
 set -euo pipefail
 train=$1
 src=$2
@@ -46,4 +47,32 @@ print(f"params bytes per rank: stage 2 {p2}, stage 3 {p3}")
 ok &= all(b < a / 2 for a, b in zip(p2, p3))
 sys.exit(0 if ok else 1)
 PY
+
+# What holds at stage 2 holds at stage 3: optimizer offload (2 ranks), tensor parallelism
+# (tp 2 x dp 2, 4 ranks, clipping: the summary's norm and checksum gathered over dp and tp).
+run4() {  # run4 NAME SETS...: as run, on 4 ranks
+  local name=$1
+  shift
+  port=$((port + 1))
+  torchrun --no-python --standalone --nproc-per-node 4 --master-port $port "$train" \
+    "${common[@]}" "$@" --summary-json "$out/$name.json" > "$out/$name.log" 2>&1
+}
+same() {  # same A B: the summaries' losses, norm and checksum within 1e-6 relative
+  python3 - "$out/$1.json" "$out/$2.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+bad = [k for k in ("first_loss", "final_loss", "param_norm", "param_checksum")
+       if abs(a[k] - b[k]) > 1e-6 * max(abs(a[k]), 1e-12)]
+print({k: (a[k], b[k]) for k in ("final_loss", "param_norm", "param_checksum")})
+sys.exit(1 if bad else 0)
+PY
+}
+offload=(--set zero_optimization.offload_optimizer.device=cpu)
+check "stage 2 with optimizer offload trains" run off2 --set zero_optimization.stage=2 "${offload[@]}"
+check "stage 3 with optimizer offload trains" run off3 --set zero_optimization.stage=3 "${offload[@]}"
+check "stage 3 with optimizer offload matches stage 2's" same off2 off3
+tp=(--set tensor_parallel.autotp_size=2 --set gradient_clipping=0.5)
+check "stage 2 at tp 2 x dp 2 trains" run4 tp2 --set zero_optimization.stage=2 "${tp[@]}"
+check "stage 3 at tp 2 x dp 2 trains" run4 tp3 --set zero_optimization.stage=3 "${tp[@]}"
+check "stage 3 at tp 2 x dp 2 matches stage 2" same tp2 tp3
 summary

@@ -204,19 +204,6 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
                (*c.grad_accum_dtype == Dtype::kBFloat16 ? "bf16" : "fp16") + " or remove it");
   }
   check_pipeline(l, c);
-  if (!c.zero_optimization.stage_auto && c.zero_optimization.stage == 3 &&
-      c.tensor_parallel.autotp_size > 1) {
-    const Entry* at = l.seen("tensor_parallel.autotp_size");
-    if (!at) at = l.seen("tensor_parallel.size");
-    if (!at) at = l.seen("zero_optimization.stage");
-    if (at) {
-      l.fail(*at, "'zero_optimization.stage' 3 with tensor_parallel.autotp_size " +
-                      std::to_string(c.tensor_parallel.autotp_size) +
-                      " is not supported yet: zero's stage 3 shards whole parameters over the "
-                      "data-parallel group only; set zero_optimization.stage: 2 with tensor "
-                      "parallelism, or autotp_size: 1");
-    }
-  }
   if (c.fp16.auto_cast && !c.fp16.enabled) {
     // DeepSpeed casts whenever auto_cast is set; into a model that is not fp16 that only
     // makes the first layer's dtypes disagree.

@@ -64,10 +64,15 @@ void load_pipeline(Loader& l, const Entry& s, Config& c) {
           // Seeds each layer from its index when DeepSpeed builds it; here the application builds
           // the layers (and seeds them).
           l.no_effect("seed_layers", "the application builds and seeds the layers"),
-          // Split the tensors sent between stages across the tensor-parallel group: without
-          // tensor parallelism in a pipeline (none here yet) that group is one rank.
-          {"pipe_partitioned", [&](const Entry& e) { l.boolean(e); }},
-          {"grad_partitioned", [&](const Entry& e) { l.boolean(e); }}},
+          // Split the activations (gradients) sent between stages across the tensor-parallel
+          // group, all-gathered by the receiving stage: under tensor parallelism without
+          // sequence parallelism (with it each rank already sends its 1/T of the sequence).
+          // Kept in Config::extra ("true" / "false"; absent: DeepSpeed's default, true), read by
+          // the pipeline engine (pipeline_partitioned() in include/zero/pipeline_engine.hpp).
+          {"pipe_partitioned",
+           [&](const Entry& e) { c.extra[e.path] = l.boolean(e) ? "true" : "false"; }},
+          {"grad_partitioned",
+           [&](const Entry& e) { c.extra[e.path] = l.boolean(e) ? "true" : "false"; }}},
          Loader::Unknown::kIgnore);
 }
 

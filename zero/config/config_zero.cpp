@@ -95,18 +95,18 @@ void check_offload_stage(const Loader& l, const Entry& s, const ZeroOptimization
   l.fail(s, msg);
 }
 
-// Quantized reduction replaces the reduce-scatter of stages 1 and 2; stage 0 all-reduces whole
+// Quantized reduction replaces the reduce-scatter of stages 1-3; stage 0 all-reduces whole
 // gradients (1-bit Adam's territory, not implemented). int4 packs two codes per byte, so its
 // block must be even.
 void check_quantized_gradients(const Loader& l, const Entry& s, const ZeroOptimizationConfig& z) {
   const auto& q = z.quantized_gradients;
   const Entry* at = l.seen(s.path + ".zero_quantized_gradients");
   if (!q.enabled || !at) return;
-  if (!z.stage_auto && (z.stage == 0 || z.stage == 3)) {
+  if (!z.stage_auto && z.stage == 0) {
     l.fail_at_key(*at, "'" + at->path + "' compresses the gradient reduce-scatter of ZeRO stages " +
-                           "1 and 2, but " + s.path + ".stage is " + std::to_string(z.stage) +
-                           (z.stage == 3 ? " (not supported there yet)" : "") + "; set " + s.path +
-                           ".stage: 1 or 2, or zero_quantized_gradients: false");
+                           "1, 2 and 3, but " + s.path + ".stage is " + std::to_string(z.stage) +
+                           "; set " + s.path +
+                           ".stage: 1, 2 or 3, or zero_quantized_gradients: false");
   }
   if (q.bits == 4 && q.block % 2 != 0) {
     const Entry* b = l.seen(s.path + ".zero_quantized_gradients_block");

@@ -121,15 +121,22 @@ void Engine::Impl::step_units(const StepContext& ctx) {
   // gathers and waits for them before the window closes.
   comm::CoalescingWindow window(publish_group.get());
   GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
+  // Stage 3: a unit still gathered (prefetched by a forward run after backward) would keep the
+  // values from before the step.
+  if (unit_runtime) release_gathered_units();
   units.front()->begin_step(ctx);
   for (auto& u : units) u->step(ctx, q);
-  // What the updates did not hide (host-blocking on gloo; stream-ordered on NCCL).
-  if (q.used()) stats.allgather_wait_seconds = q.drain();
+  // What the updates did not hide (host-blocking on gloo; stream-ordered on NCCL); at stage 3
+  // also the units' gathers that forward and backward waited for since the last step.
+  const double wait = q.used() ? q.drain() : 0.0;
+  if (unit_runtime) stats.allgather_wait_seconds = wait + unit_runtime->take_wait_seconds();
+  else if (q.used()) stats.allgather_wait_seconds = wait;
 }
 
 void Engine::Impl::publish_units() {
   comm::CoalescingWindow window(publish_group.get());
   GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
+  if (unit_runtime) release_gathered_units();
   for (auto& u : units) u->publish(q);
   if (q.used()) stats.allgather_wait_seconds = q.drain();
 }
@@ -235,14 +242,9 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   fo.shards = impl->sharding.shards;
   const auto& off = c.zero_optimization.offload_optimizer;
   const bool stage3 = impl->sharding.params;
-  // The config refuses these at stage 3 when it loads (config_zero.cpp); a Config built in C++
-  // is refused here, on every rank alike.
-  TORCH_CHECK(!stage3 || !c.zero_optimization.quantized_gradients.enabled, "zero: ", c.source,
-              ": zero_optimization.zero_quantized_gradients is not supported at ZeRO stage 3 "
-              "yet; set zero_optimization.stage: 2, or zero_quantized_gradients: false");
-  TORCH_CHECK(!stage3 || impl->groups.norm.empty(), "zero: ", c.source,
-              ": ZeRO stage 3 with tensor or pipeline parallelism (groups.norm) is not supported "
-              "yet; set zero_optimization.stage: 2 (tensor parallelism) or 1 (pipelines)");
+  // Stage 3 under tensor parallelism: each unit holds the dp shard of this tp rank's
+  // parameters, gathered over dp alone, and the norm sums over groups.norm as at stage 2.
+  // (Pipelines refuse stage 3 themselves: PipelineEngine, config_pipeline.cpp.)
   if (stage3) {
     fo.unit_of = plan_stage3_units(*impl->module, c.zero_optimization.stage3, impl->unit_names);
     agree_stage3_units(*impl->group, device, *impl->module, fo.unit_of, impl->unit_names,

@@ -144,8 +144,10 @@ void Engine::Impl::make_stage3_units() {
   }
   unit_awaiting.assign(units.size(), -1);
   entered_in_pass.assign(units.size(), 0);
+  // No prefetch and no reuse yet: the trace is recorded and the gather order checked.
+  const units::PrefetchLimits limits{.prefetch_bucket_size = 0, .max_reuse_distance = 0};
   unit_runtime = std::make_shared<EngineUnits>(
-      std::move(raw), in_backward, [this](int) { on_unit_entered_forward(); },
+      std::move(raw), in_backward, limits, [this](int) { on_unit_entered_forward(); },
       [this](int k) { on_unit_entered_backward(k); });
   std::unordered_map<std::string, const torch::nn::Module*> by_name{{"", module.get()}};
   for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {

@@ -52,6 +52,8 @@ void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
     in_backward = false;
     sync->end_backward();
     release_gathered_units();
+    // Stage 3: every rank gathered its units in one order (throws on every rank otherwise).
+    if (unit_runtime) unit_runtime->end_pass(*unit_group, fp.device());
   } catch (...) {
     in_backward = false;
     order->end_pass(false);
@@ -59,6 +61,7 @@ void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
       release_gathered_units();
     } catch (...) {  // the error that got here is the one to report
     }
+    if (unit_runtime) unit_runtime->abandon_pass();
     discard_window();
     throw;
   }

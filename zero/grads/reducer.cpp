@@ -93,8 +93,8 @@ std::unique_ptr<Reducer> make_reducer(const FlatLayout& layout, comm::Group& gro
   if (!sharded) {
     TORCH_CHECK(!opts.compress.enabled,
                 "zero: zero_quantized_gradients compresses the reduce-scatter of ZeRO stages 1 "
-                "and 2; stage 0 all-reduces full gradients. Set zero_optimization.stage: 1 or 2, "
-                "or zero_quantized_gradients: false");
+                "to 3; stage 0 all-reduces full gradients. Set zero_optimization.stage: 1, 2 or "
+                "3, or zero_quantized_gradients: false");
     return make_all_reduce(group);
   }
   if (opts.compress.enabled) return make_quantized_reducer(layout, group, opts);

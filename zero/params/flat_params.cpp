@@ -72,8 +72,8 @@ void fill_flat_and_master(FlatParams& fp, std::vector<std::pair<std::string, at:
     // Under optimizer offload the master is in host memory, and the gather source stays on the
     // device: a compute-dtype shard of its own, fp32 included (DeepSpeed's stage 3 keeps the
     // fp16 partition on the device and the fp32 one on the host alike).
-    fp.shard = fp.storage == Storage::kShard ? fp.master
-                                             : at::empty({fp.layout.shard_numel()}, compute);
+    fp.shard =
+        fp.storage == Storage::kShard ? fp.master : at::empty({fp.layout.shard_numel()}, compute);
   }
   const int r = whole ? 0 : group.rank();
   fp.shard_rank = r;

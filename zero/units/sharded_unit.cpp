@@ -210,8 +210,7 @@ void ShardedUnit::publish_parameters(GatherQueue& q,
   publish_from(q, [&](const BucketSlot& b) {
     if (before) before(b);
     if (store_.offload) {
-      return store_.offload->update_bucket(nullptr, store_.fp.master, {}, 0, {}, b,
-                                           publish_dst(b));
+      return store_.offload->update_bucket(nullptr, store_.fp.master, {}, 0, {}, b, publish_dst(b));
     }
     at::Tensor in = store_.fp.bucket_master(b);
     return param_dtype_ != at::kFloat ? in.to(param_dtype_) : in;
@@ -236,6 +235,7 @@ void ShardedUnit::publish_from(GatherQueue& q,
     }
     // fp32: the shard is the master, already current. Otherwise the master rounded into it,
     // bucket by bucket (the next gather sends it).
+    if (fp.shard.is_same(fp.master)) return;
     for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
       const BucketSlot& bucket = buckets[b];
       const int64_t S = bucket.shard.shard_numel();

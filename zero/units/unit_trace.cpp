@@ -120,6 +120,14 @@ void UnitTrace::end_pass() {
   deviated_ = true;
 }
 
+void UnitTrace::forget() {
+  trace_.clear();
+  pass_.clear();
+  pos_ = -1;
+  deviated_ = true;
+  in_pass_ = false;
+}
+
 std::vector<int> UnitTrace::prefetch(const std::function<bool(int)>& gathered, int64_t live_numel,
                                      const PrefetchLimits& limits) const {
   if (!following()) return {};

@@ -71,6 +71,8 @@ class UnitTrace {
   void begin_pass();
   void enter(int unit, bool backward);
   void end_pass();
+  // Drops the trace and the pass under way: the next pass is recorded afresh.
+  void forget();
 
   // A trace exists and the current pass has matched it so far (at least one entry).
   bool following() const { return !deviated_ && pos_ >= 0; }

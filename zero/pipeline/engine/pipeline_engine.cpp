@@ -110,6 +110,11 @@ int virtual_stages(const Config& cfg) {
   return cfg.pipeline.virtual_stages;
 }
 
+bool pipeline_partitioned(const Config& cfg, const std::string& key) {
+  auto it = cfg.extra.find(key);
+  return it == cfg.extra.end() || it->second != "false";
+}
+
 PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cfg,
                                std::shared_ptr<Group> pp, std::shared_ptr<Group> dp,
                                std::optional<c10::Device> device)
@@ -156,6 +161,10 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   // The norm (clipping, the fp16 overflow check) spans the tensor-parallel ranks and the stages:
   // each stage holds its own layers, and a tied weight is trained by its owner alone, so nothing
   // is replicated across the stages.
+  // Read before cfg goes to the stage's engine.
+  const bool cfg_sp = cfg.tensor_parallel.sequence_parallel;
+  const bool pipe_partitioned = pipeline_partitioned(cfg, "pipeline.pipe_partitioned");
+  const bool grad_partitioned = pipeline_partitioned(cfg, "pipeline.grad_partitioned");
   // A stage's own layers decide whether they can run (a sequence-parallel norm left unmarked
   // sits on the last stage only): every rank of the pipeline throws the same text, rather than
   // the other stages waiting comm_timeout_s in the next collective for the one that threw.
@@ -183,6 +192,13 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   m.engine = engine.get();
   RuntimeOptions opts{schedule, m.micro_batches};
   opts.virtual_stages = v;
+  // pipe_partitioned / grad_partitioned split what every tensor-parallel rank holds whole; under
+  // sequence parallelism each rank's activation is its own part of the sequence already.
+  if (m.tp > 1 && !cfg_sp) {
+    opts.partition_group = comm::of(grid.tp);
+    opts.partition_activations = pipe_partitioned;
+    opts.partition_grads = grad_partitioned;
+  }
   m.runtime = std::make_unique<PipelineRuntime>(std::move(stage), std::move(loss), comm::of(pp),
                                                 std::move(engine), opts, comm::of(dp));
 }

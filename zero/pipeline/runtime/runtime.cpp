@@ -1,5 +1,6 @@
 #include "zero/pipeline/runtime/runtime.hpp"
 
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <stdexcept>
 
 #include "comm/group.hpp"
+#include "zero/pipeline/runtime/early_recvs.hpp"
 #include "zero/pipeline/simulate.hpp"
 #include "zero/pipeline/tied_grads.hpp"
 
@@ -58,6 +60,12 @@ struct PipelineRuntime::Pending {
   comm::Work work;
   at::Tensor buffer;
   std::optional<Instruction> ins;
+};
+
+// A receive posted ahead of its instruction: the buffer it fills and its Work.
+struct PipelineRuntime::Posted {
+  comm::Work work;
+  at::Tensor buffer;
 };
 
 namespace {
@@ -112,6 +120,7 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
   // multiple of the stages) fails alike on every stage.
   recv_shape_.resize(v);
   sent_shape_.resize(v);
+  grad_checked_.assign(v, false);
   const Schedule all = opts_.custom_schedule
                            ? checked_custom(*opts_.custom_schedule, stages_, opts_.micro_batches, v)
                            : make_schedule(opts_.schedule, stages_, opts_.micro_batches, v);
@@ -172,6 +181,21 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
     }
     ties_.push_back(std::move(tie));
   }
+  // Receives are posted early across neither the owner's last backward (it receives the tied
+  // gradients) nor the instruction after which a copy sends its tied gradient: those messages
+  // share the channels, whose order must stay the schedule's.
+  std::vector<bool> fenced(instructions_.size(), false);
+  for (const auto& tie : ties_) {
+    if (tie.owner == stage_ && last_backward_ >= 0) fenced[last_backward_] = true;
+    if (tie.send_after >= 0) fenced[tie.send_after] = true;
+  }
+  auto channel_of = [this](const Instruction& ins) {
+    const bool to_next = ins.op == Op::SendActivation || ins.op == Op::RecvGrad;
+    const int peer = to_next ? next_stage() : prev_stage();
+    const bool sending = ins.op == Op::SendActivation || ins.op == Op::SendGrad;
+    return &channel(sending ? stage_ : peer, sending ? peer : stage_) == pp_.get() ? 0 : 1;
+  };
+  if (stages_ > 1) early_ = early_receives(instructions_, channel_of, fenced);
   // A copy takes the dtype this stage computes in (an engine may have cast the stage's
   // parameters to bf16), then the owner's values, as DeepSpeed's _synchronize_tied_weights (a
   // program that seeds each stage differently stays correct).
@@ -201,6 +225,107 @@ std::string PipelineRuntime::where(const std::string& what) const {
          what;
 }
 
+std::string PipelineRuntime::recv_activation_what(int mb, int chunk) const {
+  return "recv of micro-batch " + std::to_string(mb) + "'s activation from stage " +
+         std::to_string(prev_stage()) +
+         (opts_.virtual_stages > 1 ? " (chunk " + std::to_string(chunk) + ")" : "");
+}
+
+std::string PipelineRuntime::recv_grad_what(int mb, int chunk) const {
+  return "recv of micro-batch " + std::to_string(mb) +
+         (opts_.virtual_stages > 1 ? " (chunk " + std::to_string(chunk) + ")" : "") +
+         "'s gradient from stage " + std::to_string(next_stage());
+}
+
+bool PipelineRuntime::split_activations() const {
+  return opts_.partition_activations && opts_.partition_group && opts_.partition_group->size() > 1;
+}
+
+bool PipelineRuntime::split_grads() const {
+  return opts_.partition_grads && opts_.partition_group && opts_.partition_group->size() > 1;
+}
+
+at::Tensor PipelineRuntime::part_of(const at::Tensor& whole) const {
+  const int64_t T = opts_.partition_group->size(), n = whole.numel(), k = (n + T - 1) / T;
+  at::Tensor flat = whole.detach().reshape({-1});
+  if (k * T != n) flat = at::cat({flat, at::zeros({k * T - n}, flat.options())});
+  // A copy: the whole tensor's storage is not kept alive by the send of 1/T of it.
+  return flat.narrow(0, opts_.partition_group->rank() * k, k).clone();
+}
+
+at::Tensor PipelineRuntime::wire_buffer(c10::IntArrayRef sizes, c10::ScalarType dtype,
+                                        bool split) const {
+  const auto options = at::TensorOptions(dtype).device(device_);
+  if (!split) return at::empty(sizes, options);
+  const int64_t T = opts_.partition_group->size(), n = c10::multiply_integers(sizes);
+  return at::empty({(n + T - 1) / T}, options);
+}
+
+at::Tensor PipelineRuntime::whole_of(const at::Tensor& received, c10::IntArrayRef sizes, bool split,
+                                     const std::string& what) {
+  if (!split) return received;
+  comm::Group& g = *opts_.partition_group;
+  const int64_t n = c10::multiply_integers(sizes);
+  at::Tensor all = at::empty({received.numel() * g.size()}, received.options());
+  at::Tensor part = received;
+  g.all_gather(all, part, where("all-gather of the parts of " + what)).wait();
+  if (all.numel() == n) return all.view(sizes);
+  return all.narrow(0, 0, n).clone().view(sizes);  // the padding dropped
+}
+
+void PipelineRuntime::check_replicated(const at::Tensor& t, const std::string& what,
+                                       const char* key) {
+  comm::Group& g = *opts_.partition_group;
+  // Two sums in fp64: equal tensors give equal bits on every rank (the same data, the same
+  // order); a rank holding its own shard (sequence parallelism, a layer leaving its output
+  // split) differs in them.
+  const at::Tensor d = t.detach().to(at::kDouble);
+  at::Tensor mine = at::stack({d.sum(), (d * d).sum()});
+  at::Tensor all = at::empty({2 * g.size()}, mine.options());
+  g.all_gather(all, mine, where("all-gather of the checksums of " + what)).wait();
+  const at::Tensor host = all.cpu().view({g.size(), 2});
+  for (int r = 1; r < g.size(); ++r) {
+    if (!at::equal(host[r], host[0]))
+      throw std::invalid_argument(where(
+          std::string("pipeline.") + key + " splits " + what +
+          " over the tensor-parallel group, but its ranks hold different values (rank 0's sums " +
+          std::to_string(host[0][0].item<double>()) + ", rank " + std::to_string(r) + "'s " +
+          std::to_string(host[r][0].item<double>()) +
+          "): only a tensor every tensor-parallel rank holds whole can be split; set pipeline." +
+          key + ": false for layers whose outputs differ between the ranks"));
+  }
+}
+
+void PipelineRuntime::post_early(size_t idx) {
+  if (idx >= early_.size()) return;
+  for (int r : early_[idx]) {
+    if (static_cast<size_t>(r) == idx) continue;  // posted by its own instruction
+    const Instruction& ins = instructions_[r];
+    // A gradient has the shape of the activation this chunk sent; an activation the shape
+    // announced before the chunk's first one. Unknown (first step) or changing: not early.
+    const Shape& shape =
+        ins.op == Op::RecvActivation ? recv_shape_[ins.chunk] : sent_shape_[ins.chunk];
+    if (opts_.dynamic_shape || !shape.known) continue;
+    const bool act = ins.op == Op::RecvActivation;
+    auto p = std::make_unique<Posted>();
+    p->buffer = wire_buffer(shape.sizes, shape.dtype, act ? split_activations() : split_grads());
+    const int src = act ? prev_stage() : next_stage();
+    const std::string what = act ? recv_activation_what(ins.micro_batch, ins.chunk)
+                                 : recv_grad_what(ins.micro_batch, ins.chunk);
+    p->work = channel(src, stage_).recv(p->buffer, src, where(what + " (posted early)"));
+    posted_[r] = std::move(p);
+  }
+}
+
+at::Tensor PipelineRuntime::take_posted(size_t idx) {
+  auto it = posted_.find(idx);
+  if (it == posted_.end()) return {};
+  std::unique_ptr<Posted> p = std::move(it->second);
+  posted_.erase(it);
+  p->work.wait();  // bounded by comm_timeout_s; its error names the peer
+  return p->buffer;
+}
+
 at::Tensor PipelineRuntime::recv_activation(int mb, int chunk) {
   const int prev = prev_stage();
   const std::string from =
@@ -223,9 +348,9 @@ at::Tensor PipelineRuntime::recv_activation(int mb, int chunk) {
     shape.sizes.assign(m.data() + 2, m.data() + 2 + m[1]);
     shape.known = true;
   }
-  at::Tensor x = at::empty(shape.sizes, at::TensorOptions(shape.dtype).device(device_));
-  recv(x, prev, "recv of micro-batch " + std::to_string(mb) + "'s activation" + from);
-  return x;
+  at::Tensor x = wire_buffer(shape.sizes, shape.dtype, split_activations());
+  recv(x, prev, recv_activation_what(mb, chunk));
+  return whole_of(x, shape.sizes, split_activations(), recv_activation_what(mb, chunk));
 }
 
 namespace {
@@ -256,6 +381,8 @@ void PipelineRuntime::send_activation(int mb, int chunk, const at::Tensor& y) {
     m[0] = static_cast<int64_t>(y.scalar_type());
     m[1] = y.dim();
     for (int64_t d = 0; d < y.dim(); ++d) m[2 + d] = y.size(d);
+    if (split_activations() && !shape.known)
+      check_replicated(y, "chunk " + std::to_string(chunk) + "'s activation", "pipe_partitioned");
     post_send(meta.to(y.device()), next, "send of the activation's shape" + to, ins);
     shape.sizes.assign(y.sizes().begin(), y.sizes().end());
     shape.dtype = y.scalar_type();
@@ -273,7 +400,7 @@ void PipelineRuntime::send_activation(int mb, int chunk, const at::Tensor& y) {
         "(the shape then travels before every micro-batch, one host read each; DeepSpeed's "
         "dynamic_shape, Megatron's variable_seq_lengths)"));
   }
-  post_send(y.detach().contiguous(), next,
+  post_send(split_activations() ? part_of(y) : y.detach().contiguous(), next,
             "send of micro-batch " + std::to_string(mb) + "'s activation" + to, ins);
   // The caller releases y's data next (release_data): the send must hold another TensorImpl
   // over the storage (detach() makes one), which keeps the storage alive until settle() waited
@@ -400,9 +527,14 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   auto is_last = [&](int chunk) { return last && chunk == v - 1; };
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kFloat).device(device_));
   times_ = {};
+  posted_.clear();  // a step that failed may have left some
   for (size_t idx = 0; idx < instructions_.size(); ++idx) {
     const Instruction& ins = instructions_[idx];
     const int mb = ins.micro_batch, c = ins.chunk;
+    if (opts_.early_receives) {
+      Charge posting(times_.comm_s);
+      post_early(idx);
+    }
     // Each instruction's wall time goes to its kind (StepTimes): the sends and receives are the
     // pipeline's communication, waiting for the neighbours included.
     Charge charge(ins.op == Op::Forward         ? times_.forward_s
@@ -414,7 +546,11 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         (v > 1 ? " (chunk " + std::to_string(c) + ")" : "");
     switch (ins.op) {
       case Op::RecvActivation:
-        in[c][mb] = recv_activation(mb, c);
+        in[c][mb] = take_posted(idx);
+        in[c][mb] = in[c][mb].defined()
+                        ? whole_of(in[c][mb], recv_shape_[c].sizes, split_activations(),
+                                   recv_activation_what(mb, c))
+                        : recv_activation(mb, c);
         if (in[c][mb].is_floating_point()) in[c][mb].requires_grad_(true);
         settle(delivered_[idx]);
         break;
@@ -433,9 +569,12 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         release_data(out[c][mb]);
         break;
       case Op::RecvGrad: {
-        grad_out[c][mb] = at::empty_like(out[c][mb], at::MemoryFormat::Contiguous);
-        recv(grad_out[c][mb], next_stage(),
-             "recv of " + of_mb + "'s gradient from stage " + std::to_string(next_stage()));
+        at::Tensor g = take_posted(idx);
+        if (!g.defined()) {
+          g = wire_buffer(out[c][mb].sizes(), out[c][mb].scalar_type(), split_grads());
+          recv(g, next_stage(), recv_grad_what(mb, c));
+        }
+        grad_out[c][mb] = whole_of(g, out[c][mb].sizes(), split_grads(), recv_grad_what(mb, c));
         settle(delivered_[idx]);
         break;
       }
@@ -462,7 +601,16 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         break;
       case Op::SendGrad: {
         at::Tensor& x = in[c][mb];
-        post_send(x.grad().defined() ? x.grad().contiguous() : at::zeros_like(x), prev_stage(),
+        at::Tensor g = x.grad().defined() ? x.grad().contiguous() : at::zeros_like(x);
+        if (split_grads()) {
+          if (!grad_checked_[c]) {
+            check_replicated(g, "chunk " + std::to_string(c) + "'s input gradient",
+                             "grad_partitioned");
+            grad_checked_[c] = true;
+          }
+          g = part_of(g);
+        }
+        post_send(g, prev_stage(),
                   "send of " + of_mb + "'s gradient to stage " + std::to_string(prev_stage()),
                   Instruction{Op::SendGrad, mb, c});
         x = at::Tensor();

@@ -24,6 +24,15 @@
 // is bounded by the group's comm_timeout_s, and its error names this stage, the instruction and
 // the peer stage and rank.
 //
+// Receives are posted early (RuntimeOptions::early_receives): each before the compute of the
+// schedule step before the one that needs it (zero/pipeline/runtime/early_recvs.hpp), so the
+// message travels while this stage computes and the receive's instruction waits only for what is
+// still missing; each step's sends and receives are thus all posted before its first wait.
+// Megatron-LM's interleaved schedule does the same with overlap_p2p_comm; its 1F1B batches each
+// step's send and receive (batch_isend_irecv) and waits at once. Only a receive whose buffer's
+// shape is known is posted early: not the first activation of a chunk (its shape arrives with it),
+// nor any under dynamic_shape.
+//
 // Nothing is kept per micro-batch beyond what the schedule has in flight, so 1F1B holds P - s
 // micro-batches on stage s however many the step has (Megatron-LM's schedules do the same):
 //  - a send (its Work and buffer) is waited on and dropped at the first receive that shows the
@@ -66,6 +75,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,6 +105,22 @@ struct RuntimeOptions {
   // subclass do the same): its stages, micro-batches and virtual stages must be the run's, and
   // zero/pipeline/simulate.hpp must find it executable. Tests reorder a built-in schedule so.
   std::shared_ptr<const Schedule> custom_schedule;
+  // Post each receive before the compute of the step before it (above); false: at its own
+  // instruction, waited on at once (what the runtime did before; for measuring the difference).
+  bool early_receives = true;
+  // DeepSpeed's pipeline.pipe_partitioned / grad_partitioned: where every rank of
+  // `partition_group` (the stage's tensor-parallel group) holds the same activation (tensor
+  // parallelism without sequence parallelism: the blocks end in an all-reduce), each sends the
+  // next stage's rank of the same tensor-parallel index only its 1/T part (flattened, the last
+  // part zero-padded), and the receiving stage all-gathers the parts over its own group: the
+  // pipeline carries 1/T of the bytes per rank, the all-gather runs inside the stage (NVLink on
+  // a node). partition_grads does the same for the gradient sent back (the gradient of a
+  // replicated input is replicated: its tensor-parallel region all-reduced it). The first
+  // activation and gradient of each chunk are checked to be the same on every rank of the group
+  // (a checksum all-gathered, one host read), refused naming the key where they differ.
+  std::shared_ptr<comm::Group> partition_group;
+  bool partition_activations = false;
+  bool partition_grads = false;
 };
 
 class PipelineRuntime {
@@ -143,9 +169,28 @@ class PipelineRuntime {
     int send_after = -1;  // a copy's gradient is posted after this instruction (tied_grads.hpp)
   };
   struct Pending;
+  struct Posted;
 
   std::string where(const std::string& what) const;
   at::Tensor recv_activation(int mb, int chunk);
+  // The receives early_receives() places before instruction `idx` whose buffers' shapes are
+  // known, posted now (kept in posted_ until their instruction).
+  void post_early(size_t idx);
+  // Instruction `idx`'s receive, if it was posted early: waited on, its buffer; else undefined.
+  at::Tensor take_posted(size_t idx);
+  std::string recv_activation_what(int mb, int chunk) const;
+  // pipe_partitioned / grad_partitioned (RuntimeOptions): whether they apply, this rank's part
+  // of a tensor to send, the buffer a received part (or the whole tensor) lands in, and the
+  // whole tensor from a received part (all-gathered over the partition group).
+  bool split_activations() const;
+  bool split_grads() const;
+  at::Tensor part_of(const at::Tensor& whole) const;
+  at::Tensor wire_buffer(c10::IntArrayRef sizes, c10::ScalarType dtype, bool split) const;
+  at::Tensor whole_of(const at::Tensor& received, c10::IntArrayRef sizes, bool split,
+                      const std::string& what);
+  // Throws, on every rank of the partition group alike, where `t` differs between them.
+  void check_replicated(const at::Tensor& t, const std::string& what, const char* key);
+  std::string recv_grad_what(int mb, int chunk) const;
   void send_activation(int mb, int chunk, const at::Tensor& y);
   // The stages before and after this one on the ring of virtual stages.
   int prev_stage() const { return (stage_ + stages_ - 1) % stages_; }
@@ -179,6 +224,9 @@ class PipelineRuntime {
   std::vector<std::unique_ptr<Pending>> sends_;  // posted, not yet known delivered
   // delivered_sends(...) of this stage's list: the sends to settle after each receive.
   std::vector<std::vector<Instruction>> delivered_;
+  // early_receives(...) of this stage's list, and the receives posted ahead of their instruction.
+  std::vector<std::vector<int>> early_;
+  std::map<size_t, std::unique_ptr<Posted>> posted_;
   // Per chunk, the activation's shape and dtype: received from the previous stage (known once
   // known), and sent to the next one (once known).
   struct Shape {
@@ -187,6 +235,7 @@ class PipelineRuntime {
     bool known = false;
   };
   std::vector<Shape> recv_shape_, sent_shape_;
+  std::vector<bool> grad_checked_;  // per chunk: its sent gradient checked replicated
   int64_t steps_ = 0;  // train_batch calls begun (for the error naming the step)
   c10::Device device_{c10::kCPU};  // the stage's: every buffer sent or received lives there
   StepTimes times_;
