@@ -80,6 +80,8 @@ class C10dGroup final : public Group {
   void check_device(const at::Tensor& t, const std::string& what) const;
   // Gloo on tensors of a device it cannot read: the operation runs on host copies.
   bool staged() const;
+  // reduce_scatter_sum on gloo (comm/c10d_group.cpp says why).
+  Work reduce_scatter_by_all_to_all(at::Tensor& out, at::Tensor& in, const std::string& what);
   // "rank 0 of 2", or in a subgroup "rank 1 of 2 in group dp (global rank 3)".
   std::string who() const;
   // "rank 1", or in a subgroup "rank 1 (global rank 5)".

@@ -216,8 +216,7 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
                                         const ParallelHardware& hw);
 
 // The search: T ∈ {1, 2, 4, 8} (T <= ranks per node, T divides the heads and the world), P
-// dividing the layers with T·P dividing the world, ZeRO stage 0-3 (0-1 with P > 1; 3 with T = 1,
-// as the engine runs it), each
+// dividing the layers with T·P dividing the world, ZeRO stage 0-3 (0-1 with P > 1), each
 // recompute, the largest power-of-two micro-batch that fits; the highest predicted MFU wins
 // (then the fewest model-parallel ranks). m = in.accumulation micro-batches per step. With
 // limits.host_bytes, offloaded checkpoints of a node's ranks must fit its host memory. Optimizer

@@ -96,7 +96,6 @@ AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const Aut
     // all-gathers every unit twice per micro-step.
     if (req.stage ? *req.stage == s : s < 3) stages.push_back(s);
   }
-  if (req.stage == 3 && in.offload_optimizer) stages.clear();
   if (stages.empty()) {
     throw ConfigError(
         "zero: auto: zero_optimization.offload_optimizer needs ZeRO stage 1 or 2; set "
@@ -115,10 +114,8 @@ AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const Aut
 
   const int64_t budget = lim.budget();
   // "auto" reaches stage 3 only when no stage 0-2 setting fits, and only where the engine runs
-  // it: data parallelism alone, gradients not quantized, the optimizer not offloaded.
-  const bool stage3_runs = req.stage3_allowed && in.tensor_parallel == 1 &&
-                           in.pipeline_stages == 1 && in.quantized_bits == 0 &&
-                           !in.offload_optimizer;
+  // it: not with pipelines (as DeepSpeed).
+  const bool stage3_runs = req.stage3_allowed && in.pipeline_stages == 1;
   bool last_resort = false;
   if (!req.stage && stage3_runs) {
     bool any = false;

@@ -234,12 +234,11 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   // fp32 (fp32 in an fp32 accumulator reduces in place). Each holds a bucket (at most
   // reduce_bucket_size elements) and, where the reduction is a reduce-scatter (stages 1/2), its 1/N
   // shard; stage 0 all-reduces in place in the bucket buffer and needs no second one.
-  // Under optimizer offload the gradients always go through them, on their way to the host.
-  // Stage 3 refuses optimizer offload and quantized gradients (docs/zero-stages.md): it plans
-  // without them.
-  const bool offload = in.offload_optimizer && stage > 0 && stage < 3;
+  // Under optimizer offload the gradients always go through them, on their way to the host
+  // (stages 1-3; stage 3 also keeps its compute shard on the device, memory.cpp).
+  const bool offload = in.offload_optimizer && stage > 0;
   const bool partitioned = !keeps_full_gradient(stage, in.accumulation, in.overlap_comm);
-  const bool quantized = stage > 0 && stage < 3 && in.quantized_bits > 0;  // out of place
+  const bool quantized = stage > 0 && in.quantized_bits > 0;  // out of place
   const int buffers =
       (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4 || offload || quantized) ? 2
                                                                                               : 0;
@@ -248,14 +247,14 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + out);
   mi.offload = offload;
   if (offload) mi.comm_buffer_bytes += staging_bytes(in) + landing_ring_bytes(in, stage);
-  mi.comm_buffer_bytes += stage == 3 ? 0 : error_feedback_bytes(in, stage);
+  mi.comm_buffer_bytes += error_feedback_bytes(in, stage);
   // Stage 3: the root unit whole (memory.cpp); each block's parameters a 1/N shard.
   if (stage == 3) mi.root_params = stage3_root_params(in);
   return predict_model_states(mi);
 }
 
 int64_t plan_host_states(const PlanInput& in, int stage) {
-  if (!in.offload_optimizer || stage == 0 || stage == 3) return 0;
+  if (!in.offload_optimizer || stage == 0) return 0;
   const MemoryBreakdown st = plan_model_states(in, stage);
   const int64_t grad_shard = static_cast<int64_t>(4.0 * static_cast<double>(in.num_params) /
                                                   static_cast<double>(in.world_size));

@@ -32,9 +32,8 @@ ParallelSearch search_parallel(const PlanInput& in, const PlanLimits& limits,
       x.offload_optimizer = false;
       const ParallelLayout layout = parallel_layout(x);
       const ParallelHardware hw = hardware(layout);
-      // Stage 2 and 3 reduce every micro-step: not with pipelines (DeepSpeed refuses them);
-      // the engine runs stage 3 without tensor parallelism.
-      const int stages = p > 1 ? 2 : t > 1 ? 3 : 4;
+      // Stage 2 and 3 reduce every micro-step: not with pipelines (DeepSpeed refuses them).
+      const int stages = p > 1 ? 2 : 4;
       for (int stage = 0; stage < stages; ++stage) {
         for (Recompute r : kModes) {
           bool fits = false;
