@@ -19,7 +19,9 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
 // `device`: the GPU to bind the group to; -1: this rank's (LOCAL_RANK's, see nccl.cpp).
 // `parent` (a subgroup: C10dGroup::split): its communicator comes from ncclCommSplit of the
 // parent's with `color`, as torch's new_group does for a device-bound parent, instead of a new
-// bootstrap with buffers of its own (review 06f M3); null: a communicator of its own.
+// bootstrap through the store (review 06f M3). NCCL still gives the child buffers of its own
+// (splitShare is off, as torch leaves it): the device memory per communicator stays (review
+// 2026-12-07a L2). null: a communicator of its own.
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                             int size, const GroupOptions& opts, int device = -1,
                                             const c10::intrusive_ptr<c10d::Backend>& parent = {},

@@ -192,6 +192,16 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   m.engine = engine.get();
   RuntimeOptions opts{schedule, m.micro_batches};
   opts.virtual_stages = v;
+  // On NCCL a receive posted ahead of a send that its message depends on (GPipe: every
+  // gradient waits for the last activation; 1F1B with fewer micro-batches than stages;
+  // interleaved warm-up) hangs if anything syncs the whole device in between (the caching
+  // allocator's retry after an out-of-memory does): review 2026-12-07a M1. Early receives stay
+  // where the message depends only on sends already made: 1F1B with m >= P; gloo (host
+  // threads) everywhere.
+  if (agree_on.is_cuda() &&
+      !(schedule == ScheduleKind::OneFOneB && v == 1 && m.micro_batches >= m.stages)) {
+    opts.early_receives = false;
+  }
   // pipe_partitioned / grad_partitioned split what every tensor-parallel rank holds whole; under
   // sequence parallelism each rank's activation is its own part of the sequence already.
   if (m.tp > 1 && !cfg_sp) {
