@@ -12,6 +12,7 @@
 //     accumulation where stages 0 and 1 reduce once per step. (Without accumulation stage 1
 //     reduces during backward as stage 2 does and holds the same bytes, so it wins the tie.)
 #include "zero/memory_plan.hpp"
+#include "zero/plan/plan_shape.hpp"
 
 #include "zero/params/shard_info.hpp"
 
@@ -116,13 +117,12 @@ int64_t largest_bucket(const std::vector<int64_t>& ordered, int64_t bucket) {
   return std::max(largest, open);
 }
 
-// Only a shape that is the model (a preset) has a known parameter order.
+}  // namespace
+
 bool shape_is_model(const PlanInput& in) {
   const ModelShape& m = in.shape;
   return m.known() && m.vocab > 0 && m.num_params() == in.num_params;
 }
-
-}  // namespace
 
 int64_t max_bucket_elements(const PlanInput& in) {
   // 0 (DeepSpeed's reduce_bucket_size 0): every parameter its own bucket, as a bucket of 1.
@@ -131,43 +131,6 @@ int64_t max_bucket_elements(const PlanInput& in) {
   std::vector<int64_t> sizes = in.shape.parameter_sizes();
   std::reverse(sizes.begin(), sizes.end());  // the engine's order: reversed
   return largest_bucket(sizes, bucket);
-}
-
-std::vector<std::vector<int64_t>> stage3_units(const PlanInput& in) {
-  if (!shape_is_model(in)) return {};
-  const std::vector<int64_t> sizes = in.shape.parameter_sizes();
-  // parameter_sizes: the embedding, then 9 per block, then the final norm (and an untied head).
-  constexpr int64_t kPerBlock = 9;
-  const int64_t layers = in.shape.layers;
-  std::vector<std::vector<int64_t>> units(static_cast<size_t>(layers) + 1);
-  int64_t persistent = 0;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const int64_t n = sizes[i];
-    bool whole = false;  // unit_plan.cpp's persistence rule, in registration order
-    if (n <= in.model_persistence_threshold - persistent && n <= in.param_persistence_threshold) {
-      whole = true;
-      persistent += n;
-    }
-    const int64_t k = static_cast<int64_t>(i) - 1;
-    const bool in_block = k >= 0 && k < layers * kPerBlock;
-    units[in_block && !whole ? static_cast<size_t>(1 + k / kPerBlock) : 0].push_back(n);
-  }
-  std::vector<std::vector<int64_t>> out;
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (u > 0 && units[u].empty()) continue;
-    std::reverse(units[u].begin(), units[u].end());
-    out.push_back(std::move(units[u]));
-  }
-  return out;
-}
-
-int64_t stage3_root_params(const PlanInput& in) {
-  const auto units = stage3_units(in);
-  int64_t root = 0;
-  if (!units.empty()) {
-    for (int64_t n : units[0]) root += n;
-  }
-  return root;
 }
 
 int64_t bucket_buffer_elements(const PlanInput& in, int stage) {

@@ -1,28 +1,64 @@
-// Stage 3 in the planner: the units gathered on use, a pass's gathers as the engine's trace
-// decides them, and the bytes they hold (formulas in include/zero/memory_plan.hpp). The prefetch
-// and reuse rules are the engine's own (zero/units/unit_trace.cpp, compiled into this library).
+// Stage 3 in the planner: its units (the example GPT's blocks and the root), those gathered on
+// use, a pass's gathers as the engine's trace decides them, and the bytes they hold (formulas in
+// include/zero/memory_plan.hpp). The prefetch and reuse rules are the engine's own
+// (zero/units/unit_trace.cpp, compiled into this library).
 #include <algorithm>
 #include <stdexcept>
 
 #include "zero/memory_plan.hpp"
+#include "zero/plan/plan_shape.hpp"
+#include "zero/time_plan.hpp"
 #include "zero/units/unit_trace.hpp"
 
 namespace zero {
 
-std::vector<int64_t> stage3_gathered_units(const PlanInput& in) {
-  std::vector<int64_t> out;
-  const auto units = stage3_units(in);
-  if (!units.empty()) {
-    for (size_t u = 1; u < units.size(); ++u) {
-      int64_t n = 0;
-      for (int64_t x : units[u]) n += x;
-      out.push_back(n);
+std::vector<std::vector<int64_t>> stage3_units(const PlanInput& in) {
+  if (!shape_is_model(in)) return {};
+  const std::vector<int64_t> sizes = in.shape.parameter_sizes();
+  // parameter_sizes: the embedding, then 9 per block, then the final norm (and an untied head).
+  constexpr int64_t kPerBlock = 9;
+  const int64_t layers = in.shape.layers;
+  std::vector<std::vector<int64_t>> units(static_cast<size_t>(layers) + 1);
+  int64_t persistent = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    bool whole = false;  // unit_plan.cpp's persistence rule, in registration order
+    if (n <= in.model_persistence_threshold - persistent && n <= in.param_persistence_threshold) {
+      whole = true;
+      persistent += n;
     }
-    return out;
+    const int64_t k = static_cast<int64_t>(i) - 1;
+    const bool in_block = k >= 0 && k < layers * kPerBlock;
+    units[in_block && !whole ? static_cast<size_t>(1 + k / kPerBlock) : 0].push_back(n);
   }
-  const int64_t bucket = std::max<int64_t>(1, in.bucket_elements);
-  for (int64_t left = in.num_params; left > 0; left -= bucket)
-    out.push_back(std::min(left, bucket));
+  std::vector<std::vector<int64_t>> out;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (u > 0 && units[u].empty()) continue;
+    std::reverse(units[u].begin(), units[u].end());
+    out.push_back(std::move(units[u]));
+  }
+  return out;
+}
+
+int64_t stage3_root_params(const PlanInput& in) {
+  const auto units = stage3_units(in);
+  int64_t root = 0;
+  if (!units.empty()) {
+    for (int64_t n : units[0]) root += n;
+  }
+  return root;
+}
+
+std::vector<int64_t> stage3_gathered_units(const PlanInput& in) {
+  const auto units = stage3_units(in);
+  // Without the model's shape: the parameters in reduce_bucket_size pieces, as equal units.
+  if (units.empty()) return bucket_sizes(in);
+  std::vector<int64_t> out;
+  for (size_t u = 1; u < units.size(); ++u) {
+    int64_t n = 0;
+    for (int64_t x : units[u]) n += x;
+    out.push_back(n);
+  }
   return out;
 }
 
