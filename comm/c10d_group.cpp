@@ -287,6 +287,54 @@ Work C10dGroup::recv(at::Tensor& t, int src, const std::string& what, int tag) {
   return w;
 }
 
+bool C10dGroup::coalesces_p2p() const {
+  return p_.backend && p_.opts.device == c10::DeviceType::CUDA && p_.backend->supportsCoalescing();
+}
+
+std::vector<Work> C10dGroup::batch_p2p(std::vector<P2POp>& ops) {
+  if (!coalesces_p2p() || ops.empty()) {
+    std::vector<Work> works;
+    for (auto& op : ops)
+      works.push_back(op.send ? send(op.tensor, op.peer, op.what, op.tag)
+                              : recv(op.tensor, op.peer, op.what, op.tag));
+    return works;
+  }
+  for (const auto& op : ops) {
+    check_peer(op.peer, op.send ? "destination" : "source", op.what);
+    check_device(op.tensor, op.what);
+  }
+  // One ncclGroupStart ... ncclGroupEnd, as batch_isend_irecv: NCCL progresses the batch's
+  // sends and receives together, so none waits for another's peer. Inside the group c10d's
+  // per-op Works are placeholders; the batch's one Work comes from endCoalescing.
+  p_.backend->startCoalescing();
+  try {
+    for (auto& op : ops) {
+      std::vector<at::Tensor> ts{op.tensor};
+      if (op.send) {
+        p_.backend->send(ts, op.peer, op.tag);
+      } else {
+        p_.backend->recv(ts, op.peer, op.tag);
+      }
+    }
+  } catch (...) {
+    // NCCL's group state is per thread: close it whatever failed, so this thread's next
+    // operation is not swallowed by a group left open.
+    try {
+      p_.backend->endCoalescing();
+    } catch (...) {
+    }
+    throw;
+  }
+  const c10::intrusive_ptr<c10d::Work> batch = p_.backend->endCoalescing();
+  const std::string of = " (in a coalesced batch of " + std::to_string(ops.size()) + ")";
+  std::vector<Work> works;
+  works.reserve(ops.size());
+  for (const auto& op : ops)
+    works.push_back(wrap(
+        batch, op.what + (op.send ? " (send to " : " (recv from ") + peer(op.peer) + ")" + of));
+  return works;
+}
+
 at::Tensor C10dGroup::probe() const {
   if (p_.opts.device != c10::DeviceType::CUDA) return at::ones({1});
   const auto device = p_.backend->getBoundDeviceId();
@@ -328,6 +376,12 @@ void C10dGroup::connect_peer(int r, bool sender, const std::string& what) {
   } else {
     wrap(p_.backend->recv(ts, r, 0), what + " (connecting, recv from " + peer(r) + ")").wait();
   }
+}
+
+void C10dGroup::connect_peer_batched(int r, bool sender, const std::string& what) {
+  if (!coalesces_p2p()) return connect_peer(r, sender, what);
+  std::vector<P2POp> ops{{sender, probe(), r, what + " (connecting, batched)", 0}};
+  batch_p2p(ops).front().wait();
 }
 
 std::vector<std::pair<int, int>> C10dGroup::exchange(int n, int color, int key) {

@@ -18,10 +18,11 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "comm/p2p_batch.hpp"
 
 namespace zero::comm {
 
-class C10dGroup final : public Group {
+class C10dGroup final : public Group, public P2PBatching {
  public:
   struct Parts {
     c10::intrusive_ptr<c10d::Backend> backend;  // null when size == 1
@@ -61,6 +62,10 @@ class C10dGroup final : public Group {
   void barrier(const std::string& what) override;
   Work send(at::Tensor& t, int dst, const std::string& what, int tag) override;
   Work recv(at::Tensor& t, int src, const std::string& what, int tag) override;
+  // P2PBatching. NCCL: c10d's startCoalescing / endCoalescing; gloo (and a staged group): one
+  // by one.
+  bool coalesces_p2p() const override;
+  std::vector<Work> batch_p2p(std::vector<P2POp>& ops) override;
   std::shared_ptr<Group> split(int color, int key, const std::string& name) override;
   // The store this group's ranks share, in a namespace of the group's own: checks that need no
   // backend (comm/entries.hpp).
@@ -74,6 +79,7 @@ class C10dGroup final : public Group {
   void connect(const std::string& what) override;
   bool connected() const override { return p_.size == 1 || connected_; }
   void connect_peer(int peer, bool sender, const std::string& what) override;
+  void connect_peer_batched(int peer, bool sender, const std::string& what) override;
 
  private:
   Work wrap(c10::intrusive_ptr<c10d::Work> w, const std::string& what) const;

@@ -10,7 +10,10 @@
 #include <stdexcept>
 
 #include "comm/group.hpp"
+#include "comm/p2p_batch.hpp"
 #include "zero/pipeline/runtime/early_recvs.hpp"
+#include "zero/pipeline/runtime/p2p_batches.hpp"
+#include "zero/pipeline/runtime/p2p_queue.hpp"
 #include "zero/pipeline/simulate.hpp"
 #include "zero/pipeline/tied_grads.hpp"
 
@@ -95,6 +98,7 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
       opts_(opts),
       stage_(layers_.stage()),
       stages_(layers_.stages()) {
+  queue_ = std::make_unique<P2PQueue>();  // one by one, unless the stages batch (below)
   if (!pp_) throw std::invalid_argument("pipeline: no pipeline group");
   if (pp_->size() != stages_ || pp_->rank() != stage_)
     throw std::invalid_argument("pipeline: the layers were cut for stage " +
@@ -132,6 +136,11 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
   if (!held.empty()) device_ = held.front().device();
   if (stages_ > 1) {
     down_ = pp_->split(0, stage_, pp_->name() + "/to-earlier-stages");
+    // Decided from the whole schedule and the groups' kind: the same on every stage, as it must
+    // be (a batched message travels on another NCCL communicator than a lone one).
+    queue_ = std::make_unique<P2PQueue>(opts_.batch_p2p && !opts_.dynamic_shape &&
+                                        comm::coalesces_p2p(*pp_) && comm::coalesces_p2p(*down_) &&
+                                        batching_safe(all));
     connect_pairs();
   }
   auto last_backward = [](const std::vector<Instruction>& list) {
@@ -220,6 +229,29 @@ PipelineRuntime::PipelineRuntime(StageLayers layers, LossFn loss, std::shared_pt
 
 PipelineRuntime::~PipelineRuntime() = default;
 
+bool PipelineRuntime::batching_safe(const Schedule& all) const {
+  PlanOptions o;
+  o.early_receives = opts_.early_receives;
+  o.check_activations = split_activations();
+  o.check_grads = split_grads();
+  for (const auto& [key, holders] : layers_.tie_stages())
+    if (holders.size() >= 2) o.ties.push_back(holders);
+  try {
+    return batching_is_safe(all, o);
+  } catch (const std::logic_error&) {
+    return false;  // a tie the schedule cannot carry: the constructor refuses it below
+  }
+}
+
+void PipelineRuntime::issue(comm::Group& g, bool send, const at::Tensor& t, int peer,
+                            const std::string& what, comm::Work* out) {
+  queue_->issue(g, send, t, peer, what, out);
+}
+
+void PipelineRuntime::flush() { queue_->flush(); }
+
+bool PipelineRuntime::batches_p2p() const { return queue_->batched(); }
+
 std::string PipelineRuntime::where(const std::string& what) const {
   return "pipeline stage " + std::to_string(stage_) + " of " + std::to_string(stages_) + ": " +
          what;
@@ -264,6 +296,7 @@ at::Tensor PipelineRuntime::wire_buffer(c10::IntArrayRef sizes, c10::ScalarType 
 at::Tensor PipelineRuntime::whole_of(const at::Tensor& received, c10::IntArrayRef sizes, bool split,
                                      const std::string& what) {
   if (!split) return received;
+  flush();  // nothing queued waits behind the collective
   comm::Group& g = *opts_.partition_group;
   const int64_t n = c10::multiply_integers(sizes);
   at::Tensor all = at::empty({received.numel() * g.size()}, received.options());
@@ -275,6 +308,7 @@ at::Tensor PipelineRuntime::whole_of(const at::Tensor& received, c10::IntArrayRe
 
 void PipelineRuntime::check_replicated(const at::Tensor& t, const std::string& what,
                                        const char* key) {
+  flush();
   comm::Group& g = *opts_.partition_group;
   // Two sums in fp64: equal tensors give equal bits on every rank (the same data, the same
   // order); a rank holding its own shard (sequence parallelism, a layer leaving its output
@@ -312,7 +346,7 @@ void PipelineRuntime::post_early(size_t idx) {
     const int src = act ? prev_stage() : next_stage();
     const std::string what = act ? recv_activation_what(ins.micro_batch, ins.chunk)
                                  : recv_grad_what(ins.micro_batch, ins.chunk);
-    p->work = channel(src, stage_).recv(p->buffer, src, where(what + " (posted early)"));
+    issue(channel(src, stage_), false, p->buffer, src, where(what + " (posted early)"), &p->work);
     posted_[r] = std::move(p);
   }
 }
@@ -322,6 +356,7 @@ at::Tensor PipelineRuntime::take_posted(size_t idx) {
   if (it == posted_.end()) return {};
   std::unique_ptr<Posted> p = std::move(it->second);
   posted_.erase(it);
+  flush();
   p->work.wait();  // bounded by comm_timeout_s; its error names the peer
   return p->buffer;
 }
@@ -384,6 +419,9 @@ void PipelineRuntime::send_activation(int mb, int chunk, const at::Tensor& y) {
     if (split_activations() && !shape.known)
       check_replicated(y, "chunk " + std::to_string(chunk) + "'s activation", "pipe_partitioned");
     post_send(meta.to(y.device()), next, "send of the activation's shape" + to, ins);
+    // Batched, the shape goes without the activation: the next stage reads it on the host
+    // before it posts the activation's receive (p2p_batches.hpp).
+    flush();
     shape.sizes.assign(y.sizes().begin(), y.sizes().end());
     shape.dtype = y.scalar_type();
     shape.known = true;
@@ -412,10 +450,14 @@ void PipelineRuntime::send_activation(int mb, int chunk, const at::Tensor& y) {
 comm::Group& PipelineRuntime::channel(int from, int to) const { return to > from ? *pp_ : *down_; }
 
 void PipelineRuntime::recv(at::Tensor& t, int src, const std::string& what) {
-  channel(src, stage_).recv(t, src, where(what)).wait();
+  comm::Work w;
+  issue(channel(src, stage_), false, t, src, where(what), &w);
+  flush();
+  w.wait();
 }
 
 void PipelineRuntime::wait_sends(bool schedule_only) {
+  flush();
   for (auto it = sends_.begin(); it != sends_.end();) {
     if (schedule_only && !(*it)->ins) {
       ++it;
@@ -427,6 +469,7 @@ void PipelineRuntime::wait_sends(bool schedule_only) {
 }
 
 void PipelineRuntime::settle(const std::vector<Instruction>& sent) {
+  flush();
   for (const auto& ins : sent) {
     for (auto it = sends_.begin(); it != sends_.end();) {
       if ((*it)->ins == ins) {
@@ -444,7 +487,7 @@ void PipelineRuntime::post_send(at::Tensor t, int dst, const std::string& what,
   auto p = std::make_unique<Pending>();
   p->buffer = std::move(t);
   p->ins = ins;
-  p->work = channel(stage_, dst).send(p->buffer, dst, where(what));
+  issue(channel(stage_, dst), true, p->buffer, dst, where(what), &p->work);
   sends_.push_back(std::move(p));
 }
 
@@ -528,12 +571,20 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kFloat).device(device_));
   times_ = {};
   posted_.clear();  // a step that failed may have left some
+  queue_->clear();
   for (size_t idx = 0; idx < instructions_.size(); ++idx) {
     const Instruction& ins = instructions_[idx];
     const int mb = ins.micro_batch, c = ins.chunk;
     if (opts_.early_receives) {
       Charge posting(times_.comm_s);
       post_early(idx);
+    }
+    // A step's sends and receives join one batch, posted when something waits (a receive's
+    // wait flushes) or computes.
+    if (ins.op == Op::Forward || ins.op == Op::Backward || ins.op == Op::ReduceGrads ||
+        ins.op == Op::OptimizerStep) {
+      Charge posting(times_.comm_s);
+      flush();
     }
     // Each instruction's wall time goes to its kind (StepTimes): the sends and receives are the
     // pipeline's communication, waiting for the neighbours included.
@@ -633,6 +684,7 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   // The loss lives on the last stage: averaged over micro-batches (and data-parallel replicas),
   // then broadcast to every stage, as DeepSpeed's _aggregate_total_loss.
   Charge charge(times_.comm_s);
+  flush();
   at::Tensor loss = last ? loss_sum / m : at::zeros({1}, loss_sum.options());
   if (last && dp_ && dp_->size() > 1) {
     dp_->all_reduce_sum(loss, where("all-reduce of the loss over data parallel")).wait();
@@ -665,8 +717,13 @@ void PipelineRuntime::connect_pairs() {
     const int other = stage_ == a ? b : a;
     const std::string what =
         where("connecting stages " + std::to_string(a) + " and " + std::to_string(b));
-    pp_->connect_peer(other, stage_ == a, what);
-    down_->connect_peer(other, stage_ == b, what);
+    if (queue_->batched()) {
+      comm::connect_peer_batched(*pp_, other, stage_ == a, what);
+      comm::connect_peer_batched(*down_, other, stage_ == b, what);
+    } else {
+      pp_->connect_peer(other, stage_ == a, what);
+      down_->connect_peer(other, stage_ == b, what);
+    }
   }
 }
 

@@ -59,6 +59,14 @@
 // one direction between two stages, and the schedule sends on each ordered pair of stages in the
 // order the other side receives (zero/pipeline/simulate.hpp checks every schedule for it).
 //
+// Batched (RuntimeOptions::batch_p2p, where both groups coalesce: NCCL): each schedule step's
+// sends and receives on a group go as one coalesced batch, as Megatron's batch_isend_irecv
+// (zero/pipeline/runtime/p2p_batches.hpp says which go together and why that cannot reorder a
+// group's messages). Every message of the run is then batched, on the groups' own
+// communicators, and only where p2p_batches.hpp's device model finds the schedule free of
+// cycles; otherwise (and always on gloo, which has no point-to-point coalescing) each is posted
+// alone, as described above.
+//
 // Buffers live on the stage's device (its parameters'): an NCCL group moves CUDA tensors only,
 // gloo host tensors only. The activation's shape travels once, before the first activation of the
 // first step, as a small tensor on that device, read on the host by the receiving stage (its one
@@ -92,6 +100,8 @@ class Work;
 
 namespace zero::pipeline {
 
+class P2PQueue;
+
 struct RuntimeOptions {
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   int micro_batches = 1;  // gradient_accumulation_steps, as in DeepSpeed's pipeline engine
@@ -108,6 +118,9 @@ struct RuntimeOptions {
   // Post each receive before the compute of the step before it (above); false: at its own
   // instruction, waited on at once (what the runtime did before; for measuring the difference).
   bool early_receives = true;
+  // Post each schedule step's sends and receives on a group as one coalesced batch where the
+  // groups coalesce (NCCL) and p2p_batches.hpp finds it safe; false: one by one (gloo always).
+  bool batch_p2p = true;
   // DeepSpeed's pipeline.pipe_partitioned / grad_partitioned: where every rank of
   // `partition_group` (the stage's tensor-parallel group) holds the same activation (tensor
   // parallelism without sequence parallelism: the blocks end in an all-reduce), each sends the
@@ -152,6 +165,8 @@ class PipelineRuntime {
   c10::Device device() const { return device_; }
   // The last train_batch's time by kind of instruction (include/zero/pipeline.hpp).
   const StepTimes& last_times() const { return times_; }
+  // Whether this run's point-to-point operations go in coalesced batches (batch_p2p above).
+  bool batches_p2p() const;
 
  private:
   // A weight tied across stages (DeepSpeed's TiedLayerSpec). The first stage holding it owns it:
@@ -199,6 +214,13 @@ class PipelineRuntime {
   void post_send(at::Tensor t, int dst, const std::string& what,
                  std::optional<Instruction> ins = std::nullopt);
   void recv(at::Tensor& t, int src, const std::string& what);
+  // Posts a send or receive into *out now (unbatched), or queues it for flush() (batched).
+  void issue(comm::Group& g, bool send, const at::Tensor& t, int peer, const std::string& what,
+             comm::Work* out);
+  // Posts what is queued, one batch per group, before anything waits or computes.
+  void flush();
+  // Whether p2p_batches.hpp's model finds batching this schedule safe.
+  bool batching_safe(const Schedule& all) const;
   // The group that carries a message from stage `from` to stage `to` (see above).
   comm::Group& channel(int from, int to) const;
   void connect_pairs();
@@ -227,6 +249,7 @@ class PipelineRuntime {
   // early_receives(...) of this stage's list, and the receives posted ahead of their instruction.
   std::vector<std::vector<int>> early_;
   std::map<size_t, std::unique_ptr<Posted>> posted_;
+  std::unique_ptr<P2PQueue> queue_;  // how sends and receives are posted (p2p_queue.hpp)
   // Per chunk, the activation's shape and dtype: received from the previous stage (known once
   // known), and sent to the next one (once known).
   struct Shape {
