@@ -29,6 +29,8 @@
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
 #include "support/tp_net.hpp"
+#include "zero/engine.hpp"
+#include "zero/parallel_dims.hpp"
 #include "zero/pipeline/runtime/layers.hpp"
 #include "zero/pipeline_engine.hpp"
 #include "zero/tensor_parallel/cross_entropy.hpp"
@@ -208,6 +210,63 @@ TEST(PipelineSequenceParallel, ATiedCopysStageKeepsItsModulesMarks) {
     EXPECT_TRUE(p.placement.grad_needs_all_reduce) << p.name;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"1.norm.weight", "1.norm.bias"}));
+}
+
+// A model built without sequence parallelism under tensor_parallel.sequence_parallel: true, or
+// the reverse, passes the marks (TpNet marks its norms either way) and trained wrong (the norms'
+// whole gradients summed over tp) or failed in step 1 (pipe_partitioned's check of an activation
+// that differs between the ranks). Both are refused as the engine takes the model, on every rank,
+// naming the key and the fix: PipelineEngine (P2 x T2, each stage's layers checked, the verdict
+// agreed over the pipeline) and initialize(model, cfg, mesh) (T2).
+void expect_refusal(const std::vector<std::string>& messages, bool model_sp) {
+  const std::string key = std::string("tensor_parallel.sequence_parallel is ") +
+                          (model_sp ? "false" : "true") + ", but the model's tensor-parallel";
+  const std::string fix = model_sp ? "Set tensor_parallel.sequence_parallel: true"
+                                   : "or set tensor_parallel.sequence_parallel: false";
+  for (size_t r = 0; r < messages.size(); ++r) {
+    EXPECT_NE(messages[r].find(key), std::string::npos) << "rank " << r << ": " << messages[r];
+    EXPECT_NE(messages[r].find(fix), std::string::npos) << "rank " << r << ": " << messages[r];
+    EXPECT_NE(messages[r].find("fc1"), std::string::npos) << "rank " << r << ": " << messages[r];
+  }
+}
+
+TEST(PipelineSequenceParallel, AModelBuiltOtherwiseThanTheKeySaysIsRefusedOnEveryRank) {
+  for (bool model_sp : {false, true}) {
+    SCOPED_TRACE(model_sp ? "model sequence-parallel, key false" : "model plain, key true");
+    std::vector<std::string> messages(4);
+    testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
+      const PipelineGrid grid = make_pipeline_grid(w, 2, 2);
+      TpNet net(comm::of(grid.tp), model_sp);
+      Config cfg = testing::pipeline_tp::engine_config(testing::pipeline_tp::Opt::SGD, 2, 2);
+      cfg.pipeline.partition = "uniform";  // stage 0: emb, mlp (fc1, fc2); stage 1: head
+      cfg.tensor_parallel.sequence_parallel = !model_sp;
+      auto loss = [g = grid.tp](const at::Tensor& logits, const at::Tensor& target) {
+        return tp::vocab_parallel_cross_entropy(logits, target, g);
+      };
+      try {
+        PipelineEngine pipe(tp_net_layers(net), loss, cfg, grid);
+        ADD_FAILURE() << "rank " << w->rank() << " built the pipeline";
+      } catch (const std::invalid_argument& e) {
+        messages[w->rank()] = e.what();
+      }
+    });
+    expect_refusal(messages, model_sp);
+
+    std::vector<std::string> alone(2);
+    testing::run_ranks(2, [&](std::shared_ptr<comm::Group> w) {
+      Config cfg = testing::pipeline_tp::engine_config(testing::pipeline_tp::Opt::SGD, 1, 2);
+      cfg.tensor_parallel.sequence_parallel = !model_sp;
+      const Mesh mesh = ParallelDims::from_config(cfg).build_mesh(w);
+      TpNet net(comm::of(mesh.tp), model_sp);
+      try {
+        initialize(net.ptr(), cfg, mesh);
+        ADD_FAILURE() << "rank " << w->rank() << " initialized the engine";
+      } catch (const std::invalid_argument& e) {
+        alone[w->rank()] = e.what();
+      }
+    });
+    expect_refusal(alone, model_sp);
+  }
 }
 
 }  // namespace

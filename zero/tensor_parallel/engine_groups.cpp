@@ -8,6 +8,7 @@
 
 #include "zero/parallel_dims.hpp"
 #include "zero/tensor_parallel/placement.hpp"
+#include "zero/tensor_parallel/sequence_parallel_check.hpp"
 
 namespace zero {
 
@@ -41,6 +42,8 @@ Groups engine_groups(const std::vector<tensor_parallel::NamedPlacement>& placeme
 }
 
 Groups engine_groups(const torch::nn::Module& model, const Mesh& mesh) {
+  // Before the marks: a model that does not split the sequence would pass them.
+  tensor_parallel::check_sequence_parallel(model, mesh.dims.sp);
   return engine_groups(tensor_parallel::placements(model, mesh.dims.sp), mesh);
 }
 
