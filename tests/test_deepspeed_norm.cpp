@@ -64,5 +64,41 @@ TEST(DeepSpeedNorm, EqualsDeepSpeedsPartitionSumsBitForBit) {
   }
 }
 
+// Stage 3's rule (DeepSpeed's ZeRO-3): fp64 to the end. Each rank sums its own pieces of the
+// gradient; after the all-reduce every rank holds the one-process fp64 sum of squares to fp64
+// rounding, whatever the split, where ZeRO-2's rule (above) rounds each partition to fp32.
+TEST(DeepSpeedNorm, Stage3SumsInFp64WhateverTheSplit) {
+  at::manual_seed(7);
+  const int64_t total = 5003;
+  const at::Tensor grad = at::randn({total}) * at::exp(at::randn({total}) * 3);
+  const double expected = grad.to(at::kDouble).square().sum().item<double>();
+  int differs_in_fp32 = 0;
+  for (int world : {2, 3, 4}) {
+    // ZeRO-2's rule on the same gradient: contiguous partitions rounded to fp32, then added.
+    const int64_t part = (total + world - 1) / world;
+    float rounded = 0;
+    for (int r = 0; r < world; ++r) {
+      const int64_t b = std::min(total, r * part), e = std::min(total, (r + 1) * part);
+      rounded += static_cast<float>(
+          grad.narrow(0, b, e - b).to(at::kDouble).square().sum().item<double>());
+    }
+    differs_in_fp32 += static_cast<double>(rounded) != expected;
+    run_ranks(world, [&](std::shared_ptr<comm::Group> group) {
+      // Rank r holds every world-th run of 100 elements, several pieces each: not DeepSpeed's
+      // per-parameter slices, which must not matter.
+      std::vector<optim::Range> pieces;
+      for (int64_t b = 100 * group->rank(); b < total; b += 100 * world)
+        pieces.push_back({b, std::min(total, b + 100)});
+      at::Tensor sq = deepspeed3_squared_norm(grad, pieces);
+      ASSERT_EQ(sq.scalar_type(), at::kDouble);
+      group->all_reduce_sum(sq, "test").wait();
+      EXPECT_NEAR(sq.item<double>(), expected, expected * 1e-14)
+          << "world " << world << ", rank " << group->rank();
+    });
+  }
+  // The two rules are different numbers: fp32 rounding shows at this spread of magnitudes.
+  EXPECT_GT(differs_in_fp32, 0);
+}
+
 }  // namespace
 }  // namespace zero::testing

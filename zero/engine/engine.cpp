@@ -366,8 +366,9 @@ bool Engine::step() {
   // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
   // predivide / (world x loss_scale), i.e. divided by `divisor`.
   const double host_divisor = m.group->size() / m.predivide;
-  at::Tensor divisor = m.scaler.active() ? m.scaler.scale_tensor() * host_divisor
-                                         : at::full({1}, host_divisor, sq.options());
+  at::Tensor divisor = m.scaler.active()
+                           ? m.scaler.scale_tensor() * host_divisor
+                           : at::full({1}, host_divisor, sq.options().dtype(at::kFloat));
   // The verdict is global (stage 0 holds the all-reduced gradient, stages 1/2 the all-reduced
   // square sum), so every rank skips the same steps.
   const at::Tensor found_inf = sq.isfinite().logical_not().to(at::kFloat);
@@ -376,7 +377,10 @@ bool Engine::step() {
   if (m.cfg.gradient_clipping > 0 && m.deepspeed_clip) {
     // DeepSpeed's unscale_and_clip_grads: the coefficient's reciprocal multiplies the averaged
     // gradient, a rounding step of its own (torch_adam's op-by-op AdamW applies it).
-    grad_mul = at::clamp_min((norm + 1e-6) / m.cfg.gradient_clipping, 1.0).reciprocal();
+    // Stage 3's norm is fp64 as DeepSpeed's ZeRO-3's; the fp32 gradient takes the coefficient
+    // rounded to fp32, as DeepSpeed's mul_ by a 0-dim fp64 tensor rounds it.
+    grad_mul =
+        at::clamp_min((norm + 1e-6) / m.cfg.gradient_clipping, 1.0).reciprocal().to(at::kFloat);
   } else if (m.cfg.gradient_clipping > 0) {
     const at::Tensor coef = at::clamp_max(m.cfg.gradient_clipping / (norm + 1e-6), 1.0);
     grad_scale = divisor / coef;

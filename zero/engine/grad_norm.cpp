@@ -139,7 +139,16 @@ at::Tensor Engine::Impl::squared_grad_norm() {
   at::Tensor bad = uncounted_overflow();
   // In fp32 (no fp64 copy); the reduction accumulates in a tree.
   at::Tensor sq;
-  if (deepspeed_clip) {
+  if (deepspeed_clip && sharding.stage() == 3) {
+    // DeepSpeed's ZeRO-3 norm is fp64 to the end (deepspeed_norm.hpp); the clip takes it so.
+    std::vector<optim::Range> pieces;
+    for (const auto& u : units) {
+      for (const optim::Range& r : u->norm_pieces(norm_counted)) pieces.push_back(r);
+    }
+    sq = deepspeed3_squared_norm(g, pieces);
+    if (bad.defined()) sq = sq + bad.to(sq.options());
+    group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
+  } else if (deepspeed_clip) {
     sq = deepspeed_squared_norm(g, fp, sharding, *group, norm_counted);  // all of dp's already
     if (bad.defined()) {
       // The owner of a poisoned piece may be another dp rank, whose norm groups are not ours.

@@ -68,4 +68,13 @@ at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatParams& fp,
   return sq;
 }
 
+at::Tensor deepspeed3_squared_norm(const at::Tensor& g, const std::vector<optim::Range>& pieces) {
+  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kDouble));
+  for (const optim::Range& r : pieces) {
+    // DeepSpeed's g.to(double).norm(): a piece's fp64 copy, one at a time.
+    if (r.end > r.begin) sq.add_(fp64_square_sum(g.narrow(0, r.begin, r.end - r.begin)));
+  }
+  return sq;
+}
+
 }  // namespace zero

@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "comm/group.hpp"
+#include "optim/shard_optimizer.hpp"
 #include "zero/params/flat_params.hpp"
 #include "zero/params/sharding.hpp"
 
@@ -26,5 +27,14 @@ namespace zero {
 at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatParams& fp,
                                   const Sharding& sharding, comm::Group& group,
                                   const std::vector<char>& counted = {});
+
+// DeepSpeed's ZeRO-3 (stage3.get_grad_norm_direct) takes each gradient slice's norm in fp64,
+// sums their squares in fp64, all-reduces that fp64 sum and clips with the fp64 norm; its
+// ZeRO-2 rounds each rank's partition sum to fp32 first (above), so the two stages clip with
+// coefficients one fp32 ulp apart now and then, and every gradient with them. Stage 3 under
+// torch_adam takes this route. Nothing is rounded below fp64 before the total, so which
+// elements a rank holds does not matter. This rank's part over `pieces` of `g`, a one-element
+// fp64 tensor on g's device; the caller all-reduces it over dp.
+at::Tensor deepspeed3_squared_norm(const at::Tensor& g, const std::vector<optim::Range>& pieces);
 
 }  // namespace zero
