@@ -138,16 +138,6 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   const ScheduleKind schedule = parse_schedule_kind(cfg.pipeline.schedule);
   m.virtual_stages = pipeline::virtual_stages(cfg);
   const int v = m.virtual_stages;
-  if (v > 1 && cfg.pipeline.activation_checkpoint_interval > 0)
-    // The engine learns from its first backward pass which parameters deliver gradients when
-    // the graph recomputes blocks; interleaved, that pass reaches one chunk only.
-    throw std::invalid_argument(
-        "pipeline.activation_checkpoint_interval " +
-        std::to_string(cfg.pipeline.activation_checkpoint_interval) +
-        " with pipeline.virtual_stages " + std::to_string(v) +
-        " is not supported yet (the engine would expect no gradient from the chunks its first "
-        "backward pass did not reach); set pipeline.activation_checkpoint_interval: 0 or "
-        "pipeline.virtual_stages: 1");
   StageLayers stage(std::move(layers), parse_partition_method(cfg.pipeline.partition), m.stages,
                     m.stage, cfg.pipeline.activation_checkpoint_interval, v);
   if (device) stage.to(*device);
