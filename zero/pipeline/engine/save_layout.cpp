@@ -203,7 +203,7 @@ std::vector<int> stages_to_load(const std::string& dir, const PipelineSaveLayout
                     " was saved at pipeline.stages ", saved.stages,
                     " before checkpoints recorded their partition (no pipeline.json): it loads "
                     "at pipeline.stages ",
-                    saved.stages, " with one chunk per stage only; this run has ", stages,
+                    saved.stages, " only; this run has ", stages,
                     chunks > stages
                         ? " x pipeline.virtual_stages " + std::to_string(chunks / stages)
                         : std::string());
