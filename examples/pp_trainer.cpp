@@ -51,13 +51,6 @@ void refuse_unsupported(const PipelineTrainerArgs& a) {
        " must be a multiple of tensor_parallel.autotp_size " + std::to_string(tp) +
        " (each tensor-parallel rank holds an equal part of the sequence); "
        "choose another trainer.seq_len or set tensor_parallel.sequence_parallel: false");
-  const int v = pipeline::virtual_stages(cfg);
-  if (v > 1 &&
-      (cfg.extra_int("trainer.save_interval") > 0 || cfg.extra_string("trainer.resume") != "false"))
-    no(p + " with pipeline.virtual_stages = " + std::to_string(v) +
-       ": pipeline checkpoints under the interleaved schedule are not built yet (a stage's "
-       "layers are v separate chunks, which the save's layout does not record); set "
-       "trainer.save_interval: 0 and trainer.resume: false, or pipeline.schedule: 1f1b");
   std::string ckpt = cfg.extra_string("trainer.activation_checkpointing");
   if (ckpt == "true" || ckpt == "True")
     no(p +
@@ -294,14 +287,20 @@ int train_pipeline(const PipelineTrainerArgs& a) {
       std::printf("checkpoint: loaded %s/stage*/%s (step %lld)\n", save_dir.c_str(), tag.c_str(),
                   (long long)start_step);
       const pipeline::PipelineSaveLayout saved = pipeline::read_pipeline_save(save_dir, tag);
+      const int v = pipe->virtual_stages();
       if (saved.stages != cfg.pipeline.stages || saved.bounds != pipe->bounds()) {
         std::string b;
         for (size_t i = 0; i < saved.bounds.size(); ++i)
           b += (i ? "," : "") + std::to_string(saved.bounds[i]);
+        // Interleaved runs name their chunks per stage; 1F1B lines stay as they were.
+        auto chunks = [](int n) {
+          return n > 1 ? " x pipeline.virtual_stages " + std::to_string(n) : std::string();
+        };
         std::printf(
-            "checkpoint: resharded the save of pipeline.stages %d (bounds %s) to "
-            "pipeline.stages %d\n",
-            saved.stages, b.c_str(), cfg.pipeline.stages);
+            "checkpoint: resharded the save of pipeline.stages %d%s (bounds %s) to "
+            "pipeline.stages %d%s\n",
+            saved.stages, chunks(saved.virtual_stages).c_str(), b.c_str(), cfg.pipeline.stages,
+            chunks(v).c_str());
       }
     }
     for (int64_t i = 0; i < start_step * ga; ++i) loader.next();

@@ -61,9 +61,15 @@ PipelineGrid make_pipeline_grid(std::shared_ptr<Group> world, int stages, int tp
 // pipeline.stages or tensor-parallel size reads it to find every layer's parameters.
 struct PipelineSaveLayout {
   std::string tag;
-  int stages = 0;           // the saving run's pipeline.stages
-  int tp = 1;               // its tensor-parallel size: > 1 saved into dir/stage<s>/tp<r>/
-  std::vector<int> bounds;  // its stage s held layers bounds[s] .. bounds[s + 1] - 1
+  int stages = 0;  // the saving run's pipeline.stages
+  int tp = 1;      // its tensor-parallel size: > 1 saved into dir/stage<s>/tp<r>/
+  // Its pipeline.virtual_stages v (the interleaved schedule's model chunks per stage; 1 for
+  // 1F1B, GPipe and saves from before the field).
+  int virtual_stages = 1;
+  // Its virtual stage c (chunk c / stages of stage c % stages) held layers bounds[c] ..
+  // bounds[c + 1] - 1 (stages x virtual_stages + 1 entries): with one chunk per stage, stage s
+  // held bounds[s] .. bounds[s + 1] - 1.
+  std::vector<int> bounds;
   // false: a save from before the layout was recorded (no pipeline.json): `stages` counts the
   // stage directories holding the tag, `bounds` is empty, and it loads at that P only.
   bool recorded = true;
@@ -133,8 +139,11 @@ class PipelineEngine {
   // rank its blocks under dir/stage<s>/tp<r>/, so no two ranks write one file), its parameters
   // named by their layer's index
   // in the whole list ("3.wq.weight"), a tied weight once, under its owner's name; beside them
-  // pipeline.json records P and the partition (PipelineSaveLayout). save_checkpoint returns once
-  // every stage's save is complete (an all-reduce over dp and pp: a failure throws on all).
+  // pipeline.json records P, v and the partition (PipelineSaveLayout). Under the interleaved
+  // schedule a stage's v chunks are saved together, by the stage's one engine, still named by
+  // their layers' global indices (Megatron keeps model0 .. model<v-1> per pipeline rank instead,
+  // numbered within the chunk), so a save loads at any P, v and schedule. save_checkpoint returns
+  // once every stage's save is complete (an all-reduce over dp and pp: a failure throws on all).
   // load_checkpoint resumes a save of any pipeline.stages, partition, tensor-parallel and
   // data-parallel size of the same model: each stage reads its layers' parameters, master
   // weights, optimizer states and step counters from whichever stage directories (and their

@@ -196,9 +196,4 @@ check "2 stages x tp 3 on 4 ranks: the error names the numbers" \
   bad "pipeline.stages = 2 x tensor_parallel.autotp_size = 3 does not divide the world size 4" \
   --set pipeline.stages=2 --set tensor_parallel.autotp_size=3 --set gradient_accumulation_steps=1 \
   --set train_batch_size=auto
-check "checkpoints under the interleaved schedule: refused naming the key" \
-  bad "with pipeline.virtual_stages = 2: pipeline checkpoints under the interleaved schedule" \
-  --set pipeline.stages=2 --set pipeline.schedule=interleaved --set pipeline.virtual_stages=2 \
-  --set gradient_accumulation_steps=2 --set trainer.save_interval=1 \
-  --set "trainer.save_dir=$out/interleaved_ckpt"
 summary

@@ -100,21 +100,13 @@ void check_interleaved(Loader& l, const Config& c) {
                     "pipeline.stages, or remove the key");
   const Entry* ga = l.seen("gradient_accumulation_steps");
   if (ga && c.gradient_accumulation_steps > 0 && c.gradient_accumulation_steps % p.stages != 0)
-    l.fail(*ga, "'gradient_accumulation_steps' " +
-                    std::to_string(c.gradient_accumulation_steps) +
+    l.fail(*ga, "'gradient_accumulation_steps' " + std::to_string(c.gradient_accumulation_steps) +
                     " (the micro-batches of a step) must be a multiple of pipeline.stages " +
                     std::to_string(p.stages) +
                     " under the interleaved schedule, as Megatron-LM requires (micro-batches go "
                     "through the chunks in groups of P); use " +
                     std::to_string((c.gradient_accumulation_steps / p.stages + 1) * p.stages) +
                     ", or pipeline.schedule: 1f1b");
-  if (p.activation_checkpoint_interval > 0)
-    l.fail(*vs, "'pipeline.virtual_stages' " + n +
-                    " with pipeline.activation_checkpoint_interval " +
-                    std::to_string(p.activation_checkpoint_interval) +
-                    " is not supported yet (the stage's engine learns from its first backward "
-                    "which parameters deliver gradients when blocks are recomputed, and an "
-                    "interleaved pass reaches one chunk only); set one of them off");
 }
 
 }  // namespace

@@ -12,6 +12,13 @@
 #include "zero/grads/grad_buckets.hpp"
 
 namespace zero {
+namespace {
+thread_local int current_pass_kind = 0;
+}  // namespace
+
+PassKind::PassKind(int kind) : previous_(current_pass_kind) { current_pass_kind = kind; }
+PassKind::~PassKind() { current_pass_kind = previous_; }
+int PassKind::current() { return current_pass_kind; }
 
 GradOrder::GradOrder(const std::vector<at::Tensor>& params) {
   index(params);
@@ -32,6 +39,7 @@ std::vector<int> GradOrder::begin_pass(const std::vector<at::Tensor>& roots) {
   std::fill(reached_.begin(), reached_.end(), 0);
   std::fill(arrivals_.begin(), arrivals_.end(), 0);
   if (state_ == State::kObserving) first_order_.clear();
+  kind_ = PassKind::current();
 
   std::vector<Node*> stack;
   std::unordered_set<Node*> seen;
@@ -58,10 +66,11 @@ std::vector<int> GradOrder::begin_pass(const std::vector<at::Tensor>& roots) {
     for (const auto& edge : n->next_edges()) visit(edge.function.get());
   }
 
-  const bool known = !hidden_.empty();
+  const auto learned = hidden_.find(kind_);
+  const bool known = learned != hidden_.end();
   std::vector<int> expected(reached_.size());
   for (size_t p = 0; p < expected.size(); ++p) {
-    const int hidden = known ? hidden_[p] : 0;
+    const int hidden = known ? learned->second[p] : 0;
     if (reached_[p]) {
       expected[p] = 1 + hidden;
     } else {
@@ -78,12 +87,15 @@ void GradOrder::on_grad(int param) {
 }
 
 void GradOrder::end_pass(bool ok) {
-  if (!ok || state_ != State::kObserving) return;
-  hidden_.resize(arrivals_.size());
-  for (size_t p = 0; p < hidden_.size(); ++p) {
-    hidden_[p] = std::max(0, arrivals_[p] - (reached_[p] ? 1 : 0));
+  if (!ok) return;
+  if (!hidden_.count(kind_)) {
+    std::vector<int>& hidden = hidden_[kind_];
+    hidden.resize(arrivals_.size());
+    for (size_t p = 0; p < hidden.size(); ++p) {
+      hidden[p] = std::max(0, arrivals_[p] - (reached_[p] ? 1 : 0));
+    }
   }
-  state_ = State::kObserved;
+  if (state_ == State::kObserving) state_ = State::kObserved;
 }
 
 GradOrder::Agreed GradOrder::agreed_order(comm::Group& group, const at::Device& device) {

@@ -14,16 +14,39 @@
 // blocks). When the graph holds such a block, the first pass treats every unreached parameter as
 // unknown (its bucket waits for the end of backward, so that first pass overlaps little) and
 // counts what arrives; later passes expect those counts.
+//
+// Those counts hold for passes over the same graph. A pipeline stage of the interleaved schedule
+// runs v kinds of pass, one per model chunk, each reaching only its chunk's parameters; behind
+// checkpointed blocks the walk cannot tell them apart (two chunks of recomputed blocks reach
+// nothing it sees). The caller names the kind (PassKind) and the counts are learned and applied
+// per kind, each from its own first pass: one kind's counts applied to another's pass would
+// expect nothing from the parameters it does deliver, and release their buckets before them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <unordered_map>
 #include <vector>
 
 #include "comm/group.hpp"
 
 namespace zero {
+
+// While one lives, the backward passes this thread runs are of kind `kind` (>= 0; 0 outside
+// any): EngineStage names its model chunk. A thread's, not an engine's, setting, because the
+// engine's public backward() takes no such argument and only the caller knows what it runs.
+class PassKind {
+ public:
+  explicit PassKind(int kind);
+  ~PassKind();
+  PassKind(const PassKind&) = delete;
+  PassKind& operator=(const PassKind&) = delete;
+  static int current();
+
+ private:
+  int previous_;
+};
 
 class GradOrder {
  public:
@@ -37,9 +60,10 @@ class GradOrder {
   // The pass ended: `ok` false when it failed (what it saw is forgotten).
   void end_pass(bool ok);
 
-  // True until a pass was recorded: the next pass counts the gradients each parameter delivers
-  // (every rank's first pass; the same on every rank).
-  bool counting() const { return state_ == State::kObserving; }
+  // True until a pass of the current kind (PassKind::current()) was recorded: the next pass
+  // counts the gradients each parameter delivers (every rank's first pass of each kind; the same
+  // on every rank, which runs the same kinds in the same order).
+  bool counting() const { return hidden_.count(PassKind::current()) == 0; }
   // True once, when the first pass has been recorded and its order not yet applied.
   bool has_new_order() const { return state_ == State::kObserved; }
   // Rank 0's first-pass arrival order (layout indices; parameters that never arrived last, in
@@ -49,7 +73,7 @@ class GradOrder {
     int arrived = 0;  // how many of `order` delivered a gradient in that pass
   };
   Agreed agreed_order(comm::Group& group, const at::Device& device);
-  // The agreed order is in use: later passes expect the counts the first pass recorded.
+  // The agreed order is in use.
   void applied() { state_ = State::kApplied; }
 
  private:
@@ -60,8 +84,10 @@ class GradOrder {
   State state_ = State::kObserving;
   std::vector<char> reached_;  // this pass: the walk reached the parameter's AccumulateGrad
   std::vector<int> arrivals_;  // this pass: gradients delivered
+  int kind_ = 0;               // this pass's PassKind
   std::vector<int> first_order_;
-  std::vector<int> hidden_;  // gradients the walk cannot see (nested backward), once known
+  // Per pass kind: gradients the walk cannot see (nested backward), once known.
+  std::map<int, std::vector<int>> hidden_;
 };
 
 }  // namespace zero

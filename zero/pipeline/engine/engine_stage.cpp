@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "zero/grads/grad_order.hpp"
+
 namespace zero::pipeline {
 
 EngineStage::EngineStage(Engine engine, int virtual_stages)
@@ -19,6 +21,7 @@ void EngineStage::backward(const at::Tensor& loss, int micro_batches) {
   const bool closes = engine_.is_gradient_accumulation_boundary();
   // The engine divides by its window, m x v (and applies fp16's loss scale): times v, the
   // micro-batch's share of the mean loss stays 1 / m.
+  const PassKind kind(chunk_);
   engine_.backward(virtual_stages_ > 1 ? loss * static_cast<double>(virtual_stages_) : loss);
   after_backward(closes);
 }
@@ -26,6 +29,7 @@ void EngineStage::backward(const at::Tensor& loss, int micro_batches) {
 void EngineStage::backward(const std::vector<at::Tensor>& outputs,
                            const std::vector<at::Tensor>& grad_outputs) {
   const bool closes = engine_.is_gradient_accumulation_boundary();
+  const PassKind kind(chunk_);
   engine_.backward(outputs, grad_outputs);
   after_backward(closes);
 }

@@ -14,6 +14,8 @@ namespace zero::pipeline {
 // gradient_accumulation_steps m x v); the window's last is the stage's last backward, after
 // which every chunk's gradient is complete. The engine divides the last stage's loss by m x v,
 // so backward(loss) hands it loss x v: each micro-batch's gradient is still the mean's, 1 / m.
+// Each backward runs as its chunk's kind of pass (zero::PassKind, zero/grads/grad_order.hpp): with
+// recomputed blocks the engine learns, per chunk, the gradients that chunk's pass delivers.
 class EngineStage : public StageOptimizer {
  public:
   explicit EngineStage(Engine engine, int virtual_stages = 1);
@@ -22,6 +24,7 @@ class EngineStage : public StageOptimizer {
                 const std::vector<at::Tensor>& grad_outputs) override;
   // The engine reduced the gradients during the window's last backward: nothing left to do.
   void reduce_grads() override {}
+  void set_chunk(int chunk) override { chunk_ = chunk; }
   void step() override;
 
   Engine& engine() { return engine_; }
@@ -35,6 +38,7 @@ class EngineStage : public StageOptimizer {
 
   Engine engine_;
   int virtual_stages_ = 1;
+  int chunk_ = 0;  // the chunk the next backward runs (set_chunk)
   bool applied_ = false;
   int64_t skipped_before_ = 0;  // skipped_steps before the last step
 };

@@ -73,17 +73,6 @@ void agree(const std::shared_ptr<Group>& dp, const std::shared_ptr<Group>& tp,
                           " (the error on its ranks says why)");
 }
 
-// Checkpoints record each stage's layers as one contiguous run (PipelineSaveLayout::bounds) and
-// the engine's accumulation window; under interleaving neither holds yet.
-void refuse_interleaved_checkpoints(int v) {
-  if (v > 1)
-    throw std::invalid_argument(
-        "pipeline checkpoints with pipeline.virtual_stages = " + std::to_string(v) +
-        " are not built yet (a stage's layers are v separate chunks, which the save's layout "
-        "does not record); train without trainer.save_interval / trainer.resume, or with the "
-        "1f1b schedule");
-}
-
 // The engine's batch triple for a stage of v chunks: its accumulation window counts the
 // stage's m x v chunk backward passes (EngineStage), so gradient_accumulation_steps and
 // train_batch_size are v times the step's, resolved first for the data-parallel group.
@@ -138,16 +127,6 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   const ScheduleKind schedule = parse_schedule_kind(cfg.pipeline.schedule);
   m.virtual_stages = pipeline::virtual_stages(cfg);
   const int v = m.virtual_stages;
-  if (v > 1 && cfg.pipeline.activation_checkpoint_interval > 0)
-    // The engine learns from its first backward pass which parameters deliver gradients when
-    // the graph recomputes blocks; interleaved, that pass reaches one chunk only.
-    throw std::invalid_argument(
-        "pipeline.activation_checkpoint_interval " +
-        std::to_string(cfg.pipeline.activation_checkpoint_interval) +
-        " with pipeline.virtual_stages " + std::to_string(v) +
-        " is not supported yet (the engine would expect no gradient from the chunks its first "
-        "backward pass did not reach); set pipeline.activation_checkpoint_interval: 0 or "
-        "pipeline.virtual_stages: 1");
   StageLayers stage(std::move(layers), parse_partition_method(cfg.pipeline.partition), m.stages,
                     m.stage, cfg.pipeline.activation_checkpoint_interval, v);
   if (device) stage.to(*device);
@@ -229,7 +208,6 @@ std::string PipelineEngine::stage_dir(const std::string& dir) const {
 void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& tag,
                                      int keep_last) {
   auto& m = *impl_;
-  refuse_interleaved_checkpoints(m.virtual_stages);
   // The engine's save (agreed over dp), then the layout beside the shards by the first
   // data-parallel rank of each stage's tensor-parallel rank; then every rank of every stage learns
   // whether all of it was written, so that a stage whose save failed does not leave the others
@@ -238,8 +216,10 @@ void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& 
   try {
     engine().save_checkpoint(stage_dir(dir), tag, keep_last);
     if (m.dp->rank() == 0) {
+      // Interleaved, the stage's v chunks are in its one engine's save (its accumulation window
+      // of m x v passes is recorded there, and a load under another window rescales it).
       const PipelineSaveLayout layout{latest_checkpoint_tag(stage_dir(dir)), m.stages, m.tp,
-                                      m.bounds};
+                                      m.virtual_stages, m.bounds};
       write_save_layout(dir, m.stage, m.tp_rank, layout, m.partition);
     }
   } catch (const std::exception& e) {
@@ -251,7 +231,6 @@ void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& 
 
 std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
   auto& m = *impl_;
-  refuse_interleaved_checkpoints(m.virtual_stages);
   const std::string what = "load_checkpoint('" + dir + "')";
   // Each phase ends in an agreement over dp and pp, so that no rank enters the engine's
   // collectives, or the tied weights' exchange, while another has given up.
@@ -260,7 +239,7 @@ std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::s
   std::string err;
   try {
     saved = read_pipeline_save(dir, tag);
-    dirs = dirs_to_load(dir, saved, m.bounds, m.stage, m.tp, m.tp_rank);
+    dirs = dirs_to_load(dir, saved, m.bounds, m.stages, m.stage, m.tp, m.tp_rank);
   } catch (const std::exception& e) {
     err = e.what();
   }
@@ -268,7 +247,7 @@ std::string PipelineEngine::load_checkpoint(const std::string& dir, const std::s
   std::string loaded;
   try {
     loaded = engine().load_checkpoint(dirs, saved.tag,
-                                      layers_part(m.bounds[m.stage], m.bounds[m.stage + 1]));
+                                      layers_part(stage_layer_ranges(m.bounds, m.stages, m.stage)));
   } catch (const std::exception& e) {
     err = e.what();
   }

@@ -73,7 +73,7 @@ std::vector<int> int_list(const std::string& text, const std::string& key,
 }
 
 struct Recorded {
-  int stages = 0, tp = 1;
+  int stages = 0, tp = 1, virtual_stages = 1;
   std::vector<int> bounds;
 };
 
@@ -87,11 +87,19 @@ Recorded read_layout_file(const std::string& path) {
   // Saves from before tensor-parallel pipelines were saved record no "tp": one rank per stage.
   if (text.find("\"tp\"") != std::string::npos) r.tp = int_value(text, "tp", path);
   ZERO_CKPT_CHECK(r.tp >= 1, path, ": \"tp\" is ", r.tp, ", not a tensor-parallel size");
-  bool ok = r.stages >= 1 && r.bounds.size() == static_cast<size_t>(r.stages) + 1 &&
+  // Saves from before the interleaved schedule could save record no "virtual_stages": one chunk
+  // per stage.
+  if (text.find("\"virtual_stages\"") != std::string::npos)
+    r.virtual_stages = int_value(text, "virtual_stages", path);
+  ZERO_CKPT_CHECK(r.virtual_stages >= 1, path, ": \"virtual_stages\" is ", r.virtual_stages,
+                  ", not a number of model chunks per stage");
+  bool ok = r.stages >= 1 &&
+            r.bounds.size() == static_cast<size_t>(r.stages) * r.virtual_stages + 1 &&
             r.bounds.front() == 0;
   for (size_t i = 1; ok && i < r.bounds.size(); ++i) ok = r.bounds[i] >= r.bounds[i - 1];
-  ZERO_CKPT_CHECK(ok, path, ": stages ", r.stages, " with bounds ", bounds_text(r.bounds),
-                  " is not a partition (stages + 1 increasing bounds from 0)");
+  ZERO_CKPT_CHECK(ok, path, ": stages ", r.stages, " x virtual_stages ", r.virtual_stages,
+                  " with bounds ", bounds_text(r.bounds),
+                  " is not a partition (stages x virtual_stages + 1 increasing bounds from 0)");
   return r;
 }
 
@@ -108,6 +116,7 @@ void write_save_layout(const std::string& dir, int stage, int tp_rank,
                      ",\n  \"stage\": " + std::to_string(stage) +
                      ",\n  \"tp\": " + std::to_string(layout.tp) +
                      ",\n  \"tp_rank\": " + std::to_string(tp_rank) +
+                     ",\n  \"virtual_stages\": " + std::to_string(layout.virtual_stages) +
                      ",\n  \"layers\": " + std::to_string(layout.bounds.back()) +
                      ",\n  \"bounds\": " + bounds_text(layout.bounds) +
                      ",\n  \"partition\": " + ckpt::json_quote(partition) + "\n}\n";
@@ -143,6 +152,7 @@ PipelineSaveLayout read_pipeline_save(const std::string& dir, const std::string&
   const Recorded r = read_layout_file(path0);
   out.stages = r.stages;
   out.tp = r.tp;
+  out.virtual_stages = r.virtual_stages;
   out.bounds = r.bounds;
   ZERO_CKPT_CHECK(split == (r.tp > 1), path0, ": records tensor-parallel size ", r.tp,
                   " but lies in ", first, ": the directories are not one save");
@@ -155,10 +165,12 @@ PipelineSaveLayout read_pipeline_save(const std::string& dir, const std::string&
                     r.tp > 1 ? "tp<r>/" : "", "<tag>), ", r.stages * r.tp,
                     " in all; copy every one of them with the save, or load another tag");
     const Recorded other = read_layout_file(path);
-    ZERO_CKPT_CHECK(other.stages == r.stages && other.tp == r.tp && other.bounds == r.bounds, path,
-                    ": stages ", other.stages, " x tp ", other.tp, " with bounds ",
-                    bounds_text(other.bounds), " but ", path0, " has stages ", r.stages, " x tp ",
-                    r.tp, " with bounds ", bounds_text(r.bounds),
+    ZERO_CKPT_CHECK(other.stages == r.stages && other.tp == r.tp &&
+                        other.virtual_stages == r.virtual_stages && other.bounds == r.bounds,
+                    path, ": stages ", other.stages, " x tp ", other.tp, " x virtual_stages ",
+                    other.virtual_stages, " with bounds ", bounds_text(other.bounds), " but ",
+                    path0, " has stages ", r.stages, " x tp ", r.tp, " x virtual_stages ",
+                    r.virtual_stages, " with bounds ", bounds_text(r.bounds),
                     ": the stage directories are not one save");
   }
   return out;
@@ -172,33 +184,53 @@ std::vector<std::string> pipeline_save_dirs(const std::string& dir,
   return out;
 }
 
+LayerRanges stage_layer_ranges(const std::vector<int>& bounds, int stages, int stage) {
+  LayerRanges out;
+  for (int c = stage; c + 1 < static_cast<int>(bounds.size()); c += stages)
+    out.emplace_back(bounds[c], bounds[c + 1]);
+  return out;
+}
+
 namespace {
 
-// The saved stages overlapping layers lo .. hi - 1 of a model cut by `bounds`.
+// The saved stages holding any of the layers stage `stage` holds under `bounds`.
 std::vector<int> stages_to_load(const std::string& dir, const PipelineSaveLayout& saved,
-                                const std::vector<int>& bounds, int stage) {
-  const int stages = static_cast<int>(bounds.size()) - 1;
+                                const std::vector<int>& bounds, int stages, int stage) {
+  const int chunks = static_cast<int>(bounds.size()) - 1;
   const std::string where = dir + "/stage*/" + saved.tag;
   if (!saved.recorded) {
-    ZERO_CKPT_CHECK(saved.stages == stages, where, " was saved at pipeline.stages ", saved.stages,
+    ZERO_CKPT_CHECK(saved.stages == stages && chunks == stages, where,
+                    " was saved at pipeline.stages ", saved.stages,
                     " before checkpoints recorded their partition (no pipeline.json): it loads "
                     "at pipeline.stages ",
-                    saved.stages, " only; this run has ", stages);
+                    saved.stages, " only; this run has ", stages,
+                    chunks > stages
+                        ? " x pipeline.virtual_stages " + std::to_string(chunks / stages)
+                        : std::string());
     return {stage};
   }
   ZERO_CKPT_CHECK(saved.bounds.back() == bounds.back(), where, " holds a model of ",
-                  saved.bounds.back(), " layers (pipeline.stages ", saved.stages, ", bounds ",
-                  bounds_text(saved.bounds), ") but this one has ", bounds.back(),
+                  saved.bounds.back(), " layers (pipeline.stages ", saved.stages,
+                  saved.virtual_stages > 1
+                      ? " x pipeline.virtual_stages " + std::to_string(saved.virtual_stages)
+                      : std::string(),
+                  ", bounds ", bounds_text(saved.bounds), ") but this one has ", bounds.back(),
                   " layers: load it into the model it was saved from");
-  if (saved.bounds == bounds) return {stage};
-  // Layers lo .. hi - 1 are this stage's; the saved stage t held bounds[t] .. bounds[t + 1] - 1.
-  // A tied weight is named, and saved, by the first layer holding it, which lies in the range
-  // of the stage that owns it in either layout.
-  const int lo = bounds[stage], hi = bounds[stage + 1];
-  std::vector<int> out;
-  for (int t = 0; t < saved.stages; ++t) {
-    if (saved.bounds[t] < hi && lo < saved.bounds[t + 1]) out.push_back(t);
+  // The same cut on as many stages: the stage's own directory holds exactly its layers. (The
+  // bounds alone do not say it: P = 4 and P = 2 x v = 2 both have 5.)
+  if (saved.stages == stages && saved.bounds == bounds) return {stage};
+  // Saved virtual stage c held saved.bounds[c] .. saved.bounds[c + 1] - 1, on stage c % P. A
+  // tied weight is named, and saved, by the first of its owner's layers holding it, which is its
+  // first layer in either layout when that layer lies on the owner (the embedding on stage 0's
+  // chunk 0, as for the example GPT).
+  std::vector<char> wanted(saved.stages, 0);
+  for (const auto& [lo, hi] : stage_layer_ranges(bounds, stages, stage)) {
+    for (int c = 0; c + 1 < static_cast<int>(saved.bounds.size()); ++c)
+      if (saved.bounds[c] < hi && lo < saved.bounds[c + 1]) wanted[c % saved.stages] = 1;
   }
+  std::vector<int> out;
+  for (int t = 0; t < saved.stages; ++t)
+    if (wanted[t]) out.push_back(t);
   // A stage without layers still restores the step counters.
   if (out.empty()) out.push_back(0);
   return out;
@@ -207,10 +239,10 @@ std::vector<int> stages_to_load(const std::string& dir, const PipelineSaveLayout
 }  // namespace
 
 std::vector<std::string> dirs_to_load(const std::string& dir, const PipelineSaveLayout& saved,
-                                      const std::vector<int>& bounds, int stage, int tp,
+                                      const std::vector<int>& bounds, int stages, int stage, int tp,
                                       int tp_rank) {
   std::vector<std::string> dirs;
-  for (const int t : stages_to_load(dir, saved, bounds, stage)) {
+  for (const int t : stages_to_load(dir, saved, bounds, stages, stage)) {
     // Each saved tensor-parallel rank holds its blocks of the split weights: all of them cover
     // this rank's block under any tp (the engine reads the blocks by their recorded offsets).
     const int own = saved.tp == tp ? tp_rank : 0;
@@ -221,16 +253,20 @@ std::vector<std::string> dirs_to_load(const std::string& dir, const PipelineSave
   return dirs;
 }
 
-ModelPart layers_part(int lo, int hi) {
-  return [lo, hi](const std::string& name) {
+ModelPart layers_part(LayerRanges ranges) {
+  return [ranges = std::move(ranges)](const std::string& name) {
     const size_t dot = name.find('.');
     if (dot == 0 || dot == std::string::npos || dot > 9) return false;
     for (size_t i = 0; i < dot; ++i) {
       if (!std::isdigit(static_cast<unsigned char>(name[i]))) return false;
     }
     const int layer = std::stoi(name.substr(0, dot));
-    return lo <= layer && layer < hi;
+    for (const auto& [lo, hi] : ranges)
+      if (lo <= layer && layer < hi) return true;
+    return false;
   };
 }
+
+ModelPart layers_part(int lo, int hi) { return layers_part(LayerRanges{{lo, hi}}); }
 
 }  // namespace zero::pipeline

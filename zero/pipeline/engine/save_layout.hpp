@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zero/pipeline_engine.hpp"
@@ -23,18 +24,27 @@ std::string stage_save_dir(const std::string& dir, int stage, int tp, int tp_ran
 void write_save_layout(const std::string& dir, int stage, int tp_rank,
                        const PipelineSaveLayout& layout, const std::string& partition);
 
-// The save directories of `saved` whose layers overlap stage `stage`'s under `bounds`, in stage
-// order (at the same bounds, the stage's own alone: its generator states are restored), each
-// stage's as all its tensor-parallel ranks' (saved.tp > 1), this rank's own `tp_rank` first when
-// the save had this run's `tp` (its generator states then are restored too). Throws
-// CheckpointError naming what the save holds when it cannot be loaded into a model cut by `bounds`
-// (another number of layers, or a save from before the layout was recorded at another P).
+// Layers [first, second) of the list: a stage's chunks, as ranges.
+using LayerRanges = std::vector<std::pair<int, int>>;
+
+// The layers stage `stage` of `stages` holds when virtual stage c holds bounds[c] ..
+// bounds[c + 1] - 1 and lives on stage c % stages: one range per chunk (one with v = 1).
+LayerRanges stage_layer_ranges(const std::vector<int>& bounds, int stages, int stage);
+
+// The save directories of `saved` whose layers overlap those stage `stage` of `stages` holds
+// under `bounds` (its chunks', stage_layer_ranges), in stage order (at the same layout, P, v and
+// bounds, the stage's own alone: its generator states are restored), each stage's as all its
+// tensor-parallel ranks' (saved.tp > 1), this rank's own `tp_rank` first when the save had this
+// run's `tp` (its generator states then are restored too). Throws CheckpointError naming what
+// the save holds when it cannot be loaded into a model cut by `bounds` (another number of
+// layers, or a save from before the layout was recorded at another P or v).
 std::vector<std::string> dirs_to_load(const std::string& dir, const PipelineSaveLayout& saved,
-                                      const std::vector<int>& bounds, int stage, int tp,
+                                      const std::vector<int>& bounds, int stages, int stage, int tp,
                                       int tp_rank);
 
-// The parameters of layers lo .. hi - 1, by the names the stage's engine gives them
+// The parameters of the layers in `ranges`, by the names the stage's engine gives them
 // ("<layer index>.<name in the layer>"): a stage's part of a save.
+ModelPart layers_part(LayerRanges ranges);
 ModelPart layers_part(int lo, int hi);
 
 }  // namespace zero::pipeline

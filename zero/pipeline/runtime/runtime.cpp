@@ -630,6 +630,7 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
         break;
       }
       case Op::Backward:
+        optimizer_->set_chunk(c);
         if (is_last(c)) {
           optimizer_->backward(out[c][mb], m);
         } else {

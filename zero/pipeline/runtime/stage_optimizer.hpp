@@ -28,6 +28,9 @@ class StageOptimizer {
   // gradients for it). These carry whatever factor the last stage's backward applied.
   virtual void backward(const std::vector<at::Tensor>& outputs,
                         const std::vector<at::Tensor>& grad_outputs) = 0;
+  // The model chunk (0 .. virtual_stages - 1) whose backward the next backward() runs: under
+  // the interleaved schedule a stage's passes reach one chunk's parameters each.
+  virtual void set_chunk(int /*chunk*/) {}
   // Op::ReduceGrads: the stage's gradients are complete on this rank; reduce them across
   // data-parallel replicas (or nothing, where backward already did).
   virtual void reduce_grads() = 0;
