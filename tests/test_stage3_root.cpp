@@ -4,8 +4,9 @@
 // embedding's unit a second time, at the end of forward, and its weight's two gradients meet in
 // one accumulator before the unit is reduced and released.
 //   - Training on 2 and 4 real gloo ranks (threads) against the same GPT trained in one process
-//     on the concatenated batch with torch's SGD / AdamW and clip_grad_norm_: tied and untied
-//     heads, accumulation, clipping, the norms sharded (threshold 0) or whole (threshold dim).
+//     on the concatenated batch with torch's SGD / AdamW and clip_grad_norm_, and against stage 2
+//     (the root whole) on the same config: tied and untied heads, accumulation, clipping, the
+//     norms sharded (threshold 0) or whole (threshold dim).
 //   - Memory on 4 fake accelerators (tests/support/fake_device.hpp, exact per rank): what a rank
 //     holds after initialize and between steps is the engine's declared model states (16Ψ/N for
 //     fp32 AdamW, padding and bucket buffers) plus the model's declared buffers, with no
@@ -183,8 +184,17 @@ TEST_P(Stage3Root, MatchesSingleProcessTraining) {
                  "%s rank %d: max rel diff vs single-process training %.3g (stage 2: %.3g), "
                  "vs stage 2 %.3g\n",
                  name_of({c, 0}).c_str(), r, d3, d2, d32);
-    EXPECT_LT(d3, 1e-6) << "rank " << r << " (stage 2: " << d2 << ")";
+    // Stage 3 computes what stage 2 computes, the root sharded or not.
     EXPECT_LT(d32, 1e-6) << "rank " << r;
+    if (c.sgd) {
+      EXPECT_LT(d3, 1e-6) << "rank " << r << " (stage 2: " << d2 << ")";
+    } else {
+      // AdamW divides each gradient element by its own RMS, so an element that is a near-zero
+      // sum (where the N ranks' partial sums round differently from one process's) moves by a
+      // visible part of a step: measured 1.5e-6 .. 2.2e-5 here against the single process, as
+      // much as stage 2 (test_tensor_parallel_gpt_training's kAdamL2Tol note). Held to stage 2.
+      EXPECT_LE(d3, 1.5 * d2 + 1e-6) << "rank " << r << " (stage 2: " << d2 << ")";
+    }
   }
   // Training moved the parameters (the embedding too), so agreement is not trivial.
   const at::Tensor start = flat_of(*ref_net, init);
