@@ -298,6 +298,8 @@ def one_run(fw, n, dtype, a, port, tmp):
                 "--set", f"train_micro_batch_size_per_gpu={a.micro}",
                 "--set", "gradient_accumulation_steps=1", "--set", "steps_per_print=100000",
                 "--set", "no_weight_decay=[]", "--summary-json", out]
+        for kv in a.zero_set:
+            argv[-2:-2] = ["--set", kv]
         rss = run(n, port, argv, env, rss_file)
         s = json.load(open(out))
         r = {"step_s": s["step_seconds_median"], "peak_rss": rss,
@@ -385,7 +387,8 @@ def stage3_main(a):
     cmd = (f"python3 bench/peers.py --stage3 --model {a.model} --ranks "
            + " ".join(map(str, a.ranks)) + " --dtypes " + " ".join(a.dtypes)
            + " --frameworks " + " ".join(a.frameworks)
-           + f" --steps {a.steps} --warmup {a.warmup} --seq-len {a.seq_len} --micro {a.micro}")
+           + f" --steps {a.steps} --warmup {a.warmup} --seq-len {a.seq_len} --micro {a.micro}"
+           + "".join(f" --zero-set {kv}" for kv in a.zero_set))
     lines = [f"## {a.model} ({nparams / 1e6:.1f} M parameters), stage 3 and its neighbours", "",
              f"`{cmd}`", "",
              "| N | dtype | framework | step (s) | model states (MiB) | step start (MiB) | "
@@ -449,6 +452,9 @@ def main():
     ap.add_argument("--micro", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="1 repetition, 4 steps (2 timed)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--zero-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra --set for zero-train (e.g. "
+                         "zero_optimization.stage3_max_reuse_distance=0)")
     ap.add_argument("--out-md", default=os.path.join(ROOT, "bench", "results", "peers_cpu.md"))
     ap.add_argument("--stage3", action="store_true",
                     help="the stage-3 set: zero-s2 " + " ".join(STAGE3)

@@ -139,15 +139,21 @@ GptImpl::GptImpl(const GptConfig& c, const zero::Deferred* deferred) : cfg(c) {
     blocks->push_back(Block(c));
     built(*(*blocks)[i]);
   }
-  // Each block is a unit of its own at ZeRO stage 3 (gathered around its run_unit in
-  // run_blocks); the marks change nothing below stage 3.
-  for (const auto& b : *blocks) zero::shard(*b);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
   built(*norm);
   if (!c.tied) {
     head = register_module("head", linear(c.dim, c.vocab));
     built(*head);
   }
+  // At ZeRO stage 3 every module with parameters is a unit of its own, gathered around its
+  // run_unit in forward (FSDP2's fully_shard on each block and on the embedding and head), so
+  // nothing stays whole in the root but what stage3_param_persistence_threshold keeps (the
+  // norms, at DeepSpeed's default). A tied head is the embedding's unit run a second time.
+  // The marks change nothing below stage 3.
+  zero::shard(*embed);
+  for (const auto& b : *blocks) zero::shard(*b);
+  zero::shard(*norm);
+  if (head) zero::shard(*head);
 
   // HF Llama's RoPE formulas, op for op and in fp32 (not the exact angle in double): the
   // tables are then bit-identical to transformers' and so are the logits and gradients of a
@@ -215,15 +221,24 @@ zero::InitialValues GptImpl::initial_values() const {
 at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   if (T > cfg.max_seq) throw std::invalid_argument("sequence longer than the model's max_seq");
-  auto x = embed->forward(tokens);
+  auto x = zero::run_unit(
+      *embed, [this](const at::Tensor& t) { return embed->forward(t); }, tokens);
   const auto dtype = x.scalar_type();
   auto cos = rope_cos.narrow(0, 0, T).to(dtype);
   auto sin = rope_sin.narrow(0, 0, T).to(dtype);
   zero::CheckpointOptions opts;
   opts.offload = offloader.get();
   x = run_blocks<BlockImpl>(blocks, x, cos, sin, checkpointing, opts);
-  x = norm->forward(x);
-  return head ? head->forward(x) : at::linear(x, embed->weight);
+  x = zero::run_unit(
+      *norm, [this](const at::Tensor& t) { return norm->forward(t); }, x);
+  if (head)
+    return zero::run_unit(
+        *head, [this](const at::Tensor& t) { return head->forward(t); }, x);
+  // Tied: the embedding's unit again, gathered for the head (or still gathered, within
+  // stage3_max_reuse_distance); its weight's two gradients meet in one accumulator, so the unit
+  // is released, and reduced, once both are in.
+  return zero::run_unit(
+      *embed, [this](const at::Tensor& t) { return at::linear(t, embed->weight); }, x);
 }
 
 void apply_activation_checkpointing(Gpt& model, const CheckpointPolicy& policy) {

@@ -108,9 +108,6 @@ TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
                    group, tp::VocabParallelEmbeddingOptions(c.vocab, c.dim).sequence_parallel(sp)));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(TpBlock(group, c, sp));
-  // As Gpt's: each block a unit of its own at ZeRO stage 3, holding the data-parallel shard of
-  // this tensor-parallel rank's block; nothing changes below stage 3.
-  for (const auto& b : *blocks) zero::shard(*b);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
   if (!c.tied) {
     head = register_module(
@@ -119,6 +116,13 @@ TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
                                                     .gather_output(false)
                                                     .sequence_parallel(sp)));
   }
+  // As Gpt's: the embedding, each block, the final norm and the head a unit of its own at ZeRO
+  // stage 3, holding the data-parallel shard of this tensor-parallel rank's part; a tied head
+  // runs the embedding's unit again. Nothing changes below stage 3.
+  zero::shard(*embed);
+  for (const auto& b : *blocks) zero::shard(*b);
+  zero::shard(*norm);
+  if (head) zero::shard(*head);
   auto [cos, sin] = rope_tables(c);
   rope_cos = register_buffer("rope_cos", cos);
   rope_sin = register_buffer("rope_sin", sin);
@@ -133,20 +137,32 @@ at::Tensor TpGptImpl::forward(const at::Tensor& tokens) {
                                 " tensor-parallel ranks: seq_len = " + std::to_string(S) +
                                 " must be a multiple of " + std::to_string(group->size()));
   }
-  auto x = embed->forward(tokens);  // [B, S, D], or [B, S / T, D] under SP
+  // [B, S, D], or [B, S / T, D] under SP
+  auto x = zero::run_unit(
+      *embed, [this](const at::Tensor& t) { return embed->forward(t); }, tokens);
   const auto dtype = x.scalar_type();
   auto cos = rope_cos.narrow(0, 0, S).to(dtype);
   auto sin = rope_sin.narrow(0, 0, S).to(dtype);
   zero::CheckpointOptions opts;
   x = run_blocks<TpBlockImpl>(blocks, x, cos, sin, checkpointing, opts);
-  x = norm->forward(x);
-  if (head) return head->forward(x);
+  x = zero::run_unit(
+      *norm, [this](const at::Tensor& t) { return norm->forward(t); }, x);
+  if (head)
+    return zero::run_unit(
+        *head, [this](const at::Tensor& t) { return head->forward(t); }, x);
   // Tied: the embedding's vocabulary shard is this rank's part of the head (Megatron's
-  // parallel_lm_logits). The input enters the region: all-gathered along the sequence under SP
-  // (backward reduce-scatters the partial gradients), otherwise copied (backward all-reduces).
-  const at::Tensor in = sequence_parallel ? tp::gather_from_sequence_region(x, group, /*dim=*/1)
-                                          : tp::copy_to_region(x, group);
-  return at::linear(in, embed->weight);
+  // parallel_lm_logits), run as the embedding's unit again. The input enters the region:
+  // all-gathered along the sequence under SP (backward reduce-scatters the partial gradients),
+  // otherwise copied (backward all-reduces).
+  return zero::run_unit(
+      *embed,
+      [this](const at::Tensor& t) {
+        const at::Tensor in = sequence_parallel
+                                  ? tp::gather_from_sequence_region(t, group, /*dim=*/1)
+                                  : tp::copy_to_region(t, group);
+        return at::linear(in, embed->weight);
+      },
+      x);
 }
 
 at::Tensor TpGptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {

@@ -1,5 +1,5 @@
 // The planner's stage-3 row (plan_model_states(in, 3), stage3_units) against the engine: the
-// units zero::initialize cuts from a real example GPT (its blocks marked by models/gpt.cpp), and
+// units zero::initialize cuts from a real example GPT (its modules marked by models/gpt.cpp), and
 // the model states its memory report measures per rank after training steps at stage 3, on real
 // gloo ranks. Before this row the planner priced stage 3 with no root unit and stage 2's bucket
 // buffer (zero-train's phase predictions at stage 3 used it).
@@ -69,13 +69,15 @@ TEST(MemoryPlanStage3, UnitsAreTheEnginesForTheExampleGpt) {
   }
 }
 
-// The formula zero-memory prints: the root whole, the rest over N (gpt-25m: the tied embedding
-// and the 25 norms, 3,155,328 of 24,388,992 parameters).
-TEST(MemoryPlanStage3, FormulaKeepsTheRootWhole) {
+// The formula zero-memory prints: the root whole, the rest over N. gpt-25m at DeepSpeed's
+// persistence threshold: the root keeps only the 25 norms (9,600 of 24,388,992 parameters); the
+// tied embedding is a unit of its own (it was the root's, 3,155,328 with the norms, 4.518Ψ).
+TEST(MemoryPlanStage3, FormulaKeepsOnlyThePersistentParametersWhole) {
   const PlanInput in = plan_of(models::gpt_preset("gpt-25m"), 4, 4, 100000);
-  EXPECT_EQ(stage3_root_params(in), 3155328);
+  EXPECT_EQ(stage3_root_params(in), 25 * 384);
   EXPECT_EQ(model_state_formula(in, 3),
-            "4Ψ_root (Ψ_root = 0.129Ψ) + 4Ψ/4 + 4Ψ/4 + 8Ψ/4 = 4.518Ψ");
+            "4Ψ_root (Ψ_root = 0.000394Ψ) + 4Ψ/4 + 4Ψ/4 + 8Ψ/4 = 4.002Ψ");
+  EXPECT_EQ(stage3_root_params(plan_of(models::gpt_preset("gpt-25m"), 4, 4, 0)), 0);
 }
 
 // One model state of the memory report against the planner's: equal up to the engine's padding

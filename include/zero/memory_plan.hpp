@@ -161,12 +161,14 @@ ActivationEstimate predict_activations(const PlanInput& in, Recompute r);
 // Elements of the largest gradient bucket: the example GPT's parameters in the engine's order
 // (reverse registration), a bucket closing at the first parameter that reaches the size.
 int64_t max_bucket_elements(const PlanInput& in);
-// Stage 3's units of the example GPT (examples/gpt.cpp marks each block, zero::shard), each the
-// sizes of its parameters in the engine's order (reverse registration); units[0] is the root:
-// the embedding, the final norm, an untied head, and every block parameter that stays whole by
-// DeepSpeed's persistence rule (zero/units/unit_plan.hpp: numel <= param_persistence_threshold
-// in registration order, while the total kept whole stays within model_persistence_threshold).
-// A unit left with no parameter is dropped. Empty when the shape is not the model.
+// Stage 3's units of the example GPT (models/gpt.cpp marks the embedding, each block, the final
+// norm and an untied head, zero::shard), each the sizes of its parameters in the engine's order
+// (reverse registration), in forward order after units[0], the root: every parameter that stays
+// whole by DeepSpeed's persistence rule (zero/units/unit_plan.hpp: numel <=
+// param_persistence_threshold in registration order, while the total kept whole stays within
+// model_persistence_threshold), possibly none. A unit left with no parameter is dropped (the root
+// never). A tied head is the embedding's unit run again (not a unit of its own). Empty when the
+// shape is not the model.
 std::vector<std::vector<int64_t>> stage3_units(const PlanInput& in);
 // The root unit's elements (units[0] above), gathered all the time at stage 3; 0 without a
 // shape (every parameter counted as sharded).

@@ -91,7 +91,8 @@ man = json.load(open(f"{d}/manifest.json"))
 assert man["stage"] == 3 and man["world_size"] == 2, (man["stage"], man["world_size"])
 units = man["units"]
 names = [u["name"] for u in units]
-assert names[0] == "<root>" and len(names) > 1, names
+# Every module with parameters is a unit (threshold 0): no root unit, the embedding one of them.
+assert "embed" in names and "<root>" not in names and len(names) > 1, names
 in_units = sorted(p for u in units for p in u["params"])
 assert in_units == sorted(p["name"] for p in man["params"]), "units do not list every parameter"
 states = 1 + len(man["optimizer"]["states"])  # master + optimizer states, fp32

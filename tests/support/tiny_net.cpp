@@ -64,6 +64,14 @@ ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_row
 ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_rows,
                                 torch::nn::Module& m,
                                 const std::function<at::Tensor(const at::Tensor&)>& forward) {
+  return train_reference(cfg, steps, m, [&](int s) {
+    const Batch b = global_batch(s, global_rows);
+    return mse(forward(b.x), b.y);
+  });
+}
+
+ReferenceResult train_reference(const Config& cfg, int steps, torch::nn::Module& m,
+                                const std::function<at::Tensor(int)>& loss) {
   torch::nn::Module* net = &m;
   std::vector<at::Tensor> decay, no_decay;
   for (auto& item : net->named_parameters()) {
@@ -101,8 +109,7 @@ ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_row
   ReferenceResult res;
   for (int s = 0; s < steps; ++s) {
     opt->zero_grad();
-    Batch b = global_batch(s, global_rows);
-    mse(forward(b.x), b.y).backward();
+    loss(s).backward();
     double norm = 0;
     for (auto& p : net->parameters()) norm += p.grad().square().sum().item<double>();
     res.grad_norms.push_back(std::sqrt(norm));

@@ -51,6 +51,10 @@ ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_row
                                 torch::nn::Module& net,
                                 const std::function<at::Tensor(const at::Tensor&)>& forward);
 
+// The same for any model and loss: `loss(step)` is step's loss over the whole global batch.
+ReferenceResult train_reference(const Config& cfg, int steps, torch::nn::Module& net,
+                                const std::function<at::Tensor(int)>& loss);
+
 // Parameters flattened in named_parameters() order, fp32.
 at::Tensor flatten(torch::nn::Module& m);
 

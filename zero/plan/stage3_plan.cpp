@@ -15,10 +15,12 @@ namespace zero {
 std::vector<std::vector<int64_t>> stage3_units(const PlanInput& in) {
   if (!shape_is_model(in)) return {};
   const std::vector<int64_t> sizes = in.shape.parameter_sizes();
-  // parameter_sizes: the embedding, then 9 per block, then the final norm (and an untied head).
+  // parameter_sizes: the embedding, then 9 per block, then the final norm (and an untied head),
+  // each module a unit of its own (models/gpt.cpp marks them all, zero::shard): unit 1 the
+  // embedding (a tied head runs it again), 2..L+1 the blocks, then the norm and the head.
   constexpr int64_t kPerBlock = 9;
   const int64_t layers = in.shape.layers;
-  std::vector<std::vector<int64_t>> units(static_cast<size_t>(layers) + 1);
+  std::vector<std::vector<int64_t>> units(static_cast<size_t>(layers) + 4);
   int64_t persistent = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t n = sizes[i];
@@ -28,8 +30,15 @@ std::vector<std::vector<int64_t>> stage3_units(const PlanInput& in) {
       persistent += n;
     }
     const int64_t k = static_cast<int64_t>(i) - 1;
-    const bool in_block = k >= 0 && k < layers * kPerBlock;
-    units[in_block && !whole ? static_cast<size_t>(1 + k / kPerBlock) : 0].push_back(n);
+    size_t u = 0;
+    if (i == 0) {
+      u = 1;
+    } else if (k < layers * kPerBlock) {
+      u = static_cast<size_t>(2 + k / kPerBlock);
+    } else {
+      u = static_cast<size_t>(2 + layers + (k - layers * kPerBlock));  // norm, then head
+    }
+    units[whole ? 0 : u].push_back(n);
   }
   std::vector<std::vector<int64_t>> out;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -119,7 +128,15 @@ int64_t stage3_transient_bytes(const PlanInput& in, int stage) {
   if (units.empty()) return 0;
   // Only the order and the sizes decide what is live: any positive times will do.
   const std::vector<double> ones(units.size(), 1.0);
-  const int64_t live = stage3_pass(units, ones, ones, ones, in).peak_live;
+  int64_t live = stage3_pass(units, ones, ones, ones, in).peak_live;
+  // A tied head runs the embedding's unit again at the end of forward, and the weight's
+  // gradient is complete only after the embedding's backward: the unit stays gathered through
+  // the whole backward, beside whatever the pass (which sees it once, first) holds there.
+  const auto all = stage3_units(in);
+  if (in.shape.tied && all.size() > 1 && all[1].size() == 1 &&
+      all[1][0] == in.shape.vocab * in.shape.hidden) {
+    live += all[1][0];
+  }
   const int64_t largest = *std::max_element(units.begin(), units.end());
   return static_cast<int64_t>(in.param_bytes) * (live + largest);
 }
