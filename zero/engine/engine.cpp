@@ -295,6 +295,10 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   const auto& qg = c.zero_optimization.quantized_gradients;
   so.compress = {qg.enabled, qg.bits, qg.block, qg.error_feedback, qg.hierarchical,
                  compress::residual_store(qg.error_feedback_dtype, so.comm_dtype)};
+  // Stage 3 keeps 16/N bytes a parameter on the device; a residual of the whole gradient there
+  // would undo that (review 2026-12-07a M2), so its residuals live in host memory, one slot
+  // staged per reduction (error_feedback.hpp). On CPU nothing moves.
+  if (impl->sharding.stage() == 3) so.compress.feedback_residence = compress::Residence::kHost;
   // The node of each data-parallel rank, from the launcher's ranks per node: the compressed
   // reduction goes within the node first when the group spans nodes (node_layout.hpp).
   if (qg.enabled && qg.hierarchical) {
