@@ -375,6 +375,15 @@ bool Engine::step() {
   // The verdict is global (stage 0 holds the all-reduced gradient, stages 1/2 the all-reduced
   // square sum), so every rank skips the same steps.
   const at::Tensor found_inf = sq.isfinite().logical_not().to(at::kFloat);
+  // Stage 3 on a device: the last pass's gather-order comparison is still on the device; a pass
+  // whose gathers mixed units skips its step there as an overflow does (the loss scale is left
+  // alone), and its backward-late check throws (units/order_check.hpp).
+  at::Tensor skip = found_inf;
+  if (m.unit_runtime) {
+    if (const at::Tensor mixed = m.unit_runtime->pending_order_flag(); mixed.defined()) {
+      skip = at::maximum(found_inf, mixed.to(found_inf.options()).reshape(found_inf.sizes()));
+    }
+  }
   const at::Tensor norm = sq.sqrt() / divisor;
   at::Tensor grad_scale = divisor, grad_mul;
   if (m.cfg.gradient_clipping > 0 && m.deepspeed_clip) {
@@ -391,7 +400,7 @@ bool Engine::step() {
 
   const double lr = m.schedule->lr_at(m.stats.optimizer_steps);
   // After a skipped step the master is unchanged, so this republishes the same values.
-  m.step_units({g, lr, {grad_scale, found_inf, grad_mul}});
+  m.step_units({g, lr, {grad_scale, skip, grad_mul}});
   m.scaler.update(found_inf);
   m.sync->zero_grad();
   ++m.stats.optimizer_steps;
@@ -400,8 +409,12 @@ bool Engine::step() {
   // How many more overflows in a row the scale tolerates before it drops (fp16.hysteresis).
   const at::Tensor left_after = m.scaler.active() ? m.scaler.hysteresis_left() : left_before;
   const auto as_double = [](const at::Tensor& t) { return t.reshape({1}).to(at::kDouble); };
-  m.verdict.start(at::cat({as_double(norm), as_double(found_inf), as_double(scale_before),
-                           as_double(scale_after), as_double(left_before), as_double(left_after)}));
+  std::vector<at::Tensor> verdict{as_double(norm),         as_double(skip),
+                                  as_double(scale_before), as_double(scale_after),
+                                  as_double(left_before),  as_double(left_after)};
+  // Whether the skip was the gather order's (then the order check reports it, not settle()).
+  if (!skip.is_same(found_inf)) verdict.push_back(as_double(skip - found_inf));
+  m.verdict.start(at::cat(verdict));
   if (!m.verdict.ready()) return true;  // CUDA: the outcome reaches the host at the next step
   const int64_t skipped = m.stats.skipped_steps;
   m.settle();
