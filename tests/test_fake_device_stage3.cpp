@@ -221,5 +221,48 @@ TEST(FakeDeviceStage3Memory, FourRanksHoldAQuarterOfTheModelPerPhase) {
   }
 }
 
+// Stage 3 under optimizer offload and fp16 (review 2026-12-07a L4): the step's scalars
+// (grad_scale, found_inf) reach the host once a step, not once per unit, and the previous
+// step's uploads are waited for once. Counted as the fake device's host reads during step():
+// the same with three marked blocks (four units) as with none (one unit), and still training.
+TEST(FakeDeviceStage3Offload, StepReadsTheDeviceOncePerStepWhateverTheUnitCount) {
+  std::vector<std::vector<int64_t>> reads(2);
+  for (const bool mark : {false, true}) {
+    Config cfg = test_config(3, kGlobalRows / 2, 1, 0.3);
+    cfg.fp16.enabled = true;
+    cfg.zero_optimization.stage3.param_persistence_threshold = 0;
+    cfg.zero_optimization.offload_optimizer.enabled = true;
+    cfg.zero_optimization.offload_optimizer.threads = 1;
+    std::vector<int64_t> per_step(kSteps, 0);
+    run_ranks(
+        2,
+        [&](std::shared_ptr<comm::Group> group) {
+          const int r = group->rank();
+          const c10::Device d = fake::device(r);
+          auto net = make_stage3_net(3, mark);
+          net->to(d);
+          auto engine = initialize(net, cfg, group);
+          const at::Tensor before = engine.flat_parameters().cpu();
+          for (int s = 0; s < kSteps; ++s) {
+            const Batch b = rank_micro_batch(global_batch(s, kGlobalRows), r, 2, 0, 1);
+            engine.backward(
+                mse(net->forward(engine.cast_input(b.x.to(d))).to(at::kFloat), b.y.to(d)));
+            const int64_t at_step = fake::host_reads(r);
+            engine.step();
+            if (r == 0) per_step[s] = fake::host_reads(r) - at_step;
+          }
+          EXPECT_FALSE(at::equal(engine.flat_parameters().cpu(), before)) << "it trained";
+        },
+        std::chrono::seconds(60), fake::device().type());
+    for (int s = 0; s < kSteps; ++s)
+      std::printf("offload fp16, %s: step %d reads the device %lld times\n",
+                  mark ? "3 marked blocks (4 units)" : "no marked block (1 unit)", s + 1,
+                  static_cast<long long>(per_step[s]));
+    reads[mark] = per_step;
+  }
+  EXPECT_EQ(reads[true], reads[false]);
+  EXPECT_LE(reads[true].back(), 2);
+}
+
 }  // namespace
 }  // namespace zero::testing

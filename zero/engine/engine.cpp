@@ -124,8 +124,15 @@ void Engine::Impl::step_units(const StepContext& ctx) {
   // Stage 3: a unit still gathered (prefetched by a forward run after backward) would keep the
   // values from before the step.
   if (unit_runtime) release_gathered_units();
-  units.front()->begin_step(ctx);
-  for (auto& u : units) u->step(ctx, q);
+  StepContext c = ctx;
+  if (offload) {
+    // Once a step, not per unit (review 2026-12-07a L4): the previous step's uploads out of
+    // staging finished, and the scalars' one device read (fp16: found_inf, grad_scale).
+    offload->begin_publish();
+    c.scalars = OptimizerOffload::host_scalars(ctx.scalars);
+  }
+  units.front()->begin_step(c);
+  for (auto& u : units) u->step(c, q);
   // What the updates did not hide (host-blocking on gloo; stream-ordered on NCCL); at stage 3
   // also the units' gathers that forward and backward waited for since the last step.
   const double wait = q.used() ? q.drain() : 0.0;
@@ -137,6 +144,7 @@ void Engine::Impl::publish_units() {
   comm::CoalescingWindow window(publish_group.get());
   GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
   if (unit_runtime) release_gathered_units();
+  if (offload) offload->begin_publish();
   for (auto& u : units) u->publish(q);
   if (q.used()) stats.allgather_wait_seconds = q.drain();
 }

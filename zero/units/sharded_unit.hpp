@@ -94,7 +94,9 @@ class ShardedUnit {
   // begin_step: its checks read the first bucket's window of this unit).
   void begin_step(const StepContext& ctx);
   // The optimizer over this unit's buckets, then the new values into the parameters (gathers
-  // queued in `q`; the caller drains it).
+  // queued in `q`; the caller drains it). Under optimizer offload the caller has called
+  // OptimizerOffload::begin_publish once for the round (step or publish) and passes host
+  // scalars (host_scalars), once for all units.
   void step(const StepContext& ctx, GatherQueue& q);
   // The master's values into the parameters without an update (after a checkpoint load).
   void publish(GatherQueue& q);
