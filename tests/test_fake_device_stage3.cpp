@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "support/fake_device.hpp"
 #include "support/stage3_net.hpp"
 #include "support/thread_group.hpp"
+#include "support/timed.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
 #include "zero/memory.hpp"
@@ -262,6 +264,52 @@ TEST(FakeDeviceStage3Offload, StepReadsTheDeviceOncePerStepWhateverTheUnitCount)
   }
   EXPECT_EQ(reads[true], reads[false]);
   EXPECT_LE(reads[true].back(), 2);
+}
+
+// state_dict at stage 3 when one rank's device cannot allocate the gather buffer (review
+// 2026-12-07a L7): every rank throws the same error naming that rank, within seconds (not the
+// comm timeout of a rank left alone in a gather), and the ranks stay in step: with memory back,
+// the same call returns the same values on both ranks. One bucket per block (4096 elements),
+// so each unit's gather buffer is larger than any of its parameters.
+TEST(FakeDeviceStage3StateDict, GatherBufferOutOfMemoryOnOneRankFailsOnEveryRank) {
+  Config cfg = test_config(3, kGlobalRows / 2, 1, 0.0, /*bucket=*/4096);
+  cfg.zero_optimization.stage3.param_persistence_threshold = 0;
+  std::vector<Outcome> failed(2);
+  std::vector<StateDict> got(2);
+  run_ranks(
+      2,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        const c10::Device d = fake::device(r);
+        auto net = make_stage3_net(3, /*mark=*/true);
+        net->to(d);
+        auto engine = initialize(net, cfg, group);
+        const Batch b = rank_micro_batch(global_batch(0, kGlobalRows), r, 2, 0, 1);
+        engine.backward(mse(net->forward(b.x.to(d)), b.y.to(d)));
+        engine.step();
+        // The largest bucket's gathered fp32 values: nothing else state_dict allocates is as
+        // large (the parameters' copies are smaller than their bucket).
+        int64_t largest = 0;
+        for (const auto& p : net->parameters()) largest = std::max(largest, p.numel());
+        if (r == 1) fake::fail_allocations_from(1, 4 * largest + 1);
+        failed[r] = timed([&] { engine.state_dict({.master = true, .to_rank = -1, .cpu = true}); });
+        if (r == 1) fake::fail_allocations_from(1, 0);
+        got[r] = engine.state_dict({.master = true, .to_rank = -1, .cpu = true});
+      },
+      std::chrono::seconds(60), fake::device().type());
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const std::string& e = failed[r].error;
+    EXPECT_NE(e.find("state_dict"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank 1: allocating"), std::string::npos) << e;
+    EXPECT_NE(e.find("out of memory"), std::string::npos) << e;
+    EXPECT_EQ(e.find("rank 0:"), std::string::npos) << e;
+    EXPECT_LT(failed[r].seconds, 10.0);
+    ASSERT_EQ(got[r].size(), got[0].size());
+    for (size_t i = 0; i < got[r].size(); ++i)
+      EXPECT_TRUE(at::equal(got[r][i].second, got[0][i].second)) << got[r][i].first;
+  }
+  EXPECT_FALSE(got[0].empty());
 }
 
 }  // namespace

@@ -309,16 +309,25 @@ std::vector<optim::Range> ShardedUnit::norm_pieces(const std::vector<char>& coun
 }
 
 void ShardedUnit::for_each_gathered_master(
-    const std::function<void(const BucketSlot&, const at::Tensor&)>& f) const {
+    const std::function<void(const BucketSlot&, const at::Tensor&)>& f,
+    const GatherScratch* scratch) const {
   const FlatParams& fp = store_.fp;
   const auto& buckets = fp.layout.buckets();
   for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
     const BucketSlot& bucket = buckets[b];
     // Gathered where the group runs: an offloaded master is in host memory.
     const at::Device dev = fp.device();
-    at::Tensor in = fp.master.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()).to(dev);
-    at::Tensor full = at::empty({bucket.shard.padded_numel()},
-                                at::TensorOptions().dtype(at::kFloat).device(dev));
+    const int64_t S = bucket.shard.shard_numel();
+    const at::Tensor shard = fp.master.narrow(0, bucket.shard_offset, S);
+    at::Tensor in, full;
+    if (scratch != nullptr) {
+      in = shard.device() == dev ? shard : scratch->in.narrow(0, 0, S).copy_(shard);
+      full = scratch->full.narrow(0, 0, bucket.shard.padded_numel());
+    } else {
+      in = shard.to(dev);
+      full = at::empty({bucket.shard.padded_numel()},
+                       at::TensorOptions().dtype(at::kFloat).device(dev));
+    }
     dp_.all_gather(full, in,
                    "all_gather of parameter bucket " + std::to_string(b) + " for state_dict")
         .wait();
