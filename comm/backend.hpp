@@ -5,6 +5,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
+#include <cstdint>
 
 #include <string>
 
@@ -30,6 +31,11 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 // split (its color is negative, or its group is itself alone) still takes part, without a
 // color. No-op for a backend that does not split (gloo).
 void nccl_split_without_color(c10d::Backend& parent);
+// How many communicators were split from the NCCL group's own so far (ProcessGroupNCCL::
+// getCommSplitCounter), and whether it has one to split (isInitialized): what C10dGroup::split
+// checks before and after a split (review 2026-12-07a L3). 0 / false for any other backend.
+uint64_t nccl_split_counter(c10d::Backend& backend);
+bool nccl_has_communicator(c10d::Backend& backend);
 // The GPU an NCCL group is bound to; -1 for any other backend.
 int nccl_bound_device(const c10d::Backend& backend);
 // Whether this build can make NCCL groups (a CUDA build of torch).

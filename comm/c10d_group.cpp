@@ -419,6 +419,36 @@ std::vector<std::pair<int, int>> C10dGroup::exchange(int n, int color, int key) 
   return out;
 }
 
+std::string agree_through_store(c10d::Store& store, const std::string& key, int rank, int size,
+                                const std::string& problem, std::chrono::milliseconds timeout) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(key + std::to_string(r));
+  // A leading byte: "ready" is an empty problem, and a store value is never empty.
+  store.set(keys[rank], bytes("=" + problem));
+  std::vector<int> missing;
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception&) {
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({keys[r]})) missing.push_back(r);
+    }
+    if (missing.empty()) throw;  // the store itself failed: its message says so
+  }
+  std::string out;
+  const auto add = [&](const std::string& part) { out += (out.empty() ? "" : "; ") + part; };
+  for (int r = 0; r < size; ++r) {
+    if (std::find(missing.begin(), missing.end(), r) != missing.end()) continue;
+    const std::vector<uint8_t> v = store.get(keys[r]);
+    const std::string text(v.begin() + 1, v.end());
+    if (!text.empty()) add("rank " + std::to_string(r) + ": " + text);
+  }
+  if (!missing.empty()) {
+    add((missing.size() == 1 ? "rank " : "ranks ") + join(missing) + " did not reach it within " +
+        format_seconds(timeout));
+  }
+  return out;
+}
+
 std::shared_ptr<Group> C10dGroup::split(int color, int key, const std::string& name) {
   const int n = splits_++;
   std::vector<std::pair<int, int>> all;
@@ -437,8 +467,44 @@ std::shared_ptr<Group> C10dGroup::split(int color, int key, const std::string& n
   }
   bool any_comm = false;
   for (const auto& [c, n] : sizes) any_comm = any_comm || n > 1;
+  // ncclCommSplit blocks without a timeout, and a rank that fails before it while staying alive
+  // would leave the others in it for good (review 2026-12-07a L3). So under NCCL every rank
+  // first says through the store, with a timeout, that it can take part (its backend is made
+  // and the parent has a communicator to split), and afterwards checks that c10d did split the
+  // parent's communicator rather than bootstrap a fresh one.
+  const bool nccl_split = nccl && any_comm;
+  const uint64_t splits_before = nccl_split ? nccl_split_counter(*p_.backend) : 0;
+  std::string problem;
+  if (nccl_split && !nccl_has_communicator(*p_.backend)) {
+    problem = "group " + p_.name + " has no NCCL communicator on this rank's GPU to split";
+  }
+  const auto agree = [&] {
+    if (!nccl_split) return;
+    const std::string all_problems =
+        agree_through_store(*p_.store, "split/" + std::to_string(n) + "/ready/", p_.rank, p_.size,
+                            problem, p_.opts.timeout);
+    if (all_problems.empty()) return;
+    throw CommError(who() + ": split " + std::to_string(n) + " of group " + p_.name +
+                    " cannot start (" + all_problems +
+                    "); no rank entered ncclCommSplit, which would wait for the others without "
+                    "a timeout");
+  };
+  const auto check_split = [&](const std::string& as) {
+    if (!nccl_split) return;
+    const uint64_t after = nccl_split_counter(*p_.backend);
+    if (after == splits_before + 1) return;
+    throw CommError(who() + ": split " + std::to_string(n) + " of group " + p_.name + " (" + as +
+                    "): c10d did not split the parent's NCCL communicator (its split count went " +
+                    std::to_string(splits_before) + " -> " + std::to_string(after) +
+                    ", expected +1); this torch's ProcessGroupNCCL split_from did not take "
+                    "effect, and ranks still inside ncclCommSplit wait for this one");
+  };
   if (color < 0 || sizes[color] <= 1) {
-    if (nccl && any_comm) nccl_split_without_color(*p_.backend);
+    if (nccl_split) {
+      agree();
+      nccl_split_without_color(*p_.backend);
+      check_split("without a color");
+    }
     if (color < 0) return nullptr;
   }
 
@@ -471,16 +537,23 @@ std::shared_ptr<Group> C10dGroup::split(int color, int key, const std::string& n
                                   p_.backend, color)
                       : make_gloo(c.store, c.rank, c.size, c.opts, c.interface_hint);
     } catch (const std::exception& e) {
-      const std::string gone =
-          p_.liveness ? p_.liveness->diagnose(std::chrono::milliseconds(4000))
-                      : "a peer rank most likely exited or stalled (check its log above)";
-      throw CommError(who() + ": setting up group " + c.name + " (world ranks " +
-                      join(c.global_ranks) + ") failed (" + c10d_message(e) + "): " + gone);
+      if (nccl_split) {
+        // Said to every rank before any enters the split (agree() throws on all of them).
+        if (problem.empty()) problem = "making its NCCL group failed (" + c10d_message(e) + ")";
+      } else {
+        const std::string gone =
+            p_.liveness ? p_.liveness->diagnose(std::chrono::milliseconds(4000))
+                        : "a peer rank most likely exited or stalled (check its log above)";
+        throw CommError(who() + ": setting up group " + c.name + " (world ranks " +
+                        join(c.global_ranks) + ") failed (" + c10d_message(e) + "): " + gone);
+      }
     }
+    agree();
   }
   auto child = std::make_shared<C10dGroup>(std::move(c));
   // The split's groups are disjoint: each connects among its own ranks, none waits on another.
   child->connect("made by split " + std::to_string(n) + " of group " + p_.name);
+  if (child->size() > 1) check_split("color " + std::to_string(color));
   return child;
 }
 

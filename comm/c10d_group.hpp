@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,5 +107,14 @@ class C10dGroup final : public Group, public P2PBatching {
   int instances_ = 0;
   bool connected_ = false;
 };
+
+// Before a split that enters ncclCommSplit (blocking, with no timeout of its own: review
+// 2026-12-07a L3), every rank of the parent says whether it can take part. Each posts `problem`
+// ("" = ready) under key + its rank in `store` and waits for every rank's, at most `timeout`.
+// Returns "" when every rank is ready; else, the same on every rank that saw every post, each
+// problem as "rank r: <problem>" joined by "; ", and the ranks that posted nothing within the
+// timeout as "ranks a, b did not reach it".
+std::string agree_through_store(c10d::Store& store, const std::string& key, int rank, int size,
+                                const std::string& problem, std::chrono::milliseconds timeout);
 
 }  // namespace zero::comm

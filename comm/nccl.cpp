@@ -81,6 +81,16 @@ void nccl_split_without_color(c10d::Backend& parent) {
   if (const auto device = pg->getBoundDeviceId()) pg->performNocolorSplit(*device);
 }
 
+uint64_t nccl_split_counter(c10d::Backend& backend) {
+  auto* pg = dynamic_cast<c10d::ProcessGroupNCCL*>(&backend);
+  return pg ? pg->getCommSplitCounter() : 0;
+}
+
+bool nccl_has_communicator(c10d::Backend& backend) {
+  auto* pg = dynamic_cast<c10d::ProcessGroupNCCL*>(&backend);
+  return pg && pg->isInitialized();
+}
+
 int nccl_bound_device(const c10d::Backend& backend) {
   const auto device = backend.getBoundDeviceId();
   return device ? device->index() : -1;

@@ -27,4 +27,8 @@ void nccl_close(c10d::Backend&, bool) {}
 
 void nccl_split_without_color(c10d::Backend&) {}
 
+uint64_t nccl_split_counter(c10d::Backend&) { return 0; }
+
+bool nccl_has_communicator(c10d::Backend&) { return false; }
+
 }  // namespace zero::comm

@@ -6,11 +6,13 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "support/fake_device.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/deferred_init.hpp"
@@ -56,10 +58,14 @@ struct Case {
   bool biases;
 };
 
-void expect_deferred_matches_eager(const Case& k, int world) {
+// `on_fake`: the placeholders on the fake accelerator (support/fake_device.hpp), rank r on
+// fake:r, so the start-up's device path runs: released unit buffers made without allocating,
+// and the uploads through the page-locked staging ring, cast on the device (review 2026-12-07a
+// L6), with events completing late.
+void expect_deferred_matches_eager(const Case& k, int world, bool on_fake = false) {
   SCOPED_TRACE("stage " + std::to_string(k.stage) + (k.bf16 ? " bf16" : " fp32") +
                (k.tied ? " tied" : " untied") + (k.biases ? " biases" : "") + ", world " +
-               std::to_string(world));
+               std::to_string(world) + (on_fake ? ", fake devices" : ""));
   const models::GptConfig c = small_gpt(k.tied, k.biases);
   double eager_next = 0;
   const StateDict eager = eager_weights(c, &eager_next);
@@ -68,20 +74,27 @@ void expect_deferred_matches_eager(const Case& k, int world) {
   cfg.bf16 = k.bf16;
   std::vector<StateDict> masters(world), computed(world);
   std::vector<double> next(world);
-  run_ranks(world, [&](std::shared_ptr<comm::Group> group) {
-    const int r = group->rank();
-    std::shared_ptr<models::GptImpl> gpt;
-    {
-      std::lock_guard<std::mutex> lock(build_mutex);
-      at::manual_seed(kSeed);
-      gpt = std::make_shared<models::GptImpl>(c, Deferred{});
-      next[r] = at::randn({1}).item<double>();
-    }
-    for (const auto& p : gpt->parameters()) EXPECT_TRUE(is_deferred(p));
-    auto engine = initialize(gpt, cfg, group, gpt->initial_values());
-    masters[r] = engine.state_dict({/*master=*/true});
-    computed[r] = engine.state_dict({/*master=*/false});
-  });
+  run_ranks(
+      world,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        std::shared_ptr<models::GptImpl> gpt;
+        {
+          std::lock_guard<std::mutex> lock(build_mutex);
+          at::manual_seed(kSeed);
+          gpt = std::make_shared<models::GptImpl>(
+              c, Deferred{on_fake ? fake::device(r) : c10::Device(c10::kCPU)});
+          next[r] = at::randn({1}).item<double>();
+        }
+        for (const auto& p : gpt->parameters()) EXPECT_TRUE(is_deferred(p));
+        auto engine = initialize(gpt, cfg, group, gpt->initial_values());
+        if (on_fake) {
+          for (const auto& p : gpt->parameters()) EXPECT_EQ(p.device(), fake::device(r));
+        }
+        masters[r] = engine.state_dict({.master = true, .to_rank = -1, .cpu = true});
+        computed[r] = engine.state_dict({.master = false, .to_rank = -1, .cpu = true});
+      },
+      std::chrono::seconds(60), on_fake ? fake::device().type() : c10::DeviceType::CPU);
   for (int r = 0; r < world; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     // The global generator passed through the same draws.
@@ -107,6 +120,16 @@ TEST(DeferredInit, GptMatchesTheEagerBuildAtEveryStage) {
   expect_deferred_matches_eager({3, false, /*tied=*/false, /*biases=*/true}, 4);
   expect_deferred_matches_eager({3, true, /*tied=*/false, /*biases=*/true}, 4);
   expect_deferred_matches_eager({2, true, /*tied=*/false, /*biases=*/true}, 4);
+}
+
+TEST(DeferredInit, OnAFakeDeviceMatchesTheEagerBuild) {
+  fake::set_event_delay(std::chrono::microseconds(300));
+  for (int stage : {2, 3}) {
+    for (bool bf16 : {false, true}) {
+      expect_deferred_matches_eager({stage, bf16, /*tied=*/false, /*biases=*/true}, 2, true);
+    }
+  }
+  fake::set_event_delay(std::chrono::microseconds(0));
 }
 
 TEST(DeferredInit, ConstructionHoldsNoParameterBytes) {

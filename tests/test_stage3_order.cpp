@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
+#include <filesystem>
 #include <mutex>
 
 #include "support/fake_device.hpp"
@@ -140,11 +141,17 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, Stage3Branch, ::testing::Values(false, true
 // shards with block 2's without any error from the backend (before the order check this trained
 // on, each rank computing with parameters half of another block's). Every rank must fail with
 // the same text, naming where the orders part and the units there, within seconds. On the fake
-// accelerator the comparison stays on the device and is read one backward later.
-class Stage3GatherOrder : public ::testing::TestWithParam<bool> {};
+// accelerator the comparison stays on the device and is read one backward later; meanwhile its
+// flag skips that pass's optimizer step on the device (review 2026-12-07a L1: the parameters
+// after the first step are the initial ones), and a save_checkpoint right after that step
+// reads the comparison and fails instead of saving.
+enum class Where { kCpu, kDevice, kDeviceSave };
+
+class Stage3GatherOrder : public ::testing::TestWithParam<Where> {};
 
 TEST_P(Stage3GatherOrder, RankDependentUnitOrderFailsOnEveryRankNamingTheUnits) {
-  const bool device = GetParam();
+  const Where where = GetParam();
+  const bool device = where != Where::kCpu;
   constexpr int kRanks = 2;
   constexpr int64_t kGlobal = 16;
   // One bucket per block: with many, the gradient path's bounded buffers make a rank wait for
@@ -152,8 +159,12 @@ TEST_P(Stage3GatherOrder, RankDependentUnitOrderFailsOnEveryRankNamingTheUnits) 
   // device's pass (compared one backward late) would end in the comm timeout instead.
   Config cfg = test_config(3, kGlobal / kRanks, 1, /*clip=*/0.0, /*bucket=*/4096);
   cfg.zero_optimization.stage3.param_persistence_threshold = 0;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "zero_test_stage3_order_save";
+  std::filesystem::remove_all(dir);
   std::vector<Outcome> outcome(kRanks);
   std::vector<int> steps_done(kRanks, 0);
+  std::vector<at::Tensor> initial(kRanks), after_first(kRanks);
   run_ranks(
       kRanks,
       [&](std::shared_ptr<comm::Group> group) {
@@ -162,6 +173,7 @@ TEST_P(Stage3GatherOrder, RankDependentUnitOrderFailsOnEveryRankNamingTheUnits) 
         auto net = make_stage3_net(3, /*mark=*/true);
         net->to(d);
         auto engine = initialize(net, cfg, group);
+        initial[r] = engine.flat_parameters().cpu();
         const size_t n = net->body->size();
         outcome[r] = timed([&] {
           for (int s = 0; s < 3; ++s) {
@@ -171,6 +183,8 @@ TEST_P(Stage3GatherOrder, RankDependentUnitOrderFailsOnEveryRankNamingTheUnits) 
             engine.backward(mse(net->head(h), b.y.to(d)));
             engine.step();
             ++steps_done[r];
+            if (s == 0) after_first[r] = engine.flat_parameters().cpu();
+            if (where == Where::kDeviceSave) engine.save_checkpoint(dir.string(), "t");
           }
         });
       },
@@ -189,12 +203,26 @@ TEST_P(Stage3GatherOrder, RankDependentUnitOrderFailsOnEveryRankNamingTheUnits) 
     EXPECT_LT(outcome[r].seconds, 10.0);
     // The CPU check reads the comparison in the first backward, the device's one later.
     EXPECT_EQ(steps_done[r], device ? 1 : 0);
+    if (device) {
+      EXPECT_NE(e.find("were never applied"), std::string::npos) << e;
+      // The step of the pass that mixed the units' shards was skipped on the device.
+      ASSERT_TRUE(after_first[r].defined());
+      EXPECT_TRUE(at::equal(after_first[r], initial[r]))
+          << "max change " << (after_first[r] - initial[r]).abs().max().item<double>();
+    }
   }
+  if (where == Where::kDeviceSave) {
+    EXPECT_FALSE(std::filesystem::exists(dir / "t")) << "a mixed pass was saved";
+  }
+  std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuAndDevice, Stage3GatherOrder, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) {
-                           return std::string(i.param ? "FakeDevice" : "Cpu");
+INSTANTIATE_TEST_SUITE_P(CpuAndDevice, Stage3GatherOrder,
+                         ::testing::Values(Where::kCpu, Where::kDevice, Where::kDeviceSave),
+                         [](const ::testing::TestParamInfo<Where>& i) {
+                           return std::string(i.param == Where::kCpu      ? "Cpu"
+                                              : i.param == Where::kDevice ? "FakeDevice"
+                                                                          : "FakeDeviceSave");
                          });
 
 }  // namespace

@@ -71,7 +71,7 @@ struct MemoryReport {
   std::string allocator;
   // Optimizer offload: the part of measured / predicted total in host memory (fp32 master,
   // optimizer states, fp32 gradient shard, the compute-dtype copy of the shard); the rest is on
-  // the device. 0 without offload.
+  // the device. Stage 3 on a device adds its error-feedback residuals. 0 without either.
   int64_t host_measured = 0;
   int64_t host_predicted = 0;
   // What those host buffers really hold: page-locked ones (pin_memory on a CUDA build) of 1 MiB
@@ -83,6 +83,9 @@ struct MemoryReport {
   // residual of the whole gradient per rank (not its shard), in its storage dtype
   // (zero_quantized_gradients_error_feedback_dtype). 0 without error feedback.
   int64_t error_feedback = 0;
+  // Stage 3 on a device: they are held in page-locked host memory (part of host_measured), one
+  // reduction's slot staged on the device at a time.
+  bool error_feedback_on_host = false;
 };
 
 // A fixed-width table, one row per category, measured vs predicted.

@@ -213,7 +213,8 @@ int64_t bucket_buffer_elements(const PlanInput& in, int stage);
 // offload: plus the host compute-dtype copy, which the engine's report counts as a buffer).
 MemoryBreakdown plan_model_states(const PlanInput& in, int stage);
 // The part of plan_model_states in host memory: (8 + 4K + p)Ψ/N with in.offload_optimizer at
-// stages 1 and 2, else 0. The device holds the rest.
+// stages 1 and 2, else 0; at stage 3 plus the error-feedback residuals (error_feedback_bytes).
+// The device holds the rest.
 int64_t plan_host_states(const PlanInput& in, int stage);
 // The most bytes zero::initialize holds at once per rank, the user's fp32 model included: the
 // larger of the flattening phase (the user's parameters, freed bucket by bucket, beside the
@@ -223,7 +224,8 @@ int64_t plan_host_states(const PlanInput& in, int stage);
 int64_t plan_startup_peak(const PlanInput& in, int stage);
 // The error-feedback residuals of zero_quantized_gradients per rank (0 when off or at stage 0):
 // Ψ elements of error_feedback_store_bytes (int8: plus 4 bytes per quantized_block). Part of
-// plan_model_states' comm_buffers. The engine pads each bucket to a multiple of the world size
+// plan_model_states' comm_buffers; at stage 3 in host memory (plan_host_states), not on the
+// device. The engine pads each bucket to a multiple of the world size
 // and keeps a second residual of Ψ·nodes/N under the hierarchical exchange; neither is counted.
 int64_t error_feedback_bytes(const PlanInput& in, int stage);
 // "2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ": the terms of predict_model_states, buffers left out. Stage 3:

@@ -65,10 +65,16 @@ void count_read(DeviceIndex d) {
 
 // Device memory: host memory, every byte counted per device index. A DeviceAllocator, so that
 // generic code reads it as it reads CUDA's (c10::getDeviceAllocator(type)->getDeviceStats).
+std::array<std::atomic<int64_t>, kDevices> g_fail_from{};  // see fail_allocations_from
+
 class CountingAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     const DeviceIndex d = t_device;
+    const int64_t limit = g_fail_from.at(static_cast<size_t>(d)).load();
+    TORCH_CHECK_WITH(OutOfMemoryError, limit == 0 || static_cast<int64_t>(n) < limit,
+                     "fake device: fake:", static_cast<int>(d), " is out of memory (", n,
+                     " bytes asked; the test fails allocations from ", limit, ")");
     void* p = n == 0 ? nullptr : c10::alloc_cpu(n);
     if (p) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -519,6 +525,10 @@ void reset_peak(int index) {
 int64_t pinned_bytes() { return PinnedAllocator::get().reserved(); }
 int64_t pinned_in_use_bytes() { return PinnedAllocator::get().in_use(); }
 int64_t pinned_allocations() { return PinnedAllocator::get().allocations(); }
+
+void fail_allocations_from(int index, int64_t bytes) {
+  g_fail_from.at(static_cast<size_t>(index)).store(bytes);
+}
 
 void set_event_delay(std::chrono::microseconds delay) { g_event_delay_us = delay.count(); }
 

@@ -53,6 +53,10 @@ int64_t pinned_allocations();
 int64_t host_reads(int index);
 int64_t async_host_copies(int index);
 
+// From now on, an allocation of `bytes` or more on fake:`index` throws c10::OutOfMemoryError,
+// as a GPU's allocator does when it cannot serve one (0: no limit).
+void fail_allocations_from(int index, int64_t bytes);
+
 // Events recorded from now on complete `delay` after they were recorded (zero: at once). A
 // delay widens the window between "queued" and "done" that the host side must respect.
 void set_event_delay(std::chrono::microseconds delay);

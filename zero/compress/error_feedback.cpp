@@ -1,6 +1,11 @@
 #include "zero/compress/error_feedback.hpp"
 
+#include "device/event_wait.hpp"
+#include "device/pinned_host.hpp"
+
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <stdexcept>
 #include <string>
@@ -25,31 +30,90 @@ at::ScalarType residual_store(const std::string& name, at::ScalarType grad_dtype
 }
 
 ErrorFeedback::ErrorFeedback(std::vector<int64_t> numels, int bits, int64_t block,
-                             const at::TensorOptions& options, at::ScalarType store)
-    : bits_(bits), block_(block), store_(store), numels_(std::move(numels)) {
+                             const at::TensorOptions& options, at::ScalarType store,
+                             Residence where)
+    : bits_(bits),
+      block_(block),
+      store_(store),
+      numels_(std::move(numels)),
+      host_home_(where == Residence::kHost && !options.device().is_cpu()),
+      compute_(options.device()) {
   check_quantize_params(bits, block, "ErrorFeedback");
   if (store != at::kFloat && store != at::kBFloat16 && store != at::kHalf && store != at::kChar) {
     throw std::invalid_argument(std::string("zero: ErrorFeedback: residuals are stored as fp32, ") +
                                 "bf16, fp16 or int8, not " + c10::toString(store));
   }
+  // Page-locked, so that the per-reduction copies are queued, not waited for.
+  const auto zeros = [&](int64_t n, at::ScalarType dtype) {
+    return host_home_ ? device::host_zeros(n, /*pin=*/true, dtype)
+                      : at::zeros({n}, options.dtype(dtype));
+  };
   for (int64_t n : numels_) {
     if (store == at::kChar) {
       const int64_t blocks = num_blocks(n, block);
-      codes_.push_back(at::zeros({blocks * block}, options.dtype(at::kChar)));
-      scales_.push_back(at::zeros({blocks}, options.dtype(at::kFloat)));
+      codes_.push_back(zeros(blocks * block, at::kChar));
+      scales_.push_back(zeros(blocks, at::kFloat));
     } else {
-      values_.push_back(at::zeros({n}, options.dtype(store)));
+      values_.push_back(zeros(n, store));
     }
+  }
+  landed_.resize(host_home_ ? numels_.size() : 0);
+}
+
+ErrorFeedback::~ErrorFeedback() {
+  // The pinned buffers may still be written by a queued download.
+  try {
+    settle_all();
+  } catch (...) {
   }
 }
 
+at::Tensor ErrorFeedback::staged(size_t i) {
+  const c10::impl::VirtualGuardImpl impl(compute_.type());
+  // The previous download into this residual may have been queued on another stream.
+  if (landed_[i]) landed_[i]->block(impl.getStream(compute_));
+  if (store_ != at::kChar) return values_[i].to(compute_, /*non_blocking=*/true).to(at::kFloat);
+  Quantized q{codes_[i].to(compute_, /*non_blocking=*/true),
+              scales_[i].to(compute_, /*non_blocking=*/true), numels_[i], 8, block_};
+  return blockwise_dequantize(q);
+}
+
+void ErrorFeedback::download(size_t i, const at::Tensor& e) {
+  // Both copies are queued on the current stream after the kernels that made `e`, so the
+  // device temporaries go back to that stream's pool only behind them.
+  if (store_ != at::kChar) {
+    values_[i].copy_(e.to(store_), /*non_blocking=*/true);
+  } else {
+    const Quantized q = blockwise_quantize(e, 8, block_);
+    codes_[i].copy_(q.codes, /*non_blocking=*/true);
+    scales_[i].copy_(q.scales, /*non_blocking=*/true);
+  }
+  const c10::impl::VirtualGuardImpl impl(compute_.type());
+  if (!landed_[i]) landed_[i] = std::make_unique<c10::Event>(compute_.type());
+  landed_[i]->record(impl.getStream(compute_));
+}
+
+void ErrorFeedback::settle(size_t i) const {
+  if (host_home_ && landed_.at(i)) device::wait_for_event(*landed_[i]);
+}
+
+void ErrorFeedback::settle_all() const {
+  for (size_t i = 0; i < landed_.size(); ++i) settle(i);
+}
+
 at::Tensor ErrorFeedback::residual(size_t i) const {
+  settle(i);
   if (store_ != at::kChar) return values_.at(i).to(at::kFloat);
   Quantized q{codes_.at(i), scales_.at(i), numels_.at(i), 8, block_};
   return blockwise_dequantize(q);
 }
 
 void ErrorFeedback::keep(size_t i, const at::Tensor& e) {
+  if (host_home_ && !e.device().is_cpu()) {
+    download(i, e);
+    return;
+  }
+  settle(i);  // a host write (load_state) after a queued download
   if (store_ != at::kChar) {
     values_[i].copy_(e);
     return;
@@ -67,9 +131,10 @@ Quantized ErrorFeedback::compress_rows(size_t i, const at::Tensor& g, int64_t ro
   TORCH_CHECK(rows > 0 && g.numel() % rows == 0, "zero: ErrorFeedback::compress_rows: ", g.numel(),
               " elements are not ", rows, " equal rows");
   const int64_t n = g.numel() / rows;
-  const at::Tensor corrected = g.reshape({rows, n}).to(at::kFloat).add(residual(i).view({rows, n}));
+  const at::Tensor r = host_home_ ? staged(i) : residual(i);
+  const at::Tensor corrected = g.reshape({rows, n}).to(at::kFloat).add(r.view({rows, n}));
   Quantized q = blockwise_quantize_rows(corrected, bits_, block_);
-  if (store_ == at::kFloat) {
+  if (store_ == at::kFloat && !host_home_) {
     // In place: no second residual-sized temporary.
     at::Tensor rv = values_[i].view({rows, n});
     at::sub_out(rv, corrected, blockwise_dequantize_rows(q, rows, n));
@@ -96,9 +161,9 @@ void ErrorFeedback::check_buffer(size_t i, const at::Tensor& g) const {
 
 Quantized ErrorFeedback::compress(size_t i, const at::Tensor& g) {
   check_buffer(i, g);
-  const at::Tensor corrected = g.to(at::kFloat).add(residual(i));
+  const at::Tensor corrected = g.to(at::kFloat).add(host_home_ ? staged(i) : residual(i));
   Quantized q = blockwise_quantize(corrected, bits_, block_);
-  if (store_ == at::kFloat) {
+  if (store_ == at::kFloat && !host_home_) {
     at::sub_out(values_[i], corrected, blockwise_dequantize(q));
   } else {
     keep(i, corrected.sub(blockwise_dequantize(q)));
@@ -107,6 +172,7 @@ Quantized ErrorFeedback::compress(size_t i, const at::Tensor& g) {
 }
 
 void ErrorFeedback::reset() {
+  settle_all();  // host residence: a queued download must not land after the zeroing
   for (at::Tensor& r : values_) r.zero_();
   for (at::Tensor& c : codes_) c.zero_();
   for (at::Tensor& s : scales_) s.zero_();
@@ -121,6 +187,7 @@ int64_t ErrorFeedback::bytes() const {
 }
 
 ErrorFeedback::State ErrorFeedback::state() const {
+  settle_all();
   State s{bits_, block_, {}};
   for (size_t i = 0; i < numels_.size(); ++i) {
     s.residuals.push_back(store_ == at::kChar ? residual(i) : values_[i].clone());

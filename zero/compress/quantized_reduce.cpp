@@ -87,7 +87,7 @@ QuantizedReduceScatter::QuantizedReduceScatter(comm::Group& group, const Setting
   if (s.error_feedback) {
     feedback_ = std::make_unique<ErrorFeedback>(residuals, s.bits, s.block,
                                                 at::TensorOptions().device(device),
-                                                s.feedback_store);
+                                                s.feedback_store, s.feedback_residence);
   }
 }
 

@@ -48,6 +48,9 @@ struct Settings {
   // zero_quantized_gradients_error_feedback_dtype, resolved (residual_store): how the residuals
   // are kept between steps (error_feedback.hpp).
   at::ScalarType feedback_store = at::kFloat;
+  // Where the residuals live between steps: on the gradients' device, or in host memory with
+  // each reduction's slot staged (ZeRO stage 3 on an accelerator, error_feedback.hpp).
+  Residence feedback_residence = Residence::kDevice;
 };
 
 // Bytes one rank hands the all-to-all for a reduce-scatter of world x n elements: each of the

@@ -124,8 +124,15 @@ void Engine::Impl::step_units(const StepContext& ctx) {
   // Stage 3: a unit still gathered (prefetched by a forward run after backward) would keep the
   // values from before the step.
   if (unit_runtime) release_gathered_units();
-  units.front()->begin_step(ctx);
-  for (auto& u : units) u->step(ctx, q);
+  StepContext c = ctx;
+  if (offload) {
+    // Once a step, not per unit (review 2026-12-07a L4): the previous step's uploads out of
+    // staging finished, and the scalars' one device read (fp16: found_inf, grad_scale).
+    offload->begin_publish();
+    c.scalars = OptimizerOffload::host_scalars(ctx.scalars);
+  }
+  units.front()->begin_step(c);
+  for (auto& u : units) u->step(c, q);
   // What the updates did not hide (host-blocking on gloo; stream-ordered on NCCL); at stage 3
   // also the units' gathers that forward and backward waited for since the last step.
   const double wait = q.used() ? q.drain() : 0.0;
@@ -137,6 +144,7 @@ void Engine::Impl::publish_units() {
   comm::CoalescingWindow window(publish_group.get());
   GatherQueue q(cfg.zero_optimization.allgather_bucket_size);
   if (unit_runtime) release_gathered_units();
+  if (offload) offload->begin_publish();
   for (auto& u : units) u->publish(q);
   if (q.used()) stats.allgather_wait_seconds = q.drain();
 }
@@ -295,6 +303,10 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   const auto& qg = c.zero_optimization.quantized_gradients;
   so.compress = {qg.enabled, qg.bits, qg.block, qg.error_feedback, qg.hierarchical,
                  compress::residual_store(qg.error_feedback_dtype, so.comm_dtype)};
+  // Stage 3 keeps 16/N bytes a parameter on the device; a residual of the whole gradient there
+  // would undo that (review 2026-12-07a M2), so its residuals live in host memory, one slot
+  // staged per reduction (error_feedback.hpp). On CPU nothing moves.
+  if (impl->sharding.stage() == 3) so.compress.feedback_residence = compress::Residence::kHost;
   // The node of each data-parallel rank, from the launcher's ranks per node: the compressed
   // reduction goes within the node first when the group spans nodes (node_layout.hpp).
   if (qg.enabled && qg.hierarchical) {
@@ -372,6 +384,15 @@ bool Engine::step() {
   // The verdict is global (stage 0 holds the all-reduced gradient, stages 1/2 the all-reduced
   // square sum), so every rank skips the same steps.
   const at::Tensor found_inf = sq.isfinite().logical_not().to(at::kFloat);
+  // Stage 3 on a device: the last pass's gather-order comparison is still on the device; a pass
+  // whose gathers mixed units skips its step there as an overflow does (the loss scale is left
+  // alone), and its backward-late check throws (units/order_check.hpp).
+  at::Tensor skip = found_inf;
+  if (m.unit_runtime) {
+    if (const at::Tensor mixed = m.unit_runtime->pending_order_flag(); mixed.defined()) {
+      skip = at::maximum(found_inf, mixed.to(found_inf.options()).reshape(found_inf.sizes()));
+    }
+  }
   const at::Tensor norm = sq.sqrt() / divisor;
   at::Tensor grad_scale = divisor, grad_mul;
   if (m.cfg.gradient_clipping > 0 && m.deepspeed_clip) {
@@ -391,7 +412,7 @@ bool Engine::step() {
 
   const double lr = m.schedule->lr_at(m.stats.optimizer_steps);
   // After a skipped step the master is unchanged, so this republishes the same values.
-  m.step_units({g, lr, {grad_scale, found_inf, grad_mul}});
+  m.step_units({g, lr, {grad_scale, skip, grad_mul}});
   m.scaler.update(found_inf);
   m.sync->zero_grad();
   ++m.stats.optimizer_steps;
@@ -400,8 +421,12 @@ bool Engine::step() {
   // How many more overflows in a row the scale tolerates before it drops (fp16.hysteresis).
   const at::Tensor left_after = m.scaler.active() ? m.scaler.hysteresis_left() : left_before;
   const auto as_double = [](const at::Tensor& t) { return t.reshape({1}).to(at::kDouble); };
-  m.verdict.start(at::cat({as_double(norm), as_double(found_inf), as_double(scale_before),
-                           as_double(scale_after), as_double(left_before), as_double(left_after)}));
+  std::vector<at::Tensor> verdict{as_double(norm),         as_double(skip),
+                                  as_double(scale_before), as_double(scale_after),
+                                  as_double(left_before),  as_double(left_after)};
+  // Whether the skip was the gather order's (then the order check reports it, not settle()).
+  if (!skip.is_same(found_inf)) verdict.push_back(as_double(skip - found_inf));
+  m.verdict.start(at::cat(verdict));
   if (!m.verdict.ready()) return true;  // CUDA: the outcome reaches the host at the next step
   const int64_t skipped = m.stats.skipped_steps;
   m.settle();

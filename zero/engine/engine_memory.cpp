@@ -27,9 +27,11 @@ MemoryReport Engine::memory_report() const {
   // Scratch too (none with the fused kernels): every byte the optimizer keeps between steps.
   r.measured.optimizer = m.store.optimizer->state_bytes() + m.store.optimizer->scratch_bytes();
   r.measured.comm_buffers = path.comm_buffers;
-  if (const compress::ErrorFeedback* ef = m.sync->reducer().error_feedback()) {
-    r.error_feedback = ef->bytes();
-  }
+  const compress::ErrorFeedback* ef = m.sync->reducer().error_feedback();
+  if (ef) r.error_feedback = ef->bytes();
+  // Stage 3 on a device keeps them in page-locked host memory (error_feedback.hpp).
+  const int64_t ef_host = ef && ef->on_host() ? ef->bytes() : 0;
+  r.error_feedback_on_host = ef_host > 0;
   if (m.offload) {
     // The compute-dtype copy the CPU step writes and the ring the reduced gradient shards land
     // in are the offload's transfer buffers, both in host memory.
@@ -44,6 +46,8 @@ MemoryReport Engine::memory_report() const {
     for (const auto& s : m.store.optimizer->state()) r.host_pinned += device::host_bytes(s.second);
     r.host_pinned += m.store.optimizer->scratch_bytes();
   }
+  r.host_measured += ef_host;
+  r.host_pinned += ef_host;
   r.allocator_delta = m.allocator_delta;
   r.replaced_param_bytes = m.replaced_param_bytes;
   const c10::Device dev = m.fp.device();
@@ -77,6 +81,7 @@ MemoryReport Engine::memory_report() const {
     r.host_predicted =
         shard * (4 + 4 * in.optimizer_states + 4 + in.param_bytes) + path.host_staging;
   }
+  r.host_predicted += ef_host;
   MemoryModelInput dp = in;
   dp.stage = 0;
   dp.comm_buffer_bytes = 0;

@@ -154,6 +154,9 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_arg,
   } catch (const CommError& e) {
     throw CheckpointError(e.what());
   }
+  // Stage 3 on a device: the last backward's gather-order comparison first, so that a pass that
+  // mixed its units' shards fails here rather than being saved (units/order_check.hpp).
+  if (m.unit_runtime) m.unit_runtime->settle_order(*m.unit_group, m.fp.device());
   // DeepSpeed's save_16bit_model: only stage 3 reads the key (below it the config warns).
   std::function<StateDict()> weights16;
   if (m.sharding.params && m.cfg.zero_optimization.stage3.gather_16bit_weights_on_model_save) {

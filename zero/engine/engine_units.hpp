@@ -53,6 +53,12 @@ class EngineUnits : public units::UnitRuntime {
   // After a failed backward: the pass, the recorded order and the trace are dropped (the next
   // pass is recorded afresh, prefetching nothing).
   void abandon_pass();
+  // The last pass's device order comparison, still on its way (undefined on the CPU or when
+  // read), and reading it (OrderCheck::pending_flag / settle).
+  at::Tensor pending_order_flag() const { return check_.pending_flag(); }
+  void settle_order(comm::Group& gathers, const c10::Device& device) {
+    check_.settle(gathers, device);
+  }
 
   // Since the last take: seconds the host waited in wait() (gloo; on NCCL the stream waits
   // instead, ~0), what neither prefetch nor the compute before it hid.

@@ -2,10 +2,13 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <exception>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "comm/agree.hpp"
 #include "zero/engine/engine_impl.hpp"
 
 namespace zero {
@@ -34,28 +37,61 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
     // A collective: a rank that calls it alone (an export on rank 0 only) is told so within
     // seconds, naming the call, instead of waiting in its first all-gather (review 06e M4).
     im.enter("state_dict");
+    // Stage 3 on a device: a pending gather-order comparison is read before any state is
+    // (units/order_check.hpp); every rank is here, so its failure path's collectives pair.
+    if (im.unit_runtime) im.unit_runtime->settle_order(*im.unit_group, fp.device());
     gathered.resize(fp.layout.params().size());
     // Every rank runs every bucket's all-gather whatever happens to its own copies: a rank that
     // failed copying (host memory) and left the loop would pair its next collective with the
     // others' next gather (review 06f M4). The first local error is rethrown after the loop.
     std::exception_ptr failed;
+    // The gathers' buffers up front, agreed on: allocated per bucket, a device out of memory on
+    // one rank (its allocator's cache differs from its peers') would leave it out of the
+    // gathers the others go on issuing (review 2026-12-07a L7).
+    ShardedUnit::GatherScratch scratch;
+    {
+      int64_t full = 0, shard = 0;
+      for (const BucketSlot& b : fp.layout.buckets()) {
+        full = std::max(full, b.shard.padded_numel());
+        shard = std::max(shard, b.shard.shard_numel());
+      }
+      const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat).device(fp.device());
+      std::string error;
+      try {
+        scratch.full = at::empty({full}, f32);
+        if (fp.master.device() != fp.device()) scratch.in = at::empty({shard}, f32);
+      } catch (const std::exception& e) {
+        error = std::string("allocating ") + std::to_string(4 * (full + shard) >> 20) + " MiB on " +
+                fp.device().str() + ": " + e.what();
+      }
+      const std::string all =
+          comm::agree_errors(*im.group, error, fp.device(), "all_gather of state_dict's status");
+      TORCH_CHECK(all.empty(),
+                  "zero: state_dict: the gather buffer for the largest parameter "
+                  "bucket could not be allocated (",
+                  all,
+                  "); no rank gathered anything. Free "
+                  "device memory before the call, or lower reduce_bucket_size");
+    }
     for (const auto& u : im.units) {
-      u->for_each_gathered_master([&](const BucketSlot& bucket, const at::Tensor& full) {
-        if (!keep || failed) return;
-        try {
-          for (int pi : bucket.params) {
-            const ParamSlot& s = fp.layout.params()[pi];
-            at::Tensor v = full.narrow(0, s.flat_offset - bucket.flat_offset, s.numel);
-            // The compute-dtype values are rounded where the bucket is, before the copy: the
-            // kept rank holds the model once in the compute dtype, not in fp32 and then again
-            // (review 06f M5: 6 bytes per parameter on rank 0's host for a 16-bit save).
-            if (!opts.master) v = v.to(im.param_dtype);
-            gathered[pi] = out_of(v);
-          }
-        } catch (...) {
-          failed = std::current_exception();
-        }
-      });
+      u->for_each_gathered_master(
+          [&](const BucketSlot& bucket, const at::Tensor& full) {
+            if (!keep || failed) return;
+            try {
+              for (int pi : bucket.params) {
+                const ParamSlot& s = fp.layout.params()[pi];
+                at::Tensor v = full.narrow(0, s.flat_offset - bucket.flat_offset, s.numel);
+                // The compute-dtype values are rounded where the bucket is, before the copy: the
+                // kept rank holds the model once in the compute dtype, not in fp32 and then again
+                // (review 06f M5: 6 bytes per parameter on rank 0's host for a 16-bit save).
+                if (!opts.master) v = v.to(im.param_dtype);
+                gathered[pi] = out_of(v);
+              }
+            } catch (...) {
+              failed = std::current_exception();
+            }
+          },
+          &scratch);
     }
     if (failed) std::rethrow_exception(failed);
   }

@@ -25,7 +25,9 @@ struct StepProtocol {
   EngineStats stats;
   DeviceLossScaler scaler;  // active under fp16 only
   bool in_backward = false;
-  // The last step's {grad norm, found_inf, loss scale before, after}, on its way to the host.
+  // The last step's {grad norm, skipped, loss scale before, after, hysteresis before, after}
+  // (plus, at stage 3 on a device, whether the skip was the gather order's), on its way to the
+  // host.
   HostReadback verdict;
   bool awaiting_step = false;  // a backward ran and its step() has not
   bool taken_over = false;     // a later zero::initialize on the same model owns the hooks now

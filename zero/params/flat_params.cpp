@@ -7,9 +7,15 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <memory>
 #include <unordered_map>
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "comm/unowned_view.hpp"
+#include "device/event_wait.hpp"
+#include "device/pinned_host.hpp"
 #include "optim/cpu_adamw.hpp"
 #include "zero/deferred_init.hpp"
 #include "zero/units/unit_plan.hpp"
@@ -22,14 +28,75 @@ namespace {
 constexpr int kResidentUnit = units::UnitPlan::kRoot;
 
 // A buffer of n elements whose bytes are already given back: its storage keeps the allocator
-// (units::UnitStorage refills it when the unit is gathered) and reports 0 bytes.
+// (units::UnitStorage refills it when the unit is gathered) and reports 0 bytes. Made from an
+// empty tensor, so that start-up never allocates (and frees) a whole unit on the device for it
+// (review 2026-12-07a L6).
 at::Tensor released_buffer(int64_t n, const at::TensorOptions& o) {
-  at::Tensor t = at::empty({n}, o);
+  at::Tensor t = at::empty({0}, o);
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
   s->set_nbytes(0);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({n});
   return t;
 }
+
+// Host -> device copies of deferred start-up through two page-locked slots, so that they are
+// queued on the current stream instead of each waiting for a pageable copy (review 2026-12-07a
+// L6): a slot is refilled only after the event recorded behind its last copy. A copy that
+// changes the dtype goes up in the source's dtype and is cast on the device (from pageable
+// memory ATen would cast on the host and wait). On a CPU device: plain copies.
+class StagingRing {
+ public:
+  static constexpr int64_t kSlotBytes = int64_t{16} << 20;
+
+  explicit StagingRing(const at::Device& device) : device_(device) {
+    if (device.is_cpu()) return;
+    for (auto& slot : slots_) slot.host = device::host_zeros(kSlotBytes, /*pin=*/true, at::kByte);
+  }
+  ~StagingRing() {
+    for (auto& slot : slots_) {
+      if (slot.done) device::wait_for_event(*slot.done);
+    }
+  }
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+
+  // dst (on the device, contiguous) = src (host, contiguous, same numel).
+  void upload(const at::Tensor& dst, const at::Tensor& src) {
+    const at::Device to = dst.device();
+    if (device_.is_cpu() || to.is_cpu()) {  // a host master (optimizer offload)
+      dst.copy_(src);
+      return;
+    }
+    const int64_t step = kSlotBytes / static_cast<int64_t>(src.element_size());
+    const c10::impl::VirtualGuardImpl impl(to.type());
+    for (int64_t at = 0; at < src.numel(); at += step) {
+      const int64_t n = std::min(step, src.numel() - at);
+      Slot& slot = slots_[next_];
+      next_ = 1 - next_;
+      if (slot.done) device::wait_for_event(*slot.done);
+      at::Tensor staged = slot.host.narrow(0, 0, n * src.element_size()).view(src.scalar_type());
+      staged.copy_(src.narrow(0, at, n));
+      at::Tensor out = dst.narrow(0, at, n);
+      if (out.scalar_type() == staged.scalar_type()) {
+        out.copy_(staged, /*non_blocking=*/true);
+      } else {
+        out.copy_(staged.to(to, /*non_blocking=*/true));
+      }
+      if (!slot.done) slot.done = std::make_unique<c10::Event>(to.type());
+      slot.done->record(impl.getStream(to));
+    }
+  }
+
+ private:
+  struct Slot {
+    at::Tensor host;
+    std::unique_ptr<c10::Event> done;
+  };
+  at::Device device_;
+  Slot slots_[2];
+  int next_ = 0;
+};
 
 at::Tensor bucket_buffer(const FlatParams& fp, const std::vector<int>& unit_of_bucket,
                          int bi) {
@@ -167,6 +234,7 @@ void fill_from_values(FlatParams& fp, std::vector<std::pair<std::string, at::Ten
   const auto host = at::TensorOptions().dtype(at::kFloat);
   const int r = opts.shards == 1 ? 0 : group.rank();
   fp.shard_rank = r;
+  StagingRing ring(device);
   std::vector<int> layout_of(named.size(), -1);
   for (size_t li = 0; li < named_of_layout.size(); ++li) {
     layout_of[named_of_layout[li]] = static_cast<int>(li);
@@ -204,7 +272,7 @@ void fill_from_values(FlatParams& fp, std::vector<std::pair<std::string, at::Ten
       at::Tensor slot =
           bucket_buffer(fp, unit_of_bucket, s.bucket).narrow(0, s.flat_offset - b.flat_offset,
                                                              s.numel);
-      slot.copy_(v);
+      ring.upload(slot, v);
       p.set_data(slot.view(p.sizes()));
     } else {
       // A unit gathered on use starts released: units::UnitStorage reads the shape off this.
@@ -214,11 +282,17 @@ void fill_from_values(FlatParams& fp, std::vector<std::pair<std::string, at::Ten
     // Where those elements sit in the master and the compute shard.
     const int64_t at_shard = b.shard_offset + begin - own;
     const at::Tensor kept = whole ? v.narrow(0, begin, end - begin) : v;
-    if (fp.master.defined() && !fp.master_aliases_flat()) {
-      fp.master.narrow(0, at_shard, end - begin).copy_(kept);
-    }
+    const bool own_master = fp.master.defined() && !fp.master_aliases_flat();
+    if (own_master) ring.upload(fp.master.narrow(0, at_shard, end - begin), kept);
     if (fp.shard.defined() && !fp.shard.is_same(fp.master)) {
-      fp.shard.narrow(0, at_shard, end - begin).copy_(kept);
+      at::Tensor shard = fp.shard.narrow(0, at_shard, end - begin);
+      // Rounded on the device from the master just uploaded, as fill_flat_and_master does
+      // (the same round-to-nearest-even as the host's cast: the same bits).
+      if (own_master && fp.master.device() == fp.shard.device()) {
+        shard.copy_(fp.master.narrow(0, at_shard, end - begin));
+      } else {
+        ring.upload(shard, kept);
+      }
     }
   }
   // The per-parameter fp32 transients (and the model's construction before them) were freed

@@ -99,7 +99,8 @@ std::string format_memory_report(const MemoryReport& r) {
   row("comm buffers", r.measured.comm_buffers, r.predicted.comm_buffers, r.stage0.comm_buffers);
   if (r.error_feedback > 0) {
     os << "    of which error-feedback residuals: " << format_bytes(r.error_feedback) << " ("
-       << format_per_element(r.error_feedback, r.padded_params) << " per gradient element)\n";
+       << format_per_element(r.error_feedback, r.padded_params) << " per gradient element"
+       << (r.error_feedback_on_host ? ", in host memory" : "") << ")\n";
   }
   row("total", r.measured.total(), r.predicted.total(), r.stage0.total());
   if (r.host_measured > 0 || r.host_predicted > 0) {

@@ -217,11 +217,14 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
 }
 
 int64_t plan_host_states(const PlanInput& in, int stage) {
-  if (!in.offload_optimizer || stage == 0) return 0;
+  // Stage 3 keeps its error-feedback residuals in host memory (compress/error_feedback.hpp).
+  const int64_t residuals = stage == 3 ? error_feedback_bytes(in, stage) : 0;
+  if (!in.offload_optimizer || stage == 0) return residuals;
   const MemoryBreakdown st = plan_model_states(in, stage);
   const int64_t grad_shard = static_cast<int64_t>(4.0 * static_cast<double>(in.num_params) /
                                                   static_cast<double>(in.world_size));
-  return st.master + st.optimizer + grad_shard + staging_bytes(in) + landing_ring_bytes(in, stage);
+  return st.master + st.optimizer + grad_shard + staging_bytes(in) + landing_ring_bytes(in, stage) +
+         residuals;
 }
 
 int64_t plan_startup_peak(const PlanInput& in, int stage) {

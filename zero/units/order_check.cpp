@@ -46,10 +46,11 @@ void OrderCheck::check(comm::Group& g, const c10::Device& device, GatherOrder& o
   std::vector<int> units = order.units();
   order.clear();
   if (device.is_cpu()) {
-    if (differ.item<int64_t>() != 0) fail(g, device, units);
+    if (differ.item<int64_t>() != 0) fail(g, device, units, /*late=*/false);
     return;
   }
   readback_.start(differ);
+  differ_ = differ;
   pending_ = std::move(units);
 }
 
@@ -58,16 +59,19 @@ void OrderCheck::settle(comm::Group& g, const c10::Device& device) {
   const bool differ = readback_.get().item<int64_t>() != 0;
   const std::vector<int> units = std::move(pending_);
   pending_.clear();
-  if (differ) fail(g, device, units);
+  differ_ = at::Tensor();
+  if (differ) fail(g, device, units, /*late=*/true);
 }
 
 void OrderCheck::forget(GatherOrder& order) {
   if (readback_.pending()) readback_.get();
   pending_.clear();
+  differ_ = at::Tensor();
   order.clear();
 }
 
-void OrderCheck::fail(comm::Group& g, const c10::Device& device, const std::vector<int>& mine) {
+void OrderCheck::fail(comm::Group& g, const c10::Device& device, const std::vector<int>& mine,
+                      bool late) {
   // Each rank against rank 0's list; every rank reports every difference.
   const std::vector<int> theirs = ids_of(comm::broadcast_text(
       g, ids_text(mine), 0, device, "broadcast of rank 0's unit gather order"));
@@ -93,7 +97,12 @@ void OrderCheck::fail(comm::Group& g, const c10::Device& device, const std::vect
   TORCH_CHECK(false, "zero: ZeRO stage 3: the ranks all-gathered their units in different orders (",
               all,
               "). A unit's all-gather is a collective, so gathers of different units paired up "
-              "across ranks and mixed their shards; the micro-step that found it was discarded. "
+              "across ranks and mixed their shards; ",
+              late ? "on a device the comparison is read one backward later (or by "
+                     "save_checkpoint / state_dict): that pass's gradients were never applied "
+                     "(an optimizer step taken since was skipped on every rank, as for an "
+                     "overflow) and the micro-step that read it was discarded. "
+                   : "the micro-step that found it was discarded. ",
               "Every rank must run the same zero::shard-marked modules through zero::run_unit "
               "in the same order in every pass: run every unit on every rank (multiply a branch "
               "that some ranks do not need by zero instead of skipping it), or leave a module "

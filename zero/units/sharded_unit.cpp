@@ -147,7 +147,8 @@ void ShardedUnit::step(const StepContext& ctx, GatherQueue& q) {
   const double lr = ctx.lr;
   if (store_.offload) {
     // The CPU step of each bucket writes the compute-dtype copy that its gather sends. The
-    // scalars reach the host once here, not once per bucket.
+    // scalars reach the host once a step (the engine passes them as host tensors already; this
+    // then reads nothing), not once per bucket.
     const optim::ShardOptimizer::Scalars host = OptimizerOffload::host_scalars(ctx.scalars);
     publish_from(q, [&](const BucketSlot& b) {
       return store_.offload->update_bucket(&o, fp.master, grad, lr, host, b, publish_dst(b));
@@ -228,8 +229,10 @@ void ShardedUnit::publish_from(GatherQueue& q,
       // The CPU step (or the master, without one) writes each bucket's compute-dtype values
       // into staging and uploads them into the shard (publish_dst): no gather, the unit's next
       // use gathers them. DeepSpeed's stage 3 under offload_optimizer alike: the CPU step's fp32
-      // partition copied into the device's fp16 partition, gathered in the next forward.
-      store_.offload->begin_publish();
+      // partition copied into the device's fp16 partition, gathered in the next forward. Each
+      // bucket has its own staging window, so only the previous round's uploads must be done
+      // before it is rewritten: the engine waits for them once per step (begin_publish), not
+      // per unit (review 2026-12-07a L4).
       for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) source(buckets[b]);
       return;
     }
@@ -248,7 +251,6 @@ void ShardedUnit::publish_from(GatherQueue& q,
     buffer().copy_(fp.master.narrow(0, slot_.shard_begin, slot_.shard_end - slot_.shard_begin));
     return;
   }
-  if (store_.offload) store_.offload->begin_publish();
   const auto& buckets = fp.layout.buckets();
   for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
     const BucketSlot& bucket = buckets[b];
@@ -307,16 +309,25 @@ std::vector<optim::Range> ShardedUnit::norm_pieces(const std::vector<char>& coun
 }
 
 void ShardedUnit::for_each_gathered_master(
-    const std::function<void(const BucketSlot&, const at::Tensor&)>& f) const {
+    const std::function<void(const BucketSlot&, const at::Tensor&)>& f,
+    const GatherScratch* scratch) const {
   const FlatParams& fp = store_.fp;
   const auto& buckets = fp.layout.buckets();
   for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
     const BucketSlot& bucket = buckets[b];
     // Gathered where the group runs: an offloaded master is in host memory.
     const at::Device dev = fp.device();
-    at::Tensor in = fp.master.narrow(0, bucket.shard_offset, bucket.shard.shard_numel()).to(dev);
-    at::Tensor full = at::empty({bucket.shard.padded_numel()},
-                                at::TensorOptions().dtype(at::kFloat).device(dev));
+    const int64_t S = bucket.shard.shard_numel();
+    const at::Tensor shard = fp.master.narrow(0, bucket.shard_offset, S);
+    at::Tensor in, full;
+    if (scratch != nullptr) {
+      in = shard.device() == dev ? shard : scratch->in.narrow(0, 0, S).copy_(shard);
+      full = scratch->full.narrow(0, 0, bucket.shard.padded_numel());
+    } else {
+      in = shard.to(dev);
+      full = at::empty({bucket.shard.padded_numel()},
+                       at::TensorOptions().dtype(at::kFloat).device(dev));
+    }
     dp_.all_gather(full, in,
                    "all_gather of parameter bucket " + std::to_string(b) + " for state_dict")
         .wait();

@@ -94,7 +94,9 @@ class ShardedUnit {
   // begin_step: its checks read the first bucket's window of this unit).
   void begin_step(const StepContext& ctx);
   // The optimizer over this unit's buckets, then the new values into the parameters (gathers
-  // queued in `q`; the caller drains it).
+  // queued in `q`; the caller drains it). Under optimizer offload the caller has called
+  // OptimizerOffload::begin_publish once for the round (step or publish) and passes host
+  // scalars (host_scalars), once for all units.
   void step(const StepContext& ctx, GatherQueue& q);
   // The master's values into the parameters without an update (after a checkpoint load).
   void publish(GatherQueue& q);
@@ -140,9 +142,17 @@ class ShardedUnit {
   // `counted` is empty, else the owned pieces of the parameters it marks (layout indices).
   std::vector<optim::Range> norm_pieces(const std::vector<char>& counted) const;
   // A collective: each of the unit's buckets' fp32 master, whole (its shards all-gathered over
-  // the group where the group runs), passed to f(bucket, values) in bucket order.
-  void for_each_gathered_master(
-      const std::function<void(const BucketSlot&, const at::Tensor&)>& f) const;
+  // the group where the group runs), passed to f(bucket, values) in bucket order. With
+  // `scratch`, its buffers (fp32, on the group's device, at least the unit's largest padded
+  // bucket and, for a master elsewhere, its largest shard) are used for every bucket and
+  // nothing is allocated outside f, so no rank can fail alone between two gathers (state_dict;
+  // review 2026-12-07a L7); f must then copy what it keeps before it returns.
+  struct GatherScratch {
+    at::Tensor full;
+    at::Tensor in;
+  };
+  void for_each_gathered_master(const std::function<void(const BucketSlot&, const at::Tensor&)>& f,
+                                const GatherScratch* scratch = nullptr) const;
 
  private:
   // Copies (kCopy) or all-gathers (kAllGather) the master shards into the model; `before` runs

@@ -312,7 +312,11 @@ void PipelineRuntime::check_replicated(const at::Tensor& t, const std::string& w
   comm::Group& g = *opts_.partition_group;
   // Two sums in fp64: equal tensors give equal bits on every rank (the same data, the same
   // order); a rank holding its own shard (sequence parallelism, a layer leaving its output
-  // split) differs in them.
+  // split) differs in them. Bitwise on purpose (review 2026-12-07a L8): a replicated activation
+  // is bit-identical where the ranks run the same kernels (NCCL's all-reduce gives every rank
+  // the same bits); ranks on different GPU models or nondeterministic kernels may be refused, and
+  // the message says so, since a tolerance of a few ulps of the sum would also pass two different
+  // shards of a large bf16 activation.
   const at::Tensor d = t.detach().to(at::kDouble);
   at::Tensor mine = at::stack({d.sum(), (d * d).sum()});
   at::Tensor all = at::empty({2 * g.size()}, mine.options());
@@ -326,7 +330,10 @@ void PipelineRuntime::check_replicated(const at::Tensor& t, const std::string& w
           std::to_string(host[0][0].item<double>()) + ", rank " + std::to_string(r) + "'s " +
           std::to_string(host[r][0].item<double>()) +
           "): only a tensor every tensor-parallel rank holds whole can be split; set pipeline." +
-          key + ": false for layers whose outputs differ between the ranks"));
+          key +
+          ": false for layers whose outputs differ between the ranks (the check is bitwise: "
+          "ranks on different GPU models or nondeterministic kernels differ by a few ulps "
+          "and need it false too)"));
   }
 }
 
@@ -570,7 +577,23 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   auto is_last = [&](int chunk) { return last && chunk == v - 1; };
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kFloat).device(device_));
   times_ = {};
-  posted_.clear();  // a step that failed may have left some
+  if (!posted_.empty() && !device_.is_cpu()) {
+    // The previous step failed with receives posted early. Dropping their Works does not take
+    // the receives back: on NCCL each stays queued on its pair communicator and would match the
+    // next message sent on that channel, so every later tensor would land one message off
+    // (same shapes: wrong values, silently) or hang (review 2026-12-07a L5). Nothing here can
+    // cancel a posted NCCL receive, so the pipeline refuses to go on.
+    broken_ = where("the previous train_batch failed with " + std::to_string(posted_.size()) +
+                    " receive(s) posted early still queued on the pipeline's communicators; "
+                    "they would take the next messages and shift every later one. This "
+                    "pipeline cannot train any more: restart the job (resume from the last "
+                    "checkpoint)");
+  }
+  if (!broken_.empty()) {
+    posted_.clear();
+    throw std::runtime_error(broken_);
+  }
+  posted_.clear();  // a step that failed on the host may have left some (gloo)
   queue_->clear();
   for (size_t idx = 0; idx < instructions_.size(); ++idx) {
     const Instruction& ins = instructions_[idx];

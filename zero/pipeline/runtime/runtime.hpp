@@ -250,6 +250,9 @@ class PipelineRuntime {
   std::vector<std::vector<int>> early_;
   std::map<size_t, std::unique_ptr<Posted>> posted_;
   std::unique_ptr<P2PQueue> queue_;  // how sends and receives are posted (p2p_queue.hpp)
+  // Set when a step failed with receives posted on a device's pair communicators: why no step
+  // may run any more (train_batch, review 2026-12-07a L5).
+  std::string broken_;
   // Per chunk, the activation's shape and dtype: received from the previous stage (known once
   // known), and sent to the next one (once known).
   struct Shape {
