@@ -278,7 +278,9 @@ TEST(Stage3RootMemory, FourRanksHoldAQuarterOfEveryParameter) {
       ASSERT_EQ(m.model, 4 * psi);
       // Every byte is declared: the model states, AdamW's 4-byte step count, the RoPE buffers.
       EXPECT_EQ(m.held, b.total() + 4 + m.buffers) << "rank " << r;
-      EXPECT_EQ(m.between, m.held) << "rank " << r;
+      // Between steps also the step's gather-order flag (8 B), kept until the next backward
+      // reads it: the step skips on it (review 2026-12-07a L1).
+      EXPECT_EQ(m.between, m.held + 8) << "rank " << r;
       // Nothing whole: the root unit is empty.
       EXPECT_EQ(b.params, 0) << "rank " << r;
       EXPECT_EQ(m.report.predicted.params, 0);
