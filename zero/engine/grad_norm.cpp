@@ -138,14 +138,19 @@ at::Tensor Engine::Impl::squared_grad_norm() {
   // before it is reduced.
   at::Tensor bad = uncounted_overflow();
   // In fp32 (no fp64 copy); the reduction accumulates in a tree.
-  at::Tensor sq;
-  if (deepspeed_clip && sharding.stage() == 3) {
-    // DeepSpeed's ZeRO-3 norm is fp64 to the end (deepspeed_norm.hpp); the clip takes it so.
+  // The pieces of the shard the norm sums: each bucket's, or with norm groups the pieces of the
+  // parameters this rank counts.
+  const auto counted_pieces = [&] {
     std::vector<optim::Range> pieces;
     for (const auto& u : units) {
       for (const optim::Range& r : u->norm_pieces(norm_counted)) pieces.push_back(r);
     }
-    sq = deepspeed3_squared_norm(g, pieces);
+    return pieces;
+  };
+  at::Tensor sq;
+  if (deepspeed_clip && sharding.stage() == 3) {
+    // DeepSpeed's ZeRO-3 norm is fp64 to the end (deepspeed_norm.hpp); the clip takes it so.
+    sq = deepspeed3_squared_norm(g, counted_pieces());
     if (bad.defined()) sq = sq + bad.to(sq.options());
     group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
   } else if (deepspeed_clip) {
@@ -163,12 +168,7 @@ at::Tensor Engine::Impl::squared_grad_norm() {
     // for (a pageable one would synchronise the stream).
     if (offload && norm_counted.empty()) sq = sync->sink().device_squared_norm();
     if (!sq.defined()) {
-      // The pieces of the shard the norm sums: each bucket's, or with norm groups the pieces of
-      // the parameters this rank counts.
-      std::vector<optim::Range> pieces;
-      for (const auto& u : units) {
-        for (const optim::Range& r : u->norm_pieces(norm_counted)) pieces.push_back(r);
-      }
+      const std::vector<optim::Range> pieces = counted_pieces();
       // Beside a device, the host shard's norm runs on the host optimizer's threads (torchrun's
       // OMP_NUM_THREADS=1 would leave it on one core: ~0.3 s a step for 7B's shard at world 8).
       // A CPU run keeps the engine's own reduction, bit for bit the one without offload.
