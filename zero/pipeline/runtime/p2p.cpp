@@ -76,11 +76,13 @@ void PipelineRuntime::post_early(size_t idx) {
 at::Tensor PipelineRuntime::take_posted(size_t idx) {
   auto it = posted_.find(idx);
   if (it == posted_.end()) return {};
-  std::unique_ptr<Posted> p = std::move(it->second);
-  posted_.erase(it);
   flush();
-  p->work.wait();  // bounded by comm_timeout_s; its error names the peer
-  return p->buffer;
+  // Bounded by comm_timeout_s; its error names the peer. Kept in posted_ until it completed: a
+  // receive whose wait failed is still posted (note_failure counts it).
+  it->second->work.wait();
+  at::Tensor buffer = std::move(it->second->buffer);
+  posted_.erase(it);
+  return buffer;
 }
 
 at::Tensor PipelineRuntime::recv_activation(int mb, int chunk) {
@@ -175,7 +177,12 @@ void PipelineRuntime::recv(at::Tensor& t, int src, const std::string& what) {
   comm::Work w;
   issue(channel(src, stage_), false, t, src, where(what), &w);
   flush();
-  w.wait();
+  try {
+    w.wait();
+  } catch (...) {
+    ++failed_recvs_;  // still posted (note_failure)
+    throw;
+  }
 }
 
 void PipelineRuntime::wait_sends(bool schedule_only) {

@@ -1,5 +1,6 @@
 // PipelineRuntime's tied weights (runtime.hpp, Tie): a copy's gradient sent to the owner, the
 // owner's sum of them, and the owner's values sent to every copy.
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,14 @@ std::vector<at::Tensor> PipelineRuntime::recv_tied_grads() {
 }
 
 void PipelineRuntime::sync_tied_weights() {
-  exchange_tied_weights();
-  wait_sends();
+  if (!broken_.empty()) throw std::runtime_error(broken_);
+  try {
+    exchange_tied_weights();
+    wait_sends();
+  } catch (...) {
+    note_failure("sync_tied_weights");
+    throw;
+  }
 }
 
 // The owner's values to every copy: at start-up, and after each optimizer step.

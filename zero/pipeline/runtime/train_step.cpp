@@ -45,18 +45,73 @@ void release_data(at::Tensor& y) {
 
 at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
                                         const std::vector<at::Tensor>& targets) {
-  const int m = opts_.micro_batches, v = opts_.virtual_stages;
+  const int m = opts_.micro_batches;
   ++steps_;
-  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   auto count = [&](const std::vector<at::Tensor>& list, const char* what) {
     if (static_cast<int>(list.size()) != m)
       throw std::invalid_argument(where(std::to_string(list.size()) + " " + what + " for " +
                                         std::to_string(m) +
                                         " micro-batches (gradient_accumulation_steps)"));
   };
-  if (first) count(inputs, "inputs");
-  if (last) count(targets, "targets");
+  if (stage_ == 0) count(inputs, "inputs");
+  if (stage_ == stages_ - 1) count(targets, "targets");
+  if (!queue_->failure().empty()) note_failure("an earlier call");
+  if (!broken_.empty()) {
+    posted_.clear();
+    throw std::runtime_error(broken_);
+  }
+  posted_.clear();  // a step that failed on the host may have left some (gloo)
+  queue_->clear();
+  failed_recvs_ = 0;
+  try {
+    return run_instructions(inputs, targets);
+  } catch (...) {
+    note_failure("train_batch (step " + std::to_string(steps_) + ")");
+    throw;
+  }
+}
 
+void PipelineRuntime::note_failure(const std::string& during) {
+  if (!broken_.empty()) return;
+  const std::string restart =
+      ". This pipeline cannot train any more: restart the job (resume from the last checkpoint)";
+  if (queue_->batched()) {
+    // A batch that threw may have gone out in part, the groups queued after it not at all
+    // (p2p_queue.hpp), and a neighbour whose wait on this stage failed left its own batches
+    // posted: the operations on the groups' communicators no longer pair up between the ranks,
+    // and nothing here can take a posted operation back (review 2026-12-07b L1, L2). Every rank
+    // of the run gets here (its step fails too, at the latest when its wait runs out), so every
+    // rank refuses alike.
+    const std::string& failed = queue_->failure();
+    broken_ = where(during +
+                    " failed in a run whose point-to-point messages travel in coalesced "
+                    "batches (RuntimeOptions::batch_p2p): a batch of this stage or of a "
+                    "neighbour may have gone out in part or not at all, and the groups' next "
+                    "messages would pair with the wrong operations" +
+                    (failed.empty() ? "" : " (" + failed + ")") + restart);
+    return;
+  }
+  // On a device, an operation posted and not known complete stays queued on its pair
+  // communicator however its Work is dropped: a receive posted early (or one whose wait failed)
+  // would take the next message sent on its channel, a send not known delivered would be taken
+  // by the next receive there, so every later tensor would land one message off (same shapes:
+  // wrong values, silently) or hang (review 2026-12-07a L5). Nothing here can cancel a posted
+  // NCCL operation, so the pipeline refuses to go on. On the host (gloo) the runtime goes on as
+  // it did: the next step drops the receives left over, and its waits are bounded.
+  const size_t receives = posted_.size() + queue_->queued_receives() + failed_recvs_;
+  if (!device_.is_cpu() && receives + sends_.size() > 0)
+    broken_ = where(during + " failed with " + std::to_string(receives) + " receive(s) and " +
+                    std::to_string(sends_.size()) +
+                    " send(s) posted and not known complete, still queued on the pipeline's "
+                    "communicators; they would pair with the next messages and shift every "
+                    "later one" +
+                    restart);
+}
+
+at::Tensor PipelineRuntime::run_instructions(const std::vector<at::Tensor>& inputs,
+                                             const std::vector<at::Tensor>& targets) {
+  const int m = opts_.micro_batches, v = opts_.virtual_stages;
+  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   // Per chunk and micro-batch: what arrived, what the chunk produced (kept for its backward),
   // the gradient of that output. The first virtual stage reads `inputs`, the last one ends in
   // the loss.
@@ -66,24 +121,6 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   auto is_last = [&](int chunk) { return last && chunk == v - 1; };
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kFloat).device(device_));
   times_ = {};
-  if (!posted_.empty() && !device_.is_cpu()) {
-    // The previous step failed with receives posted early. Dropping their Works does not take
-    // the receives back: on NCCL each stays queued on its pair communicator and would match the
-    // next message sent on that channel, so every later tensor would land one message off
-    // (same shapes: wrong values, silently) or hang (review 2026-12-07a L5). Nothing here can
-    // cancel a posted NCCL receive, so the pipeline refuses to go on.
-    broken_ = where("the previous train_batch failed with " + std::to_string(posted_.size()) +
-                    " receive(s) posted early still queued on the pipeline's communicators; "
-                    "they would take the next messages and shift every later one. This "
-                    "pipeline cannot train any more: restart the job (resume from the last "
-                    "checkpoint)");
-  }
-  if (!broken_.empty()) {
-    posted_.clear();
-    throw std::runtime_error(broken_);
-  }
-  posted_.clear();  // a step that failed on the host may have left some (gloo)
-  queue_->clear();
   for (size_t idx = 0; idx < instructions_.size(); ++idx) {
     const Instruction& ins = instructions_[idx];
     const int mb = ins.micro_batch, c = ins.chunk;
