@@ -9,6 +9,8 @@
 #include <exception>
 #include <map>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 
 #include "comm/backend.hpp"
 #include "comm/gather_coalescing.hpp"
@@ -306,7 +308,14 @@ std::vector<Work> C10dGroup::batch_p2p(std::vector<P2POp>& ops) {
   // One ncclGroupStart ... ncclGroupEnd, as batch_isend_irecv: NCCL progresses the batch's
   // sends and receives together, so none waits for another's peer. Inside the group c10d's
   // per-op Works are placeholders; the batch's one Work comes from endCoalescing.
+  auto close_open_group = [this] {
+    try {
+      p_.backend->endCoalescing();
+    } catch (...) {
+    }
+  };
   p_.backend->startCoalescing();
+  size_t posted = 0;
   try {
     for (auto& op : ops) {
       std::vector<at::Tensor> ts{op.tensor};
@@ -315,14 +324,20 @@ std::vector<Work> C10dGroup::batch_p2p(std::vector<P2POp>& ops) {
       } else {
         p_.backend->recv(ts, op.peer, op.tag);
       }
+      ++posted;
     }
-  } catch (...) {
+  } catch (const std::exception& e) {
     // NCCL's group state is per thread: close it whatever failed, so this thread's next
-    // operation is not swallowed by a group left open.
-    try {
-      p_.backend->endCoalescing();
-    } catch (...) {
-    }
+    // operation is not swallowed by a group left open. Closing it launches the operations
+    // posted so far: the peers get part of the batch (review 2026-12-07b L1). Said here, so
+    // the caller knows the group's point-to-point traffic no longer pairs up between ranks.
+    close_open_group();
+    throw std::runtime_error("zero: " + who() + ": " + ops[posted].what + ": posting it in a " +
+                             "coalesced batch of " + std::to_string(ops.size()) + " failed after " +
+                             std::to_string(posted) + " of the batch's operations went out: " +
+                             e.what() + "; the peers' operations no longer pair with this rank's");
+  } catch (...) {
+    close_open_group();
     throw;
   }
   const c10::intrusive_ptr<c10d::Work> batch = p_.backend->endCoalescing();

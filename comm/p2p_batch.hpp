@@ -32,7 +32,9 @@ class P2PBatching {
   virtual ~P2PBatching() = default;
   virtual bool coalesces_p2p() const = 0;
   // The ops in order, as one coalesced batch where coalesces_p2p() (every returned Work shares
-  // its one Work), else one by one. One Work per op, in op order.
+  // its one Work), else one by one. One Work per op, in op order. A throw may leave part of the
+  // batch posted (the error says how much): the group's point-to-point traffic then no longer
+  // pairs up between the ranks, and the caller must not go on with it.
   virtual std::vector<Work> batch_p2p(std::vector<P2POp>& ops) = 0;
   // connect_peer for messages that will travel batched: where the group coalesces, the pair's
   // channel on the group's own communicator (the probe message batched).

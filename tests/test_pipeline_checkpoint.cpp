@@ -11,9 +11,6 @@
 // stage's parameters are missing, when one stage cannot load, when the save predates
 // pipeline.json, and when the model differs (layers, tying).
 #include <gtest/gtest.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include <unistd.h>
 
@@ -26,6 +23,7 @@
 #include <vector>
 
 #include "comm/mesh.hpp"
+#include "support/gpt_reference.hpp"
 #include "support/pipeline_gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
@@ -48,7 +46,7 @@ constexpr double kEps = 1e-6;  // AdamW's (engine_config says why)
 // kGlobalRows / (kRows * D) micro-batches per data-parallel rank.
 constexpr int kSteps = 4, kSaveAt = 2, kRows = 2, kGlobalRows = 16, kSeq = 16;
 
-enum class Opt { SGD, AdamW };
+using Opt = zero::testing::RefOpt;
 
 struct Layout {
   int stages, dp;
@@ -66,10 +64,7 @@ Config engine_config(Opt o, const Layout& l) {
   c.train_micro_batch_size_per_gpu = kRows;
   c.gradient_accumulation_steps = kGlobalRows / (kRows * l.dp);
   c.gradient_clipping = kClip;
-  c.optimizer.type = o == Opt::SGD ? "SGD" : "AdamW";
-  c.optimizer.lr = o == Opt::SGD ? 0.1 : 1e-2;
-  c.optimizer.momentum = o == Opt::SGD ? 0.9 : 0.0;
-  c.optimizer.weight_decay = o == Opt::SGD ? 0.0 : 0.1;
+  zero::testing::set_optimizer(c, o);
   c.pipeline.stages = l.stages;
   c.pipeline.partition = l.partition;
   // AdamW's first step moves every element by about lr * g / (|g| + eps): an element whose
@@ -97,66 +92,16 @@ std::vector<Batch> make_batches(const GptConfig& c) {
   return zero::testing::step_batches(c.vocab, kSteps, kGlobalRows, kSeq);
 }
 
-// Weights drawn from a generator of the test's own (rank threads share torch's global one).
-Params draw_weights(const GptConfig& c, uint64_t seed) {
-  Gpt m(c);
-  auto gen = at::detail::createCPUGenerator(seed);
-  at::NoGradGuard g;
-  for (auto& p : m->named_parameters()) p.value().copy_(at::randn(p.value().sizes(), gen) * 0.05);
-  return snapshot(m);
-}
+using Trained = zero::testing::RefTrained;
+using zero::testing::draw_weights;
 
-struct Trained {
-  std::vector<float> losses;
-  Params params;
-};
-
-// The whole model in one process, torch's clipping and optimizer, each step's batch in
-// kGlobalRows / kRows chunks of kRows rows split into `groups[step]` equal groups in order (the
-// data-parallel ranks' shares): each group's chunks accumulated by autograd, the groups'
-// gradients then averaged. The sums go in the order the ranks' do: under AdamW a parameter with
-// a gradient near zero (an embedding row no token of the batch uses) moves by about lr whatever
-// its size, so the summation order alone would move it by more than 1e-5 relative.
+// The whole model in one process (support/gpt_reference.hpp): each step's batch in
+// micro-batches of kRows rows, split into `groups[step]` data-parallel shares accumulated in
+// order and averaged; torch's clipping and optimizer.
 Trained reference(const GptConfig& c, const Params& init, const std::vector<Batch>& batches, Opt o,
                   const std::vector<int>& groups) {
-  Gpt model(c);
-  load(model, init);
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (o == Opt::SGD)
-    opt = std::make_unique<torch::optim::SGD>(model->parameters(),
-                                              torch::optim::SGDOptions(0.1).momentum(0.9));
-  else
-    opt = std::make_unique<torch::optim::AdamW>(
-        model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1).eps(kEps));
-  auto params = model->parameters();
-  Trained out;
-  for (size_t step = 0; step < batches.size(); ++step) {
-    const auto& b = batches[step];
-    const int chunks = kGlobalRows / kRows, d = groups[step], m = chunks / d;
-    auto in = b.inputs.chunk(chunks, 0);
-    auto tg = b.targets.chunk(chunks, 0);
-    std::vector<at::Tensor> sum(params.size());
-    double loss = 0;
-    for (int g = 0; g < d; ++g) {
-      for (int i = g * m; i < (g + 1) * m; ++i) {
-        at::Tensor l = model->loss(in[i], tg[i]) / m;
-        l.backward();
-        loss += l.item<double>() / d;
-      }
-      for (size_t k = 0; k < params.size(); ++k) {
-        at::Tensor gk = params[k].grad().clone();
-        sum[k] = g == 0 ? gk : sum[k] + gk;
-      }
-      opt->zero_grad();
-    }
-    for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = sum[k] / d;
-    torch::nn::utils::clip_grad_norm_(params, kClip);
-    opt->step();
-    opt->zero_grad();
-    out.losses.push_back(static_cast<float>(loss));
-  }
-  out.params = snapshot(model);
-  return out;
+  return zero::testing::reference_training(c, init, batches, o, groups,
+                                           {kRows, kGlobalRows, kClip, kEps});
 }
 
 struct Phase {

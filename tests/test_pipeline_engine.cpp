@@ -11,7 +11,8 @@
 // agree with each other; under fp16 an overflow on one stage skips the step on every stage.
 // Interleaved 1F1B (2 model chunks per stage, one engine per stage over both chunks) against the
 // same reference, with the clipping norm over every chunk of every stage, also with every chunk's
-// blocks recomputed in backward (pipeline.activation_checkpoint_interval 1).
+// blocks recomputed in backward (pipeline.activation_checkpoint_interval 1). Checkpoints per
+// stage: test_pipeline_engine_checkpoint.cpp.
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
@@ -19,10 +20,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <unistd.h>
-
 #include <cmath>
-#include <filesystem>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -32,6 +30,7 @@
 
 #include "comm/mesh.hpp"
 #include "support/fake_device.hpp"
+#include "support/pipeline_engine_case.hpp"
 #include "support/pipeline_gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
@@ -46,11 +45,7 @@ namespace {
 using models::Gpt;
 using models::GptConfig;
 
-constexpr double kTol = 1e-5;
-constexpr double kClip = 0.5;
-constexpr int kSteps = 4, kRowsPerMicroBatch = 2, kSeq = 16, kMicroBatches = 4;
-
-enum class Opt { SGD, AdamW };
+using namespace engine_test;  // NOLINT: the shared set-up (support/pipeline_engine_case.hpp)
 
 std::unique_ptr<torch::optim::Optimizer> torch_opt(Opt o, std::vector<at::Tensor> params) {
   if (o == Opt::SGD)
@@ -60,29 +55,8 @@ std::unique_ptr<torch::optim::Optimizer> torch_opt(Opt o, std::vector<at::Tensor
                                                torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
 }
 
-Config engine_config(Opt o, int zero_stage, int stages, ScheduleKind schedule) {
-  Config c;
-  c.zero_optimization.stage = zero_stage;
-  c.train_micro_batch_size_per_gpu = kRowsPerMicroBatch;
-  c.gradient_accumulation_steps = kMicroBatches;
-  c.gradient_clipping = kClip;
-  c.optimizer.type = o == Opt::SGD ? "SGD" : "AdamW";
-  c.optimizer.lr = o == Opt::SGD ? 0.1 : 1e-2;
-  c.optimizer.momentum = o == Opt::SGD ? 0.9 : 0.0;
-  c.optimizer.weight_decay = o == Opt::SGD ? 0.0 : 0.1;
-  c.pipeline.stages = stages;
-  c.pipeline.schedule = std::string(schedule_name(schedule));
-  return c;
-}
-
-using Batch = zero::testing::StepBatch;
-using Params = zero::testing::GptParams;
 using zero::testing::load;
 using zero::testing::snapshot;
-
-std::vector<Batch> make_batches(const GptConfig& c, int rows) {
-  return zero::testing::step_batches(c.vocab, kSteps, rows, kSeq);
-}
 
 struct Trained {
   std::vector<float> losses;
@@ -374,71 +348,6 @@ TEST(PipelineEngine, Fp16OverflowOnOneStageSkipsTheStepOnEveryStage) {
   }
 }
 
-// Checkpoints per stage: 2 steps, save (each stage under dir/stage<s>), then a fresh pipeline
-// built from other weights loads it and trains 2 more: the losses and parameters of the
-// uninterrupted 4 steps, the tied head's copy on the last stage included (it is not in that
-// stage's engine: the owner sends it after the load).
-TEST(PipelineEngine, CheckpointPerStageResumes) {
-  GptConfig c = models::gpt_preset("tiny");
-  c.tied = true;
-  at::manual_seed(1234);
-  const Params init = snapshot(Gpt(c));
-  at::manual_seed(77);
-  const Params other = snapshot(Gpt(c));
-  const auto batches = make_batches(c, 2 * kMicroBatches * kRowsPerMicroBatch);
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zero_pp_ckpt_" + std::to_string(::getpid())))
-          .string();
-  std::filesystem::remove_all(dir);
-  std::vector<std::vector<float>> straight(4), resumed(4);
-  std::vector<Params> straight_params(4), resumed_params(4);
-  testing::run_ranks(4, [&](std::shared_ptr<comm::Group> w) {
-    comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
-    const int rank = w->rank(), d = mesh.coord("dp");
-    const int64_t rows = kMicroBatches * kRowsPerMicroBatch;
-    const Config cfg = engine_config(Opt::AdamW, 1, 2, ScheduleKind::OneFOneB);
-    auto train = [&](PipelineEngine& pipe, size_t from, size_t to, std::vector<float>& out) {
-      for (size_t i = from; i < to; ++i) {
-        const auto& b = batches[i];
-        out.push_back(pipe.train_batch(b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0),
-                                       b.targets.narrow(0, d * rows, rows).chunk(kMicroBatches, 0))
-                          .item<float>());
-      }
-    };
-    {
-      Gpt model(c);
-      load(model, init);
-      PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
-                          mesh["dp"]);
-      train(pipe, 0, 2, straight[rank]);
-      pipe.save_checkpoint(dir);
-      train(pipe, 2, 4, straight[rank]);
-      straight_params[rank] = snapshot(model);
-    }
-    Gpt model(c);
-    load(model, other);
-    PipelineEngine pipe(models::gpt_pipeline_layers(model), models::gpt_loss, cfg, mesh["pp"],
-                        mesh["dp"]);
-    EXPECT_EQ(pipe.load_checkpoint(dir), "step2");
-    train(pipe, 2, 4, resumed[rank]);
-    resumed_params[rank] = snapshot(model);
-  });
-  std::filesystem::remove_all(dir);
-  const int last_stage_rank = 2;  // Megatron order: ranks 2, 3 are stage 1
-  for (int r = 0; r < 4; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    ASSERT_EQ(resumed[r].size(), 2u);
-    EXPECT_EQ(resumed[r][0], straight[r][2]);
-    EXPECT_EQ(resumed[r][1], straight[r][3]);
-  }
-  // The last stage's tied copy and its own layers; the first stage's embedding.
-  for (const auto& [key, t] : straight_params[last_stage_rank])
-    if (key.rfind("embed", 0) == 0 || key.rfind("norm", 0) == 0)
-      EXPECT_TRUE(at::equal(resumed_params[last_stage_rank].at(key), t)) << key;
-  EXPECT_TRUE(
-      at::equal(resumed_params[0].at("embed.weight"), straight_params[0].at("embed.weight")));
-}
-
 // Interleaved with recomputation (pipeline.activation_checkpoint_interval 1): every block of every
 // chunk is recomputed inside the stage's backward passes (nested backward passes the engine's
 // walk of the graph cannot see into), and each chunk's pass delivers only its own chunk's
@@ -499,72 +408,6 @@ TEST(PipelineEngine, RefusesZeroStageTwoAndAMismatchedStageCount) {
       EXPECT_NE(std::string(e.what()).find("pipeline.stages is 4"), std::string::npos);
     }
   });
-}
-
-// Trains `pipe` on batches [from, to), each cut into its micro-batches on `device`; appends the
-// losses to `out`.
-void train_on(PipelineEngine& pipe, const std::vector<Batch>& batches, size_t from, size_t to,
-              const c10::Device& device, std::vector<float>& out) {
-  for (size_t i = from; i < to; ++i) {
-    std::vector<at::Tensor> in, tg;
-    for (const auto& t : batches[i].inputs.chunk(kMicroBatches, 0)) in.push_back(t.to(device));
-    for (const auto& t : batches[i].targets.chunk(kMicroBatches, 0)) tg.push_back(t.to(device));
-    out.push_back(pipe.train_batch(in, tg).item<float>());
-  }
-}
-
-// A checkpoint per stage with one data-parallel rank per stage, every rank on its own device of
-// the fake accelerator: the agreement that ends save and load runs on the stage's device (a
-// data-parallel group of one has no bound device to take it from; review 2026-12-05b, B2), and a
-// resumed run continues the uninterrupted one's losses exactly.
-TEST(PipelineEngine, CheckpointOnAnAcceleratorWithOneReplicaPerStage) {
-  GptConfig c = models::gpt_preset("tiny");
-  at::manual_seed(1234);
-  const Params init = snapshot(Gpt(c));
-  at::manual_seed(77);
-  const Params other = snapshot(Gpt(c));
-  const auto batches = make_batches(c, kMicroBatches * kRowsPerMicroBatch);
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zero_pp_fake_ckpt_" + std::to_string(::getpid())))
-          .string();
-  std::filesystem::remove_all(dir);
-  std::vector<std::vector<float>> straight(2), resumed(2);
-  testing::run_ranks(
-      2,
-      [&](std::shared_ptr<comm::Group> w) {
-        comm::Mesh mesh = comm::Mesh::megatron(w, 1, 2);
-        const c10::Device device = testing::fake::device(w->rank());
-        const Config cfg = engine_config(Opt::AdamW, 1, 2, ScheduleKind::OneFOneB);
-        auto train = [&](PipelineEngine& pipe, size_t from, size_t to, std::vector<float>& out) {
-          train_on(pipe, batches, from, to, device, out);
-        };
-        auto make = [&](const Params& weights, Gpt& model) {
-          load(model, weights);
-          model->to(device);
-          return PipelineEngine(models::gpt_pipeline_layers(model), models::gpt_loss, cfg,
-                                mesh["pp"], mesh["dp"]);
-        };
-        {
-          Gpt model(c);
-          PipelineEngine pipe = make(init, model);
-          train(pipe, 0, 2, straight[w->rank()]);
-          pipe.save_checkpoint(dir);
-          train(pipe, 2, 4, straight[w->rank()]);
-        }
-        Gpt model(c);
-        PipelineEngine pipe = make(other, model);
-        EXPECT_EQ(pipe.load_checkpoint(dir), "step2");
-        train(pipe, 2, 4, resumed[w->rank()]);
-      },
-      std::chrono::seconds(60), testing::fake::device().type());
-  std::filesystem::remove_all(dir);
-  for (int r = 0; r < 2; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    ASSERT_EQ(straight[r].size(), 4u);
-    ASSERT_EQ(resumed[r].size(), 2u);
-    EXPECT_EQ(resumed[r][0], straight[r][2]);
-    EXPECT_EQ(resumed[r][1], straight[r][3]);
-  }
 }
 
 // PipelineEngine's `device`: the model built on the host, only the stage's layers reach its

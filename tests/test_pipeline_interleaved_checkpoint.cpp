@@ -9,20 +9,18 @@
 // the same bits; at another layout (interleaved P2 v2 -> 1F1B P2, -> P1, -> P2 v3; 1F1B P2 ->
 // interleaved) the losses within 1e-6 relative (the same arithmetic up to the norm's summation
 // order over other stages). Against an independent reference, the whole model in one process
-// (torch autograd, clip_grad_norm_, the torch optimizer; test_pipeline_checkpoint.cpp's), every
+// (torch autograd, clip_grad_norm_, the torch optimizer; support/gpt_reference.hpp), every
 // loss and every parameter within 1e-5, SGD with momentum and AdamW. The save consolidated
 // (read_consolidated over pipeline_save_dirs, what zero-consolidate reads) is the saving run's
 // model bit for bit, and each stage's files hold its own chunks' layers only, one shard file per
-// data-parallel rank of each stage (no file written by two ranks).
+// data-parallel rank of each stage (no file written by two ranks). Once loaded, before any step,
+// every rank holds the saved model bit for bit, the tied embedding / head weight on its owner
+// and on the last stage's copy alike (interleaved -> 1F1B and back included).
 #include <gtest/gtest.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
-
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -31,6 +29,7 @@
 #include <vector>
 
 #include "comm/mesh.hpp"
+#include "support/gpt_reference.hpp"
 #include "support/pipeline_gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
@@ -52,7 +51,7 @@ constexpr double kClip = 0.5;
 constexpr double kEps = 1e-6;  // AdamW's (test_pipeline_checkpoint.cpp says why)
 constexpr int kSteps = 4, kSaveAt = 2, kRows = 2, kGlobalRows = 16, kSeq = 16, kLayers = 6;
 
-enum class Opt { SGD, AdamW };
+using Opt = zero::testing::RefOpt;
 
 struct Layout {
   int stages, dp, v = 1;  // v > 1: the interleaved schedule with v chunks per stage
@@ -69,10 +68,7 @@ Config engine_config(Opt o, const Layout& l) {
   c.train_micro_batch_size_per_gpu = kRows;
   c.gradient_accumulation_steps = kGlobalRows / (kRows * l.dp);
   c.gradient_clipping = kClip;
-  c.optimizer.type = o == Opt::SGD ? "SGD" : "AdamW";
-  c.optimizer.lr = o == Opt::SGD ? 0.1 : 1e-2;
-  c.optimizer.momentum = o == Opt::SGD ? 0.9 : 0.0;
-  c.optimizer.weight_decay = o == Opt::SGD ? 0.0 : 0.1;
+  zero::testing::set_optimizer(c, o);
   c.optimizer.eps = kEps;
   c.pipeline.stages = l.stages;
   if (l.v > 1) {
@@ -94,67 +90,22 @@ using Params = zero::testing::GptParams;
 using zero::testing::load;
 using zero::testing::snapshot;
 
-Params draw_weights(const GptConfig& c, uint64_t seed) {
-  Gpt m(c);
-  auto gen = at::detail::createCPUGenerator(seed);
-  at::NoGradGuard g;
-  for (auto& p : m->named_parameters()) p.value().copy_(at::randn(p.value().sizes(), gen) * 0.05);
-  return snapshot(m);
-}
+using Trained = zero::testing::RefTrained;
+using zero::testing::draw_weights;
 
-struct Trained {
-  std::vector<float> losses;
-  Params params;
-};
-
-// The whole model in one process (test_pipeline_checkpoint.cpp's reference): each step's batch
-// in micro-batches of kRows rows, split into `groups[step]` data-parallel shares accumulated in
+// The whole model in one process (support/gpt_reference.hpp): each step's batch in
+// micro-batches of kRows rows, split into `groups[step]` data-parallel shares accumulated in
 // order and averaged; torch's clipping and optimizer.
 Trained reference(const GptConfig& c, const Params& init, const std::vector<Batch>& batches, Opt o,
                   const std::vector<int>& groups) {
-  Gpt model(c);
-  load(model, init);
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (o == Opt::SGD)
-    opt = std::make_unique<torch::optim::SGD>(model->parameters(),
-                                              torch::optim::SGDOptions(0.1).momentum(0.9));
-  else
-    opt = std::make_unique<torch::optim::AdamW>(
-        model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1).eps(kEps));
-  auto params = model->parameters();
-  Trained out;
-  for (size_t step = 0; step < batches.size(); ++step) {
-    const auto& b = batches[step];
-    const int chunks = kGlobalRows / kRows, d = groups[step], m = chunks / d;
-    auto in = b.inputs.chunk(chunks, 0);
-    auto tg = b.targets.chunk(chunks, 0);
-    std::vector<at::Tensor> sum(params.size());
-    double loss = 0;
-    for (int g = 0; g < d; ++g) {
-      for (int i = g * m; i < (g + 1) * m; ++i) {
-        at::Tensor l = model->loss(in[i], tg[i]) / m;
-        l.backward();
-        loss += l.item<double>() / d;
-      }
-      for (size_t k = 0; k < params.size(); ++k) {
-        at::Tensor gk = params[k].grad().clone();
-        sum[k] = g == 0 ? gk : sum[k] + gk;
-      }
-      opt->zero_grad();
-    }
-    for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = sum[k] / d;
-    torch::nn::utils::clip_grad_norm_(params, kClip);
-    opt->step();
-    opt->zero_grad();
-    out.losses.push_back(static_cast<float>(loss));
-  }
-  out.params = snapshot(model);
-  return out;
+  return zero::testing::reference_training(c, init, batches, o, groups,
+                                           {kRows, kGlobalRows, kClip, kEps});
 }
 
 struct Run {
   std::map<int, float> losses;  // by step, world rank 0's (every rank's is checked equal)
   Params at_save, end;          // the whole model, from every stage's ranks
+  std::vector<Params> after_load;  // per world rank: its stage's parameters once loaded
 };
 
 // Steps [from, to) at `l` from weights `init` (after loading `dir` when `resume`), saving into
@@ -164,7 +115,7 @@ Run train(const GptConfig& c, Opt o, const Layout& l, const Params& init,
           int save_at) {
   const int world = l.stages * l.dp;
   std::vector<std::vector<float>> losses(world);
-  std::vector<Params> at_save(world), end(world);
+  std::vector<Params> at_save(world), end(world), after_load(world);
   testing::run_ranks(world, [&](std::shared_ptr<comm::Group> w) {
     comm::Mesh mesh = comm::Mesh::megatron(w, /*tp=*/1, /*pp=*/l.stages);
     const int rank = w->rank(), d = mesh.coord("dp");
@@ -187,6 +138,7 @@ Run train(const GptConfig& c, Opt o, const Layout& l, const Params& init,
       for (const auto& p : model->named_parameters())
         if (mine.count(p.value().unsafeGetTensorImpl())) into[p.key()] = p.value().detach().clone();
     };
+    if (resume) keep(after_load[rank]);
     const int64_t rows = kGlobalRows / l.dp, m = pipe.micro_batches();
     for (int i = from; i < to; ++i) {
       const auto& b = batches[i];
@@ -201,6 +153,7 @@ Run train(const GptConfig& c, Opt o, const Layout& l, const Params& init,
     keep(end[rank]);
   });
   Run out;
+  out.after_load = after_load;
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(losses[r], losses[0]) << "rank " << r << " reports another loss";
     for (const auto& [k, t] : at_save[r]) out.at_save[k] = t;
@@ -282,6 +235,16 @@ void check_resume(const Layout& a, const Layout& b, Opt o) {
   check_save(dir.path, a, whole.at_save);
   const Run resumed = train(c, o, b, other, batches, kSaveAt, kSteps, dir.path, true, 0);
 
+  // Once loaded, before any step: every rank holds the saved model bit for bit, the tied weight
+  // (saved once, by its owner) on the owner and on the stage holding its copy alike, whichever
+  // schedule and layout saved it and whichever loads it.
+  int tied_holders = 0;
+  for (size_t r = 0; r < resumed.after_load.size(); ++r) {
+    for (const auto& [key, t] : resumed.after_load[r])
+      EXPECT_TRUE(at::equal(t, whole.at_save.at(key))) << "rank " << r << " " << key << " loaded";
+    tied_holders += resumed.after_load[r].count("embed.weight");
+  }
+  EXPECT_EQ(tied_holders, b.dp * std::min(b.stages, 2)) << "ranks holding the tied weight";
   const bool exact = a.stages == b.stages && a.v == b.v && a.dp == b.dp;
   double worst_whole = 0, worst_ref = 0;
   for (int step = 0; step < kSteps; ++step) {

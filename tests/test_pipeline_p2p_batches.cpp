@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "comm/p2p_batch.hpp"
-#include "support/forwarding_group.hpp"
+#include "support/coalescing_group.hpp"
 #include "support/pipeline_gpt.hpp"
 #include "support/thread_group.hpp"
 #include "support/tp_compare.hpp"
@@ -193,43 +193,6 @@ TEST(PipelineP2PBatches, EveryBuiltInScheduleBatchesWithoutACycle) {
 
 // ---- a real run over a group that claims to coalesce ------------------------------------------
 
-struct Log {
-  std::mutex mu;
-  // Per stage, each batch as the plan shows it: its group and its (send?, peer) operations.
-  std::map<int, std::vector<std::pair<int, std::vector<std::pair<bool, int>>>>> batches;
-};
-
-// Records each batch and posts its operations one by one on the gloo group it wraps.
-class Coalescing final : public testing::ForwardingGroup, public comm::P2PBatching {
- public:
-  Coalescing(std::shared_ptr<comm::Group> g, int id, std::shared_ptr<Log> log)
-      : ForwardingGroup(std::move(g)), id_(id), log_(std::move(log)) {}
-  bool coalesces_p2p() const override { return true; }
-  void connect_peer_batched(int peer, bool sender, const std::string& w) override {
-    inner().connect_peer(peer, sender, w);
-  }
-  std::vector<comm::Work> batch_p2p(std::vector<comm::P2POp>& ops) override {
-    std::vector<std::pair<bool, int>> shown;
-    std::vector<comm::Work> works;
-    for (auto& op : ops) {
-      shown.emplace_back(op.send, op.peer);
-      works.push_back(op.send ? inner().send(op.tensor, op.peer, op.what, op.tag)
-                              : inner().recv(op.tensor, op.peer, op.what, op.tag));
-    }
-    std::lock_guard<std::mutex> lock(log_->mu);
-    log_->batches[rank()].emplace_back(id_, std::move(shown));
-    return works;
-  }
-  std::shared_ptr<comm::Group> split(int color, int key, const std::string& n) override {
-    auto sub = ForwardingGroup::split(color, key, n);
-    return sub ? std::make_shared<Coalescing>(sub, id_ + 1, log_) : nullptr;
-  }
-
- private:
-  int id_;
-  std::shared_ptr<Log> log_;
-};
-
 struct Run {
   std::vector<float> losses;                 // stage 0's
   std::map<std::string, at::Tensor> params;  // by the model's names
@@ -237,15 +200,15 @@ struct Run {
 };
 
 // P stages of the example GPT (untied), SGD with momentum, 2 steps of m micro-batches.
-Run train(ScheduleKind kind, int P, int m, bool coalescing, const std::shared_ptr<Log>& log,
-          const testing::GptParams& init, const models::GptConfig& c,
-          const std::vector<testing::StepBatch>& steps) {
+Run train(ScheduleKind kind, int P, int m, bool coalescing,
+          const std::shared_ptr<testing::BatchLog>& log, const testing::GptParams& init,
+          const models::GptConfig& c, const std::vector<testing::StepBatch>& steps) {
   Run run;
   run.batched.assign(P, false);
   std::mutex mu;
   testing::run_ranks(P, [&](std::shared_ptr<comm::Group> g) {
     std::shared_ptr<comm::Group> pp = g;
-    if (coalescing) pp = std::make_shared<Coalescing>(g, kUpGroup, log);
+    if (coalescing) pp = std::make_shared<testing::CoalescingGroup>(g, kUpGroup, log);
     const int stage = pp->rank();
     models::Gpt model(c);
     testing::load(model, init);
@@ -294,14 +257,12 @@ Run reference(const models::GptConfig& c, const testing::GptParams& init, int m,
 void batched_run(ScheduleKind kind, int P, int m) {
   SCOPED_TRACE(std::string(schedule_name(kind)) + " P=" + std::to_string(P) +
                " m=" + std::to_string(m));
-  models::GptConfig c = models::gpt_preset("tiny");
-  c.tied = false;
-  c.layers = 2 * P - 2;  // P stages of the embedding, the blocks and the head, uniformly
+  const models::GptConfig c = testing::gpt_for_stages(P);
   at::manual_seed(21);
   const testing::GptParams init = testing::snapshot(models::Gpt(c));
   const auto steps = testing::step_batches(c.vocab, 2, 2 * m, 16, 7);
   const Run ref = reference(c, init, m, steps);
-  auto log = std::make_shared<Log>();
+  auto log = std::make_shared<testing::BatchLog>();
   const Run batched = train(kind, P, m, true, log, init, c, steps);
   const Run plain = train(kind, P, m, false, nullptr, init, c, steps);
   const Schedule s = make_schedule(kind, P, m);

@@ -13,6 +13,7 @@ set -euo pipefail
 train=$1
 src=$2
 source "$src/tests/e2e/lib/check.sh"
+source "$src/tests/e2e/lib/resume.sh"
 use_scratch
 port=$(free_port 16000)
 common=(--config "$src/configs/zero2.yaml" --set trainer.model=tiny --set trainer.seq_len=32
@@ -22,37 +23,6 @@ common=(--config "$src/configs/zero2.yaml" --set trainer.model=tiny --set traine
         --set scheduler.params.warmup_num_steps=2)
 interleaved=(--set pipeline.stages=2 --set pipeline.schedule=interleaved
              --set pipeline.virtual_stages=2)
-# launch NAME PROCESSES ARGS...: zero-train on that many processes (1: no torchrun)
-launch() {
-  local name=$1 n=$2
-  shift 2
-  if [ "$n" = 1 ]; then
-    timeout 300 "$train" "${common[@]}" --set "trainer.metrics_file=$out/$name.jsonl" "$@" \
-      > "$out/$name.log" 2>&1
-  else
-    timeout 300 torchrun --no-python --standalone --nproc-per-node "$n" \
-      --master-port $((port++)) "$train" "${common[@]}" \
-      --set "trainer.metrics_file=$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
-  fi || { cat "$out/$name.log"; return 1; }
-}
-# compare FULL RESUMED TOLERANCE: steps 4-6 of RESUMED against FULL's, as logged
-compare() {
-  python3 - "$out" "$@" <<'PY'
-import json, sys
-out, full, res, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-a = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{out}/{full}.jsonl")}
-b = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{out}/{res}.jsonl")}
-assert sorted(b) == [4, 5, 6], sorted(b)
-worst = 0.0
-for s in sorted(b):
-    rel = abs(a[s] - b[s]) / abs(a[s])
-    worst = max(worst, rel)
-    print(f"step {s}: {full} {a[s]:.7f}  {res} {b[s]:.7f}  rel diff {rel:.1e}")
-print(f"max rel diff {worst:.1e} (tolerance {tol:g})")
-sys.exit(0 if worst <= tol else 1)
-PY
-}
-
 check "P = 2 x v = 2 trains 6 steps, saving at step 3" launch full 2 "${interleaved[@]}" \
   --set trainer.steps=6 --set "trainer.save_dir=$out/a" --set trainer.save_interval=3
 check "each stage recorded its chunks" \
@@ -62,16 +32,16 @@ check "... and each stage saved its own shards" \
 for d in b c d; do cp -r "$out/a" "$out/$d"; done
 check "the save resumes at P = 2 x v = 2 (steps 4-6)" launch same 2 "${interleaved[@]}" \
   --set trainer.steps=6 --set "trainer.save_dir=$out/b" --set trainer.resume=step3
-check "... with the uninterrupted run's losses exactly" compare full same 0
+check "... with the uninterrupted run's losses exactly" compare_losses full same 0 4 6
 check "the save resumes under 1F1B at P = 2 (steps 4-6)" launch p2 2 --set pipeline.stages=2 \
   --set trainer.steps=6 --set "trainer.save_dir=$out/c" --set trainer.resume=step3
 check "... the log says it resharded" grep -q \
   "resharded the save of pipeline.stages 2 x pipeline.virtual_stages 2 (bounds 0,1,2,3,4) to pipeline.stages 2$" \
   "$out/p2.log"
-check "... with the uninterrupted run's losses" compare full p2 1e-6
+check "... with the uninterrupted run's losses" compare_losses full p2 1e-6 4 6
 check "the save resumes at P = 1 (steps 4-6)" launch p1 1 --set trainer.steps=6 \
   --set "trainer.save_dir=$out/d" --set trainer.resume=step3
-check "... with the uninterrupted run's losses" compare full p1 1e-6
+check "... with the uninterrupted run's losses" compare_losses full p1 1e-6 4 6
 
 check "1F1B at P = 2 trains 6 steps, saving at step 3" launch f1b 2 --set pipeline.stages=2 \
   --set trainer.steps=6 --set "trainer.save_dir=$out/e" --set trainer.save_interval=3
@@ -79,7 +49,7 @@ check "the 1F1B save resumes interleaved (steps 4-6)" launch f1b_i 2 "${interlea
   --set trainer.steps=6 --set "trainer.save_dir=$out/e" --set trainer.resume=step3
 check "... the log says it resharded" grep -q \
   "to pipeline.stages 2 x pipeline.virtual_stages 2$" "$out/f1b_i.log"
-check "... with the uninterrupted 1F1B run's losses" compare f1b f1b_i 1e-6
+check "... with the uninterrupted 1F1B run's losses" compare_losses f1b f1b_i 1e-6 4 6
 
 consolidate=$(dirname "$train")/../tools/zero-consolidate
 consolidated_equal() {
@@ -87,16 +57,7 @@ consolidated_equal() {
     grep -q "a pipelined save of 2 stages .*parameters under the example GPT's names" \
       "$out/ci.log" &&
     "$consolidate" --checkpoint "$out/e" --tag step3 --out "$out/f.safetensors" > /dev/null &&
-    python3 - "$out" <<'PY'
-import sys
-from safetensors.torch import load_file
-out = sys.argv[1]
-a, b = load_file(f"{out}/f.safetensors"), load_file(f"{out}/i.safetensors")
-assert set(a) == set(b), sorted(set(a) ^ set(b))
-worst = max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)) for k in a)
-print(f"{len(a)} tensors; interleaved vs 1F1B step-3 weights: max rel diff {worst:.1e} (tolerance 1e-5)")
-sys.exit(0 if worst < 1e-5 else 1)
-PY
+    same_weights f i 1e-5
 }
 check "zero-consolidate puts the interleaved save together as the 1F1B run's weights" \
   consolidated_equal

@@ -18,25 +18,13 @@ set -euo pipefail
 train=$1
 src=$2
 source "$src/tests/e2e/lib/check.sh"
+source "$src/tests/e2e/lib/resume.sh"
 use_scratch
 port=$(free_port 36500)
 common=(--config "$src/configs/zero2.yaml" --set trainer.model=tiny --set trainer.seq_len=32
         --set train_batch_size=8 --set train_micro_batch_size_per_gpu=2 --set steps_per_print=1
         --set zero_optimization.stage=1 --set gradient_clipping=0 --set optimizer.type=AdamW
         --set scheduler.params.total_num_steps=9 --set scheduler.params.warmup_num_steps=2)
-# launch NAME PROCESSES ARGS...: zero-train on that many processes (1: no torchrun)
-launch() {
-  local name=$1 n=$2
-  shift 2
-  if [ "$n" = 1 ]; then
-    timeout 300 "$train" "${common[@]}" --set "trainer.metrics_file=$out/$name.jsonl" "$@" \
-      > "$out/$name.log" 2>&1
-  else
-    timeout 300 torchrun --no-python --standalone --nproc-per-node "$n" \
-      --master-port $((port++)) "$train" "${common[@]}" \
-      --set "trainer.metrics_file=$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
-  fi || { cat "$out/$name.log"; return 1; }
-}
 check "P = 2 trains 9 steps, saving every 3" launch full 2 --set pipeline.stages=2 \
   --set gradient_accumulation_steps=4 --set trainer.steps=9 --set "trainer.save_dir=$out/a" \
   --set trainer.save_interval=3
@@ -54,25 +42,10 @@ check "P = 1's step-6 save resumes at P = 2 x D = 2 (steps 7-9)" launch p2d2 4 \
   --set "trainer.save_dir=$out/b" --set trainer.resume=auto
 check "the P = 2 x D = 2 log says it resharded" \
   grep -q "resharded the save of pipeline.stages 1 (bounds 0,4) to pipeline.stages 2" "$out/p2d2.log"
-compare() {  # compare FULL RESUMED FIRST LAST: the resumed steps within 1e-5
-  python3 - "$out" "$@" <<'PY'
-import json, sys
-out, full, res, first, last = sys.argv[1:6]
-a = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{out}/{full}.jsonl")}
-b = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{out}/{res}.jsonl")}
-want = list(range(int(first), int(last) + 1))
-assert sorted(b) == want, (sorted(b), want)
-worst = 0.0
-for s in want:
-    rel = abs(a[s] - b[s]) / abs(a[s])
-    worst = max(worst, rel)
-    print(f"step {s}: {full} {a[s]:.7f}  {res} {b[s]:.7f}  rel diff {rel:.1e}")
-print(f"max rel diff {worst:.1e} (tolerance 1e-5)")
-sys.exit(0 if worst < 1e-5 else 1)
-PY
-}
-check "P = 2 -> P = 1: steps 4-6 are the uninterrupted P = 2 run's" compare full p1 4 6
-check "P = 1 -> P = 2 x D = 2: steps 7-9 are the uninterrupted run's" compare full p2d2 7 9
+check "P = 2 -> P = 1: steps 4-6 are the uninterrupted P = 2 run's" \
+  compare_losses full p1 1e-5 4 6
+check "P = 1 -> P = 2 x D = 2: steps 7-9 are the uninterrupted run's" \
+  compare_losses full p2d2 1e-5 7 9
 
 # zero-consolidate finds save_dir/stage0, stage1 and puts the stages' layers together under the
 # example GPT's names: equal to the plain trainer's (P = 1, no pipeline) step-3 save of the same
@@ -81,27 +54,12 @@ consolidate=$(dirname "$train")/../tools/zero-consolidate
 check "the plain trainer (P = 1) trains 3 steps, saving at step 3" launch plain 1 \
   --set gradient_accumulation_steps=4 --set trainer.steps=3 --set "trainer.save_dir=$out/c" \
   --set trainer.save_interval=3
-same_weights() {  # same_weights A B: out/A.safetensors and out/B.safetensors within 1e-5
-  python3 - "$out" "$1" "$2" <<'PY'
-import sys
-from safetensors.torch import load_file
-out, one, two = sys.argv[1:4]
-a = load_file(f"{out}/{one}.safetensors")
-b = load_file(f"{out}/{two}.safetensors")
-assert set(a) == set(b), sorted(set(a) ^ set(b))
-bad = [k for k in a if a[k].shape != b[k].shape]
-assert not bad, bad
-worst = max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)) for k in a)
-print(f"{len(a)} tensors; {two} vs {one} consolidated step-3 weights: max rel diff {worst:.1e} (tolerance 1e-5)")
-sys.exit(0 if worst < 1e-5 else 1)
-PY
-}
 consolidated_equal() {
   "$consolidate" --checkpoint "$out/a" --tag step3 --out "$out/pp.safetensors" > "$out/c.log" &&
     grep -q "a pipelined save of 2 stages .*parameters under the example GPT's names" "$out/c.log" &&
     "$consolidate" --checkpoint "$out/c" --tag step3 --out "$out/plain.safetensors" \
       > /dev/null &&
-    same_weights plain pp
+    same_weights plain pp 1e-5
 }
 check "zero-consolidate puts the P = 2 stages together as the plain model's weights" \
   consolidated_equal
@@ -143,12 +101,14 @@ check "the P2 x T2 step-3 save resumes at P = 2 x T = 1 (steps 4-6)" launch pt21
 check "the P2 x T2 step-3 save resumes at P = 1 x T = 2 (steps 4-6)" launch pt12 2 \
   --set tensor_parallel.autotp_size=2 --set gradient_accumulation_steps=4 --set trainer.steps=6 \
   --set "trainer.save_dir=$out/pt" --set trainer.resume=step3
-check "P2 x T2 -> P2 x T1: steps 4-6 are the uninterrupted run's" compare pt pt21 4 6
-check "P2 x T2 -> P1 x T2: steps 4-6 are the uninterrupted run's" compare pt pt12 4 6
+check "P2 x T2 -> P2 x T1: steps 4-6 are the uninterrupted run's" \
+  compare_losses pt pt21 1e-5 4 6
+check "P2 x T2 -> P1 x T2: steps 4-6 are the uninterrupted run's" \
+  compare_losses pt pt12 1e-5 4 6
 check "zero-consolidate puts the P2 x T2 save together as the plain model's weights" \
   sh -c '"$1" --checkpoint "$2/pt" --tag step3 --out "$2/pt.safetensors" > "$2/ptc.log"' _ \
   "$consolidate" "$out"
 check "... a pipelined save of 2 stages under the example GPT's names" \
   grep -q "a pipelined save of 2 stages .*parameters under the example GPT's names" "$out/ptc.log"
-check "... equal to the plain trainer's step-3 save" same_weights plain pt
+check "... equal to the plain trainer's step-3 save" same_weights plain pt 1e-5
 summary

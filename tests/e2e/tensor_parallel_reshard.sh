@@ -13,6 +13,7 @@ set -euo pipefail
 train=$1
 src=$2
 source "$src/tests/e2e/lib/check.sh"
+source "$src/tests/e2e/lib/resume.sh"
 use_scratch
 consolidate=$(dirname "$train")/../tools/zero-consolidate
 port=$((37500 + RANDOM % 2000))
@@ -20,21 +21,9 @@ common=(--config "$src/configs/zero2.yaml" --set trainer.model=tiny --set traine
         --set trainer.seq_len=32 --set train_batch_size=4 --set train_micro_batch_size_per_gpu=4
         --set steps_per_print=1 --set gradient_clipping=0 --set scheduler.params.total_num_steps=6
         --set scheduler.params.warmup_num_steps=2 --set optimizer.type=AdamW)
-# launch NAME TP ARGS...: zero-train as tp TP x dp 1 (tp 1: one process, no torchrun)
-launch() {
-  local name=$1 tp=$2
-  shift 2
-  if [ "$tp" = 1 ]; then
-    timeout 300 "$train" "${common[@]}" --set "trainer.metrics_file=$out/$name.jsonl" "$@" \
-      > "$out/$name.log" 2>&1
-  else
-    timeout 300 torchrun --no-python --standalone --nproc-per-node "$tp" \
-      --master-port $((port++)) "$train" "${common[@]}" --set tensor_parallel.autotp_size="$tp" \
-      --set "trainer.metrics_file=$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
-  fi || { cat "$out/$name.log"; return 1; }
-}
-check "tp 2 trains 6 steps, saving at step 3" launch tp2 2 --set "trainer.save_dir=$out/a" \
-  --set trainer.save_interval=3
+tp2=(--set tensor_parallel.autotp_size=2)
+check "tp 2 trains 6 steps, saving at step 3" launch tp2 2 "${tp2[@]}" \
+  --set "trainer.save_dir=$out/a" --set trainer.save_interval=3
 check "tp 1 trains 6 steps, saving at step 3" launch tp1 1 --set "trainer.save_dir=$out/b" \
   --set trainer.save_interval=3
 check "tp 2 wrote its blocks per rank" test -f "$out/a/tp1/step3/manifest.json"
@@ -44,28 +33,14 @@ cp -r "$out/a" "$out/a_for_tp1"
 cp -r "$out/b" "$out/b_for_tp2"
 check "tp 2's step-3 save resumes as tp 1" launch tp2_to_tp1 1 \
   --set "trainer.save_dir=$out/a_for_tp1" --set trainer.resume=step3
-check "tp 1's step-3 save resumes as tp 2" launch tp1_to_tp2 2 \
+check "tp 1's step-3 save resumes as tp 2" launch tp1_to_tp2 2 "${tp2[@]}" \
   --set "trainer.save_dir=$out/b_for_tp2" --set trainer.resume=step3
 check "the logs say the saves were resharded" grep -q "resharded the save of autotp_size 2 to autotp_size 1" "$out/tp2_to_tp1.log"
 check "... both ways" grep -q "resharded the save of autotp_size 1 to autotp_size 2" "$out/tp1_to_tp2.log"
-compare() {  # compare FULL RESUMED: steps 4-6 within 1e-5
-  python3 - "$out" "$1" "$2" <<'PY'
-import json, sys
-out, full, res = sys.argv[1:4]
-a = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{out}/{full}.jsonl")}
-b = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{out}/{res}.jsonl")}
-assert sorted(b) == [4, 5, 6], sorted(b)
-worst = 0.0
-for s in sorted(b):
-    rel = abs(a[s] - b[s]) / abs(a[s])
-    worst = max(worst, rel)
-    print(f"step {s}: {full} {a[s]:.7f}  {res} {b[s]:.7f}  rel diff {rel:.1e}")
-print(f"worst rel diff {worst:.1e} (tolerance 1e-5)")
-sys.exit(0 if worst < 1e-5 else 1)
-PY
-}
-check "tp 2 -> tp 1: the losses of the uninterrupted tp 2 run" compare tp2 tp2_to_tp1
-check "tp 1 -> tp 2: the losses of the uninterrupted tp 1 run" compare tp1 tp1_to_tp2
+check "tp 2 -> tp 1: the losses of the uninterrupted tp 2 run" \
+  compare_losses tp2 tp2_to_tp1 1e-5 4 6
+check "tp 1 -> tp 2: the losses of the uninterrupted tp 1 run" \
+  compare_losses tp1 tp1_to_tp2 1e-5 4 6
 
 # Consolidation: zero-consolidate finds save_dir/tp0, tp1 and puts the blocks together.
 consolidated_equal() {
@@ -93,20 +68,7 @@ check "zero-consolidate puts tp 2's blocks together (master and exp_avg_sq)" con
 # and batches: the same names and shapes, the values equal up to the arithmetic order.
 shapes_equal() {
   "$consolidate" --checkpoint "$out/b" --tag step3 --out "$out/tp1.safetensors" > /dev/null &&
-    python3 - "$out" <<'PY'
-import sys
-from safetensors.torch import load_file
-out = sys.argv[1]
-a = load_file(f"{out}/tp1.safetensors")
-b = load_file(f"{out}/tp2.safetensors")
-assert list(a) == list(b) or set(a) == set(b), (sorted(set(a) ^ set(b)))
-bad = [k for k in a if a[k].shape != b[k].shape]
-assert not bad, bad
-# Same start, same 3 steps, another arithmetic order: the weights agree closely.
-worst = max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)) for k in a)
-print(f"tp 1 vs tp 2 consolidated step-3 weights: worst max rel diff {worst:.1e} (tolerance 1e-5; measured 3.8e-7)")
-sys.exit(0 if worst < 1e-5 else 1)
-PY
+    same_weights tp1 tp2 1e-5
 }
 check "tp 2's consolidated step 3 has tp 1's shapes and values" shapes_equal
 summary

@@ -30,6 +30,15 @@ inline std::vector<StepBatch> step_batches(int64_t vocab, int steps, int64_t row
   return out;
 }
 
+// The tiny preset, untied, with 2 P - 2 blocks: P stages of the embedding, the blocks and the
+// head when cut uniformly (two layers each).
+inline models::GptConfig gpt_for_stages(int stages) {
+  models::GptConfig c = models::gpt_preset("tiny");
+  c.tied = false;
+  c.layers = 2 * stages - 2;
+  return c;
+}
+
 using GptParams = std::map<std::string, at::Tensor>;
 
 inline GptParams snapshot(const models::Gpt& m) {

@@ -14,7 +14,7 @@ namespace {
 
 bool is_send(Op op) { return op == Op::SendActivation || op == Op::SendGrad; }
 
-// One stage's plan, written as the runtime posts (runtime.cpp: post_early, the queue and its
+// One stage's plan, written as the runtime posts (p2p.cpp: post_early, the queue and its
 // flushes, settle, wait_sends).
 class StagePlanner {
  public:
@@ -123,7 +123,7 @@ class StagePlanner {
 
   void wait(int batch) { plan_.items.push_back({PlanItem::Wait, batch}); }
 
-  // A receive posted and waited on at once (runtime.cpp's recv()).
+  // A receive posted and waited on at once (p2p.cpp's recv()).
   int recv_now(int peer, int index, bool meta = false) {
     int b = -1;
     queue(false, peer, index, &b, meta);

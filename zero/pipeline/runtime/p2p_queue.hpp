@@ -2,6 +2,12 @@
 // that does not batch), or queued and posted by flush() as one coalesced batch per group, each
 // group's operations in the order they were queued (comm::batch_p2p; which operations go
 // together and why: p2p_batches.hpp).
+//
+// A batch that throws may have gone out in part (on NCCL the group ends with the operations
+// posted so far: review 2026-12-07b L1), and the groups queued after it are not posted (L2).
+// Neither is silent: every operation the failed flush did not post for sure gets a Work that
+// throws when waited on, naming the failure, and the queue stays failed (failure()), refusing
+// every later issue and flush, since the peers' operations no longer pair with this rank's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,8 +30,12 @@ class P2PQueue {
              comm::Work* out);
   // Posts what is queued. Called before anything waits or computes.
   void flush();
-  // Forgets what is queued (a step that failed).
+  // Forgets what is queued (a step that failed before posting it). A failure stays.
   void clear() { queued_.clear(); }
+  // Receives queued and not yet posted.
+  size_t queued_receives() const;
+  // Why a flush failed (what was lost with it); empty while none did.
+  const std::string& failure() const { return failure_; }
 
  private:
   struct Queued {
@@ -35,6 +45,7 @@ class P2PQueue {
   };
   bool batched_;
   std::vector<Queued> queued_;
+  std::string failure_;
 };
 
 }  // namespace zero::pipeline

@@ -65,7 +65,12 @@
 // group's messages). Every message of the run is then batched, on the groups' own
 // communicators, and only where p2p_batches.hpp's device model finds the schedule free of
 // cycles; otherwise (and always on gloo, which has no point-to-point coalescing) each is posted
-// alone, as described above.
+// alone, as described above. A batch cannot be taken back once posted, nor is it known to have
+// gone out whole when posting it threw: after any failed step of a batched run (the batch that
+// threw on one rank, the wait that ran out on its neighbours) every later train_batch and
+// sync_tied_weights refuses at once, saying why, on every rank. So does a step that failed on a
+// device with operations posted and not known complete (receives posted early or waited on in
+// vain, sends not known delivered): they would pair with the next step's messages.
 //
 // Buffers live on the stage's device (its parameters'): an NCCL group moves CUDA tensors only,
 // gloo host tensors only. The activation's shape travels once, before the first activation of the
@@ -187,6 +192,12 @@ class PipelineRuntime {
   struct Posted;
 
   std::string where(const std::string& what) const;
+  // train_batch's instructions and the loss (train_step.cpp), once the step was found runnable.
+  at::Tensor run_instructions(const std::vector<at::Tensor>& inputs,
+                              const std::vector<at::Tensor>& targets);
+  // After `during` threw: sets broken_ where the pipeline's channels may no longer pair up (a
+  // batched run, or operations left posted on a device).
+  void note_failure(const std::string& during);
   at::Tensor recv_activation(int mb, int chunk);
   // The receives early_receives() places before instruction `idx` whose buffers' shapes are
   // known, posted now (kept in posted_ until their instruction).
@@ -249,9 +260,10 @@ class PipelineRuntime {
   // early_receives(...) of this stage's list, and the receives posted ahead of their instruction.
   std::vector<std::vector<int>> early_;
   std::map<size_t, std::unique_ptr<Posted>> posted_;
+  size_t failed_recvs_ = 0;          // this step's receives waited on at once whose wait threw
   std::unique_ptr<P2PQueue> queue_;  // how sends and receives are posted (p2p_queue.hpp)
-  // Set when a step failed with receives posted on a device's pair communicators: why no step
-  // may run any more (train_batch, review 2026-12-07a L5).
+  // Set when a step failed in a batched run (review 2026-12-07b L1, L2) or with operations
+  // posted on a device's pair communicators (review 2026-12-07a L5): why no step may run any more.
   std::string broken_;
   // Per chunk, the activation's shape and dtype: received from the previous stage (known once
   // known), and sent to the next one (once known).
