@@ -96,16 +96,15 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
             // The shard is back from the window's first reduction, and survives the window's
             // micro-steps (their gradients accumulate in it); the buckets are gone again.
             EXPECT_EQ(engine.memory_report().measured.grads, shard) << "step " << s << "." << m;
-            EXPECT_EQ(engine.memory_report().measured.comm_buffers,
-                      rep.measured.comm_buffers);
+            EXPECT_EQ(engine.memory_report().measured.comm_buffers, rep.measured.comm_buffers);
             engine.step();
             const bool boundary = m + 1 == c.accumulation;
             // Between steps only the states of initialize (and the step's 8-byte gather-order
             // flag, kept until the next backward reads it); inside a window also the shard.
             // Under offload the window's squared norm, summed on the device as the pieces left
             // for the host (GradToHost, one fp32), stays inside the window instead.
-            EXPECT_EQ(fake::allocated_bytes(r) - held,
-                      8 + (boundary ? 0 : c.offload ? 4 : device_shard))
+            const int64_t in_window = c.offload ? 4 : device_shard;
+            EXPECT_EQ(fake::allocated_bytes(r) - held, 8 + (boundary ? 0 : in_window))
                 << "step " << s << "." << m;
             EXPECT_EQ(engine.memory_report().measured.grads, boundary ? rep.measured.grads : shard);
             // Between steps a marked block holds no device bytes.

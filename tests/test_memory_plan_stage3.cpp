@@ -76,8 +76,7 @@ TEST(MemoryPlanStage3, UnitsAreTheEnginesForTheExampleGpt) {
 TEST(MemoryPlanStage3, FormulaKeepsOnlyThePersistentParametersWhole) {
   const PlanInput in = plan_of(models::gpt_preset("gpt-25m"), 4, 4, 100000);
   EXPECT_EQ(stage3_root_params(in), 25 * 384);
-  EXPECT_EQ(model_state_formula(in, 3),
-            "4Ψ_root (Ψ_root = 0.000394Ψ) + 4Ψ/4 + 8Ψ/4 = 3.002Ψ");
+  EXPECT_EQ(model_state_formula(in, 3), "4Ψ_root (Ψ_root = 0.000394Ψ) + 4Ψ/4 + 8Ψ/4 = 3.002Ψ");
   // The gradient shard is a model state between steps only where optimizer offload keeps its
   // fp32 host copy.
   PlanInput off = in;

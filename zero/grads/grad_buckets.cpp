@@ -140,8 +140,8 @@ BucketPipeline::BucketPipeline(int64_t in_numel, int64_t out_numel, const at::Te
                                int buffers, bool on_demand)
     : in_numel_(in_numel), out_numel_(out_numel), opts_(opts), on_demand_(on_demand) {
   for (int i = 0; i < buffers; ++i) {
-    buffers_.push_back(on_demand ? Buffer{}
-                                 : Buffer{at::empty({in_numel}, opts), at::empty({out_numel}, opts)});
+    buffers_.push_back(
+        on_demand ? Buffer{} : Buffer{at::empty({in_numel}, opts), at::empty({out_numel}, opts)});
     free_.push_back(i);
   }
   fences_.resize(buffers);

@@ -181,11 +181,10 @@ int64_t landing_ring_bytes(const PlanInput& in, int stage) {
 int64_t stage3_gradient_path_bytes(const PlanInput& in, int stage) {
   if (stage != 3) return 0;
   const bool offload = in.offload_optimizer;
-  const int64_t shard =
-      offload ? 0
-              : static_cast<int64_t>(static_cast<double>(in.grad_accum_bytes) *
-                                     static_cast<double>(in.num_params) /
-                                     static_cast<double>(in.world_size));
+  const int64_t shard = offload ? 0
+                                : static_cast<int64_t>(static_cast<double>(in.grad_accum_bytes) *
+                                                       static_cast<double>(in.num_params) /
+                                                       static_cast<double>(in.world_size));
   return shard + 2 * bucket_pair_bytes(in, stage);
 }
 
@@ -222,10 +221,9 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   const bool quantized = stage > 0 && in.quantized_bits > 0;  // out of place
   // Stage 3 frees them between steps (stage3_gradient_path_bytes).
   const int buffers =
-      stage == 3 ? 0
-      : (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4 || offload || quantized)
-          ? 2
-          : 0;
+      stage == 3                                                                                ? 0
+      : (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4 || offload || quantized) ? 2
+                                                                                                : 0;
   mi.comm_buffer_bytes = buffers * bucket_pair_bytes(in, stage);
   mi.offload = offload;
   if (offload) mi.comm_buffer_bytes += staging_bytes(in) + landing_ring_bytes(in, stage);
