@@ -314,6 +314,11 @@ def one_run(fw, n, dtype, a, port, tmp):
             # over the whole run; and the last step's peak over its phases (what the Python
             # frameworks' figures are: their last step).
             r["phase_peak"] = {ph: s["phase_peaks"][ph]["measured"] for ph in PHASES}
+            # What the counting allocator held after the last step (max over ranks): what the
+            # next step starts from, every CPU storage of the process (model states, the model's
+            # buffers, the data), beside the engine's own accounting of model states.
+            if s.get("steady_states_bytes", -1) >= 0:
+                r["phase_start_bytes"] = s["steady_states_bytes"]
             r["last_step_peak"] = s["phase_step_peaks"][-1]
             r["step_peaks"] = s["phase_step_peaks"]
         return r

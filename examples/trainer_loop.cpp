@@ -257,10 +257,15 @@ void Trainer::finish() {
     int64_t largest = 0;
     for (const auto& p : trained().parameters()) largest = std::max(largest, p.numel());
     const int64_t bucket_bytes = (c.zero_optimization.reduce_bucket_size + largest) * 4;
+    // Stage 3 holds its gradient shard and bucket buffers from the window's first reduction to
+    // the step only: in backward and the step, and in the forwards of an accumulation window
+    // after its first. The bound's steady states (measured after a step) lack it too.
+    const int64_t grad_path = stage3_gradient_path_bytes(rank, stage);
     sum_.record_phases(*engine_, *phases_,
-                       {plan_startup_peak(rank, stage), states + a.blocks + a.head + a.loss,
-                        states + a.peak(), states, states},
-                       bucket_bytes, a.peak());
+                       {plan_startup_peak(rank, stage),
+                        states + a.blocks + a.head + a.loss + (ga_ > 1 ? grad_path : 0),
+                        states + a.peak() + grad_path, states + grad_path, states},
+                       bucket_bytes, a.peak() + grad_path);
   }
   const DeviceMemory dm = device_memory(device_);
   run.memory_budget = dm.total > 0 ? dm.total : c.zero_optimization.auto_device_memory;

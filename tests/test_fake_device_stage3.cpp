@@ -76,12 +76,37 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
         net->to(d);
         auto engine = initialize(net, cfg, group);
         for (const auto& p : net->parameters()) EXPECT_EQ(p.device(), d);
+        // What the device holds between steps: the model states the report declares, which
+        // hold no gradient shard and no bucket buffer (FSDP2's zero_grad(set_to_none=True)).
+        const int64_t held = fake::allocated_bytes(r);
+        const MemoryReport rep = engine.memory_report();
+        // (Under offload: the CPU step's compute-dtype staging and the gradient's landing ring,
+        // host memory, kept.)
+        if (!c.offload) EXPECT_EQ(rep.measured.comm_buffers, 0);
+        // The device's fp32 gradient shard while a window accumulates (offload: in host memory,
+        // kept between steps).
+        const int64_t shard = 4 * rep.padded_params / c.world;
+        EXPECT_EQ(rep.measured.grads, c.offload ? shard : 0);
+        const int64_t device_shard = c.offload ? 0 : shard;
         for (int s = 0; s < kSteps; ++s) {
           const Batch global = global_batch(s, kGlobalRows);
           for (int m = 0; m < c.accumulation; ++m) {
             const Batch b = rank_micro_batch(global, r, c.world, m, c.accumulation);
             engine.backward(mse(net->forward(b.x.to(d)), b.y.to(d)));
+            // The shard is back from the window's first reduction, and survives the window's
+            // micro-steps (their gradients accumulate in it); the buckets are gone again.
+            EXPECT_EQ(engine.memory_report().measured.grads, shard) << "step " << s << "." << m;
+            EXPECT_EQ(engine.memory_report().measured.comm_buffers, rep.measured.comm_buffers);
             engine.step();
+            const bool boundary = m + 1 == c.accumulation;
+            // Between steps only the states of initialize (and the step's 8-byte gather-order
+            // flag, kept until the next backward reads it); inside a window also the shard.
+            // Under offload the window's squared norm, summed on the device as the pieces left
+            // for the host (GradToHost, one fp32), stays inside the window instead.
+            const int64_t in_window = c.offload ? 4 : device_shard;
+            EXPECT_EQ(fake::allocated_bytes(r) - held, 8 + (boundary ? 0 : in_window))
+                << "step " << s << "." << m;
+            EXPECT_EQ(engine.memory_report().measured.grads, boundary ? rep.measured.grads : shard);
             // Between steps a marked block holds no device bytes.
             EXPECT_EQ(net->body->block_module(0).fc->weight.storage().nbytes(), 0u);
           }
@@ -106,6 +131,8 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
 INSTANTIATE_TEST_SUITE_P(WorldsAndOptimizers, FakeDeviceStage3,
                          ::testing::Values(Case{2, "AdamW", 1}, Case{2, "SGD", 2},
                                            Case{4, "AdamW", 2}, Case{4, "SGD", 1},
+                                           Case{2, "AdamW", 2}, Case{2, "SGD", 1},
+                                           Case{4, "AdamW", 1}, Case{4, "SGD", 2},
                                            Case{2, "AdamW", 2, true}, Case{4, "SGD", 1, true}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return "world" + std::to_string(i.param.world) + "_" +
@@ -131,6 +158,8 @@ struct Phases {
   int64_t kept = 0;      // what the forward keeps for backward (activations)
   int64_t backward = 0;  // peak of a backward above the bytes held when it starts
   int64_t step = 0;      // peak of a step above the bytes held when it starts
+  int64_t after_backward = 0;  // held after a backward, above what was held before its forward
+  int64_t after_step = 0;      // held after a step, above the same
   int64_t between = 0;   // held after the last step
   MemoryReport report;
 };
@@ -165,7 +194,8 @@ TEST(FakeDeviceStage3Memory, FourRanksHoldAQuarterOfTheModelPerPhase) {
           x.narrow(1, 0, b.x.size(1)).copy_(b.x);
           x = x.to(d);
           const at::Tensor y = b.y.to(d);
-          int64_t at0 = fake::allocated_bytes(r);
+          const int64_t before_forward = fake::allocated_bytes(r);
+          int64_t at0 = before_forward;
           fake::reset_peak(r);
           const at::Tensor loss = mse(net->forward(x), y);
           p.forward = fake::peak_bytes(r) - at0;
@@ -175,9 +205,11 @@ TEST(FakeDeviceStage3Memory, FourRanksHoldAQuarterOfTheModelPerPhase) {
           engine.backward(loss);
           p.backward = fake::peak_bytes(r) - at0;
           at0 = fake::allocated_bytes(r);
+          p.after_backward = at0 - before_forward;
           fake::reset_peak(r);
           engine.step();
           p.step = fake::peak_bytes(r) - at0;
+          p.after_step = fake::allocated_bytes(r) - before_forward;
         }
         engine.settled_stats();
         p.between = fake::allocated_bytes(r) - base;
@@ -204,8 +236,24 @@ TEST(FakeDeviceStage3Memory, FourRanksHoldAQuarterOfTheModelPerPhase) {
         static_cast<long long>(4 * kBlockNumel));
     ASSERT_EQ(p.model, model);
     // Every byte initialize leaves on the device is one the report declares (plus the 4-byte
-    // step count the fused AdamW reads on the device), and it stays so between steps.
+    // step count the fused AdamW reads on the device), and it stays so between steps: the
+    // parameters (the root), the fp32 master shard and AdamW's two states (4 + 8 bytes per
+    // element of the padded shard), no gradient shard and no bucket buffer (FSDP2's
+    // zero_grad(set_to_none=True)).
     EXPECT_EQ(p.held, m.total() + 4) << "rank " << r;
+    const int64_t shard = 4 * rep.padded_params / kWorld;  // fp32 bytes of this rank's shard
+    EXPECT_EQ(m.master, shard);
+    EXPECT_EQ(m.optimizer, 2 * shard);
+    EXPECT_EQ(m.grads, 0);
+    EXPECT_EQ(m.comm_buffers, 0);
+    EXPECT_EQ(rep.predicted.grads, 0);
+    EXPECT_EQ(rep.predicted.comm_buffers, 0);
+    EXPECT_EQ(p.held, m.params + shard + 2 * shard + 4) << "rank " << r;
+    // After a backward the gradient shard is back (the step reads it), with the step's
+    // gather-order flag (8 B) and the 4-byte loss; its bucket buffers are gone again. After
+    // the step the shard is gone too. (The 8-byte flag of the step before was replaced.)
+    EXPECT_EQ(p.after_backward, shard + 4) << "rank " << r;
+    EXPECT_EQ(p.after_step, 4) << "rank " << r;
     // After a step, plus the last backward's gather-order comparison (one int64 on the device),
     // kept until the next backward reads it: the step skips on it (review 2026-12-07a L1).
     EXPECT_EQ(p.between, p.held + 8) << "rank " << r;
@@ -220,8 +268,12 @@ TEST(FakeDeviceStage3Memory, FourRanksHoldAQuarterOfTheModelPerPhase) {
     // A forward gathers one block at a time: its peak is what it keeps plus one block.
     EXPECT_LE(p.forward, p.kept + 4 * kBlockNumel * 11 / 10) << "rank " << r;
     EXPECT_GE(p.forward, p.kept + 4 * kBlockNumel) << "rank " << r;
-    // A backward: one block gathered, its gradients on the way to the pool buffers.
-    EXPECT_LE(p.backward, 3 * 4 * kBlockNumel) << "rank " << r;
+    // A backward: one block gathered, its gradients on the way to the pool buffers; and now
+    // the gradient shard and the two bucket buffers (65,536 elements and their quarter each,
+    // fp32), which it allocates.
+    const int64_t buckets = 2 * 4 * (kWidth * kWidth + kWidth * kWidth / kWorld);
+    EXPECT_LE(p.backward, 3 * 4 * kBlockNumel + shard + buckets) << "rank " << r;
+    EXPECT_GE(p.backward, shard + buckets) << "rank " << r;
   }
 }
 

@@ -69,13 +69,19 @@ TEST(MemoryPlanStage3, UnitsAreTheEnginesForTheExampleGpt) {
   }
 }
 
-// The formula zero-memory prints: the root whole, the rest over N. gpt-25m at DeepSpeed's
+// The formula zero-memory prints: the root whole, the rest over N (the gradient shard exists
+// only from backward to the step, FSDP2's set_to_none). gpt-25m at DeepSpeed's
 // persistence threshold: the root keeps only the 25 norms (9,600 of 24,388,992 parameters); the
 // tied embedding is a unit of its own (it was the root's, 3,155,328 with the norms, 4.518Ψ).
 TEST(MemoryPlanStage3, FormulaKeepsOnlyThePersistentParametersWhole) {
   const PlanInput in = plan_of(models::gpt_preset("gpt-25m"), 4, 4, 100000);
   EXPECT_EQ(stage3_root_params(in), 25 * 384);
-  EXPECT_EQ(model_state_formula(in, 3),
+  EXPECT_EQ(model_state_formula(in, 3), "4Ψ_root (Ψ_root = 0.000394Ψ) + 4Ψ/4 + 8Ψ/4 = 3.002Ψ");
+  // The gradient shard is a model state between steps only where optimizer offload keeps its
+  // fp32 host copy.
+  PlanInput off = in;
+  off.offload_optimizer = true;
+  EXPECT_EQ(model_state_formula(off, 3),
             "4Ψ_root (Ψ_root = 0.000394Ψ) + 4Ψ/4 + 4Ψ/4 + 8Ψ/4 = 4.002Ψ");
   EXPECT_EQ(stage3_root_params(plan_of(models::gpt_preset("gpt-25m"), 4, 4, 0)), 0);
 }

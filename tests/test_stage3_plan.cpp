@@ -174,15 +174,28 @@ TEST(Stage3Plan, PrefetchHidesGathersBehindCompute) {
   EXPECT_EQ(kept.unit_gathers, 7);
 }
 
-TEST(Stage3Plan, TransientBytesAreTheLiveUnitsAndOneUnitsGradients) {
+TEST(Stage3Plan, TransientBytesAreTheLiveUnitsOneUnitsGradientsAndTheGradientPath) {
   PlanInput in = billion();
   in.prefetch_bucket_size = 0;
   in.max_reuse_distance = 0;
   EXPECT_EQ(stage3_transient_bytes(in, 2), 0);
+  EXPECT_EQ(stage3_gradient_path_bytes(in, 2), 0);
+  // The gradient path stage 3 allocates for backward and the step only: the fp32 gradient shard
+  // (1e9 x 4 B / 8) and two bucket buffers with their 1/8 shards, in bf16.
+  const int64_t b = bucket_buffer_elements(in, 3);
+  const int64_t path = 4 * int64_t{1'000'000'000} / 8 + 2 * 2 * (b + b / 8);
+  EXPECT_EQ(stage3_gradient_path_bytes(in, 3), path);
+  // Neither is a model state between steps.
+  EXPECT_EQ(plan_model_states(in, 3).grads, 0);
+  EXPECT_EQ(plan_model_states(in, 3).comm_buffers, 0);
   // One unit gathered, one unit's gradients: 2 x 2.5e8 bf16 elements.
-  EXPECT_EQ(stage3_transient_bytes(in, 3), 2 * 2 * 250'000'000);
+  EXPECT_EQ(stage3_transient_bytes(in, 3), 2 * 2 * 250'000'000 + path);
   in.prefetch_bucket_size = 250'000'000;  // one unit ahead: up to three live (see above)
-  EXPECT_EQ(stage3_transient_bytes(in, 3), 2 * (3 + 1) * int64_t{250'000'000});
+  EXPECT_EQ(stage3_transient_bytes(in, 3), 2 * (3 + 1) * int64_t{250'000'000} + path);
+  // Under optimizer offload the fp32 host shard stays (a model state), the device's buckets go.
+  in.offload_optimizer = true;
+  EXPECT_EQ(stage3_gradient_path_bytes(in, 3), 2 * 2 * (b + b / 8));
+  EXPECT_EQ(plan_model_states(in, 3).grads, 4 * int64_t{1'000'000'000} / 8);
 }
 
 PlanInput llama7b(int world) {

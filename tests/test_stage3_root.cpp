@@ -284,12 +284,16 @@ TEST(Stage3RootMemory, FourRanksHoldAQuarterOfEveryParameter) {
       // Nothing whole: the root unit is empty.
       EXPECT_EQ(b.params, 0) << "rank " << r;
       EXPECT_EQ(m.report.predicted.params, 0);
-      // The formula: master, gradients and AdamW's two states, 4 + 4 + 8 bytes of Ψ/N each,
-      // each bucket padded to a multiple of 64 x N elements.
+      // The formula: master and AdamW's two states, 4 + 8 bytes of Ψ/N each, each bucket padded
+      // to a multiple of 64 x N elements. No gradient shard and no bucket buffer between steps
+      // (allocated by backward's first reduction, freed after the step: FSDP2's set_to_none).
       const int64_t pad = 4 * (m.report.padded_params - m.report.num_params) / kWorld;
       EXPECT_GE(b.master, 4 * psi / kWorld);
       EXPECT_LE(b.master, 4 * psi / kWorld + pad + 4);
-      EXPECT_EQ(b.grads, b.master);
+      EXPECT_EQ(b.master, 4 * m.report.padded_params / kWorld);
+      EXPECT_EQ(b.grads, 0);
+      EXPECT_EQ(b.comm_buffers, 0);
+      EXPECT_EQ(m.report.predicted.grads, 0);
       EXPECT_EQ(b.optimizer, 2 * b.master);
       EXPECT_NEAR(static_cast<double>(params) / (4.0 * psi), 0.25, 0.01) << "rank " << r;
     }

@@ -65,8 +65,9 @@ int64_t largest_unit(const PlanInput& in) {
 }
 
 // The model states initialize leaves (own shard of master, gradients and optimizer states; the
-// root unit whole at stage 3, every parameter below it; the declared bucket buffers), the
-// padding (at most 64 elements per rank and bucket), and at stage 3 one unit more.
+// root unit whole at stage 3, every parameter below it; the declared bucket buffers; at stage 3
+// no gradient shard and no bucket buffer, which backward allocates), the padding (at most 64
+// elements per rank and bucket), and at stage 3 one unit more.
 int64_t bound_bytes(const models::GptConfig& c, int world, int param_bytes, int states,
                     int stage) {
   const PlanInput in = plan_of(c, world, param_bytes, states);

@@ -107,7 +107,8 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   row("= model states", [&](int s) { return st[s].total(); });
   row("start-up peak (initialize, with the model)",
       [&](int s) { return plan_startup_peak(in, s); });
-  row("gathered units + one unit's gradients",
+  // Stage 3 also allocates its gradient shard and bucket buffers for backward and the step only.
+  row("in a step: gathered units, gradient path",
       [&](int s) { return stage3_transient_bytes(in, s); });
   // Optimizer offload (stages 1 and 2): what stays on the device, and what goes to the host.
   PlanInput off = in;

@@ -10,6 +10,7 @@ namespace zero {
 struct MemoryBreakdown {
   int64_t params = 0;        // the model's (compute dtype) parameters: full on every rank
   int64_t grads = 0;         // gradient storage kept between micro-steps, and the reduced shard
+                             // (stage 3: none between steps unless offloaded)
   int64_t master = 0;        // fp32 master weights (0 when the fp32 model itself is the master)
   int64_t optimizer = 0;     // optimizer states
   int64_t comm_buffers = 0;  // declared bucket buffers
@@ -48,7 +49,11 @@ bool keeps_full_gradient(int stage, int64_t accumulation, bool overlap_comm);
 //   stage 1: params Ψp + grads gΨ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N,
 //            plus a full gΨ accumulator under gradient accumulation (keeps_full_gradient)
 //   stage 2: params Ψp + grads gΨ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N
-// (optimizer offload: the gradient shard is 4Ψ/N, fp32 in host memory).
+//   stage 3: params pΨ_root (+ pΨ/N of compute shard unless p = 4) + master 4Ψ/N + states
+//            4KΨ/N, held between steps; the gradient shard gΨ/N and the bucket buffers are
+//            allocated by the window's first reduction and freed after the step, so they are
+//            not model states here (the planner counts them in stage3_transient_bytes)
+// (optimizer offload: the gradient shard is 4Ψ/N, fp32 in host memory, kept at every stage).
 MemoryBreakdown predict_model_states(const MemoryModelInput& in);
 
 struct MemoryReport {

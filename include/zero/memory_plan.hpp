@@ -201,9 +201,16 @@ Stage3Pass stage3_pass(const std::vector<int64_t>& units, const std::vector<doub
                        const std::vector<double>& forward_s, const std::vector<double>& backward_s,
                        const PlanInput& limits, const std::vector<double>& reduce_s = {});
 // Device bytes stage 3 holds beyond its model states at the worst moment of a pass: the units
-// gathered at once (stage3_pass's peak_live) in the compute dtype, and the gradients of the
-// largest unit in the compute dtype before they are copied into their bucket. 0 below stage 3.
+// gathered at once (stage3_pass's peak_live) in the compute dtype, the gradients of the
+// largest unit in the compute dtype before they are copied into their bucket, and the gradient
+// path, which stage 3 holds only from the window's first reduction to the step
+// (stage3_gradient_path_bytes). 0 below stage 3.
 int64_t stage3_transient_bytes(const PlanInput& in, int stage);
+// Stage 3's gradient path, allocated by the window's first reduction and freed after the step
+// (the engine's GradSyncOptions::release_between_steps): the gradient shard gΨ/N (kept between
+// steps under optimizer offload, fp32 in host memory: then not here) and the two bucket buffers
+// with their 1/N shards. 0 below stage 3.
+int64_t stage3_gradient_path_bytes(const PlanInput& in, int stage);
 // Elements of one bucket buffer for `stage` (FlatLayout::buffer_numel: the largest bucket, but at
 // most reduce_bucket_size, larger buckets being reduced in chunks); its 1/N shard buffer is
 // this divided by N at stages 1 to 3. At stage 3 a bucket never spans two units
@@ -211,6 +218,7 @@ int64_t stage3_transient_bytes(const PlanInput& in, int stage);
 int64_t bucket_buffer_elements(const PlanInput& in, int stage);
 // predict_model_states plus the bucket buffers the engine declares for this stage (with
 // offload: plus the host compute-dtype copy, which the engine's report counts as a buffer).
+// What is held between steps: at stage 3 no bucket buffer (stage3_gradient_path_bytes).
 MemoryBreakdown plan_model_states(const PlanInput& in, int stage);
 // The part of plan_model_states in host memory: (8 + 4K + p)Ψ/N with in.offload_optimizer at
 // stages 1 and 2, else 0; at stage 3 plus the error-feedback residuals (error_feedback_bytes).

@@ -81,7 +81,7 @@ struct RankPlan {
   int64_t params = 0;      // rank_params of it
   MemoryBreakdown states;  // over D ranks
   ActivationEstimate act;
-  int64_t gathered = 0;  // ZeRO 3: units gathered at once and one unit's gradients
+  int64_t gathered = 0;  // ZeRO 3: units gathered at once, one unit's gradients, gradient path
   int64_t total() const { return states.total() + act.peak() + gathered; }
 };
 // The most any rank needs: every pipeline stage planned, the largest kept. ZeRO `stage` 0-3

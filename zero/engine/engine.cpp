@@ -300,6 +300,10 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   so.device = impl->fp.device();
   so.overlap = c.zero_optimization.overlap_comm;
   so.reduce_scatter = c.zero_optimization.reduce_scatter;
+  // Stage 3 holds between steps only what FSDP2 does (parameter shard, master, optimizer
+  // states): the gradient shard and the bucket buffers exist from the window's first reduction
+  // to the step (grad_sync.hpp).
+  so.release_between_steps = stage3;
   const auto& qg = c.zero_optimization.quantized_gradients;
   so.compress = {qg.enabled, qg.bits, qg.block, qg.error_feedback, qg.hierarchical,
                  compress::residual_store(qg.error_feedback_dtype, so.comm_dtype)};

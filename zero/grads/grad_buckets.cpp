@@ -137,9 +137,11 @@ int BucketTracker::next_unreleased() {
 }
 
 BucketPipeline::BucketPipeline(int64_t in_numel, int64_t out_numel, const at::TensorOptions& opts,
-                               int buffers) {
+                               int buffers, bool on_demand)
+    : in_numel_(in_numel), out_numel_(out_numel), opts_(opts), on_demand_(on_demand) {
   for (int i = 0; i < buffers; ++i) {
-    buffers_.push_back({at::empty({in_numel}, opts), at::empty({out_numel}, opts)});
+    buffers_.push_back(
+        on_demand ? Buffer{} : Buffer{at::empty({in_numel}, opts), at::empty({out_numel}, opts)});
     free_.push_back(i);
   }
   fences_.resize(buffers);
@@ -151,6 +153,9 @@ int BucketPipeline::acquire() {
   const int i = free_.back();
   free_.pop_back();
   if (auto fence = std::exchange(fences_[i], nullptr)) fence();
+  if (!buffers_[i].in.defined()) {
+    buffers_[i] = {at::empty({in_numel_}, opts_), at::empty({out_numel_}, opts_)};
+  }
   peak_in_use_ = std::max(peak_in_use_, buffers() - static_cast<int>(free_.size()));
   return i;
 }
@@ -197,9 +202,19 @@ void BucketPipeline::abort() {
   for (auto& f : fences_) f = nullptr;
 }
 
+void BucketPipeline::free_buffers() {
+  TORCH_INTERNAL_ASSERT(on_demand_, "zero: the bucket buffers are allocated up front");
+  TORCH_INTERNAL_ASSERT(inflight_.empty(), "zero: bucket buffers freed while a reduction runs");
+  TORCH_INTERNAL_ASSERT(free_.size() == buffers_.size(), "zero: a bucket buffer is still held");
+  for (auto& b : buffers_) b = Buffer{};
+  for (auto& f : fences_) f = nullptr;
+}
+
 int64_t BucketPipeline::bytes() const {
   int64_t n = 0;
-  for (const auto& b : buffers_) n += b.in.nbytes() + b.out.nbytes();
+  for (const auto& b : buffers_) {
+    if (b.in.defined()) n += b.in.nbytes() + b.out.nbytes();
+  }
   return n;
 }
 

@@ -94,8 +94,11 @@ class BucketPipeline {
 
   // `in_numel`/`out_numel`: the largest padded bucket and its shard. `buffers` are allocated up
   // front (the declared bucket buffers: two let one bucket fill while the previous one is in
-  // flight) and never grow; 0 when the stage needs none.
-  BucketPipeline(int64_t in_numel, int64_t out_numel, const at::TensorOptions& opts, int buffers);
+  // flight) and never grow; 0 when the stage needs none. `on_demand` (stage 3, which holds no
+  // gradient path between steps): each buffer is allocated when it is first acquired, and
+  // free_buffers() gives them all back once nothing is in flight.
+  BucketPipeline(int64_t in_numel, int64_t out_numel, const at::TensorOptions& opts, int buffers,
+                 bool on_demand = false);
 
   // A free buffer; when none is free, finishes the oldest reduction to free one; -1 when none
   // is free and nothing is in flight (every buffer is held by a bucket still filling).
@@ -115,6 +118,11 @@ class BucketPipeline {
   // are swallowed: the caller is already reporting one) and frees every buffer.
   void abort();
   bool idle() const { return inflight_.empty(); }
+  // on_demand only: frees every buffer's bytes (the next acquire allocates it again). Nothing may
+  // be in flight, and whatever read a buffer after its reduction (a copy to the host) must be
+  // done: its fence is dropped with the buffer.
+  void free_buffers();
+  // The bytes the buffers hold now (all of them, unless on_demand).
   int64_t bytes() const;
   int buffers() const { return static_cast<int>(buffers_.size()); }
   // Most buffers held at once (by buckets filling or in flight) since construction.
@@ -129,6 +137,9 @@ class BucketPipeline {
     std::function<void()> done;
   };
   std::vector<Buffer> buffers_;
+  int64_t in_numel_ = 0, out_numel_ = 0;
+  at::TensorOptions opts_;
+  bool on_demand_ = false;
   std::vector<int> free_;
   std::vector<std::function<void()>> fences_;  // per buffer, see before_reuse
   std::deque<Entry> inflight_;

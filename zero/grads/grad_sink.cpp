@@ -11,11 +11,14 @@ namespace {
 
 class DeviceShard final : public GradSink {
  public:
-  DeviceShard(int64_t numel, const GradSyncOptions& opts) : accum_dtype_(opts.accum_dtype) {
-    // In grad_accum_dtype (bf16: half of an fp32 shard), the values accumulate()'s rounding gives.
-    shard_ = at::zeros({numel}, at::TensorOptions()
-                                    .dtype(grad_storage_dtype(opts, false))
-                                    .device(opts.device));
+  DeviceShard(int64_t numel, const GradSyncOptions& opts)
+      : accum_dtype_(opts.accum_dtype),
+        numel_(numel),
+        // In grad_accum_dtype (bf16: half of an fp32 shard), the values accumulate()'s rounding
+        // gives.
+        options_(at::TensorOptions().dtype(grad_storage_dtype(opts, false)).device(opts.device)),
+        on_demand_(opts.release_between_steps) {
+    if (!on_demand_) shard_ = at::zeros({numel_}, options_);
   }
   void take(const at::Tensor& reduced, const at::Tensor& dst, bool add, BucketPipeline&,
             int) override {
@@ -26,12 +29,28 @@ class DeviceShard final : public GradSink {
       const_cast<at::Tensor&>(dst).copy_(reduced);
     }
   }
-  void new_window() override { shard_.zero_(); }
-  at::Tensor& shard() override { return shard_; }
-  SinkBytes bytes() const override { return {static_cast<int64_t>(shard_.nbytes()), 0, 0}; }
+  // On demand (stage 3) the shard's bytes go back until the next window's first reduction: the
+  // zeros it starts from then are the ones zero_() gave, so the sums are the same bit for bit.
+  void new_window() override {
+    if (on_demand_) {
+      shard_.reset();
+    } else {
+      shard_.zero_();
+    }
+  }
+  at::Tensor& shard() override {
+    if (!shard_.defined()) shard_ = at::zeros({numel_}, options_);
+    return shard_;
+  }
+  SinkBytes bytes() const override {
+    return {shard_.defined() ? static_cast<int64_t>(shard_.nbytes()) : 0, 0, 0};
+  }
 
  private:
   at::ScalarType accum_dtype_;
+  int64_t numel_;
+  at::TensorOptions options_;
+  bool on_demand_;
   at::Tensor shard_;
 };
 

@@ -37,6 +37,14 @@ struct GradSyncOptions {
   // with pin_memory); each bucket's reduced shard is copied there as its reduction completes.
   bool host_shard = false;
   bool pin_memory = false;
+  // Stage 3 (FSDP2's zero_grad(set_to_none=True)): nothing of the gradient path is held between
+  // steps. The device gradient shard is allocated (zeros) when the window's first reduction
+  // needs it, accumulates the window's micro-steps, and is freed by zero_grad() after the step
+  // read it; the bucket buffers are allocated as backward first takes them and freed when it
+  // ends. Under optimizer offload the host shard and its landing ring stay (page-locked host
+  // memory, whose allocation and release cost more than a step's copies); the device's bucket
+  // buffers go all the same.
+  bool release_between_steps = false;
   // zero_quantized_gradients (stages 1, 2): buckets are reduced by a quantized all-to-all
   // (zero/compress/quantized_reduce.hpp) instead of reduce_scatter / all_reduce; the bucket
   // buffers still hold the gradients in comm_dtype before they are quantized.

@@ -36,7 +36,8 @@ class PartitionedGrads final : public GradSync {
         opts_(opts),
         tracker_(layout),
         pipeline_(layout.buffer_numel(), layout.chunk_numel(),
-                  at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers),
+                  at::TensorOptions().dtype(opts.comm_dtype).device(opts.device), kPoolBuffers,
+                  opts.release_between_steps),
         bucket_buffer_(layout.buckets().size(), -1),
         deferred_(layout.params().size()),
         late_(layout.params().size()) {}
@@ -89,6 +90,9 @@ class PartitionedGrads final : public GradSync {
     if (agree_late_) launch_late();
     counters_.wait_seconds += pipeline_.drain();
     sink_->finish();
+    // Stage 3: the buffers' bytes go back until the next backward (finish() waited for the
+    // copies to the host that read them under offload).
+    if (opts_.release_between_steps) pipeline_.free_buffers();
   }
 
   void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
@@ -101,6 +105,7 @@ class PartitionedGrads final : public GradSync {
     for (auto& d : late_) d.reset();
     tracker_.reset();
     sink_->new_window();
+    if (opts_.release_between_steps) pipeline_.free_buffers();  // sink_->abort() waited
   }
 
   void zero_grad() override { sink_->new_window(); }

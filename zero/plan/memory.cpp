@@ -38,6 +38,9 @@ MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
     b.params = static_cast<int64_t>(root * in.param_bytes +
                                     (shard_is_master ? 0.0 : psi / n * in.param_bytes));
     b.master = static_cast<int64_t>(4.0 * part);
+    // The gradient shard exists only from the window's first reduction to the step (FSDP2's
+    // zero_grad(set_to_none=True)); under optimizer offload its fp32 host copy stays.
+    b.grads = in.offload ? static_cast<int64_t>(4.0 * psi / n) : 0;
   }
   b.optimizer = static_cast<int64_t>(4.0 * in.optimizer_states * part);
   b.comm_buffers = in.comm_buffer_bytes;

@@ -155,6 +155,13 @@ int64_t bucket_buffer_elements(const PlanInput& in, int stage) {
 
 namespace {
 
+// One bucket buffer and its 1/N shard buffer (none at stage 0), in the communication dtype.
+int64_t bucket_pair_bytes(const PlanInput& in, int stage) {
+  const int64_t b = bucket_buffer_elements(in, stage);
+  const int64_t out = stage == 0 ? 0 : b / in.world_size;
+  return static_cast<int64_t>(in.comm_bytes) * (b + out);
+}
+
 // The compute-dtype copy of the shard that the CPU step writes (OptimizerOffload::reserve).
 int64_t staging_bytes(const PlanInput& in) {
   return static_cast<int64_t>(static_cast<double>(in.param_bytes) *
@@ -170,6 +177,16 @@ int64_t landing_ring_bytes(const PlanInput& in, int stage) {
 }
 
 }  // namespace
+
+int64_t stage3_gradient_path_bytes(const PlanInput& in, int stage) {
+  if (stage != 3) return 0;
+  const bool offload = in.offload_optimizer;
+  const int64_t shard = offload ? 0
+                                : static_cast<int64_t>(static_cast<double>(in.grad_accum_bytes) *
+                                                       static_cast<double>(in.num_params) /
+                                                       static_cast<double>(in.world_size));
+  return shard + 2 * bucket_pair_bytes(in, stage);
+}
 
 int64_t error_feedback_bytes(const PlanInput& in, int stage) {
   if (stage == 0 || in.quantized_bits == 0 || !in.error_feedback) return 0;
@@ -202,12 +219,12 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   const bool offload = in.offload_optimizer && stage > 0;
   const bool partitioned = !keeps_full_gradient(stage, in.accumulation, in.overlap_comm);
   const bool quantized = stage > 0 && in.quantized_bits > 0;  // out of place
+  // Stage 3 frees them between steps (stage3_gradient_path_bytes).
   const int buffers =
-      (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4 || offload || quantized) ? 2
-                                                                                              : 0;
-  const int64_t b = bucket_buffer_elements(in, stage);
-  const int64_t out = stage == 0 ? 0 : b / in.world_size;
-  mi.comm_buffer_bytes = buffers * static_cast<int64_t>(in.comm_bytes) * (b + out);
+      stage == 3                                                                                ? 0
+      : (partitioned || in.comm_bytes != 4 || in.grad_accum_bytes != 4 || offload || quantized) ? 2
+                                                                                                : 0;
+  mi.comm_buffer_bytes = buffers * bucket_pair_bytes(in, stage);
   mi.offload = offload;
   if (offload) mi.comm_buffer_bytes += staging_bytes(in) + landing_ring_bytes(in, stage);
   mi.comm_buffer_bytes += error_feedback_bytes(in, stage);
@@ -266,7 +283,9 @@ std::string model_state_formula(const PlanInput& in, int stage) {
     out = buf;
     sum = in.param_bytes * root;
     if (in.param_bytes != 4) term(in.param_bytes, split);
-    term(in.grad_accum_bytes, split);
+    // The gradient shard only from backward to the step (stage3_gradient_path_bytes); under
+    // optimizer offload its fp32 host copy stays.
+    if (in.offload_optimizer) term(4, split);
     term(4, split);
     term(4.0 * in.optimizer_states, split);
     char total[40];

@@ -125,7 +125,7 @@ Stage3Pass stage3_pass(const std::vector<int64_t>& units, const std::vector<doub
 int64_t stage3_transient_bytes(const PlanInput& in, int stage) {
   if (stage != 3) return 0;
   const std::vector<int64_t> units = stage3_gathered_units(in);
-  if (units.empty()) return 0;
+  if (units.empty()) return stage3_gradient_path_bytes(in, stage);
   // Only the order and the sizes decide what is live: any positive times will do.
   const std::vector<double> ones(units.size(), 1.0);
   int64_t live = stage3_pass(units, ones, ones, ones, in).peak_live;
@@ -138,7 +138,8 @@ int64_t stage3_transient_bytes(const PlanInput& in, int stage) {
     live += all[1][0];
   }
   const int64_t largest = *std::max_element(units.begin(), units.end());
-  return static_cast<int64_t>(in.param_bytes) * (live + largest);
+  return static_cast<int64_t>(in.param_bytes) * (live + largest) +
+         stage3_gradient_path_bytes(in, stage);
 }
 
 }  // namespace zero
