@@ -243,6 +243,10 @@ int64_t plan_startup_peak(const PlanInput& in, int stage);
 // device. The engine pads each bucket to a multiple of the world size
 // and keeps a second residual of Ψ·nodes/N under the hierarchical exchange; neither is counted.
 int64_t error_feedback_bytes(const PlanInput& in, int stage);
+// Stage 3 (residuals in host memory): the two device staging buffers each reduction's slot goes
+// through (compress/error_feedback.hpp), each one bucket buffer (bucket_buffer_elements) in the
+// residual's storage. Part of plan_model_states' comm_buffers, on the device. 0 otherwise.
+int64_t error_feedback_staging_bytes(const PlanInput& in, int stage);
 // "2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ": the terms of predict_model_states, buffers left out. Stage 3:
 // "4Ψ_root + 4Ψ/N + 4Ψ/N + 8Ψ/N" with Ψ_root = stage3_root_params as a fraction of Ψ.
 std::string model_state_formula(const PlanInput& in, int stage);
