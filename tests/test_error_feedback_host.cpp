@@ -61,7 +61,7 @@ TEST(ErrorFeedbackHost, SendsAndKeepsWhatDeviceResidualsDo) {
   const EventDelay delay(std::chrono::microseconds(200));
   // The order the reductions run in, step by step: settled, then another order (the slot queued
   // ahead is not the one that comes), a slot run twice in a row, and settled again.
-  const std::vector<std::vector<size_t>> steps{{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {2, 0, 1},
+  const std::vector<std::vector<size_t>> steps{{0, 1, 2},    {0, 1, 2}, {0, 1, 2}, {2, 0, 1},
                                                {1, 1, 0, 2}, {0, 1, 2}, {0, 1, 2}};
   for (at::ScalarType store : {at::kFloat, at::kBFloat16, at::kHalf, at::kChar}) {
     ErrorFeedback host(kNumels, 4, kBlock, opts, store, Residence::kHost);
@@ -142,10 +142,11 @@ TEST(ErrorFeedbackHost, StagingIsWhatTheAllocatorCountsAndNoFp32CopyOfTheSlot) {
       ef.compress_rows(0, g, 2);
       device_peak = fake::peak_bytes(0) - at_rest;
     }
-    std::printf("residual as %s: staging %lld B on the device; a reduction's transient peak %lld B "
-                "staged from the host, %lld B with the residual on the device\n",
-                c10::toString(store), static_cast<long long>(held),
-                static_cast<long long>(host_peak), static_cast<long long>(device_peak));
+    std::printf(
+        "residual as %s: staging %lld B on the device; a reduction's transient peak %lld B "
+        "staged from the host, %lld B with the residual on the device\n",
+        c10::toString(store), static_cast<long long>(held), static_cast<long long>(host_peak),
+        static_cast<long long>(device_peak));
     // The staged residual is upcast inside the corrected gradient's sum: the transients are
     // those of residuals on the device, which hold no copy of the slot either (fp32), or
     // fewer (bf16: the device path's fp32 copy of the residual, 4 bytes per element). int8
@@ -246,8 +247,7 @@ TEST(ErrorFeedbackHost, EveryRankRefusesWhenANodeCannotHoldTheResiduals) {
     setenv("LOCAL_WORLD_SIZE", "2", 1);
     const std::vector<Outcome> shared = build({need, need}, at::kFloat);
     unsetenv("LOCAL_WORLD_SIZE");
-    EXPECT_NE(shared[0].error.find("x 2 ranks on this node"), std::string::npos)
-        << shared[0].error;
+    EXPECT_NE(shared[0].error.find("x 2 ranks on this node"), std::string::npos) << shared[0].error;
     expect_names_the_fix(shared[1].error);
   }
 }
@@ -262,9 +262,9 @@ TEST(ErrorFeedbackHost, PlannerCountsResidualOnTheHostAndStagingOnTheDevice) {
     in.error_feedback_store_bytes = store;
     const int64_t bucket = bucket_buffer_elements(in, 3);
     const auto bytes = [&](int64_t n) {
-      return store == 1 ? (n + in.quantized_block - 1) / in.quantized_block *
-                              (in.quantized_block + 4)
-                        : store * n;
+      return store == 1
+                 ? (n + in.quantized_block - 1) / in.quantized_block * (in.quantized_block + 4)
+                 : store * n;
     };
     EXPECT_EQ(error_feedback_bytes(in, 3), bytes(in.num_params)) << store;
     EXPECT_EQ(error_feedback_staging_bytes(in, 3), 2 * bytes(bucket)) << store;

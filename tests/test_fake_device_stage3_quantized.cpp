@@ -191,7 +191,8 @@ TEST(FakeDeviceStage3Quantized, EveryRankRefusesWhenTheHostCannotHoldTheResidual
   const int64_t int8 = train(quantized_config(3, true, "int8"), true)[0].report.error_feedback;
   ASSERT_LT(int8, fp32);
   const int64_t room = (fp32 + int8) / 2;  // int8 residuals fit, fp32 ones do not
-  const std::vector<std::string> refused = initialize_errors(quantized_config(3, true, "fp32"), room);
+  const std::vector<std::string> refused =
+      initialize_errors(quantized_config(3, true, "fp32"), room);
   for (int r = 0; r < kWorld; ++r) {
     std::printf("rank %d (fp32 residuals of %lld B, room %lld B): %s\n", r,
                 static_cast<long long>(fp32), static_cast<long long>(room), refused[r].c_str());

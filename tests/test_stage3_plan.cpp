@@ -106,8 +106,8 @@ TEST(Stage3Plan, TiedHeadGathersTheEmbeddingsUnitAgain) {
   //   head backward: gather [13,14] compute [14,20], kept (the embedding's backward follows);
   //   b2 [20,21] [21,25]; b1 [25,26] [26,30]; b0 still gathered, compute [30,34]
   const TiedHead head{3, 6};
-  const Stage3Pass p = stage3_pass(kUnits, kGather, kForward, kBackward,
-                                   limits(0, 1'000'000'000, 0), {}, &head);
+  const Stage3Pass p =
+      stage3_pass(kUnits, kGather, kForward, kBackward, limits(0, 1'000'000'000, 0), {}, &head);
   EXPECT_DOUBLE_EQ(p.forward_s, 13);
   EXPECT_DOUBLE_EQ(p.backward_s, 21);
   EXPECT_EQ(p.gathers, 7) << "2 per unit, and the head's in forward";
@@ -124,8 +124,8 @@ TEST(Stage3Plan, TiedHeadGathersTheEmbeddingsUnitAgain) {
   EXPECT_DOUBLE_EQ(r.link_free_s, 36);
   // Kept within the reuse distance (the blocks between are 200 elements), the head finds the
   // unit gathered: one gather fewer, as the engine's trace decides.
-  const Stage3Pass k = stage3_pass(kUnits, kGather, kForward, kBackward,
-                                   limits(0, 1'000'000'000, 1000), {}, &head);
+  const Stage3Pass k =
+      stage3_pass(kUnits, kGather, kForward, kBackward, limits(0, 1'000'000'000, 1000), {}, &head);
   EXPECT_LT(k.gathers, p.gathers);
 }
 

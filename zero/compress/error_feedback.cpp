@@ -27,6 +27,13 @@ at::ScalarType residual_store(const std::string& name, at::ScalarType grad_dtype
       "'; use auto (the gradients' communication dtype), fp32, bf16, fp16 or int8");
 }
 
+std::string residual_store_name(at::ScalarType store) {
+  return store == at::kFloat      ? "fp32"
+         : store == at::kBFloat16 ? "bf16"
+         : store == at::kHalf     ? "fp16"
+                                  : "int8";
+}
+
 int64_t staging_bytes(const std::vector<int64_t>& numels, at::ScalarType store, int64_t block) {
   int64_t largest = 0;
   for (int64_t n : numels) largest = std::max(largest, n);

@@ -50,6 +50,8 @@ int64_t residual_bytes(int64_t numel, at::ScalarType store, int64_t block);
 // (the dtype the gradients travel in), "fp32", "bf16", "fp16", "int8". Throws
 // std::invalid_argument naming the key for anything else.
 at::ScalarType residual_store(const std::string& name, at::ScalarType grad_dtype);
+// The config's name of a storage: "fp32", "bf16", "fp16" or "int8".
+std::string residual_store_name(at::ScalarType store);
 // Residence::kHost on a device: the device bytes of the two staging buffers for residuals of
 // these sizes (each as large as the largest, in the stored form), what ErrorFeedback adds there.
 int64_t staging_bytes(const std::vector<int64_t>& numels, at::ScalarType store, int64_t block);
@@ -146,7 +148,7 @@ class ErrorFeedback {
   };
   std::unique_ptr<device::CopyEngine> copies_;
   Staging staging_[2];
-  int last_ = 1;                       // the staging buffer the last reduction used
+  int last_ = 1;                        // the staging buffer the last reduction used
   std::vector<device::Ticket> landed_;  // per buffer: its last download (null: none yet)
   // Per buffer: the one compressed after it last time (-1: not seen), the upload to queue ahead.
   std::vector<int64_t> next_;

@@ -44,14 +44,15 @@ int64_t host_available_bytes() {
 
 std::string host_room_error(const HostRoom& room, const std::string& store, int64_t int8_bytes) {
   if (room.fits()) return "";
-  std::string s = "zero: zero_optimization.zero_quantized_gradients_error_feedback at ZeRO stage 3 "
-                  "keeps each rank's residual of the whole gradient in page-locked host memory: " +
-                  gib(room.per_rank) + " per rank as " + store + " (zero_quantized_gradients_" +
-                  "error_feedback_dtype), x " + std::to_string(room.local_ranks) +
-                  " ranks on this node = " + gib(room.per_rank * room.local_ranks) +
-                  ", but the host has " + gib(room.available) +
-                  " available (MemAvailable). Fix: set zero_optimization."
-                  "zero_quantized_gradients_error_feedback_dtype: int8";
+  std::string s =
+      "zero: zero_optimization.zero_quantized_gradients_error_feedback at ZeRO stage 3 "
+      "keeps each rank's residual of the whole gradient in page-locked host memory: " +
+      gib(room.per_rank) + " per rank as " + store + " (zero_quantized_gradients_" +
+      "error_feedback_dtype), x " + std::to_string(room.local_ranks) +
+      " ranks on this node = " + gib(room.per_rank * room.local_ranks) + ", but the host has " +
+      gib(room.available) +
+      " available (MemAvailable). Fix: set zero_optimization."
+      "zero_quantized_gradients_error_feedback_dtype: int8";
   if (store != "int8") s += " (" + gib(int8_bytes * room.local_ranks) + " on this node)";
   s += ", or zero_quantized_gradients_error_feedback: false (no residual; the quantization error "
        "is then not fed back), or zero_optimization.stage: 2 (the residual on the device "

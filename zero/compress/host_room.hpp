@@ -19,9 +19,9 @@ int64_t host_available_bytes();
 void set_host_available_for_testing(int64_t bytes);
 
 struct HostRoom {
-  int64_t per_rank = 0;     // page-locked residual bytes one rank asks for
-  int local_ranks = 1;      // ranks sharing the node's memory (LOCAL_WORLD_SIZE; 1 if unset)
-  int64_t available = 0;    // host_available_bytes()
+  int64_t per_rank = 0;   // page-locked residual bytes one rank asks for
+  int local_ranks = 1;    // ranks sharing the node's memory (LOCAL_WORLD_SIZE; 1 if unset)
+  int64_t available = 0;  // host_available_bytes()
   bool fits() const { return per_rank <= 0 || per_rank * local_ranks <= available; }
 };
 

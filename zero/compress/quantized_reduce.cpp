@@ -55,15 +55,6 @@ at::Tensor unpack_rows(const at::Tensor& recv, int64_t rows, int64_t n, int64_t 
   return blockwise_dequantize_rows(got, rows, n);
 }
 
-std::string store_name(at::ScalarType store) {
-  switch (store) {
-    case at::kFloat: return "fp32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "fp16";
-    default: return "int8";
-  }
-}
-
 // Every rank checks its node's room for the page-locked residuals, then the ranks agree: one
 // that cannot allocate must not leave the others waiting in their first collective.
 void check_host_room(comm::Group& group, const std::vector<int64_t>& residuals, const Settings& s,
@@ -76,7 +67,7 @@ void check_host_room(comm::Group& group, const std::vector<int64_t>& residuals, 
   }
   room.local_ranks = std::max(1, local_world_size_from_env());
   room.available = host_available_bytes();
-  const std::string mine = host_room_error(room, store_name(s.feedback_store), int8);
+  const std::string mine = host_room_error(room, residual_store_name(s.feedback_store), int8);
   at::Tensor refused =
       at::full({1}, mine.empty() ? 0.0 : 1.0, at::TensorOptions().dtype(at::kFloat).device(device));
   group.all_reduce_sum(refused, "all_reduce of the error-feedback host-memory check").wait();

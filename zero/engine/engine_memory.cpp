@@ -103,12 +103,15 @@ constexpr MemoryBreakdown MemoryReport::* kBreakdowns[] = {
 constexpr int64_t MemoryBreakdown::* kParts[] = {
     &MemoryBreakdown::params, &MemoryBreakdown::grads, &MemoryBreakdown::master,
     &MemoryBreakdown::optimizer, &MemoryBreakdown::comm_buffers};
-constexpr int64_t MemoryReport::* kFigures[] = {
-    &MemoryReport::num_params,     &MemoryReport::padded_params,
-    &MemoryReport::allocator_delta, &MemoryReport::replaced_param_bytes,
-    &MemoryReport::host_measured,  &MemoryReport::host_predicted,
-    &MemoryReport::host_pinned,    &MemoryReport::error_feedback,
-    &MemoryReport::error_feedback_staging};
+constexpr int64_t MemoryReport::*kFigures[] = {&MemoryReport::num_params,
+                                               &MemoryReport::padded_params,
+                                               &MemoryReport::allocator_delta,
+                                               &MemoryReport::replaced_param_bytes,
+                                               &MemoryReport::host_measured,
+                                               &MemoryReport::host_predicted,
+                                               &MemoryReport::host_pinned,
+                                               &MemoryReport::error_feedback,
+                                               &MemoryReport::error_feedback_staging};
 
 std::vector<int64_t> figures_of(const MemoryReport& r) {
   std::vector<int64_t> v;
