@@ -9,7 +9,10 @@
 //    downloads, before a checkpoint reads the residuals, go through them), ends where the same
 //    run on the host ends (to the last bits, which stage 3 on the two takes differently), and so
 //    do the residuals it saves. The fake's copies complete
-//    when issued, so the stream order of upload after download is a GPU's to show.
+//    when issued, so the stream order of upload after download is a GPU's to show;
+//  - a host without room for the page-locked residuals (a fake figure through the test seam):
+//    every rank's initialize throws, naming the keys, before allocating them; the int8 storage it
+//    suggests fits the same host, and stage 2 (residuals on the device) is not checked.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
@@ -20,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -27,6 +31,7 @@
 #include "support/stage3_net.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
+#include "zero/compress/host_room.hpp"
 #include "zero/engine.hpp"
 #include "zero/memory.hpp"
 #include "zero/memory_plan.hpp"
@@ -125,13 +130,19 @@ TEST(FakeDeviceStage3Quantized, ResidualsStayOffTheDevice) {
       // Stage 2 keeps it on the device, exactly as reported (test_fake_device_memory.cpp).
       EXPECT_EQ(dev2, ef2) << dtype;
       // Stage 3: the same whole-gradient residual (the layouts pad alike to within the
-      // units' padding), none of it on the device.
+      // units' padding), none of it on the device: there only the two staging buffers of the
+      // largest slot, as reported, and the host's part as predicted from the sizes.
+      const int64_t staging = on3[r].report.error_feedback_staging;
       EXPECT_GT(ef3, 0) << dtype;
-      EXPECT_EQ(dev3, 0) << dtype;
+      EXPECT_GT(staging, 0) << dtype;
+      EXPECT_LT(staging, ef3) << dtype;
+      EXPECT_EQ(dev3, staging) << dtype;
       EXPECT_EQ(host3, ef3) << dtype;
+      EXPECT_EQ(on3[r].report.host_predicted - off3[r].report.host_predicted, ef3) << dtype;
+      EXPECT_EQ(on2[r].report.error_feedback_staging, 0) << dtype;
       EXPECT_NE(format_memory_report(on3[r].report).find("in host memory"), std::string::npos);
-      // While a reduction runs its slot is on the device: a few bucket-sized temporaries
-      // (the staged residual, the corrected gradient, the new residual), not the residual.
+      // While a reduction runs: a few bucket-sized temporaries (the corrected gradient, what
+      // was sent), not the residual.
       const int64_t bucket_fp32 = 4 * 200 + 4 * kWorld;
       EXPECT_LT(peak3, 8 * bucket_fp32) << dtype;
       if (dtype == "fp32") EXPECT_LT(peak3, ef3) << dtype;
@@ -146,6 +157,57 @@ TEST(FakeDeviceStage3Quantized, ResidualsStayOffTheDevice) {
   EXPECT_EQ(plan_host_states(in, 3), error_feedback_bytes(in, 3));
   EXPECT_EQ(plan_host_states(in, 2), 0);
   EXPECT_GT(error_feedback_bytes(in, 3), 0);
+}
+
+// Each rank's error from initialize on fake devices whose host offers `room` bytes ("" when
+// it succeeded).
+std::vector<std::string> initialize_errors(const Config& cfg, int64_t room) {
+  std::vector<std::string> errors(kWorld);
+  std::mutex mu;
+  run_ranks(
+      kWorld,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        auto net = make_stage3_net(3, /*mark=*/true);
+        net->to(fake::device(r));
+        compress::set_host_available_for_testing(room);
+        std::string error;
+        try {
+          auto engine = initialize(net, cfg, group);
+        } catch (const std::runtime_error& e) {
+          error = e.what();
+        }
+        compress::set_host_available_for_testing(0);
+        const std::lock_guard<std::mutex> lock(mu);
+        errors[r] = error;
+      },
+      std::chrono::seconds(60), fake::device().type());
+  return errors;
+}
+
+TEST(FakeDeviceStage3Quantized, EveryRankRefusesWhenTheHostCannotHoldTheResiduals) {
+  // What the residuals take per rank, as the memory report states it.
+  const int64_t fp32 = train(quantized_config(3, true, "fp32"), true)[0].report.error_feedback;
+  const int64_t int8 = train(quantized_config(3, true, "int8"), true)[0].report.error_feedback;
+  ASSERT_LT(int8, fp32);
+  const int64_t room = (fp32 + int8) / 2;  // int8 residuals fit, fp32 ones do not
+  const std::vector<std::string> refused =
+      initialize_errors(quantized_config(3, true, "fp32"), room);
+  for (int r = 0; r < kWorld; ++r) {
+    std::printf("rank %d (fp32 residuals of %lld B, room %lld B): %s\n", r,
+                static_cast<long long>(fp32), static_cast<long long>(room), refused[r].c_str());
+    for (const char* key : {"zero_quantized_gradients_error_feedback_dtype: int8",
+                            "zero_quantized_gradients_error_feedback: false", "stage: 2",
+                            "page-locked host memory"}) {
+      EXPECT_NE(refused[r].find(key), std::string::npos) << key << " in: " << refused[r];
+    }
+  }
+  for (const std::string& e : initialize_errors(quantized_config(3, true, "int8"), room)) {
+    EXPECT_EQ(e, "") << "the suggested storage fits";
+  }
+  for (const std::string& e : initialize_errors(quantized_config(2, true, "fp32"), room)) {
+    EXPECT_EQ(e, "") << "stage 2 keeps its residuals on the device";
+  }
 }
 
 TEST(FakeDeviceStage3Quantized, TrainsAndSavesAsOnTheHost) {

@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "zero/auto_strategy.hpp"
 #include "zero/parallel_plan.hpp"
@@ -97,6 +99,36 @@ TEST(Stage3Plan, ReuseDistanceKeepsTheLastUnitsGathered) {
   EXPECT_DOUBLE_EQ(p.exposed_s, 4);
 }
 
+TEST(Stage3Plan, TiedHeadGathersTheEmbeddingsUnitAgain) {
+  // Unit 0 runs again as a tied head (3 s forward, 6 s backward), nothing kept or prefetched:
+  //   f0 gather [0,1] compute [1,3]; f1 [3,4] [4,6]; f2 [6,7] [7,9]; head: unit 0 again,
+  //   gather [9,10] compute [10,13]
+  //   head backward: gather [13,14] compute [14,20], kept (the embedding's backward follows);
+  //   b2 [20,21] [21,25]; b1 [25,26] [26,30]; b0 still gathered, compute [30,34]
+  const TiedHead head{3, 6};
+  const Stage3Pass p =
+      stage3_pass(kUnits, kGather, kForward, kBackward, limits(0, 1'000'000'000, 0), {}, &head);
+  EXPECT_DOUBLE_EQ(p.forward_s, 13);
+  EXPECT_DOUBLE_EQ(p.backward_s, 21);
+  EXPECT_EQ(p.gathers, 7) << "2 per unit, and the head's in forward";
+  EXPECT_DOUBLE_EQ(p.forward_gather_s, 4);
+  EXPECT_DOUBLE_EQ(p.backward_gather_s, 3);
+  EXPECT_DOUBLE_EQ(p.exposed_s, 7);
+  EXPECT_EQ(p.peak_live, 200) << "unit 0 held from the head's backward on";
+  // Its reduce-scatter waits for its last backward (the embedding's), not the head's:
+  //   b2 compute [21,25] reduce [25,26]; b1 gather [26,27] compute [27,31] reduce [31,32];
+  //   b0 compute [31,35] reduce [35,36]
+  const Stage3Pass r = stage3_pass(kUnits, kGather, kForward, kBackward,
+                                   limits(0, 1'000'000'000, 0), {1, 1, 1}, &head);
+  EXPECT_DOUBLE_EQ(r.backward_s, 22);
+  EXPECT_DOUBLE_EQ(r.link_free_s, 36);
+  // Kept within the reuse distance (the blocks between are 200 elements), the head finds the
+  // unit gathered: one gather fewer, as the engine's trace decides.
+  const Stage3Pass k =
+      stage3_pass(kUnits, kGather, kForward, kBackward, limits(0, 1'000'000'000, 1000), {}, &head);
+  EXPECT_LT(k.gathers, p.gathers);
+}
+
 // Ψ = 1e9 without a shape: four units of 2.5e8 (reduce_bucket_size), bf16, 8 ranks.
 PlanInput billion() {
   PlanInput in;
@@ -144,6 +176,48 @@ TEST(Stage3Plan, StepTimeAddsTwoGathersPerUnitAndDropsTheParameterAllGather) {
   EXPECT_NEAR(o3.grad_comm_exposed_s, reduce_scatter_s(2.5e8 * 2, 8, hw), 1e-12);
   EXPECT_NEAR(a3.unit_gather_s, 16 * unit, 1e-12);
   EXPECT_NE(describe_time(s3).find("unit gathers"), std::string::npos) << describe_time(s3);
+}
+
+TEST(Stage3Plan, StepTimeCountsTheTiedHeadsSecondGather) {
+  // The example GPT at stage 3, nothing kept or prefetched: every gathered unit twice (forward,
+  // backward) and the embedding's once more for the tied head in forward, each all-gather
+  // (N-1)/N of its bf16 bytes at the bus bandwidth.
+  PlanInput in;
+  in.shape.layers = 4;
+  in.shape.hidden = 512;
+  in.shape.vocab = 32000;
+  in.world_size = 8;
+  in.seq_len = 256;
+  in.prefetch_bucket_size = 0;
+  in.max_reuse_distance = 0;
+  const Hardware hw = round_hw();
+  const auto with = [&](bool tied) {
+    PlanInput x = in;
+    x.shape.tied = tied;
+    x.num_params = x.shape.num_params();
+    return x;
+  };
+  const auto step = [&](bool tied) {
+    return predict_step_time(with(tied), {.stage = 3, .overlap_comm = false}, hw);
+  };
+  // The units and the sum of their all-gathers.
+  const auto gathers = [&](bool tied) {
+    double s = 0;
+    const std::vector<int64_t> units = stage3_gathered_units(with(tied));
+    for (int64_t u : units) s += all_gather_s(2.0 * static_cast<double>(u), 8, hw);
+    return std::pair{static_cast<int64_t>(units.size()), s};
+  };
+  const TimeEstimate tied = step(true), untied = step(false);
+  const auto [k, sum] = gathers(true);
+  ASSERT_EQ(stage3_gathered_units(with(true)).front(), 32000 * 512) << "the embedding's unit";
+  const double table = all_gather_s(2.0 * 32000 * 512, 8, hw);
+  EXPECT_EQ(tied.unit_gathers, 2 * k + 1);
+  EXPECT_NEAR(tied.unit_gather_s, 2 * sum + table, 1e-12);
+  EXPECT_NEAR(tied.unit_gather_exposed_s, 2 * sum + table, 1e-12) << "nothing prefetched";
+  // Untied, the head is a unit of its own, gathered twice like the others.
+  const auto [ku, sum_u] = gathers(false);
+  EXPECT_EQ(untied.unit_gathers, 2 * ku);
+  EXPECT_NEAR(untied.unit_gather_s, 2 * sum_u, 1e-12);
 }
 
 TEST(Stage3Plan, PrefetchHidesGathersBehindCompute) {

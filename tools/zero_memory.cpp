@@ -104,6 +104,9 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   row("fp32 master weights", [&](int s) { return st[s].master; });
   row("optimizer states", [&](int s) { return st[s].optimizer; });
   row("bucket buffers", [&](int s) { return st[s].comm_buffers; });
+  if (error_feedback_bytes(in, 3) > 0)  // stage 3's residual: page-locked host memory per rank
+    row("  of which residual in host mem",
+        [&](int s) { return s == 3 ? plan_host_states(in, s) : 0; });
   row("= model states", [&](int s) { return st[s].total(); });
   row("start-up peak (initialize, with the model)",
       [&](int s) { return plan_startup_peak(in, s); });

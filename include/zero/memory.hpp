@@ -88,9 +88,11 @@ struct MemoryReport {
   // residual of the whole gradient per rank (not its shard), in its storage dtype
   // (zero_quantized_gradients_error_feedback_dtype). 0 without error feedback.
   int64_t error_feedback = 0;
-  // Stage 3 on a device: they are held in page-locked host memory (part of host_measured), one
-  // reduction's slot staged on the device at a time.
+  // Stage 3 on a device: they are held in page-locked host memory (part of host_measured), each
+  // reduction's slot staged on the device in one of two staging buffers of the largest slot:
+  // their bytes (also part of measured.comm_buffers, on the device), 0 otherwise.
   bool error_feedback_on_host = false;
+  int64_t error_feedback_staging = 0;
 };
 
 // A fixed-width table, one row per category, measured vs predicted.

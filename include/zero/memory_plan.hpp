@@ -197,9 +197,24 @@ struct Stage3Pass {
   int64_t gathers = 0;     // all-gathers per micro-step (units gathered twice count twice)
   int64_t peak_live = 0;   // elements gathered at once, at the worst moment
 };
+// A tied head (the example GPT with tied embeddings, models/gpt.cpp): units[0], the
+// embedding's unit, runs again last in forward and first in backward, computing these seconds
+// there (the head's matmul; forward_s[0] / backward_s[0] are then the lookup's). Those runs are
+// trace entries like any other: released after the forward run unless reused within
+// max_reuse_distance, gathered again where not gathered (so twice per forward and again in
+// backward when nothing is kept), and after the head's backward kept gathered until the
+// embedding's, the last use, where its reduce-scatter starts (the weight's two gradients meet
+// in one accumulator).
+struct TiedHead {
+  double forward_s = 0, backward_s = 0;
+};
 Stage3Pass stage3_pass(const std::vector<int64_t>& units, const std::vector<double>& gather_s,
                        const std::vector<double>& forward_s, const std::vector<double>& backward_s,
-                       const PlanInput& limits, const std::vector<double>& reduce_s = {});
+                       const PlanInput& limits, const std::vector<double>& reduce_s = {},
+                       const TiedHead* tied = nullptr);
+// Whether `in` is the example GPT with a tied head whose embedding is a gathered unit of its
+// own: stage3_gathered_units(in)[0] then runs again as the head.
+bool stage3_tied_head(const PlanInput& in);
 // Device bytes stage 3 holds beyond its model states at the worst moment of a pass: the units
 // gathered at once (stage3_pass's peak_live) in the compute dtype, the gradients of the
 // largest unit in the compute dtype before they are copied into their bucket, and the gradient
@@ -236,6 +251,10 @@ int64_t plan_startup_peak(const PlanInput& in, int stage);
 // device. The engine pads each bucket to a multiple of the world size
 // and keeps a second residual of Ψ·nodes/N under the hierarchical exchange; neither is counted.
 int64_t error_feedback_bytes(const PlanInput& in, int stage);
+// Stage 3 (residuals in host memory): the two device staging buffers each reduction's slot goes
+// through (compress/error_feedback.hpp), each one bucket buffer (bucket_buffer_elements) in the
+// residual's storage. Part of plan_model_states' comm_buffers, on the device. 0 otherwise.
+int64_t error_feedback_staging_bytes(const PlanInput& in, int stage);
 // "2Ψ + 4Ψ + 4Ψ + 8Ψ = 18Ψ": the terms of predict_model_states, buffers left out. Stage 3:
 // "4Ψ_root + 4Ψ/N + 4Ψ/N + 8Ψ/N" with Ψ_root = stage3_root_params as a fraction of Ψ.
 std::string model_state_formula(const PlanInput& in, int stage);

@@ -21,6 +21,8 @@
 //            all-gathered before its forward and again before its backward, every micro-step,
 //            prefetched ahead of use as the engine's trace decides (stage3_micro_step). In
 //            backward the gathers and each unit's reduce-scatter share the link, one at a time.
+//            A tied head runs the embedding's unit again (last in forward, first in backward):
+//            gathered again there unless kept for reuse (stage3_pass's TiedHead).
 // (reduce_scatter: false turns the reduce-scatters into all-reduces.) zero_quantized_gradients
 // replaces a reduce-scatter by an all-to-all of B' = bits/8 + 4/block bytes per element, which
 // also sends (N-1)/N·B'; hierarchical (N ranks on n nodes of L, hw.ranks_per_node = L): an

@@ -15,10 +15,17 @@
 // Or where it lives (Residence::kHost, what ZeRO stage 3 uses on an accelerator): a whole-model
 // residual per GPU would give back the 16/N bytes per parameter stage 3 exists for (review
 // 2026-12-07a M2), and no shard-sized residual can replace it (each peer's chunk's error is only
-// here). So the residuals stay in page-locked host memory and each reduction stages only its own
-// slot to the device: an upload before quantizing and a download of the new residual after, both
-// queued on the current stream (no host wait); the device holds one slot's residual while that
-// reduction quantizes. The price is 2 x the residual's bytes over the host link per step.
+// here). So the residuals stay in page-locked host memory, the whole gradient's worth per rank
+// (7B parameters: 28 GB in fp32, 14 GB in bf16, ~7 GB as int8, per rank; QuantizedReduceScatter
+// refuses before allocating when the node cannot hold them). Each reduction stages only its own
+// slot on the device, in one of two reusable staging buffers of the largest slot (in the stored
+// dtype): the upload, and the download of the new residual after the quantize, run on a side
+// copy stream (device/copy_engine.hpp) joined to the compute stream by events, never by a host
+// wait; and the upload of the slot that followed this one last time is queued at once into the
+// other buffer, so it overlaps this slot's quantize. The residual is upcast inside the
+// corrected gradient's own fp32 sum, not through an fp32 copy of the slot (review 07b L3). The
+// price is 2 x the residual's bytes over the host link per step, and the two staging buffers on
+// the device (staging_bytes).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,11 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "device/copy_engine.hpp"
 #include "zero/compress/quantize.hpp"
-
-namespace c10 {
-class Event;
-}
 
 namespace zero::compress {
 
@@ -46,6 +50,11 @@ int64_t residual_bytes(int64_t numel, at::ScalarType store, int64_t block);
 // (the dtype the gradients travel in), "fp32", "bf16", "fp16", "int8". Throws
 // std::invalid_argument naming the key for anything else.
 at::ScalarType residual_store(const std::string& name, at::ScalarType grad_dtype);
+// The config's name of a storage: "fp32", "bf16", "fp16" or "int8".
+std::string residual_store_name(at::ScalarType store);
+// Residence::kHost on a device: the device bytes of the two staging buffers for residuals of
+// these sizes (each as large as the largest, in the stored form), what ErrorFeedback adds there.
+int64_t staging_bytes(const std::vector<int64_t>& numels, at::ScalarType store, int64_t block);
 
 class ErrorFeedback {
  public:
@@ -87,6 +96,12 @@ class ErrorFeedback {
   at::ScalarType store() const { return store_; }
   // Bytes held by the residuals, for the memory report.
   int64_t bytes() const;
+  // Residence::kHost on a device: the bytes of the two staging buffers on the device (else 0).
+  int64_t device_bytes() const;
+  // What the two above should be from the sizes and the storage alone (residual_bytes,
+  // staging_bytes): the memory report's prediction.
+  int64_t planned_bytes() const;
+  int64_t planned_device_bytes() const;
   // True when they are held in host memory (Residence::kHost on a device), not on the device.
   bool on_host() const { return host_home_; }
 
@@ -99,15 +114,21 @@ class ErrorFeedback {
 
  private:
   void check_buffer(size_t i, const at::Tensor& g) const;
-  // Keeps e (fp32, numels_[i] elements) as residual i.
+  // Keeps e (fp32, numels_[i] elements, in the residuals' own memory) as residual i.
   void keep(size_t i, const at::Tensor& e);
-  // Host residence: residual i as fp32 on the compute device, uploaded after its last download.
-  at::Tensor staged(size_t i);
-  // Host residence: queues e's download into residual i (stored form, on the compute device).
-  void download(size_t i, const at::Tensor& e);
+  // Host residence: compress / compress_rows (rows 0: flat) through a staging buffer.
+  Quantized compress_staged(size_t i, const at::Tensor& g, int64_t rows);
+  // Host residence: the staging buffer holding residual i with the current stream ordered after
+  // its upload; then queues the upload of the slot predicted next into the other buffer.
+  int stage_in(size_t i);
+  // Host residence: queues residual i's upload into staging buffer k on the copy stream.
+  void upload(int k, size_t i);
   // Host residence: waits until residual i's (or every) download has finished.
   void settle(size_t i) const;
   void settle_all() const;
+  // Host residence: before the host writes a residual (reset, load_state), waits for the
+  // uploads reading them and forgets what the staging buffers hold.
+  void drop_staged();
 
   int bits_;
   int64_t block_;
@@ -118,8 +139,20 @@ class ErrorFeedback {
   std::vector<at::Tensor> scales_;  // int8 storage: fp32, one per block
   bool host_home_ = false;
   c10::Device compute_ = c10::Device(c10::kCPU);
-  // Host residence: per buffer, the event after its last download (null: none yet).
-  std::vector<std::unique_ptr<c10::Event>> landed_;
+
+  // Host residence only.
+  struct Staging {
+    at::Tensor values, codes, scales;  // the stored form, as large as the largest residual
+    int64_t slot = -1;                 // the residual uploaded into it, -1: none
+    device::Ticket uploaded;           // fires when that upload is done
+  };
+  std::unique_ptr<device::CopyEngine> copies_;
+  Staging staging_[2];
+  int last_ = 1;                        // the staging buffer the last reduction used
+  std::vector<device::Ticket> landed_;  // per buffer: its last download (null: none yet)
+  // Per buffer: the one compressed after it last time (-1: not seen), the upload to queue ahead.
+  std::vector<int64_t> next_;
+  int64_t previous_ = -1;
 };
 
 }  // namespace zero::compress

@@ -2,7 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <stdexcept>
 #include <utility>
+
+#include "zero/compress/host_room.hpp"
 
 namespace zero::compress {
 
@@ -51,6 +55,34 @@ at::Tensor unpack_rows(const at::Tensor& recv, int64_t rows, int64_t n, int64_t 
   return blockwise_dequantize_rows(got, rows, n);
 }
 
+// Every rank checks its node's room for the page-locked residuals, then the ranks agree: one
+// that cannot allocate must not leave the others waiting in their first collective.
+void check_host_room(comm::Group& group, const std::vector<int64_t>& residuals, const Settings& s,
+                     const at::Device& device) {
+  HostRoom room;
+  int64_t int8 = 0;
+  for (int64_t n : residuals) {
+    room.per_rank += residual_bytes(n, s.feedback_store, s.block);
+    int8 += residual_bytes(n, at::kChar, s.block);
+  }
+  room.local_ranks = std::max(1, local_world_size_from_env());
+  room.available = host_available_bytes();
+  const std::string mine = host_room_error(room, residual_store_name(s.feedback_store), int8);
+  at::Tensor refused =
+      at::full({1}, mine.empty() ? 0.0 : 1.0, at::TensorOptions().dtype(at::kFloat).device(device));
+  group.all_reduce_sum(refused, "all_reduce of the error-feedback host-memory check").wait();
+  const auto count = static_cast<int64_t>(refused.cpu().item<float>());
+  if (count == 0) return;
+  if (!mine.empty()) throw std::runtime_error(mine);
+  throw std::runtime_error(
+      "zero: " + std::to_string(count) + " of " + std::to_string(group.size()) + " ranks of " +
+      group.name() +
+      " cannot page-lock their error-feedback residuals of ZeRO stage 3 (their error says how "
+      "much; this rank's node could): set zero_optimization."
+      "zero_quantized_gradients_error_feedback_dtype: int8, or "
+      "zero_quantized_gradients_error_feedback: false, or zero_optimization.stage: 2");
+}
+
 }  // namespace
 
 QuantizedReduceScatter::QuantizedReduceScatter(comm::Group& group, const Settings& s,
@@ -85,6 +117,9 @@ QuantizedReduceScatter::QuantizedReduceScatter(comm::Group& group, const Setting
     for (int64_t n : slots) residuals.push_back(n / group.size() * nodes);
   }
   if (s.error_feedback) {
+    if (s.feedback_residence == Residence::kHost && !device.is_cpu()) {
+      check_host_room(group, residuals, s, device);
+    }
     feedback_ = std::make_unique<ErrorFeedback>(residuals, s.bits, s.block,
                                                 at::TensorOptions().device(device),
                                                 s.feedback_store, s.feedback_residence);

@@ -72,9 +72,13 @@ class QuantizedReduceScatter {
  public:
   // `slots`: the input elements (world x shard part) of each reduction the caller will run, one
   // error-feedback residual each (s.feedback_store, on `device`), when s.error_feedback
-  // (hierarchical: two, the second of nodes x shard part). `node_of`: the node of each rank of `group` (empty: one
-  // node); with s.hierarchical and a two-level layout, the constructor splits `group` into the
-  // node's group and the group across nodes (a collective: every rank constructs it together).
+  // (hierarchical: two, the second of nodes x shard part). `node_of`: the node of each rank of
+  // `group` (empty: one node); with s.hierarchical and a two-level layout, the constructor
+  // splits `group` into the node's group and the group across nodes (a collective: every rank
+  // constructs it together). Residence::kHost on a device: before allocating, every rank checks
+  // that its node can page-lock the residuals of its ranks (host_room.hpp) and the ranks agree
+  // (one all-reduce), so that when one cannot, every rank throws std::runtime_error naming the
+  // keys to change, and none goes on to wait for it.
   QuantizedReduceScatter(comm::Group& group, const Settings& s, const std::vector<int64_t>& slots,
                          const at::Device& device, const std::vector<int>& node_of = {});
 
@@ -89,8 +93,9 @@ class QuantizedReduceScatter {
   const std::optional<TwoLevel>& two_level() const { return two_level_; }
   // The residuals (null without error feedback), for checkpoints.
   ErrorFeedback* feedback() { return feedback_.get(); }
-  // Bytes held between steps: the residuals (the all-to-all buffers are per call).
-  int64_t bytes() const { return feedback_ ? feedback_->bytes() : 0; }
+  // Bytes held between steps: the residuals and their staging buffers (the all-to-all buffers
+  // are per call).
+  int64_t bytes() const { return feedback_ ? feedback_->bytes() + feedback_->device_bytes() : 0; }
 
  private:
   comm::Work flat(size_t slot, at::Tensor out, const at::Tensor& in, const std::string& what);

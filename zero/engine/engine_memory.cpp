@@ -29,9 +29,11 @@ MemoryReport Engine::memory_report() const {
   r.measured.comm_buffers = path.comm_buffers;
   const compress::ErrorFeedback* ef = m.sync->reducer().error_feedback();
   if (ef) r.error_feedback = ef->bytes();
-  // Stage 3 on a device keeps them in page-locked host memory (error_feedback.hpp).
+  // Stage 3 on a device keeps them in page-locked host memory (error_feedback.hpp), and two
+  // staging buffers on the device.
   const int64_t ef_host = ef && ef->on_host() ? ef->bytes() : 0;
   r.error_feedback_on_host = ef_host > 0;
+  r.error_feedback_staging = ef ? ef->device_bytes() : 0;
   if (m.offload) {
     // The compute-dtype copy the CPU step writes and the ring the reduced gradient shards land
     // in are the offload's transfer buffers, both in host memory.
@@ -81,7 +83,9 @@ MemoryReport Engine::memory_report() const {
     r.host_predicted =
         shard * (4 + 4 * in.optimizer_states + 4 + in.param_bytes) + path.host_staging;
   }
-  r.host_predicted += ef_host;
+  // From the residuals' sizes and storage (the figure the start-up check compared with the
+  // host's memory), not from the tensors.
+  if (ef && ef->on_host()) r.host_predicted += ef->planned_bytes();
   MemoryModelInput dp = in;
   dp.stage = 0;
   dp.comm_buffer_bytes = 0;
@@ -99,11 +103,15 @@ constexpr MemoryBreakdown MemoryReport::* kBreakdowns[] = {
 constexpr int64_t MemoryBreakdown::* kParts[] = {
     &MemoryBreakdown::params, &MemoryBreakdown::grads, &MemoryBreakdown::master,
     &MemoryBreakdown::optimizer, &MemoryBreakdown::comm_buffers};
-constexpr int64_t MemoryReport::* kFigures[] = {
-    &MemoryReport::num_params,     &MemoryReport::padded_params,
-    &MemoryReport::allocator_delta, &MemoryReport::replaced_param_bytes,
-    &MemoryReport::host_measured,  &MemoryReport::host_predicted,
-    &MemoryReport::host_pinned,    &MemoryReport::error_feedback};
+constexpr int64_t MemoryReport::*kFigures[] = {&MemoryReport::num_params,
+                                               &MemoryReport::padded_params,
+                                               &MemoryReport::allocator_delta,
+                                               &MemoryReport::replaced_param_bytes,
+                                               &MemoryReport::host_measured,
+                                               &MemoryReport::host_predicted,
+                                               &MemoryReport::host_pinned,
+                                               &MemoryReport::error_feedback,
+                                               &MemoryReport::error_feedback_staging};
 
 std::vector<int64_t> figures_of(const MemoryReport& r) {
   std::vector<int64_t> v;

@@ -105,6 +105,10 @@ std::string format_memory_report(const MemoryReport& r) {
        << format_per_element(r.error_feedback, r.padded_params) << " per gradient element"
        << (r.error_feedback_on_host ? ", in host memory" : "") << ")\n";
   }
+  if (r.error_feedback_staging > 0) {
+    os << "    of which their staging buffers on the device: "
+       << format_bytes(r.error_feedback_staging) << "\n";
+  }
   row("total", r.measured.total(), r.predicted.total(), r.stage0.total());
   if (r.host_measured > 0 || r.host_predicted > 0) {
     std::snprintf(line, sizeof line, "  %-14s %14s %14s\n  %-14s %14s %14s\n", "  in host mem",

@@ -188,15 +188,29 @@ int64_t stage3_gradient_path_bytes(const PlanInput& in, int stage) {
   return shard + 2 * bucket_pair_bytes(in, stage);
 }
 
+namespace {
+
+// Bytes of a residual of `numel` elements in the configured storage (compress::residual_bytes).
+int64_t residual_bytes(const PlanInput& in, int64_t numel) {
+  const int store =
+      in.error_feedback_store_bytes > 0 ? in.error_feedback_store_bytes : in.comm_bytes;
+  if (store != 1) return store * numel;
+  const int64_t blocks = (numel + in.quantized_block - 1) / in.quantized_block;
+  return blocks * (in.quantized_block + 4);
+}
+
+}  // namespace
+
 int64_t error_feedback_bytes(const PlanInput& in, int stage) {
   if (stage == 0 || in.quantized_bits == 0 || !in.error_feedback) return 0;
   // A residual of every gradient element this rank sends (the whole gradient, not its shard):
   // the error of a peer's chunk is known only where it was quantized.
-  const int store =
-      in.error_feedback_store_bytes > 0 ? in.error_feedback_store_bytes : in.comm_bytes;
-  if (store != 1) return store * in.num_params;
-  const int64_t blocks = (in.num_params + in.quantized_block - 1) / in.quantized_block;
-  return blocks * (in.quantized_block + 4);
+  return residual_bytes(in, in.num_params);
+}
+
+int64_t error_feedback_staging_bytes(const PlanInput& in, int stage) {
+  if (stage != 3 || error_feedback_bytes(in, stage) == 0) return 0;
+  return 2 * residual_bytes(in, bucket_buffer_elements(in, stage));
 }
 
 MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
@@ -227,7 +241,7 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage) {
   mi.comm_buffer_bytes = buffers * bucket_pair_bytes(in, stage);
   mi.offload = offload;
   if (offload) mi.comm_buffer_bytes += staging_bytes(in) + landing_ring_bytes(in, stage);
-  mi.comm_buffer_bytes += error_feedback_bytes(in, stage);
+  mi.comm_buffer_bytes += error_feedback_bytes(in, stage) + error_feedback_staging_bytes(in, stage);
   // Stage 3: the root unit whole (memory.cpp); each block's parameters a 1/N shard.
   if (stage == 3) mi.root_params = stage3_root_params(in);
   return predict_model_states(mi);

@@ -71,18 +71,41 @@ std::vector<int64_t> stage3_gathered_units(const PlanInput& in) {
   return out;
 }
 
+bool stage3_tied_head(const PlanInput& in) {
+  const auto all = stage3_units(in);
+  return in.shape.tied && all.size() > 1 && all[1].size() == 1 &&
+         all[1][0] == in.shape.vocab * in.shape.hidden;
+}
+
 Stage3Pass stage3_pass(const std::vector<int64_t>& units, const std::vector<double>& gather_s,
                        const std::vector<double>& forward_s, const std::vector<double>& backward_s,
-                       const PlanInput& limits, const std::vector<double>& reduce_s) {
+                       const PlanInput& limits, const std::vector<double>& reduce_s,
+                       const TiedHead* tied) {
   const size_t k = units.size();
   if (gather_s.size() != k || forward_s.size() != k || backward_s.size() != k ||
-      (!reduce_s.empty() && reduce_s.size() != k)) {
+      (!reduce_s.empty() && reduce_s.size() != k) || (tied && k == 0)) {
     throw std::invalid_argument(
         "stage3_pass: one gather, forward, backward (and reduce) time per unit");
   }
+  // The engine's trace: forward in unit order, backward in reverse; a tied head is unit 0 once
+  // more at the end of forward and at the start of backward.
   std::vector<units::TraceEntry> trace;
   for (size_t u = 0; u < k; ++u) trace.push_back({static_cast<int>(u), false});
+  if (tied) trace.push_back({0, false});
+  const size_t forward_entries = trace.size();
+  if (tied) trace.push_back({0, true});
   for (size_t u = k; u-- > 0;) trace.push_back({static_cast<int>(u), true});
+  const auto head_run = [&](size_t pos) {
+    return tied && (pos + 1 == forward_entries || pos == forward_entries);
+  };
+  // A unit whose backward comes again later (the tied head's) stays gathered, and its gradient
+  // is complete, only at its last use.
+  const auto used_later = [&](size_t pos) {
+    for (size_t j = pos + 1; j < trace.size(); ++j) {
+      if (trace[j].unit == trace[pos].unit) return true;
+    }
+    return false;
+  };
   const units::PrefetchLimits lim{limits.prefetch_bucket_size, limits.max_live_parameters,
                                   limits.max_reuse_distance};
 
@@ -106,14 +129,18 @@ Stage3Pass stage3_pass(const std::vector<int64_t>& units, const std::vector<doub
          units::prefetch_after(trace, static_cast<int64_t>(pos), units, gathered, live, lim))
       issue(v, backward);
     p.peak_live = std::max(p.peak_live, live);
-    const double c = backward ? backward_s[u] : forward_s[u];
+    const double c = head_run(pos) ? (backward ? tied->backward_s : tied->forward_s)
+                     : backward    ? backward_s[u]
+                                   : forward_s[u];
     t = std::max(t, ready[u]) + c;
     compute += c;
-    if (backward && !reduce_s.empty()) stream = std::max(stream, t) + reduce_s[u];
-    const bool keep = !backward && units::reused_soon(trace, static_cast<int64_t>(pos), units,
-                                                      lim.max_reuse_distance);
+    const bool last_use = !backward || !used_later(pos);
+    if (backward && last_use && !reduce_s.empty()) stream = std::max(stream, t) + reduce_s[u];
+    const bool keep = backward ? !last_use
+                               : units::reused_soon(trace, static_cast<int64_t>(pos), units,
+                                                    lim.max_reuse_distance);
     if (!keep) ready[u] = -1, live -= units[u];
-    if (pos + 1 == k) forward_end = t;
+    if (pos + 1 == forward_entries) forward_end = t;
   }
   p.forward_s = forward_end;
   p.backward_s = t - forward_end;
@@ -132,11 +159,7 @@ int64_t stage3_transient_bytes(const PlanInput& in, int stage) {
   // A tied head runs the embedding's unit again at the end of forward, and the weight's
   // gradient is complete only after the embedding's backward: the unit stays gathered through
   // the whole backward, beside whatever the pass (which sees it once, first) holds there.
-  const auto all = stage3_units(in);
-  if (in.shape.tied && all.size() > 1 && all[1].size() == 1 &&
-      all[1][0] == in.shape.vocab * in.shape.hidden) {
-    live += all[1][0];
-  }
+  if (stage3_tied_head(in)) live += in.shape.vocab * in.shape.hidden;
   const int64_t largest = *std::max_element(units.begin(), units.end());
   return static_cast<int64_t>(in.param_bytes) * (live + largest) +
          stage3_gradient_path_bytes(in, stage);

@@ -185,8 +185,18 @@ Stage3Pass stage3_micro_step(const PlanInput& in, double forward_s, double backw
     b.push_back(backward_s * share);
     rs.push_back(reduce_scatter_s(static_cast<double>(u) * in.comm_bytes, world, hw));
   }
+  // A tied head runs the embedding's unit again (stage3_pass gathers it where the engine does):
+  // the head's matmul is that unit's share of the compute (the table counts as a matmul in
+  // model_flops_per_token), the lookup none.
+  TiedHead head;
+  const bool tied = stage3_tied_head(in) && !units.empty();
+  if (tied) {
+    head = {f[0], b[0]};
+    f[0] = b[0] = 0;
+  }
   // Without a tail asked for, the reduce-scatters run after backward (overlap_comm off).
-  const Stage3Pass p = stage3_pass(units, g, f, b, in, grad_tail_s ? rs : std::vector<double>{});
+  const Stage3Pass p = stage3_pass(units, g, f, b, in, grad_tail_s ? rs : std::vector<double>{},
+                                   tied ? &head : nullptr);
   if (grad_tail_s) {
     // The root unit's gradients (the embedding's last) are reduced after the last unit's.
     const double root =
