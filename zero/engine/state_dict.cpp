@@ -9,8 +9,8 @@
 #include <unordered_set>
 
 #include "comm/agree.hpp"
-#include "zero/errors.hpp"
 #include "zero/engine/engine_impl.hpp"
+#include "zero/errors.hpp"
 
 namespace zero {
 
