@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "comm/group.hpp"
@@ -34,19 +35,50 @@ std::string broadcast_text(Group& g, const std::string& text, int root, const c1
   return std::string(static_cast<const char*>(dev.data_ptr()), static_cast<size_t>(n));
 }
 
-std::string agree_errors(Group& g, const std::string& error, const c10::Device& device,
-                         const std::string& what) {
-  if (g.size() == 1) return error.empty() ? "" : "rank 0: " + error;
-  const at::Tensor mine = at::full({1}, static_cast<int64_t>(error.size()),
-                                   at::TensorOptions().dtype(at::kLong).device(device));
-  const at::Tensor all = gather_status(g, mine, what + " status");
+Agreement::Agreement(Group& g, const c10::Device& device) : g_(g) {
+  if (g.size() == 1) return;
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(device);
+  mine_ = at::empty({1}, longs);
+  all_ = at::empty({g.size()}, longs);
+  chunk_ = at::empty({kChunkBytes}, longs.dtype(at::kByte));
+}
+
+std::string Agreement::errors(const std::string& error, const std::string& what) {
+  if (g_.size() == 1) return error.empty() ? "" : "rank 0: " + error;
+  std::string text = error;
+  if (static_cast<int64_t>(text.size()) > kMaxTextBytes) {
+    const std::string cut = " [...]";
+    text.resize(static_cast<size_t>(kMaxTextBytes) - cut.size());
+    text += cut;
+  }
+  // Copies into the buffers (no allocation on the device) from host tensors.
+  mine_.copy_(at::full({1}, static_cast<int64_t>(text.size()), at::kLong));
+  g_.all_gather(all_, mine_, "all_gather of " + what + " status").wait();
+  // The host read orders after the gather on a device (NCCL's wait() only orders the stream).
+  const at::Tensor lengths = all_.cpu();
   std::string out;
-  for (int r = 0; r < g.size(); ++r) {
-    if (all[r][0].item<int64_t>() == 0) continue;
-    const std::string text = broadcast_text(g, g.rank() == r ? error : "", r, device, what);
-    out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") + text;
+  for (int r = 0; r < g_.size(); ++r) {
+    const int64_t n = lengths[r].item<int64_t>();
+    if (n == 0) continue;
+    std::string got;
+    for (int64_t off = 0; off < n; off += kChunkBytes) {
+      const int64_t len = std::min(kChunkBytes, n - off);
+      at::Tensor piece = chunk_.narrow(0, 0, len);
+      if (g_.rank() == r) {
+        piece.copy_(at::from_blob(const_cast<char*>(text.data()) + off, {len}, at::kByte));
+      }
+      g_.broadcast(piece, r, "broadcast of " + what).wait();
+      const at::Tensor host = piece.cpu();
+      got.append(static_cast<const char*>(host.data_ptr()), static_cast<size_t>(len));
+    }
+    out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") + got;
   }
   return out;
+}
+
+std::string agree_errors(Group& g, const std::string& error, const c10::Device& device,
+                         const std::string& what) {
+  return Agreement(g, device).errors(error, what);
 }
 
 }  // namespace zero::comm

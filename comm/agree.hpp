@@ -25,9 +25,31 @@ at::Tensor gather_status(Group& g, const at::Tensor& status, const std::string& 
 std::string broadcast_text(Group& g, const std::string& text, int root, const c10::Device& device,
                            const std::string& what);
 
-// `error`: this rank's verdict ("" = fine). Returns "" on every rank when every rank is fine;
-// else the same text on every rank: each failing rank's error as "rank r: <error>", joined by
-// "; ". One all_gather (+ one broadcast per failing rank); a group of size 1 has no collective.
+// The device buffers an agreement on errors moves through, taken up front: made before the work
+// whose failure it reports, it lets a rank whose device ran out of memory in that work still take
+// part. An agreement that allocated the failing rank's text on its device when the text arrived
+// (a c10::Error's text carries a backtrace of kilobytes) threw there alone, between two
+// broadcasts, and the ranks' next collectives paired across calls until comm_timeout_s (the CI
+// hang of test_fake_device_stage3, review 2026-12-07a L7). errors() allocates nothing on the
+// device: texts go through one kChunkBytes buffer, cut at kMaxTextBytes.
+class Agreement {
+ public:
+  static constexpr int64_t kChunkBytes = 512;
+  static constexpr int64_t kMaxTextBytes = 4096;
+
+  Agreement(Group& g, const c10::Device& device);
+  // `error`: this rank's verdict ("" = fine). Returns "" on every rank when every rank is fine;
+  // else the same text on every rank: each failing rank's error as "rank r: <error>", joined by
+  // "; ". One all_gather (+ a broadcast per kChunkBytes of each failing rank's text); a group of
+  // size 1 has no collective. `what` names the collectives in errors.
+  std::string errors(const std::string& error, const std::string& what);
+
+ private:
+  Group& g_;
+  at::Tensor mine_, all_, chunk_;  // on the device: this rank's text length, every rank's, bytes
+};
+
+// Agreement(g, device).errors(error, what): for a check whose failure left the device alone.
 std::string agree_errors(Group& g, const std::string& error, const c10::Device& device,
                          const std::string& what);
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agree.hpp"
 #include "support/block_mlp.hpp"
 #include "support/fake_device.hpp"
 #include "support/stage3_net.hpp"
@@ -324,8 +325,9 @@ TEST(FakeDeviceStage3Offload, StepReadsTheDeviceOncePerStepWhateverTheUnitCount)
 // 2026-12-07a L7): every rank throws the same error naming that rank, within seconds (not the
 // comm timeout of a rank left alone in a gather), and the ranks stay in step: with memory back,
 // the same call returns the same values on both ranks. One bucket per block (4096 elements),
-// so each unit's gather buffer is larger than any of its parameters.
-TEST(FakeDeviceStage3StateDict, GatherBufferOutOfMemoryOnOneRankFailsOnEveryRank) {
+// so each unit's gather buffer is larger than any of its parameters. `fail_from`: rank 1's
+// device fails allocations of that many bytes and more; 0: just above the largest parameter.
+void state_dict_out_of_memory_on_rank_1(int64_t fail_from) {
   Config cfg = test_config(3, kGlobalRows / 2, 1, 0.0, /*bucket=*/4096);
   cfg.zero_optimization.stage3.param_persistence_threshold = 0;
   std::vector<Outcome> failed(2);
@@ -346,7 +348,7 @@ TEST(FakeDeviceStage3StateDict, GatherBufferOutOfMemoryOnOneRankFailsOnEveryRank
         // state_dict (between steps a marked block's parameters hold 0 elements).
         int64_t largest = 0;
         for (const auto& [name, v] : engine.state_dict()) largest = std::max(largest, v.numel());
-        if (r == 1) fake::fail_allocations_from(1, 4 * largest + 1);
+        if (r == 1) fake::fail_allocations_from(1, fail_from > 0 ? fail_from : 4 * largest + 1);
         failed[r] = timed([&] { engine.state_dict({.master = true, .to_rank = -1, .cpu = true}); });
         if (r == 1) fake::fail_allocations_from(1, 0);
         got[r] = engine.state_dict({.master = true, .to_rank = -1, .cpu = true});
@@ -365,6 +367,47 @@ TEST(FakeDeviceStage3StateDict, GatherBufferOutOfMemoryOnOneRankFailsOnEveryRank
       EXPECT_TRUE(at::equal(got[r][i].second, got[0][i].second)) << got[r][i].first;
   }
   EXPECT_FALSE(got[0].empty());
+}
+
+TEST(FakeDeviceStage3StateDict, GatherBufferOutOfMemoryOnOneRankFailsOnEveryRank) {
+  state_dict_out_of_memory_on_rank_1(0);
+}
+
+// The CI hang of the test above (2026-12-07): the failing rank's error text (then with c10's
+// backtrace, 3 KB here and more where paths are longer) was allocated on its device when it was
+// broadcast; with less left there than the text, that rank threw between two of the agreement's
+// broadcasts and the ranks' collectives paired across calls until comm_timeout_s. Forced here
+// with a device that fails every allocation of 1 KiB and more.
+TEST(FakeDeviceStage3StateDict, OutOfMemoryBelowTheErrorTextFailsOnEveryRank) {
+  state_dict_out_of_memory_on_rank_1(1024);
+}
+
+// The agreement itself on a device that can no longer allocate the failing rank's text: a text
+// of 3 chunks and more than the cap, which every rank gets alike (cut), within seconds.
+TEST(FakeDeviceAgreement, ErrorLongerThanWhatTheDeviceHasLeftReachesEveryRank) {
+  const std::string long_error(2 * comm::Agreement::kMaxTextBytes, 'x');
+  std::vector<Outcome> took(2);
+  std::vector<std::string> got(2);
+  run_ranks(
+      2,
+      [&](std::shared_ptr<comm::Group> group) {
+        const int r = group->rank();
+        comm::Agreement agreement(*group, fake::device(r));
+        if (r == 1) fake::fail_allocations_from(1, comm::Agreement::kChunkBytes + 1);
+        took[r] = timed([&] { got[r] = agreement.errors(r == 1 ? long_error : "", "a check"); });
+        if (r == 1) fake::fail_allocations_from(1, 0);
+      },
+      std::chrono::seconds(60), fake::device().type());
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(took[r].error, "");
+    EXPECT_LT(took[r].seconds, 10.0);
+    EXPECT_EQ(got[r], got[0]);
+  }
+  const std::string prefix = "rank 1: ";
+  ASSERT_EQ(got[0].size(), prefix.size() + comm::Agreement::kMaxTextBytes);
+  EXPECT_EQ(got[0].substr(0, prefix.size() + 100), prefix + std::string(100, 'x'));
+  EXPECT_EQ(got[0].substr(got[0].size() - 6), " [...]");
 }
 
 }  // namespace

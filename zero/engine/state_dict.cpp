@@ -10,6 +10,7 @@
 
 #include "comm/agree.hpp"
 #include "zero/engine/engine_impl.hpp"
+#include "zero/errors.hpp"
 
 namespace zero {
 
@@ -47,7 +48,9 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
     std::exception_ptr failed;
     // The gathers' buffers up front, agreed on: allocated per bucket, a device out of memory on
     // one rank (its allocator's cache differs from its peers') would leave it out of the
-    // gathers the others go on issuing (review 2026-12-07a L7).
+    // gathers the others go on issuing (review 2026-12-07a L7). The agreement's own few bytes on
+    // the device are taken first, so that a rank out of memory below still takes part in it.
+    comm::Agreement agreement(*im.group, fp.device());
     ShardedUnit::GatherScratch scratch;
     {
       int64_t full = 0, shard = 0;
@@ -61,11 +64,11 @@ StateDict Engine::state_dict(const StateDictOptions& opts) const {
         scratch.full = at::empty({full}, f32);
         if (fp.master.device() != fp.device()) scratch.in = at::empty({shard}, f32);
       } catch (const std::exception& e) {
+        // Without c10's backtrace: the text goes to every rank, where it says nothing useful.
         error = std::string("allocating ") + std::to_string(4 * (full + shard) >> 20) + " MiB on " +
-                fp.device().str() + ": " + e.what();
+                fp.device().str() + ": " + error_message(e);
       }
-      const std::string all =
-          comm::agree_errors(*im.group, error, fp.device(), "all_gather of state_dict's status");
+      const std::string all = agreement.errors(error, "all_gather of state_dict's status");
       TORCH_CHECK(all.empty(),
                   "zero: state_dict: the gather buffer for the largest parameter "
                   "bucket could not be allocated (",
