@@ -8,8 +8,6 @@
 namespace zero::tools {
 
 void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts) {
-  PlanInput off = in;
-  off.offload_optimizer = true;
   std::printf(
       "{\"num_params\": %lld, \"world_size\": %d, \"micro_batch\": %lld, \"seq_len\": %lld,"
       "\n \"block_activation_bytes\": %lld,\n \"stages\": [",
@@ -22,9 +20,8 @@ void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts
         "%s\n  {\"stage\": %d, \"model_states\": %s, \"startup_peak\": %lld, "
         "\"offload_optimizer\": {\"device\": %lld, \"host\": %lld}, \"activations\": {",
         s ? "," : "", s, to_json(plan_model_states(in, s)).c_str(),
-        (long long)plan_startup_peak(in, s),
-        (long long)(s == 0 ? 0 : plan_model_states(off, s).total() - plan_host_states(off, s)),
-        (long long)plan_host_states(off, s));
+        (long long)plan_startup_peak(in, s), (long long)optimizer_offload_split(in, s).device,
+        (long long)optimizer_offload_split(in, s).host);
     for (int r = 0; r < 3; ++r) {
       std::printf("%s\"%s\": %lld", r ? ", " : "", kModeIds[r],
                   (long long)predict_activations(in, kModes[r]).peak());
@@ -38,15 +35,20 @@ void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts
         t.forward_s, t.backward_s, t.recompute_s, t.grad_comm_s, t.grad_comm_exposed_s,
         t.param_gather_s, t.optimizer_s, t.offload_exposed_s, t.step_s, t.tokens_per_s, t.mfu);
   }
-  // Stage 3 beside the stages the recommendation searches.
+  // Stage 3 beside the stages the recommendation searches. model_states counts every category,
+  // the host-resident part included; host_states is that part (the error-feedback residual, and
+  // the offloaded optimizer part with --offload-optimizer), device_states the rest.
   const TimeEstimate t3 = time_of(in, ts, 3);
+  const OffloadSplit off3 = optimizer_offload_split(in, 3);
   std::printf(
-      "],\n \"stage3\": {\"model_states\": %s, \"root_params\": %lld, \"gathered\": %lld, "
-      "\"time\": {\"unit_gather_s\": %.6g, \"unit_gather_exposed_s\": %.6g, \"unit_gathers\": "
-      "%lld, \"param_gather_s\": %.6g, \"step_s\": %.6g, \"mfu\": %.6g}},",
-      to_json(plan_model_states(in, 3)).c_str(), (long long)stage3_root_params(in),
-      (long long)stage3_transient_bytes(in, 3), t3.unit_gather_s, t3.unit_gather_exposed_s,
-      (long long)t3.unit_gathers, t3.param_gather_s, t3.step_s, t3.mfu);
+      "],\n \"stage3\": {\"model_states\": %s, \"host_states\": %lld, \"device_states\": %lld, "
+      "\"offload_optimizer\": {\"device\": %lld, \"host\": %lld}, \"root_params\": %lld, "
+      "\"gathered\": %lld, \"time\": {\"unit_gather_s\": %.6g, \"unit_gather_exposed_s\": %.6g, "
+      "\"unit_gathers\": %lld, \"param_gather_s\": %.6g, \"step_s\": %.6g, \"mfu\": %.6g}},",
+      to_json(plan_model_states(in, 3)).c_str(), (long long)plan_host_states(in, 3),
+      (long long)device_model_states(in, 3), (long long)off3.device, (long long)off3.host,
+      (long long)stage3_root_params(in), (long long)stage3_transient_bytes(in, 3), t3.unit_gather_s,
+      t3.unit_gather_exposed_s, (long long)t3.unit_gathers, t3.param_gather_s, t3.step_s, t3.mfu);
   std::printf("\n \"recommendation\": ");
   if (!plan.found) {
     std::printf("null\n}\n");

@@ -68,25 +68,23 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   row("fp32 master weights", [&](int s) { return st[s].master; });
   row("optimizer states", [&](int s) { return st[s].optimizer; });
   row("bucket buffers", [&](int s) { return st[s].comm_buffers; });
-  if (error_feedback_bytes(in, 3) > 0)  // stage 3's residual: page-locked host memory per rank
-    row("  of which residual in host mem",
-        [&](int s) { return s == 3 ? plan_host_states(in, s) : 0; });
-  row("= model states", [&](int s) { return st[s].total(); });
+  // What of the above lives in host memory (plan_host_states): the offloaded optimizer part with
+  // --offload-optimizer, and stage 3's error-feedback residual (page-locked host memory there).
+  // The device rows and totals leave it out, as the recommendation does (PlanCandidate::total).
+  bool host_part = false;
+  for (int s = 0; s < 4; ++s) host_part = host_part || plan_host_states(in, s) > 0;
+  if (host_part) row("  of which in host memory", [&](int s) { return plan_host_states(in, s); });
+  row("= model states on the device", [&](int s) { return device_model_states(in, s); });
   row("start-up peak (initialize, with the model)",
       [&](int s) { return plan_startup_peak(in, s); });
   // Stage 3 also allocates its gradient shard and bucket buffers for backward and the step only.
   row("in a step: gathered units, gradient path",
       [&](int s) { return stage3_transient_bytes(in, s); });
-  // Optimizer offload (stages 1 and 2): what stays on the device, and what goes to the host.
-  PlanInput off = in;
-  off.offload_optimizer = true;
-  auto offloaded = [&](int s, bool host) -> int64_t {
-    if (s == 0 || s == 3) return 0;  // the engine offloads at stages 1 and 2 only
-    const int64_t h = plan_host_states(off, s);
-    return host ? h : plan_model_states(off, s).total() - h;
-  };
-  row("optimizer offload: states on device", [&](int s) { return offloaded(s, false); });
-  row("optimizer offload: states in host mem", [&](int s) { return offloaded(s, true); });
+  // Optimizer offload (stages 1 to 3): what stays on the device, and what goes to the host.
+  row("optimizer offload: states on device",
+      [&](int s) { return optimizer_offload_split(in, s).device; });
+  row("optimizer offload: states in host mem",
+      [&](int s) { return optimizer_offload_split(in, s).host; });
   if (m.known()) {
     for (int r = 0; r < 3; ++r) {
       const std::string label = std::string("activations, ") + recompute_name(kModes[r]);
@@ -94,8 +92,9 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
     }
     for (int r = 0; r < 3; ++r) {
       const std::string label = std::string("total, ") + recompute_name(kModes[r]);
-      row(label.c_str(),
-          [&](int s) { return st[s].total() + act[r].peak() + stage3_transient_bytes(in, s); });
+      row(label.c_str(), [&](int s) {
+        return device_model_states(in, s) + act[r].peak() + stage3_transient_bytes(in, s);
+      });
     }
   }
   std::printf("\n  model states (memory.hpp's formulas; + bucket buffers):\n");
@@ -126,8 +125,9 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
         p, mb(act[1].blocks / m.layers).c_str(), format_gb(act[2].host).c_str());
   }
   std::printf(
-      "  optimizer offload keeps the fp32 master, the %d states, the fp32 gradient shard and the "
-      "%d-byte copy of the shard in host memory, (%d + %d + 4 + %d)Ψ/N per rank\n",
+      "  optimizer offload (stages 1 to 3) keeps the fp32 master, the %d states, the fp32 gradient "
+      "shard and the %d-byte copy of the shard in host memory, (%d + %d + 4 + %d)Ψ/N per rank, "
+      "and a pinned landing ring; stage 3's device keeps its root and 1/N compute shard\n",
       in.optimizer_states, in.param_bytes, 4, 4 * in.optimizer_states, in.param_bytes);
   std::printf(
       "\nrecommendation for %d x %s (--device-memory %s), %s of host memory per %d-rank "
