@@ -1,4 +1,4 @@
-// zero-memory: per-rank memory of ZeRO stages 0, 1 and 2 before anything is allocated, the
+// zero-memory: per-rank memory of ZeRO stages 0 to 3 before anything is allocated, the
 // cheapest configuration that fits a device, and the predicted step time of each stage.
 //
 //   zero-memory --model llama-7b --gpus 8 --device-memory 80GB --micro-batch 1 --seq-len 2048
@@ -13,18 +13,18 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <string>
-#include <vector>
 
 #include "zero/memory_plan.hpp"
 #include "zero/models/gpt_config.hpp"
 #include "zero/time_plan.hpp"
 #include "zero_memory_parallel.hpp"
+#include "zero_memory_report.hpp"
 
 namespace po = boost::program_options;
 using namespace zero;
+using namespace zero::tools;
 
 namespace {
 
@@ -42,303 +42,6 @@ int64_t parse_count(const std::string& s) {
     throw std::invalid_argument("not a count: '" + s + "'");
   }
   return std::llround(v);
-}
-
-std::string grouped(int64_t v) {
-  std::string s = std::to_string(v), out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i > 0 && (s.size() - i) % 3 == 0) out += ',';
-    out += s[i];
-  }
-  return out;
-}
-
-constexpr Recompute kModes[] = {Recompute::kNone, Recompute::kCheckpoint,
-                                Recompute::kCheckpointOffload};
-constexpr const char* kModeIds[] = {"none", "checkpoint", "offload"};  // JSON keys
-
-std::string mb(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
-  return buf;
-}
-
-void print_report(const PlanInput& in, const std::string& name, const std::string& device_arg,
-                  const MemoryPlan& plan) {
-  const ModelShape& m = in.shape;
-  const char* dtype = in.param_bytes == 2 ? "bf16" : "fp32";
-  std::printf("zero-memory: %s, Ψ = %s parameters", name.c_str(), grouped(in.num_params).c_str());
-  if (m.known()) {
-    std::printf("; %lld layers, hidden %lld, %lld heads", (long long)m.layers, (long long)m.hidden,
-                (long long)m.head_count());
-    if (m.kv_head_count() != m.head_count()) {
-      std::printf(" (%lld key/value heads)", (long long)m.kv_head_count());
-    }
-    std::printf(", ffn %lld, vocab %lld", (long long)m.ffn_dim(), (long long)m.vocab);
-  }
-  std::printf("\n  %d ranks, %s parameters and activations, %s gradient accumulation, ",
-              in.world_size, dtype, in.grad_accum_bytes == 4 ? "fp32" : "16-bit");
-  std::printf("fp32 master weights, %d fp32 optimizer states (AdamW: 2)\n", in.optimizer_states);
-  std::printf(
-      "  micro-batch %lld x %lld tokens per rank; reduce buckets of %s elements "
-      "(largest %s); GB = 10^9 bytes\n\n",
-      (long long)in.micro_batch, (long long)in.seq_len, grouped(in.bucket_elements).c_str(),
-      grouped(max_bucket_elements(in)).c_str());
-
-  // Stage 3's column: model states with each block a unit (examples/gpt.cpp), and the units
-  // gathered at once (with prefetch) and one unit's gradients in their own row, counted in the
-  // totals. The recommendation below searches stages 0-2.
-  MemoryBreakdown st[4];
-  ActivationEstimate act[3];
-  for (int s = 0; s < 4; ++s) st[s] = plan_model_states(in, s);
-  for (int r = 0; r < 3; ++r) act[r] = predict_activations(in, kModes[r]);
-  std::printf("  %-40s %12s %12s %12s %12s\n", "per-rank memory", "stage 0", "stage 1", "stage 2",
-              "stage 3");
-  auto row = [&](const char* label, auto value) {
-    std::printf("  %-40s", label);
-    for (int s = 0; s < 4; ++s) std::printf(" %12s", format_gb(value(s)).c_str());
-    std::printf("\n");
-  };
-  row("parameters", [&](int s) { return st[s].params; });
-  row("gradients", [&](int s) { return st[s].grads; });
-  row("fp32 master weights", [&](int s) { return st[s].master; });
-  row("optimizer states", [&](int s) { return st[s].optimizer; });
-  row("bucket buffers", [&](int s) { return st[s].comm_buffers; });
-  if (error_feedback_bytes(in, 3) > 0)  // stage 3's residual: page-locked host memory per rank
-    row("  of which residual in host mem",
-        [&](int s) { return s == 3 ? plan_host_states(in, s) : 0; });
-  row("= model states", [&](int s) { return st[s].total(); });
-  row("start-up peak (initialize, with the model)",
-      [&](int s) { return plan_startup_peak(in, s); });
-  // Stage 3 also allocates its gradient shard and bucket buffers for backward and the step only.
-  row("in a step: gathered units, gradient path",
-      [&](int s) { return stage3_transient_bytes(in, s); });
-  // Optimizer offload (stages 1 and 2): what stays on the device, and what goes to the host.
-  PlanInput off = in;
-  off.offload_optimizer = true;
-  auto offloaded = [&](int s, bool host) -> int64_t {
-    if (s == 0 || s == 3) return 0;  // the engine offloads at stages 1 and 2 only
-    const int64_t h = plan_host_states(off, s);
-    return host ? h : plan_model_states(off, s).total() - h;
-  };
-  row("optimizer offload: states on device", [&](int s) { return offloaded(s, false); });
-  row("optimizer offload: states in host mem", [&](int s) { return offloaded(s, true); });
-  if (m.known()) {
-    for (int r = 0; r < 3; ++r) {
-      const std::string label = std::string("activations, ") + recompute_name(kModes[r]);
-      row(label.c_str(), [&](int) { return act[r].peak(); });
-    }
-    for (int r = 0; r < 3; ++r) {
-      const std::string label = std::string("total, ") + recompute_name(kModes[r]);
-      row(label.c_str(),
-          [&](int s) { return st[s].total() + act[r].peak() + stage3_transient_bytes(in, s); });
-    }
-  }
-  std::printf("\n  model states (memory.hpp's formulas; + bucket buffers):\n");
-  for (int s = 0; s < 4; ++s) {
-    std::printf("    stage %d: %s = %s\n", s, model_state_formula(in, s).c_str(),
-                format_gb(st[s].total() - st[s].comm_buffers).c_str());
-  }
-  if (in.grad_accum_bytes == 4 && in.param_bytes == 2) {
-    std::printf(
-        "    (gradients accumulate in fp32 here, 4Ψ: the ZeRO paper's 16Ψ for stage 0 "
-        "counts 2Ψ of fp16 gradients; --grad-accum-bytes 2, the default for bf16, gives it)\n");
-  }
-  if (m.known()) {
-    const int p = in.param_bytes;
-    const int64_t block = block_activation_bytes(m, in.micro_batch, in.seq_len, p);
-    std::printf(
-        "  activations (see memory_plan.hpp): per block s·b·(%dh + %df) + 4·a·s·b + 8·s·b "
-        "= %s, x %lld blocks = %s\n",
-        8 * p + 8, 4 * p, mb(block).c_str(), (long long)m.layers,
-        format_gb(block * m.layers).c_str());
-    std::printf(
-        "    final norm + head input + token ids %s; logits 12·s·b·V = %s (fp32 "
-        "log-probs and two gradients at backward's start)\n",
-        mb(act[0].head).c_str(), format_gb(act[0].loss).c_str());
-    std::printf(
-        "    checkpointing keeps %d·s·b·h = %s per block and rebuilds one block; CPU "
-        "offload moves %s to host memory, the device keeps 2 block inputs\n",
-        p, mb(act[1].blocks / m.layers).c_str(), format_gb(act[2].host).c_str());
-  }
-  std::printf(
-      "  optimizer offload keeps the fp32 master, the %d states, the fp32 gradient shard and the "
-      "%d-byte copy of the shard in host memory, (%d + %d + 4 + %d)Ψ/N per rank\n",
-      in.optimizer_states, in.param_bytes, 4, 4 * in.optimizer_states, in.param_bytes);
-  std::printf(
-      "\nrecommendation for %d x %s (--device-memory %s), %s of host memory per %d-rank "
-      "node (--host-memory, --gpus-per-node):\n",
-      in.world_size, format_gb(plan.limits.device_bytes).c_str(), device_arg.c_str(),
-      format_gb(plan.limits.host_bytes).c_str(),
-      std::min(in.world_size, plan.limits.ranks_per_node));
-  for (const std::string& line : plan.reasons) std::printf("  %s\n", line.c_str());
-}
-
-// What --gpu/--link and the rate overrides describe, and how the time table is run.
-struct TimeSetup {
-  Hardware hw;
-  StepShape step;  // stage set per column
-};
-
-TimeEstimate time_of(const PlanInput& in, const TimeSetup& ts, int stage) {
-  StepShape s = ts.step;
-  s.stage = stage;
-  return predict_step_time(in, s, ts.hw);
-}
-
-void print_time(const PlanInput& in, const TimeSetup& ts, const MemoryPlan& plan) {
-  const Hardware& hw = ts.hw;
-  std::printf(
-      "\npredicted step time on %d x %s: %.0f TFLOP/s peak x %.0f%% efficiency, memory %.0f GB/s, "
-      "bus bandwidth all-reduce %.1f / reduce-scatter %.1f / all-gather %.1f GB/s, latency %.0f "
-      "us\n  micro-batch %lld x %lld tokens, accumulation %lld, %s (time_plan.hpp has the "
-      "model)\n",
-      in.world_size, hw.name.c_str(), hw.peak_flops / 1e12, 100 * hw.efficiency, hw.memory_bw / 1e9,
-      hw.all_reduce_bw / 1e9, hw.reduce_scatter_bw / 1e9, hw.all_gather_bw / 1e9,
-      hw.latency_s * 1e6, (long long)in.micro_batch, (long long)in.seq_len,
-      (long long)ts.step.grad_accum, recompute_name(ts.step.recompute));
-  TimeEstimate t[4];
-  for (int s = 0; s < 4; ++s) t[s] = time_of(in, ts, s);
-  std::printf("  %-40s %12s %12s %12s %12s\n", "per step, seconds", "stage 0", "stage 1", "stage 2",
-              "stage 3");
-  auto row = [&](const char* label, const char* f, auto value) {
-    std::printf("  %-40s", label);
-    for (int s = 0; s < 4; ++s) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, f, value(t[s]));
-      std::printf(" %12s", buf);
-    }
-    std::printf("\n");
-  };
-  row("compute: forward", "%.4g", [](const TimeEstimate& e) { return e.forward_s; });
-  row("compute: backward", "%.4g", [](const TimeEstimate& e) { return e.backward_s; });
-  row("compute: recompute", "%.4g", [](const TimeEstimate& e) { return e.recompute_s; });
-  row("gradient communication", "%.4g", [](const TimeEstimate& e) { return e.grad_comm_s; });
-  row("  of which hidden behind backward", "%.4g",
-      [](const TimeEstimate& e) { return e.grad_comm_s - e.grad_comm_exposed_s; });
-  row("  exposed", "%.4g", [](const TimeEstimate& e) { return e.grad_comm_exposed_s; });
-  row("parameter all-gather (exposed)", "%.4g",
-      [](const TimeEstimate& e) { return e.param_gather_s; });
-  row("unit gathers (stage 3)", "%.4g", [](const TimeEstimate& e) { return e.unit_gather_s; });
-  row("  exposed (after prefetch)", "%.4g",
-      [](const TimeEstimate& e) { return e.unit_gather_exposed_s; });
-  row("optimizer step", "%.4g", [](const TimeEstimate& e) { return e.optimizer_s; });
-  if (ts.step.recompute == Recompute::kCheckpointOffload) {
-    row("activation offload (exposed)", "%.4g",
-        [](const TimeEstimate& e) { return e.offload_exposed_s; });
-  }
-  row("= step", "%.4g", [](const TimeEstimate& e) { return e.step_s; });
-  row("tokens/s (all ranks)", "%.4g", [](const TimeEstimate& e) { return e.tokens_per_s; });
-  row("MFU", "%.1f%%", [](const TimeEstimate& e) { return 100 * e.mfu; });
-  std::printf("  %lld gradient buckets; model FLOPs per token %.4g%s\n", (long long)t[0].buckets,
-              t[0].model_flops_per_token,
-              ts.step.recompute != Recompute::kNone ? " (+ recomputation)" : "");
-  if (plan.found) {
-    PlanInput r = in;
-    r.micro_batch = plan.best.micro_batch;
-    StepShape s = ts.step;
-    s.stage = plan.best.stage;
-    s.recompute = plan.best.recompute;
-    const TimeEstimate e = predict_step_time(r, s, hw);
-    std::printf("  recommended (stage %d, %s, micro-batch %lld): %s\n", plan.best.stage,
-                recompute_name(plan.best.recompute), (long long)plan.best.micro_batch,
-                describe_time(e).c_str());
-  }
-}
-
-void print_json(const PlanInput& in, const MemoryPlan& plan, const TimeSetup& ts) {
-  PlanInput off = in;
-  off.offload_optimizer = true;
-  std::printf(
-      "{\"num_params\": %lld, \"world_size\": %d, \"micro_batch\": %lld, \"seq_len\": %lld,"
-      "\n \"block_activation_bytes\": %lld,\n \"stages\": [",
-      (long long)in.num_params, in.world_size, (long long)in.micro_batch, (long long)in.seq_len,
-      (long long)(in.shape.known()
-                      ? block_activation_bytes(in.shape, in.micro_batch, in.seq_len, in.param_bytes)
-                      : 0));
-  for (int s = 0; s < 3; ++s) {
-    std::printf(
-        "%s\n  {\"stage\": %d, \"model_states\": %s, \"startup_peak\": %lld, "
-        "\"offload_optimizer\": {\"device\": %lld, \"host\": %lld}, \"activations\": {",
-        s ? "," : "", s, to_json(plan_model_states(in, s)).c_str(),
-        (long long)plan_startup_peak(in, s),
-        (long long)(s == 0 ? 0 : plan_model_states(off, s).total() - plan_host_states(off, s)),
-        (long long)plan_host_states(off, s));
-    for (int r = 0; r < 3; ++r) {
-      std::printf("%s\"%s\": %lld", r ? ", " : "", kModeIds[r],
-                  (long long)predict_activations(in, kModes[r]).peak());
-    }
-    const TimeEstimate t = time_of(in, ts, s);
-    std::printf(
-        "},\n   \"time\": {\"forward_s\": %.6g, \"backward_s\": %.6g, \"recompute_s\": %.6g, "
-        "\"grad_comm_s\": %.6g, \"grad_comm_exposed_s\": %.6g, \"param_gather_s\": %.6g, "
-        "\"optimizer_s\": %.6g, \"offload_exposed_s\": %.6g, \"step_s\": %.6g, "
-        "\"tokens_per_s\": %.6g, \"mfu\": %.6g}}",
-        t.forward_s, t.backward_s, t.recompute_s, t.grad_comm_s, t.grad_comm_exposed_s,
-        t.param_gather_s, t.optimizer_s, t.offload_exposed_s, t.step_s, t.tokens_per_s, t.mfu);
-  }
-  // Stage 3 beside the stages the recommendation searches.
-  const TimeEstimate t3 = time_of(in, ts, 3);
-  std::printf(
-      "],\n \"stage3\": {\"model_states\": %s, \"root_params\": %lld, \"gathered\": %lld, "
-      "\"time\": {\"unit_gather_s\": %.6g, \"unit_gather_exposed_s\": %.6g, \"unit_gathers\": "
-      "%lld, \"param_gather_s\": %.6g, \"step_s\": %.6g, \"mfu\": %.6g}},",
-      to_json(plan_model_states(in, 3)).c_str(), (long long)stage3_root_params(in),
-      (long long)stage3_transient_bytes(in, 3), t3.unit_gather_s, t3.unit_gather_exposed_s,
-      (long long)t3.unit_gathers, t3.param_gather_s, t3.step_s, t3.mfu);
-  std::printf("\n \"recommendation\": ");
-  if (!plan.found) {
-    std::printf("null\n}\n");
-    return;
-  }
-  std::printf(
-      "{\"stage\": %d, \"recompute\": \"%s\", \"micro_batch\": %lld, \"total\": %lld, "
-      "\"offload_optimizer\": %s, \"host_per_rank\": %lld, \"host_per_node\": %lld, "
-      "\"host_fits\": %s}\n}\n",
-      plan.best.stage, kModeIds[static_cast<int>(plan.best.recompute)],
-      (long long)plan.best.micro_batch, (long long)plan.best.total(),
-      plan.best.offload ? "true" : "false", (long long)plan.best.host(),
-      (long long)plan.host_per_node, plan.host_fits ? "true" : "false");
-}
-
-void write_svg(const std::string& path, const PlanInput& in, const std::string& name,
-               const MemoryPlan& plan) {
-  const ActivationEstimate act = predict_activations(in, Recompute::kNone);
-  MemoryChart chart;
-  chart.title = "Per-rank memory of " + name + " on " + std::to_string(in.world_size) + " ranks";
-  chart.subtitle = std::string(in.param_bytes == 2 ? "bf16" : "fp32") + ", AdamW, micro-batch " +
-                   std::to_string(in.micro_batch) + " x " + std::to_string(in.seq_len) +
-                   " tokens, no activation checkpointing";
-  for (int s = 0; s < 3; ++s) {
-    const MemoryBreakdown b = plan_model_states(in, s);
-    chart.bars.push_back({"stage " + std::to_string(s),
-                          {{"parameters", b.params},
-                           {"gradients", b.grads},
-                           {"fp32 master", b.master},
-                           {"optimizer states", b.optimizer},
-                           {"bucket buffers", b.comm_buffers},
-                           {"activations", act.peak()}}});
-  }
-  chart.limit_bytes = plan.limits.device_bytes;
-  chart.limit_label = "device memory " + format_gb(plan.limits.device_bytes);
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error("cannot write --svg file '" + path + "'");
-  out << memory_chart_svg(chart);
-}
-
-void write_time_svg(const std::string& path, const PlanInput& in, const std::string& name,
-                    const TimeSetup& ts) {
-  std::vector<TimeChartBar> bars;
-  for (int s = 0; s < 3; ++s) bars.push_back({"stage " + std::to_string(s), time_of(in, ts, s)});
-  char sub[200];
-  std::snprintf(sub, sizeof sub, "%s, micro-batch %lld x %lld tokens, accumulation %lld, %s",
-                ts.hw.name.c_str(), (long long)in.micro_batch, (long long)in.seq_len,
-                (long long)ts.step.grad_accum, recompute_name(ts.step.recompute));
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error("cannot write --time-svg file '" + path + "'");
-  out << time_chart_svg(
-      "Predicted step time of " + name + " on " + std::to_string(in.world_size) + " ranks", sub,
-      bars);
 }
 
 int run(int argc, char** argv) {
@@ -584,7 +287,6 @@ int run(int argc, char** argv) {
   if (!time_svg.empty()) write_time_svg(time_svg, in, name, ts);
   return 0;
 }
-
 }  // namespace
 
 // Not zero::run_main: that lives in the torch-linked engine (it unwraps c10::Error), and nothing

@@ -122,7 +122,7 @@ struct PlanInput {
   int64_t prefetch_bucket_size = 50'000'000;
   int64_t max_live_parameters = 1'000'000'000;
   int64_t max_reuse_distance = 1'000'000'000;
-  // zero_optimization.offload_optimizer is on (stages 1 and 2 only): the optimizer's part of the
+  // zero_optimization.offload_optimizer is on (stages 1 to 3): the optimizer's part of the
   // model states is in host memory. plan_memory considers offload either way; set, it only
   // considers offload.
   bool offload_optimizer = false;
@@ -235,8 +235,8 @@ int64_t bucket_buffer_elements(const PlanInput& in, int stage);
 // offload: plus the host compute-dtype copy, which the engine's report counts as a buffer).
 // What is held between steps: at stage 3 no bucket buffer (stage3_gradient_path_bytes).
 MemoryBreakdown plan_model_states(const PlanInput& in, int stage);
-// The part of plan_model_states in host memory: (8 + 4K + p)Ψ/N with in.offload_optimizer at
-// stages 1 and 2, else 0; at stage 3 plus the error-feedback residuals (error_feedback_bytes).
+// The part of plan_model_states in host memory: (8 + 4K + p)Ψ/N plus a pinned ring with
+// in.offload_optimizer at stages 1 to 3, else 0; at stage 3 plus the error-feedback residuals.
 // The device holds the rest.
 int64_t plan_host_states(const PlanInput& in, int stage);
 // The most bytes zero::initialize holds at once per rank, the user's fp32 model included: the
