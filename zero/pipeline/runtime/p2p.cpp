@@ -25,6 +25,7 @@ constexpr int64_t kMetaLen = 2 + kMaxDims;
 
 void PipelineRuntime::issue(comm::Group& g, bool send, const at::Tensor& t, int peer,
                             const std::string& what, comm::Work* out) {
+  ++issued_;
   queue_->issue(g, send, t, peer, what, out);
 }
 

@@ -261,6 +261,7 @@ class PipelineRuntime {
   std::vector<std::vector<int>> early_;
   std::map<size_t, std::unique_ptr<Posted>> posted_;
   size_t failed_recvs_ = 0;          // this step's receives waited on at once whose wait threw
+  size_t issued_ = 0;  // this step's point-to-point operations posted (sends and receives)
   std::unique_ptr<P2PQueue> queue_;  // how sends and receives are posted (p2p_queue.hpp)
   // Set when a step failed in a batched run (review 2026-12-07b L1, L2) or with operations
   // posted on a device's pair communicators (review 2026-12-07a L5): why no step may run any more.

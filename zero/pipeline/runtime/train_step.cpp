@@ -63,6 +63,7 @@ at::Tensor PipelineRuntime::train_batch(const std::vector<at::Tensor>& inputs,
   posted_.clear();  // a step that failed on the host may have left some (gloo)
   queue_->clear();
   failed_recvs_ = 0;
+  issued_ = 0;
   try {
     return run_instructions(inputs, targets);
   } catch (...) {
@@ -96,15 +97,22 @@ void PipelineRuntime::note_failure(const std::string& during) {
   // would take the next message sent on its channel, a send not known delivered would be taken
   // by the next receive there, so every later tensor would land one message off (same shapes:
   // wrong values, silently) or hang (review 2026-12-07a L5). Nothing here can cancel a posted
-  // NCCL operation, so the pipeline refuses to go on. On the host (gloo) the runtime goes on as
-  // it did: the next step drops the receives left over, and its waits are bounded.
+  // NCCL operation, so the pipeline refuses to go on. Nor can this rank see what its neighbours
+  // posted for this step: on NCCL their waits only order their streams and do not fail, so a
+  // neighbour goes on with the step and has already posted its next sends and receives. Once
+  // this step posted anything, a step retried here would pair its first messages with the
+  // neighbours' later ones (review 2026-12-07c M1): so on a device any failed step that posted
+  // a point-to-point operation stops the pipeline. On the host (gloo) the runtime goes on as it
+  // did: the neighbours' waits fail too, the next step drops the receives left over, and its
+  // waits are bounded.
   const size_t receives = posted_.size() + queue_->queued_receives() + failed_recvs_;
-  if (!device_.is_cpu() && receives + sends_.size() > 0)
-    broken_ = where(during + " failed with " + std::to_string(receives) + " receive(s) and " +
-                    std::to_string(sends_.size()) +
-                    " send(s) posted and not known complete, still queued on the pipeline's "
-                    "communicators; they would pair with the next messages and shift every "
-                    "later one" +
+  if (!device_.is_cpu() && (issued_ > 0 || receives + sends_.size() > 0))
+    broken_ = where(during + " failed after this step posted " + std::to_string(issued_) +
+                    " point-to-point operation(s) (" + std::to_string(receives) +
+                    " receive(s) and " + std::to_string(sends_.size()) +
+                    " send(s) not known complete): on the device's communicators they, and "
+                    "what the neighbouring stages posted for this step, would pair with the "
+                    "next step's messages and shift every later one" +
                     restart);
 }
 
