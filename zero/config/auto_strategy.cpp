@@ -90,7 +90,7 @@ AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const Aut
   if (req.checkpointing.value_or(true)) modes.push_back(ckpt);
   std::vector<int> stages;
   for (int s = 0; s < 4; ++s) {
-    // The engine offloads the optimizer at stages 1 and 2 only.
+    // The engine offloads the optimizer at stages 1 to 3, never at stage 0.
     if (s == 0 && in.offload_optimizer) continue;
     // Stage 3 is the last resort ("auto" tries it only when nothing at 0-2 fits, below): it
     // all-gathers every unit twice per micro-step.
@@ -98,8 +98,8 @@ AutoChoice choose_strategy(const PlanInput& in, const PlanLimits& lim, const Aut
   }
   if (stages.empty()) {
     throw ConfigError(
-        "zero: auto: zero_optimization.offload_optimizer needs ZeRO stage 1 or 2; set "
-        "zero_optimization.stage to 1, 2 or auto, or turn the offload off");
+        "zero: auto: zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3; set "
+        "zero_optimization.stage to 1, 2, 3 or auto, or turn the offload off");
   }
   // Without a shape activations are unknown: the micro-batch cannot be planned.
   const bool plan_micro = !req.micro_batch && in.shape.known();
