@@ -191,51 +191,43 @@ TEST(PipelineP2PFailure, AfterAFailedBatchEveryStageRefusesTheNextStep) {
   expect_refused(o, "in a run whose point-to-point messages travel in coalesced batches");
 }
 
-// Unbatched, on a device (review 2026-12-07a L5): the last stage's loss throws at micro-batch 1
-// of step 2, with its gradient of micro-batch 0 not known delivered (and its neighbour's wait
-// runs out with its own operations posted): every stage refuses step 3, since on NCCL what is
-// left posted would pair with step 3's messages.
-TEST(PipelineP2PFailure, AStepThatFailsWithReceivesPostedOnADeviceStopsEveryStage) {
-  constexpr int P = 2;
+// Unbatched, 2 stages on the fake device: the last stage's loss throws at its `call`-th loss
+// of step 2 (micro-batch call - 1); every stage must refuse step 3.
+constexpr int kLossStages = 2;
+Outcome loss_fails_on_the_last_stage(int call) {
   std::atomic<bool> armed{false};
   std::atomic<int> calls{0};
   const Outcome o = fail_step_two(
-      P, 4, [](std::shared_ptr<comm::Group> g) { return g; }, /*device=*/true,
+      kLossStages, 4, [](std::shared_ptr<comm::Group> g) { return g; }, /*device=*/true,
       [&](int stage) {
-        if (stage == P - 1) armed = true;
+        if (stage == kLossStages - 1) armed = true;
       },
       [&](int stage) {
-        if (stage == P - 1 && armed && ++calls == 2)
+        if (stage == kLossStages - 1 && armed && ++calls == call)
           throw std::runtime_error("injected: the loss failed");
       },
       std::chrono::seconds(3));
-  for (int s = 0; s < P; ++s) EXPECT_FALSE(o.batched[s]) << "stage " << s;
-  EXPECT_TRUE(has(o.failed[P - 1], "injected: the loss failed")) << o.failed[P - 1];
+  for (int s = 0; s < kLossStages; ++s) EXPECT_FALSE(o.batched[s]) << "stage " << s;
+  EXPECT_TRUE(has(o.failed[kLossStages - 1], "injected: the loss failed"))
+      << o.failed[kLossStages - 1];
   expect_refused(o, "after this step posted ");
-  for (int s = 0; s < P; ++s)
+  return o;
+}
+
+// Review 2026-12-07a L5: at micro-batch 1 its gradient of micro-batch 0 is not known delivered
+// (and its neighbour's wait runs out with its own operations posted); on NCCL what is left
+// posted would pair with step 3's messages.
+TEST(PipelineP2PFailure, AStepThatFailsWithReceivesPostedOnADeviceStopsEveryStage) {
+  const Outcome o = loss_fails_on_the_last_stage(2);
+  for (int s = 0; s < kLossStages; ++s)
     EXPECT_TRUE(has(o.refused[s], "send(s) not known complete)")) << o.refused[s];
 }
 
-// Unbatched, on a device, the last stage's loss throws at micro-batch 0 of step 2: it has
-// received that micro-batch and holds nothing posted, but it did post in this step, and on NCCL
-// its neighbour would go on posting step 2's messages, which a retried step here would pair
-// with its own first ones (review 2026-12-07c M1): every stage refuses step 3 all the same.
+// Review 2026-12-07c M1: at micro-batch 0 the last stage has received that micro-batch and
+// holds nothing posted, but it did post in this step, and on NCCL its neighbour would go on
+// posting step 2's messages, which a retried step there would pair with its own first ones.
 TEST(PipelineP2PFailure, AStepThatPostedAnythingOnADeviceStopsEveryStageWhenItFails) {
-  constexpr int P = 2;
-  std::atomic<bool> armed{false};
-  std::atomic<int> calls{0};
-  const Outcome o = fail_step_two(
-      P, 4, [](std::shared_ptr<comm::Group> g) { return g; }, /*device=*/true,
-      [&](int stage) {
-        if (stage == P - 1) armed = true;
-      },
-      [&](int stage) {
-        if (stage == P - 1 && armed && ++calls == 1)
-          throw std::runtime_error("injected: the loss failed");
-      },
-      std::chrono::seconds(3));
-  EXPECT_TRUE(has(o.failed[P - 1], "injected: the loss failed")) << o.failed[P - 1];
-  expect_refused(o, "after this step posted ");
+  loss_fails_on_the_last_stage(1);
 }
 
 }  // namespace
