@@ -298,7 +298,7 @@ def one_run(fw, n, dtype, a, port, tmp):
                 "--set", f"train_micro_batch_size_per_gpu={a.micro}",
                 "--set", "gradient_accumulation_steps=1", "--set", "steps_per_print=100000",
                 "--set", "no_weight_decay=[]", "--summary-json", out]
-        for kv in a.zero_set:
+        for kv in getattr(a, "zero_set", None) or []:
             argv[-2:-2] = ["--set", kv]
         rss = run(n, port, argv, env, rss_file)
         s = json.load(open(out))
