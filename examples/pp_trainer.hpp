@@ -7,10 +7,12 @@
 // The progress line splits rank 0's (stage 0's) step by the instructions it ran (forward,
 // backward, optimizer step, the pipeline's communication with the bubble), the line after it
 // every stage's with its model states; the monitors (tensorboard, csv_monitor) write rank 0's
-// record, whose loss is the last stage's; --summary-json is pp_summary.hpp's. Checkpoints per
-// stage (save_dir/stage<s>/, resumed at any P and data-parallel size). What the plain loop
-// offers beyond that (sequence parallelism, fp16 with tensor parallelism) is refused with the
-// key named.
+// record, whose loss is the last stage's; --summary-json is pp_summary.hpp's. Sequence
+// parallelism, fp16 and the interleaved schedule (pipeline.schedule, pipeline.virtual_stages)
+// run with tensor parallelism. Checkpoints per stage (save_dir/stage<s>/, under tensor
+// parallelism stage<s>/tp<r>/), resumed at another P, T, v or data-parallel size. What it refuses
+// (trainer.activation_checkpointing: a pipeline recomputes per stage; a trainer.seq_len that
+// does not split over tp under sequence parallelism) is named with the key.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -8,11 +8,11 @@
 // and clip_grad_norm_, the whole global batch in one backward. Losses per step within 1e-5
 // relative on every rank, the global norm within 1e-5, and every parameter afterwards, gathered
 // from its tensor-parallel shards, within 1e-5 (AdamW: in L2, per element 1e-3; kAdamMaxTol
-// says why), for GPipe
-// and 1F1B, SGD with momentum and AdamW, tied (vocabulary-parallel embedding shard reused as the
-// head on the last stage) and untied, with and without sequence parallelism (Megatron-SP: each
-// tensor-parallel rank holds and sends its 1/T of the sequence between the parallel regions and
-// stages; the norms' partial gradients are summed over tp by each stage's engine).
+// says why), for GPipe, 1F1B and interleaved 1F1B (v = 2), SGD with momentum and AdamW, tied
+// (vocabulary-parallel embedding shard reused as the head on the last stage) and untied, with
+// and without sequence parallelism (Megatron-SP: each tensor-parallel rank holds and sends its
+// 1/T of the sequence between the parallel regions and stages; the norms' partial gradients are
+// summed over tp by each stage's engine).
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
@@ -100,12 +100,14 @@ struct Case {
   ScheduleKind schedule;
   Opt opt;
   bool tied;
-  bool sp = false;  // tensor_parallel.sequence_parallel
+  bool sp = false;         // tensor_parallel.sequence_parallel
+  int virtual_stages = 1;  // pipeline.virtual_stages (ScheduleKind::Interleaved)
 };
 
 std::string name(const Case& k) {
   return "P=" + std::to_string(k.stages) + " x T=" + std::to_string(k.tp) +
-         " x D=" + std::to_string(k.dp) + " " + std::string(schedule_name(k.schedule)) + " " +
+         " x D=" + std::to_string(k.dp) + " " + std::string(schedule_name(k.schedule)) +
+         (k.virtual_stages > 1 ? " v=" + std::to_string(k.virtual_stages) + " " : " ") +
          (k.opt == Opt::SGD ? "SGD" : "AdamW") + (k.tied ? " tied" : " untied") +
          (k.sp ? " SP" : "");
 }
@@ -135,12 +137,18 @@ Trial run_case(const Case& k, const GptConfig& c, const Gpt& init,
     auto layers = models::tp_gpt_pipeline_layers(model);
     Config cfg = engine_config(k.opt, k.stages, k.tp, k.schedule);
     cfg.tensor_parallel.sequence_parallel = k.sp;
+    cfg.pipeline.virtual_stages = k.virtual_stages;
     PipelineEngine pipe(layers, models::tp_gpt_loss(grid.tp), cfg, grid);
     ASSERT_EQ(pipe.stage(), grid.stage);
     ASSERT_EQ(pipe.engine().world_size(), k.dp);
-    std::set<const void*> mine;  // this stage's layers' parameters (a tied copy included)
-    for (int i = pipe.bounds()[pipe.stage()]; i < pipe.bounds()[pipe.stage() + 1]; ++i)
-      for (const auto& p : layers[i].module->parameters()) mine.insert(p.unsafeGetTensorImpl());
+    ASSERT_EQ(pipe.virtual_stages(), k.virtual_stages);
+    ASSERT_EQ(pipe.bounds().size(), static_cast<size_t>(k.stages * k.virtual_stages + 1));
+    // This stage's layers' parameters (a tied copy included): interleaved, chunks s, s + P, ...
+    // of the P x v bounds.
+    std::set<const void*> mine;
+    for (int c = pipe.stage(); c + 1 < static_cast<int>(pipe.bounds().size()); c += k.stages)
+      for (int i = pipe.bounds()[c]; i < pipe.bounds()[c + 1]; ++i)
+        for (const auto& p : layers[i].module->parameters()) mine.insert(p.unsafeGetTensorImpl());
     const int64_t rows = kMicroBatches * kRowsPerMicroBatch, d = grid.dp_rank;
     for (const auto& b : batches) {
       auto in = b.inputs.narrow(0, d * rows, rows).chunk(kMicroBatches, 0);
@@ -238,6 +246,22 @@ TEST(PipelineTensorParallel, SequenceParallelStagesMatchSingleProcessTraining) {
   check({2, 2, 1, ScheduleKind::OneFOneB, Opt::SGD, false, true});
   check({2, 2, 1, ScheduleKind::GPipe, Opt::AdamW, true, true});
   check({2, 2, 2, ScheduleKind::OneFOneB, Opt::AdamW, false, true});
+}
+
+// Megatron's interleaved 1F1B under tensor parallelism, the layout a large run takes: P = 2 x
+// v = 2 chunks (the tiny GPT's embedding, 2 blocks and head, one layer a chunk), tensor rank r of
+// each chunk sending to rank r of the next (the last stage's chunk 0 to stage 0's chunk 1), with
+// and without sequence parallelism (then [b, s / T, h] on every chunk boundary) and
+// pipe_partitioned (without it: 1/T of the replicated activation), tied and untied, D 1 and 2.
+TEST(PipelineTensorParallel, InterleavedStagesMatchSingleProcessTraining) {
+  auto interleaved = [](int dp, Opt opt, bool tied, bool sp) {
+    Case k{2, 2, dp, ScheduleKind::Interleaved, opt, tied, sp};
+    k.virtual_stages = 2;
+    return k;
+  };
+  check(interleaved(1, Opt::SGD, false, true));
+  check(interleaved(1, Opt::AdamW, true, false));
+  check(interleaved(2, Opt::AdamW, false, true));
 }
 
 // What the trainer's reports read: where each train_batch spent its time (the instructions'

@@ -4,10 +4,12 @@
 // kSteps steps and saves after step kSaveAt (each stage's tensor-parallel rank r into
 // dir/stage<s>/tp<r>/, so no two ranks write one file). Resumed from that save:
 //   (a) at P2 x T2: every later loss and every final parameter bit-equal to the uninterrupted run;
-//   (b) at P1 x T2 and (c) at P2 x T1: every loss within 1e-5 relative of the independent
-//       reference, the plain models::Gpt trained in one process from the same weights on the
-//       same batches (plain autograd, torch's clip_grad_norm_ and SGD with momentum or AdamW),
-//       and the final parameters within the tolerances test_pipeline_tensor_parallel.cpp uses.
+//   (b) at P1 x T2, (c) at P2 x T1 and (d) at P1 x T2 x D2 (each replica half of every batch,
+//       the optimizer states' dp shards cut anew): every loss within 1e-5 relative of the
+//       independent reference, the plain models::Gpt trained in one process from the same weights
+//       on the same batches (plain autograd, torch's clip_grad_norm_ and SGD with momentum or
+//       AdamW), and the final parameters within the tolerances test_pipeline_tensor_parallel.cpp
+//       uses.
 // The save consolidated (read_consolidated of pipeline_save_dirs, what zero-consolidate reads)
 // is the saving run's model bit for bit, under the plain GPT's names, and the reference's weights
 // at step kSaveAt within 1e-5 (L2). A stage's tensor-parallel directory missing: the load fails on
@@ -25,6 +27,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/pipeline_gpt.hpp"
@@ -93,24 +96,31 @@ struct Run {
   GptParams at_save;             // the same right after the save
 };
 
-// Trains steps [from, kSteps) at P = stages x T = tp from `init`, or from the save in `load_dir`;
-// saves into `save_dir` after step kSaveAt when it is not empty.
+// Trains steps [from, kSteps) at P = stages x T = tp x D = dp from `init`, or from the save in
+// `load_dir`; saves into `save_dir` after step kSaveAt when it is not empty. Each replica takes
+// its 1/D of every batch as kMicroBatches / D micro-batches of the same size.
 Run train(const GptConfig& c, const Gpt& init, Opt o, int stages, int tp,
           const std::vector<testing::StepBatch>& batches, int from, const std::string& load_dir,
-          const std::string& save_dir) {
+          const std::string& save_dir, int dp = 1) {
   Run run;
   std::mutex mu;
-  testing::run_ranks(stages * tp, [&](std::shared_ptr<comm::Group> w) {
+  const int micro_batches = kMicroBatches / dp;
+  const int64_t rows = kRows / dp;
+  testing::run_ranks(stages * tp * dp, [&](std::shared_ptr<comm::Group> w) {
     const PipelineGrid grid = make_pipeline_grid(w, stages, tp);
     models::TpGpt model(grid.tp, c);
     model->load_full(*init);
     const auto layers = models::tp_gpt_pipeline_layers(model);
-    PipelineEngine pipe(layers, models::tp_gpt_loss(grid.tp), engine_config(o, stages, tp), grid);
+    Config cfg = engine_config(o, stages, tp);
+    cfg.gradient_accumulation_steps = micro_batches;
+    PipelineEngine pipe(layers, models::tp_gpt_loss(grid.tp), cfg, grid);
+    ASSERT_EQ(pipe.engine().world_size(), dp);
     if (!load_dir.empty()) pipe.load_checkpoint(load_dir);
     std::set<const void*> mine;  // this stage's layers' parameters
     for (int i = pipe.bounds()[pipe.stage()]; i < pipe.bounds()[pipe.stage() + 1]; ++i)
       for (const auto& p : layers[i].module->parameters()) mine.insert(p.unsafeGetTensorImpl());
-    // Whole tensors of this stage's parameters (a collective over tp), kept by tp rank 0.
+    // Whole tensors of this stage's parameters (a collective over tp), kept by tp rank 0 (of
+    // every replica: the same values).
     auto gather = [&](GptParams& into) {
       std::set<std::string> names;
       for (const auto& p : model->named_parameters())
@@ -123,8 +133,10 @@ Run train(const GptConfig& c, const Gpt& init, Opt o, int stages, int tp,
     };
     for (int step = from; step < kSteps; ++step) {
       const auto& b = batches[step];
+      const int64_t first = grid.dp_rank * rows;
       const at::Tensor loss =
-          pipe.train_batch(b.inputs.chunk(kMicroBatches, 0), b.targets.chunk(kMicroBatches, 0));
+          pipe.train_batch(b.inputs.narrow(0, first, rows).chunk(micro_batches, 0),
+                           b.targets.narrow(0, first, rows).chunk(micro_batches, 0));
       ASSERT_TRUE(pipe.last_step_applied());
       if (w->rank() == 0) run.losses[step] = loss.item<double>();
       if (step + 1 == kSaveAt && !save_dir.empty()) {
@@ -212,11 +224,12 @@ void check(Opt o, bool tied) {
   for (const auto& [key, t] : whole.end)
     EXPECT_TRUE(at::equal(exact.end.at(key), t)) << "P2xT2 resume: " << key;
 
-  // (b), (c) resumed at another P and another T: the reference's losses.
-  for (const auto [stages, tp] : {std::pair{1, 2}, std::pair{2, 1}}) {
-    const std::string what =
-        name + " P2xT2 save resumed at P" + std::to_string(stages) + "xT" + std::to_string(tp);
-    const Run other = train(c, init, o, stages, tp, batches, kSaveAt, dir.path, "");
+  // (b), (c), (d) resumed at another P, T and D: the reference's losses.
+  for (const auto [stages, tp, dp] :
+       {std::tuple{1, 2, 1}, std::tuple{2, 1, 1}, std::tuple{1, 2, 2}}) {
+    const std::string what = name + " P2xT2 save resumed at P" + std::to_string(stages) + "xT" +
+                             std::to_string(tp) + (dp > 1 ? "xD" + std::to_string(dp) : "");
+    const Run other = train(c, init, o, stages, tp, batches, kSaveAt, dir.path, "", dp);
     double worst = 0;
     for (int step = kSaveAt; step < kSteps; ++step) {
       const double got = other.losses.at(step), want = ref.losses[step];

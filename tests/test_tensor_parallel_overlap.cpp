@@ -2,16 +2,20 @@
 // LinearWithGradAccumulationAndAsyncCommunication): the fused products compute, bit for bit, what
 // autograd computes for the composition they replace (copy_to_region or
 // gather_from_sequence_region, then at::linear per product: autograd's own linear backward and
-// its sum of the input's gradients), with the overlap on and off; and under sequence
-// parallelism the backward really has two collectives in flight: the input's all-gather and the
-// input gradient's reduce-scatter both start before either is waited for.
+// its sum of the input's gradients), with the overlap on and off; under sequence parallelism
+// the backward really has two collectives in flight: the input's all-gather and the input
+// gradient's reduce-scatter both start before either is waited for; and without it the weight
+// gradients' products (aten::mm, seen by a RecordFunction callback) run between the start of the
+// input gradient's all-reduce and its wait, where the unoverlapped order runs them after it.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/group.hpp"
@@ -144,6 +148,47 @@ TEST(TensorParallelOverlap, SequenceParallelBackwardHasBothCollectivesInFlight) 
                 : std::vector<std::string>{"start all_gather", "wait all_gather",
                                            "start reduce_scatter", "wait reduce_scatter"};
     for (int r = 0; r < 2; ++r) EXPECT_EQ(events[r], want) << "rank " << r << " overlap " << overlap;
+  }
+}
+
+// Where this thread's aten::mm calls go (a RecordFunction callback is a plain function pointer).
+// The CPU backward runs on the thread that calls backward(), i.e. the rank's own.
+thread_local std::vector<std::string>* mm_events = nullptr;
+
+std::unique_ptr<at::ObserverContext> record_mm(const at::RecordFunction& fn) {
+  if (mm_events && std::string_view(fn.name()) == "aten::mm") mm_events->push_back("mm");
+  return nullptr;
+}
+
+TEST(TensorParallelOverlap, InputGradientAllReduceRunsDuringTheWeightGradients) {
+  for (bool overlap : {true, false}) {
+    std::vector<std::vector<std::string>> events(2);
+    run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+      // A thread-local callback: added on the rank's own thread.
+      const auto callback = at::addThreadLocalCallback(
+          at::RecordFunctionCallback(record_mm).scopes({at::RecordScope::FUNCTION}));
+      auto rec = std::make_shared<RecordingGroup>(g);
+      at::Generator gen = at::detail::createCPUGenerator(3);
+      at::Tensor x = at::randn({2, 4, 8}, gen).requires_grad_();
+      const at::Tensor w1 = at::randn({6, 8}, gen).requires_grad_();
+      const at::Tensor w2 = at::randn({6, 8}, gen).requires_grad_();
+      const auto y = column_parallel_linears({w1, w2}, {}, x, rec, overlap);
+      rec->events.clear();
+      mm_events = &rec->events;
+      (y[0].sum() + y[1].sum()).backward();
+      mm_events = nullptr;
+      at::removeCallback(callback);
+      events[g->rank()] = rec->events;
+    });
+    // dX's two products, the all-reduce started, then dA's two products before (overlapped) or
+    // after (waited at once) its wait.
+    const std::vector<std::string> want =
+        overlap ? std::vector<std::string>{"mm", "mm", "start all_reduce",
+                                           "mm", "mm", "wait all_reduce"}
+                : std::vector<std::string>{"mm", "mm", "start all_reduce", "wait all_reduce",
+                                           "mm", "mm"};
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(events[r], want) << "rank " << r << " overlap " << overlap;
   }
 }
 

@@ -7,6 +7,8 @@
 #    between stages; the norms' gradients are partial per rank and each stage's engine sums them
 #    over tp (a norm gradient left partial, or summed twice, moves the norm at step 1 and the loss
 #    from step 2 on). A trainer.seq_len that does not split over tp is refused naming it.
+#    Interleaved 1F1B (P = 2 x v = 2 chunks, one layer each) with T = 2 and sequence parallelism
+#    too: P = 1's losses within 1e-5.
 #  - fp16 at P = 2 x T = 2 against fp16 at P = 1 x T = 1, DeepSpeed's dynamic loss scale from
 #    2^20 (here steps 3 and 4 overflow): the same steps skipped, the same loss scale at every
 #    step, the losses within 1e-4 relative (fp16 rounding in another order: the stages'
@@ -78,6 +80,11 @@ odd_seq() {
       "$out/oddseq.log"
 }
 check "a sequence that does not split over tp: refused naming trainer.seq_len" odd_seq
+check "interleaved P = 2 x v = 2 x T = 2 with sequence parallelism trains" run p2v2t2sp 4 \
+  "${p2t2sp[@]}" --set pipeline.schedule=interleaved --set pipeline.virtual_stages=2
+check "interleaved x T = 2 with sequence parallelism: each stage's chunks are shown" \
+  grep -q "stage 1 chunk 1 (virtual stage 3)" "$out/p2v2t2sp.log"
+check "interleaved x T = 2 with sequence parallelism: P = 1's losses" compare p1 p2v2t2sp loss 1e-5
 
 fp16=(--set fp16.enabled=true --set fp16.initial_scale_power=20 --set fp16.hysteresis=1
       --set fp16.loss_scale_window=2)

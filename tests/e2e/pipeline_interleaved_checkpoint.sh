@@ -9,6 +9,9 @@
 # states left at zero move the loss by 1e-3 or more). A 1F1B P = 2 save resumed interleaved
 # likewise. zero-consolidate puts the interleaved save together under the example GPT's names,
 # equal to the 1F1B run's step-3 save within 1e-5, and exports it as Hugging Face LLaMA.
+# Last, the 3D layout: P = 2 x v = 2 x T = 2 with sequence parallelism (4 processes) saves at step
+# 3 into save_dir/stage<s>/tp<r>/; resumed under 1F1B at P = 2 x T = 1, steps 4-6 give its losses
+# within 1e-6.
 set -euo pipefail
 train=$1
 src=$2
@@ -64,4 +67,15 @@ check "zero-consolidate puts the interleaved save together as the 1F1B run's wei
 check "zero-consolidate --format hf exports the interleaved save" \
   "$consolidate" --checkpoint "$out/a" --tag step3 --format hf --model tiny --out "$out/hf"
 check "... as a LlamaForCausalLM directory" test -f "$out/hf/config.json"
+
+check "P = 2 x v = 2 x T = 2 with sequence parallelism trains 6 steps, saving at step 3" \
+  launch tp 4 "${interleaved[@]}" --set tensor_parallel.autotp_size=2 \
+  --set tensor_parallel.sequence_parallel=true --set trainer.steps=6 \
+  --set "trainer.save_dir=$out/t" --set trainer.save_interval=3
+check "... each stage's tensor-parallel ranks saved apart" \
+  test -f "$out/t/stage1/tp1/step3/pipeline.json" -a -f "$out/t/stage0/tp0/step3/manifest.json"
+check "the interleaved P2 x T2 save resumes under 1F1B at P = 2 x T = 1 (steps 4-6)" \
+  launch tp_p2 2 --set pipeline.stages=2 --set trainer.steps=6 --set "trainer.save_dir=$out/t" \
+  --set trainer.resume=step3
+check "... with the uninterrupted run's losses" compare_losses tp tp_p2 1e-6 4 6
 summary

@@ -89,7 +89,8 @@ check "a plain save at P = 2: refused, naming the directory" plain_save
 # uninterrupted P2 x T2 run's within 1e-5 relative (tensor parallelism sums in another order:
 # the tolerance of tests/e2e/tensor_parallel.sh; a block read from the wrong rank's directory or
 # AdamW states left at zero move the loss by 1e-3 or more). zero-consolidate puts the P2 x T2
-# save together equal to the plain trainer's (P1 x T1) step-3 save above within 1e-5.
+# save together equal to the plain trainer's (P1 x T1) step-3 save above within 1e-5, and
+# exports it as a Hugging Face LLaMA directory.
 check "P = 2 x T = 2 trains 6 steps, saving at step 3" launch pt 4 --set pipeline.stages=2 \
   --set tensor_parallel.autotp_size=2 --set gradient_accumulation_steps=4 --set trainer.steps=6 \
   --set "trainer.save_dir=$out/pt" --set trainer.save_interval=3
@@ -111,4 +112,7 @@ check "zero-consolidate puts the P2 x T2 save together as the plain model's weig
 check "... a pipelined save of 2 stages under the example GPT's names" \
   grep -q "a pipelined save of 2 stages .*parameters under the example GPT's names" "$out/ptc.log"
 check "... equal to the plain trainer's step-3 save" same_weights plain pt 1e-5
+check "zero-consolidate --format hf exports the P2 x T2 save" \
+  "$consolidate" --checkpoint "$out/pt" --tag step3 --format hf --model tiny --out "$out/pthf"
+check "... as a LlamaForCausalLM directory" test -f "$out/pthf/config.json"
 summary
