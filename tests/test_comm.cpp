@@ -89,7 +89,8 @@ TEST(AgreeErrors, BeyondTheFirstFailingRanksOnlyTheirNumbersTravel) {
   const size_t more = failing.size() - Agreement::kMaxTexts;
   want += "; and " + std::to_string(more) + " more ranks failed (";
   for (size_t i = Agreement::kMaxTexts; i < failing.size(); ++i) {
-    want += (i > static_cast<size_t>(Agreement::kMaxTexts) ? ", " : "") + std::to_string(failing[i]);
+    want +=
+        (i > static_cast<size_t>(Agreement::kMaxTexts) ? ", " : "") + std::to_string(failing[i]);
   }
   want += ")";
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(got[r], want) << "rank " << r;

@@ -264,9 +264,9 @@ TEST(ErrorFeedbackHost, EveryRankRefusesWhenANodeCannotHoldTheResiduals) {
       EXPECT_NE(o[r].error.find("stage: 2"), std::string::npos) << o[r].error;
       EXPECT_NE(o[r].error.find("rank 0: "), std::string::npos) << o[r].error;
       EXPECT_NE(o[r].error.find("fp32"), std::string::npos) << o[r].error;
-      EXPECT_NE(o[r].error.find(format_bytes(need) + " per rank (" + std::to_string(need) +
-                                " bytes)"),
-                std::string::npos)
+      EXPECT_NE(
+          o[r].error.find(format_bytes(need) + " per rank (" + std::to_string(need) + " bytes)"),
+          std::string::npos)
           << o[r].error;
       EXPECT_EQ(o[r].device_added, 0) << "refused before allocating";
     }
@@ -324,10 +324,10 @@ TEST(ErrorFeedbackHost, AllocationFailingOnOneRankFailsOnEveryRankAtOnce) {
     const std::vector<Outcome> o = build({{room}, {room, 0, residual}}, at::kFloat);
     expect_every_rank_fails_alike_naming_rank_1(o);
     EXPECT_NE(o[0].error.find("cannot page-lock"), std::string::npos) << o[0].error;
-    EXPECT_NE(o[0].error.find("allocating " + format_bytes(kWorld * 1500 * 4) +
-                              " of page-locked host memory and " + format_bytes(staging) +
-                              " on fake:1"),
-              std::string::npos)
+    EXPECT_NE(
+        o[0].error.find("allocating " + format_bytes(kWorld * 1500 * 4) +
+                        " of page-locked host memory and " + format_bytes(staging) + " on fake:1"),
+        std::string::npos)
         << o[0].error;
   }
   EXPECT_EQ(fake::pinned_in_use_bytes(), pinned) << "every rank let go of its residuals";

@@ -228,9 +228,9 @@ TEST(FakeDeviceStage3Quantized, RoomCountsTheOffloadedOptimizerAllocatedAfterThe
   for (int rank = 0; rank < kWorld; ++rank) {
     std::printf("rank %d (room %lld B): %s\n", rank, static_cast<long long>(room),
                 refused[rank].c_str());
-    EXPECT_NE(refused[rank].find("offload_optimizer: " + format_bytes(states) +
-                                 " of optimizer states"),
-              std::string::npos)
+    EXPECT_NE(
+        refused[rank].find("offload_optimizer: " + format_bytes(states) + " of optimizer states"),
+        std::string::npos)
         << refused[rank];
     EXPECT_NE(refused[rank].find("x 2 ranks on this node (LOCAL_WORLD_SIZE)"), std::string::npos);
   }

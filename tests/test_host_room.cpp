@@ -28,7 +28,8 @@ constexpr int64_t kGiB = int64_t{1} << 30;
 
 class FakeHost {
  public:
-  FakeHost() : dir_(fs::temp_directory_path() / ("zero_test_host_room_" + std::to_string(::getpid()))) {
+  FakeHost()
+      : dir_(fs::temp_directory_path() / ("zero_test_host_room_" + std::to_string(::getpid()))) {
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "sys");
     files.meminfo = (dir_ / "meminfo").string();
@@ -140,7 +141,8 @@ TEST(HostRoom, RanksOnThisNodeFromTheLauncher) {
     env["SLURM_NODEID"] = std::to_string(node);
     const NodeRanks n = ranks_on_this_node(get);
     EXPECT_EQ(n.count, want[node]) << node;
-    if (n.count > 0) EXPECT_EQ(n.source, "SLURM_TASKS_PER_NODE at SLURM_NODEID " + env["SLURM_NODEID"]);
+    if (n.count > 0)
+      EXPECT_EQ(n.source, "SLURM_TASKS_PER_NODE at SLURM_NODEID " + env["SLURM_NODEID"]);
   }
   env["SLURM_NODEID"] = "2";
   env["SLURM_STEP_TASKS_PER_NODE"] = "3(x3)";  // the step's own list wins over the job's
@@ -168,7 +170,8 @@ TEST(HostRoom, RefusalStatesEveryFigureItAddedUp) {
   room.host.available = node - 1;
   const std::string e = host_room_error(room, "fp32", kGiB);
   for (const std::string& part :
-       {format_bytes(room.per_rank) + " per rank (" + std::to_string(room.per_rank) + " bytes) as fp32",
+       {format_bytes(room.per_rank) + " per rank (" + std::to_string(room.per_rank) +
+            " bytes) as fp32",
         format_bytes(5 * kGiB) + " of host memory after it (offload_optimizer: states)",
         "x 4 ranks on this node (LOCAL_WORLD_SIZE) = " + format_bytes(node),
         format_bytes(node - 1) + " available (MemAvailable of /proc/meminfo)",

@@ -125,8 +125,8 @@ HostMemory host_memory() {
 
 std::string host_room_error(const HostRoom& room, const std::string& store, int64_t int8_bytes) {
   if (room.fits()) return "";
-  const std::string ranks = " x " + std::to_string(room.local_ranks) + " ranks on this node (" +
-                            room.local_from + ")";
+  const std::string ranks =
+      " x " + std::to_string(room.local_ranks) + " ranks on this node (" + room.local_from + ")";
   std::string s =
       "zero_optimization.zero_quantized_gradients_error_feedback at ZeRO stage 3 "
       "keeps each rank's residual of the whole gradient in page-locked host memory: " +

@@ -61,8 +61,8 @@ struct HostRoom {
 };
 
 // "" when `room` fits; otherwise the refusal naming the figures, the keys and the fixes (without
-// the "zero: " prefix: it is one rank's part of the agreed error, quantized_reduce.cpp). `store` is the
-// residual's storage ("fp32", "bf16", "fp16", "int8"); `int8_bytes` the per-rank bytes that
+// the "zero: " prefix: it is one rank's part of the agreed error, quantized_reduce.cpp). `store` is
+// the residual's storage ("fp32", "bf16", "fp16", "int8"); `int8_bytes` the per-rank bytes that
 // int8 residuals would take.
 std::string host_room_error(const HostRoom& room, const std::string& store, int64_t int8_bytes);
 

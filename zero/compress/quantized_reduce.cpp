@@ -65,7 +65,7 @@ at::Tensor unpack_rows(const at::Tensor& recv, int64_t rows, int64_t n, int64_t 
 int64_t host_id() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0) return 0;
-  return static_cast<int64_t>(std::hash<std::string>{}(name) & INT64_MAX);
+  return static_cast<int64_t>(std::hash<std::string>{}(name)&INT64_MAX);
 }
 
 // This rank's verdict on its node's room for the page-locked residuals ("" when they fit). Every
@@ -83,9 +83,9 @@ std::string host_room_refusal(comm::Group& group, const std::vector<int64_t>& re
   room.later_what = s.host_later_what;
   room.host = host_memory();
   const int64_t mine = host_id();
-  const at::Tensor ids =
-      comm::gather_status(group, at::full({1}, mine, at::TensorOptions().dtype(at::kLong).device(device)),
-                          "the error-feedback host-memory check's host names");
+  const at::Tensor ids = comm::gather_status(
+      group, at::full({1}, mine, at::TensorOptions().dtype(at::kLong).device(device)),
+      "the error-feedback host-memory check's host names");
   const NodeRanks said = ranks_on_this_node();
   if (said.count > 0) {
     room.local_ranks = said.count;
