@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "comm/group.hpp"
 
@@ -55,11 +56,20 @@ std::string Agreement::errors(const std::string& error, const std::string& what)
   mine_.copy_(at::full({1}, static_cast<int64_t>(text.size()), at::kLong));
   g_.all_gather(all_, mine_, "all_gather of " + what + " status").wait();
   // The host read orders after the gather on a device (NCCL's wait() only orders the stream).
-  const at::Tensor lengths = all_.cpu();
+  const at::Tensor lengths = all_.cpu().contiguous();
+  const int64_t* length = lengths.data_ptr<int64_t>();
   std::string out;
+  int sent = 0;
+  std::vector<int> more;  // failing ranks past kMaxTexts: named, their texts not sent
   for (int r = 0; r < g_.size(); ++r) {
-    const int64_t n = lengths[r].item<int64_t>();
+    const int64_t n = length[r];
     if (n == 0) continue;
+    // Every rank has the same lengths, so every rank stops sending at the same rank.
+    if (sent == kMaxTexts) {
+      more.push_back(r);
+      continue;
+    }
+    ++sent;
     std::string got;
     for (int64_t off = 0; off < n; off += kChunkBytes) {
       const int64_t len = std::min(kChunkBytes, n - off);
@@ -72,6 +82,15 @@ std::string Agreement::errors(const std::string& error, const std::string& what)
       got.append(static_cast<const char*>(host.data_ptr()), static_cast<size_t>(len));
     }
     out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") + got;
+  }
+  if (!more.empty()) {
+    out += "; and " + std::to_string(more.size()) + " more rank" + (more.size() > 1 ? "s" : "") +
+           " failed (";
+    for (size_t i = 0; i < more.size() && i < kMaxNamedRanks; ++i) {
+      out += (i > 0 ? ", " : "") + std::to_string(more[i]);
+    }
+    if (more.size() > kMaxNamedRanks) out += ", ...";
+    out += ")";
   }
   return out;
 }

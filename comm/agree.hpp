@@ -36,12 +36,18 @@ class Agreement {
  public:
   static constexpr int64_t kChunkBytes = 512;
   static constexpr int64_t kMaxTextBytes = 4096;
+  // Texts sent: those of the first kMaxTexts failing ranks; the others are named by rank (the
+  // first kMaxNamedRanks), so that a failure on every rank of a large group (an out of memory
+  // in the same shapes) costs a few broadcasts, not 8 per rank (review 2026-12-07c L4).
+  static constexpr int kMaxTexts = 4;
+  static constexpr size_t kMaxNamedRanks = 32;
 
   Agreement(Group& g, const c10::Device& device);
   // `error`: this rank's verdict ("" = fine). Returns "" on every rank when every rank is fine;
   // else the same text on every rank: each failing rank's error as "rank r: <error>", joined by
-  // "; ". One all_gather (+ a broadcast per kChunkBytes of each failing rank's text); a group of
-  // size 1 has no collective. `what` names the collectives in errors.
+  // "; ", for the first kMaxTexts of them, then "and N more ranks failed (r, ...)". One
+  // all_gather (+ a broadcast per kChunkBytes of each text sent); a group of size 1 has no
+  // collective. `what` names the collectives in errors.
   std::string errors(const std::string& error, const std::string& what);
 
  private:

@@ -65,6 +65,37 @@ TEST(AgreeErrors, EveryRankGetsEveryFailingRanksTextInRankOrder) {
   EXPECT_EQ(agree_errors(*single, "oops", c10::kCPU, "a check"), "rank 0: oops");
 }
 
+// When more ranks fail than Agreement::kMaxTexts (an out of memory in the same shapes fails
+// every rank), only the first kMaxTexts texts travel and the others are named by rank: a few
+// broadcasts, not 8 per rank (review 2026-12-07c L4); every rank gets the same text.
+TEST(AgreeErrors, BeyondTheFirstFailingRanksOnlyTheirNumbersTravel) {
+  constexpr int kWorld = Agreement::kMaxTexts + 3;
+  std::vector<std::string> got(kWorld);
+  testing::run_ranks(kWorld, [&](std::shared_ptr<Group> g) {
+    const int r = g->rank();
+    // Rank 1 is fine; every other rank fails with its own text.
+    got[r] = agree_errors(*g, r == 1 ? "" : "out of memory on " + std::to_string(r), c10::kCPU,
+                          "a test check");
+  });
+  std::string want;
+  std::vector<int> failing;
+  for (int r = 0; r < kWorld; ++r) {
+    if (r != 1) failing.push_back(r);
+  }
+  for (int i = 0; i < Agreement::kMaxTexts; ++i) {
+    want += (i ? "; rank " : "rank ") + std::to_string(failing[i]) + ": out of memory on " +
+            std::to_string(failing[i]);
+  }
+  const size_t more = failing.size() - Agreement::kMaxTexts;
+  want += "; and " + std::to_string(more) + " more ranks failed (";
+  for (size_t i = Agreement::kMaxTexts; i < failing.size(); ++i) {
+    want +=
+        (i > static_cast<size_t>(Agreement::kMaxTexts) ? ", " : "") + std::to_string(failing[i]);
+  }
+  want += ")";
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(got[r], want) << "rank " << r;
+}
+
 TEST(LauncherEnv, NothingSetIsASingleProcess) {
   auto info = read({});
   EXPECT_EQ(info.world_size, 1);

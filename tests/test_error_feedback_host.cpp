@@ -9,8 +9,11 @@
 //  - the staging buffers are what the allocator counts and staging_bytes predicts, and a
 //    reduction's transient peak is no more than the device path's (no fp32 copy of the slot);
 //  - a node without room for its ranks' residuals: every rank refuses before allocating
-//    anything, naming the keys and the fix, also where only one rank lacks room (no rank waits
-//    for another), and LOCAL_WORLD_SIZE ranks share a node's room;
+//    anything, with the same text naming the keys and the fix, also where only one rank lacks
+//    room (no rank waits for another), and LOCAL_WORLD_SIZE ranks (or, unset, the group's ranks
+//    on the host) share a node's room;
+//  - an allocation after the agreed check that fails on one rank (page-locking, or a device
+//    staging buffer) fails every rank at once with the same error;
 //  - the planner counts the residual (host) and the staging buffers (device) from the config.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -25,10 +28,12 @@
 
 #include "comm/group.hpp"
 #include "support/fake_device.hpp"
+#include "support/scoped_env.hpp"
 #include "support/thread_group.hpp"
 #include "zero/compress/error_feedback.hpp"
 #include "zero/compress/host_room.hpp"
 #include "zero/compress/quantized_reduce.hpp"
+#include "zero/memory.hpp"
 #include "zero/memory_plan.hpp"
 
 namespace zero::compress {
@@ -165,19 +170,27 @@ TEST(ErrorFeedbackHost, StagingIsWhatTheAllocatorCountsAndNoFp32CopyOfTheSlot) {
 struct Outcome {
   std::string error;
   int64_t device_added = 0;
+  double seconds = 0;
 };
 
-// Builds the compressed reduction with host-resident residuals on every rank, each rank's host
-// offering available[rank] bytes; returns what each rank saw.
-std::vector<Outcome> build(const std::vector<int64_t>& available, at::ScalarType store) {
-  const int world = static_cast<int>(available.size());
+// What a rank is given to build with: its host's room, and where its allocations fail (0: never).
+struct Rank {
+  int64_t available = 0;
+  int64_t device_fails_from = 0;  // fake::fail_allocations_from on its device
+  int64_t pinned_fails_from = 0;  // fake::fail_pinned_from on its thread
+};
+
+// Builds the compressed reduction with host-resident residuals on every rank; returns what each
+// rank saw. The group's comm timeout is 60 s: a rank left waiting for a peer would take that.
+std::vector<Outcome> build(const std::vector<Rank>& ranks, at::ScalarType store) {
+  const int world = static_cast<int>(ranks.size());
   std::vector<Outcome> out(world);
   std::mutex mu;
   testing::run_ranks(
       world,
       [&](std::shared_ptr<comm::Group> group) {
         const int r = group->rank();
-        set_host_available_for_testing(available[r]);
+        set_host_available_for_testing(ranks[r].available);
         Settings s;
         s.enabled = true;
         s.block = kBlock;
@@ -185,7 +198,10 @@ std::vector<Outcome> build(const std::vector<int64_t>& available, at::ScalarType
         s.feedback_residence = Residence::kHost;
         Outcome o;
         const int64_t before = fake::allocated_bytes(r);
+        const auto t0 = std::chrono::steady_clock::now();
         try {
+          fake::fail_allocations_from(r, ranks[r].device_fails_from);
+          fake::fail_pinned_from(ranks[r].pinned_fails_from);
           QuantizedReduceScatter q(*group, s, {world * int64_t{1000}, world * int64_t{500}},
                                    fake::device(r));
           o.device_added = fake::allocated_bytes(r) - before;
@@ -193,6 +209,9 @@ std::vector<Outcome> build(const std::vector<int64_t>& available, at::ScalarType
           o.error = e.what();
           o.device_added = fake::allocated_bytes(r) - before;
         }
+        o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        fake::fail_allocations_from(r, 0);
+        fake::fail_pinned_from(0);
         set_host_available_for_testing(0);
         const std::lock_guard<std::mutex> lock(mu);
         out[r] = o;
@@ -201,10 +220,31 @@ std::vector<Outcome> build(const std::vector<int64_t>& available, at::ScalarType
   return out;
 }
 
+std::vector<Outcome> build(const std::vector<int64_t>& available, at::ScalarType store) {
+  std::vector<Rank> ranks;
+  for (int64_t a : available) ranks.push_back({a});
+  return build(ranks, store);
+}
+
 void expect_names_the_fix(const std::string& e) {
   for (const char* key : {"zero_quantized_gradients_error_feedback_dtype: int8",
-                          "zero_quantized_gradients_error_feedback: false", "stage: 2"}) {
+                          "zero_quantized_gradients_error_feedback: false"}) {
     EXPECT_NE(e.find(key), std::string::npos) << "missing '" << key << "' in: " << e;
+  }
+}
+
+// Every rank threw the same error, naming rank 1 only, well inside the comm timeout, and holds
+// nothing on its device afterwards.
+void expect_every_rank_fails_alike_naming_rank_1(const std::vector<Outcome>& o) {
+  for (size_t r = 0; r < o.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    std::printf("rank %zu failed after %.3f s: %s\n", r, o[r].seconds, o[r].error.c_str());
+    EXPECT_EQ(o[r].error, o[0].error);
+    EXPECT_NE(o[r].error.find("rank 1: "), std::string::npos) << o[r].error;
+    EXPECT_EQ(o[r].error.find("rank 0: "), std::string::npos) << o[r].error;
+    EXPECT_LT(o[r].seconds, 10.0) << "not the 60 s comm timeout";
+    EXPECT_EQ(o[r].device_added, 0) << "nothing left on the device";
+    expect_names_the_fix(o[r].error);
   }
 }
 
@@ -213,23 +253,28 @@ TEST(ErrorFeedbackHost, EveryRankRefusesWhenANodeCannotHoldTheResiduals) {
   // Per rank: residuals of 2 x 1500 elements, fp32.
   const int64_t need = kWorld * 1500 * 4;
   const int64_t pinned = fake::pinned_allocations();
+  // One rank per node, as the launcher says: the figures per rank are the node's.
+  const testing::ScopedEnv one("LOCAL_WORLD_SIZE", "1");
   {
     const std::vector<Outcome> o = build({need - 1, need - 1}, at::kFloat);
     for (int r = 0; r < kWorld; ++r) {
       std::printf("rank %d: %s\n", r, o[r].error.c_str());
       expect_names_the_fix(o[r].error);
+      EXPECT_EQ(o[r].error, o[0].error) << "the same text on every rank";
+      EXPECT_NE(o[r].error.find("stage: 2"), std::string::npos) << o[r].error;
+      EXPECT_NE(o[r].error.find("rank 0: "), std::string::npos) << o[r].error;
       EXPECT_NE(o[r].error.find("fp32"), std::string::npos) << o[r].error;
-      EXPECT_NE(o[r].error.find(std::to_string(need) + " bytes per rank"), std::string::npos);
+      EXPECT_NE(
+          o[r].error.find(format_bytes(need) + " per rank (" + std::to_string(need) + " bytes)"),
+          std::string::npos)
+          << o[r].error;
       EXPECT_EQ(o[r].device_added, 0) << "refused before allocating";
     }
   }
   EXPECT_EQ(fake::pinned_allocations(), pinned) << "nothing page-locked on the way";
   {
     // Only rank 1's node is short: rank 0 could allocate, but must not go on without it.
-    const std::vector<Outcome> o = build({need, need - 1}, at::kFloat);
-    expect_names_the_fix(o[1].error);
-    EXPECT_NE(o[0].error.find("1 of 2 ranks"), std::string::npos) << o[0].error;
-    expect_names_the_fix(o[0].error);
+    expect_every_rank_fails_alike_naming_rank_1(build({need, need - 1}, at::kFloat));
   }
   {
     // The fix it names: int8 residuals (1 + 4/64 bytes per element) fit where fp32 did not.
@@ -240,16 +285,60 @@ TEST(ErrorFeedbackHost, EveryRankRefusesWhenANodeCannotHoldTheResiduals) {
     }
   }
   {
-    // Room for one rank's, not for two: LOCAL_WORLD_SIZE ranks share the node.
+    // Room for one rank's, not for two: the ranks of a node share its room.
     const std::vector<Outcome> alone = build({need, need}, at::kFloat);
     EXPECT_EQ(alone[0].error, "");
     EXPECT_EQ(alone[0].device_added, 2 * kWorld * 1000 * 4) << "the two staging buffers";
-    setenv("LOCAL_WORLD_SIZE", "2", 1);
-    const std::vector<Outcome> shared = build({need, need}, at::kFloat);
-    unsetenv("LOCAL_WORLD_SIZE");
-    EXPECT_NE(shared[0].error.find("x 2 ranks on this node"), std::string::npos) << shared[0].error;
-    expect_names_the_fix(shared[1].error);
+    {
+      const testing::ScopedEnv two("LOCAL_WORLD_SIZE", "2");
+      const std::vector<Outcome> shared = build({need, need}, at::kFloat);
+      EXPECT_NE(shared[0].error.find("x 2 ranks on this node (LOCAL_WORLD_SIZE)"),
+                std::string::npos)
+          << shared[0].error;
+      expect_names_the_fix(shared[1].error);
+    }
+    // No launcher variable: not a silent 1, but this group's ranks on this host (both threads).
+    const testing::ScopedEnv unset("LOCAL_WORLD_SIZE", nullptr);
+    const testing::ScopedEnv no_ompi("OMPI_COMM_WORLD_LOCAL_SIZE", nullptr);
+    const testing::ScopedEnv no_slurm("SLURM_NTASKS_PER_NODE", nullptr);
+    const testing::ScopedEnv no_node("SLURM_NODEID", nullptr);
+    const std::vector<Outcome> guessed = build({need, need}, at::kFloat);
+    EXPECT_NE(guessed[0].error.find("x 2 ranks on this node (ranks of "), std::string::npos)
+        << guessed[0].error;
+    EXPECT_NE(guessed[0].error.find("other groups here are not counted"), std::string::npos);
   }
+}
+
+// The allocation after the agreed check fails on one rank alone (review 2026-12-07c L2): its
+// page-locked residuals (the host's page cache grew, a pinning limit), or a device staging
+// buffer (its allocator's cache). Every rank throws the same error naming that rank, the bytes
+// and the keys, within seconds, and gives back what it had allocated.
+TEST(ErrorFeedbackHost, AllocationFailingOnOneRankFailsOnEveryRankAtOnce) {
+  constexpr int kWorld = 2;
+  const testing::ScopedEnv one("LOCAL_WORLD_SIZE", "1");
+  const int64_t room = int64_t{1} << 30;
+  const int64_t residual = kWorld * 1000 * 4, staging = 2 * residual;
+  const int64_t pinned = fake::pinned_in_use_bytes();
+  {
+    // Page-locking the first residual (2000 elements, fp32) fails on rank 1.
+    const std::vector<Outcome> o = build({{room}, {room, 0, residual}}, at::kFloat);
+    expect_every_rank_fails_alike_naming_rank_1(o);
+    EXPECT_NE(o[0].error.find("cannot page-lock"), std::string::npos) << o[0].error;
+    EXPECT_NE(
+        o[0].error.find("allocating " + format_bytes(kWorld * 1500 * 4) +
+                        " of page-locked host memory and " + format_bytes(staging) + " on fake:1"),
+        std::string::npos)
+        << o[0].error;
+  }
+  EXPECT_EQ(fake::pinned_in_use_bytes(), pinned) << "every rank let go of its residuals";
+  {
+    // A staging buffer (2000 fp32 elements) does not fit rank 1's device.
+    const std::vector<Outcome> o = build({{room}, {room, residual, 0}}, at::kFloat);
+    expect_every_rank_fails_alike_naming_rank_1(o);
+    EXPECT_NE(o[0].error.find("out of memory"), std::string::npos) << o[0].error;
+    EXPECT_NE(o[0].error.find("reduce_bucket_size"), std::string::npos) << o[0].error;
+  }
+  EXPECT_EQ(fake::pinned_in_use_bytes(), pinned);
 }
 
 TEST(ErrorFeedbackHost, PlannerCountsResidualOnTheHostAndStagingOnTheDevice) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "support/fake_device.hpp"
+#include "support/scoped_env.hpp"
 #include "support/stage3_net.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
@@ -208,6 +209,33 @@ TEST(FakeDeviceStage3Quantized, EveryRankRefusesWhenTheHostCannotHoldTheResidual
   for (const std::string& e : initialize_errors(quantized_config(2, true, "fp32"), room)) {
     EXPECT_EQ(e, "") << "stage 2 keeps its residuals on the device";
   }
+}
+
+// Under optimizer offload the check counts what offload allocates after the residuals (review
+// 2026-12-07c L3): the host's room holds both ranks' residuals and optimizer states but not their
+// host gradient shards too, so initialize refuses, stating the states' bytes as the memory report
+// measures them; without offload the same room is enough.
+TEST(FakeDeviceStage3Quantized, RoomCountsTheOffloadedOptimizerAllocatedAfterTheResiduals) {
+  const ScopedEnv two("LOCAL_WORLD_SIZE", "2");
+  Config cfg = quantized_config(3, true, "fp32");
+  cfg.zero_optimization.offload_optimizer.enabled = true;
+  cfg.zero_optimization.offload_optimizer.threads = 1;
+  const MemoryReport r = train(cfg, true)[0].report;
+  const int64_t ef = r.error_feedback, states = r.measured.optimizer;
+  ASSERT_GT(states, 0) << "SGD with momentum keeps one state";
+  const int64_t room = 2 * (ef + states);
+  const std::vector<std::string> refused = initialize_errors(cfg, room);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::printf("rank %d (room %lld B): %s\n", rank, static_cast<long long>(room),
+                refused[rank].c_str());
+    EXPECT_NE(
+        refused[rank].find("offload_optimizer: " + format_bytes(states) + " of optimizer states"),
+        std::string::npos)
+        << refused[rank];
+    EXPECT_NE(refused[rank].find("x 2 ranks on this node (LOCAL_WORLD_SIZE)"), std::string::npos);
+  }
+  cfg.zero_optimization.offload_optimizer.enabled = false;
+  for (const std::string& e : initialize_errors(cfg, room)) EXPECT_EQ(e, "");
 }
 
 TEST(FakeDeviceStage3Quantized, TrainsAndSavesAsOnTheHost) {

@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "comm/counting_group.hpp"
+#include "support/scoped_env.hpp"
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/compress/node_layout.hpp"
@@ -254,26 +255,6 @@ TEST(NodeLayout, NodesFromGlobalRanks) {
     EXPECT_FALSE(flat.two_level().has_value());
   });
 }
-
-// Sets an environment variable for a scope (the engine reads LOCAL_WORLD_SIZE at initialize).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      ::setenv(name_.c_str(), old_.c_str(), 1);
-    } else {
-      ::unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 // The engine picks the hierarchical exchange by itself from LOCAL_WORLD_SIZE (2 ranks per node
 // of 4 thread ranks) and trains like single-process training within the bound error feedback

@@ -147,10 +147,20 @@ class CountingAllocator final : public c10::DeviceAllocator {
 // reuse (CachingHostAllocator's rule), and exact-size blocks are made on request, as
 // cudaHostAlloc makes them (the engine's page locker, device/pinned_host.hpp). Both are ordinary
 // host memory, counted, and known by address for is_pinned().
+thread_local int64_t t_pinned_fail_from = 0;  // see fail_pinned_from
+
+void check_pinned(size_t n) {
+  TORCH_CHECK(t_pinned_fail_from == 0 || static_cast<int64_t>(n) < t_pinned_fail_from,
+              "fake device: cannot page-lock ", n,
+              " bytes of host memory (the test fails page-locked allocations from ",
+              t_pinned_fail_from, ")");
+}
+
 class PinnedAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     if (n == 0) return {nullptr, nullptr, &release, c10::Device(DeviceType::CPU)};
+    check_pinned(n);
     const size_t size = c10::llvm::PowerOf2Ceil(n);
     void* p = nullptr;
     {
@@ -193,6 +203,7 @@ class PinnedAllocator final : public c10::Allocator {
   }
   // An exact-size block (the page locker's): not cached, given back at release.
   static void* allocate_exact(size_t n) {
+    check_pinned(n);
     void* p = c10::alloc_cpu(n);
     auto& a = get();
     std::lock_guard<std::mutex> lock(a.mu_);
@@ -529,6 +540,8 @@ int64_t pinned_allocations() { return PinnedAllocator::get().allocations(); }
 void fail_allocations_from(int index, int64_t bytes) {
   g_fail_from.at(static_cast<size_t>(index)).store(bytes);
 }
+
+void fail_pinned_from(int64_t bytes) { t_pinned_fail_from = bytes; }
 
 void set_event_delay(std::chrono::microseconds delay) { g_event_delay_us = delay.count(); }
 

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/group.hpp"
@@ -15,6 +16,17 @@ namespace zero::compress {
 // (Open MPI), SLURM_NTASKS_PER_NODE (Slurm, a plain number only); 0 when none is set.
 int local_world_size_from_env(const std::function<const char*(const char*)>& getenv);
 int local_world_size_from_env();
+
+// The ranks on this node as the launcher states them, and the variable that said so, for the
+// host-memory check (host_room.hpp): local_world_size_from_env's variables, and where Slurm's
+// nodes are uneven, this node's entry of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE
+// ("4(x2),2": 4, 4, 2 by SLURM_NODEID). count 0: none of them says.
+struct NodeRanks {
+  int count = 0;
+  std::string source;
+};
+NodeRanks ranks_on_this_node(const std::function<const char*(const char*)>& getenv);
+NodeRanks ranks_on_this_node();
 
 // The node of every rank of `group`: its global rank / local_world_size. torchrun, mpirun and
 // srun all number the ranks of a node consecutively (node k holds global ranks k*L .. k*L+L-1),

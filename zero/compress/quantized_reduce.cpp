@@ -2,11 +2,17 @@
 
 #include <ATen/ATen.h>
 
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <utility>
 
+#include "comm/agree.hpp"
 #include "zero/compress/host_room.hpp"
+#include "zero/memory.hpp"
 
 namespace zero::compress {
 
@@ -55,32 +61,106 @@ at::Tensor unpack_rows(const at::Tensor& recv, int64_t rows, int64_t n, int64_t 
   return blockwise_dequantize_rows(got, rows, n);
 }
 
-// Every rank checks its node's room for the page-locked residuals, then the ranks agree: one
-// that cannot allocate must not leave the others waiting in their first collective.
-void check_host_room(comm::Group& group, const std::vector<int64_t>& residuals, const Settings& s,
-                     const at::Device& device) {
+// This host's name as a number, so that ranks can count their peers on it with one gather.
+int64_t host_id() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return 0;
+  return static_cast<int64_t>(std::hash<std::string>{}(name)&INT64_MAX);
+}
+
+// This rank's verdict on its node's room for the page-locked residuals ("" when they fit). Every
+// rank runs its gather whatever its environment says, so the collectives pair; and every rank
+// reads the host's room before the gather, so before any rank of the node allocates.
+std::string host_room_refusal(comm::Group& group, const std::vector<int64_t>& residuals,
+                              const Settings& s, const at::Device& device) {
   HostRoom room;
   int64_t int8 = 0;
   for (int64_t n : residuals) {
     room.per_rank += residual_bytes(n, s.feedback_store, s.block);
     int8 += residual_bytes(n, at::kChar, s.block);
   }
-  room.local_ranks = std::max(1, local_world_size_from_env());
-  room.available = host_available_bytes();
-  const std::string mine = host_room_error(room, residual_store_name(s.feedback_store), int8);
-  at::Tensor refused =
-      at::full({1}, mine.empty() ? 0.0 : 1.0, at::TensorOptions().dtype(at::kFloat).device(device));
-  group.all_reduce_sum(refused, "all_reduce of the error-feedback host-memory check").wait();
-  const auto count = static_cast<int64_t>(refused.cpu().item<float>());
-  if (count == 0) return;
-  if (!mine.empty()) throw std::runtime_error(mine);
+  room.later = s.host_later;
+  room.later_what = s.host_later_what;
+  room.host = host_memory();
+  const int64_t mine = host_id();
+  const at::Tensor ids = comm::gather_status(
+      group, at::full({1}, mine, at::TensorOptions().dtype(at::kLong).device(device)),
+      "the error-feedback host-memory check's host names");
+  const NodeRanks said = ranks_on_this_node();
+  if (said.count > 0) {
+    room.local_ranks = said.count;
+    room.local_from = said.source;
+  } else {
+    // Not a silent 1: the ranks of this group that share the host name, which misses only ranks
+    // of other groups on the node (tensor or pipeline peers), as the error says.
+    room.local_ranks = static_cast<int>(ids.eq(mine).sum().item<int64_t>());
+    room.local_from = "ranks of " + group.name() +
+                      " on this host: no LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE or "
+                      "SLURM_NTASKS_PER_NODE says more, ranks of other groups here are not counted";
+  }
+  return host_room_error(room, residual_store_name(s.feedback_store), int8);
+}
+
+std::string without_backtrace(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+// The residuals, allocated by every rank or by none. On a device the allocation can fail on one
+// rank alone (its host's page cache or pinning limit, its allocator's cache), and a rank that
+// threw here alone would leave its peers waiting in their next collective until comm_timeout_s
+// (review 2026-12-07c L2): the ranks agree first on the host's room (Residence::kHost), then on
+// the allocation, and either all go on or all throw the same error. The agreement's few device
+// bytes are taken before, so that a rank whose device is full still takes part in it.
+std::unique_ptr<ErrorFeedback> make_feedback(comm::Group& group,
+                                             const std::vector<int64_t>& residuals,
+                                             const Settings& s, const at::Device& device) {
+  const auto make = [&] {
+    return std::make_unique<ErrorFeedback>(residuals, s.bits, s.block,
+                                           at::TensorOptions().device(device), s.feedback_store,
+                                           s.feedback_residence);
+  };
+  if (device.is_cpu()) return make();
+  const bool on_host = s.feedback_residence == Residence::kHost;
+  const std::string ranks = " (group " + group.name() + ": ";
+  comm::Agreement agreement(group, device);
+  if (on_host) {
+    const std::string all = agreement.errors(host_room_refusal(group, residuals, s, device),
+                                             "the error-feedback host-memory check");
+    if (!all.empty()) {
+      throw std::runtime_error(
+          "zero: the error-feedback residuals of ZeRO stage 3 do not fit in the page-locked host "
+          "memory of every node; no rank allocated them" +
+          ranks + all + ")");
+    }
+  }
+  int64_t host = 0;
+  for (int64_t n : residuals) host += residual_bytes(n, s.feedback_store, s.block);
+  const int64_t staging = on_host ? staging_bytes(residuals, s.feedback_store, s.block) : 0;
+  std::unique_ptr<ErrorFeedback> made;
+  std::string error;
+  try {
+    made = make();
+  } catch (const std::exception& e) {
+    error = on_host ? "allocating " + format_bytes(host) + " of page-locked host memory and " +
+                          format_bytes(staging) + " on " + device.str() + " (staging buffers): "
+                    : "allocating " + format_bytes(host) + " on " + device.str() + ": ";
+    error += without_backtrace(e);
+  }
+  const std::string all = agreement.errors(error, "the error-feedback allocation");
+  if (all.empty()) return made;
+  made.reset();
   throw std::runtime_error(
-      "zero: " + std::to_string(count) + " of " + std::to_string(group.size()) + " ranks of " +
-      group.name() +
-      " cannot page-lock their error-feedback residuals of ZeRO stage 3 (their error says how "
-      "much; this rank's node could): set zero_optimization."
-      "zero_quantized_gradients_error_feedback_dtype: int8, or "
-      "zero_quantized_gradients_error_feedback: false, or zero_optimization.stage: 2");
+      "zero: the error-feedback residuals (" + residual_store_name(s.feedback_store) +
+      ", zero_quantized_gradients_error_feedback_dtype) could not be allocated on every rank; "
+      "every rank let go of its own" +
+      ranks + all +
+      "). Fix: set zero_optimization.zero_quantized_gradients_error_feedback_dtype: int8 (about "
+      "1 byte per element), or a smaller zero_optimization.reduce_bucket_size (" +
+      (on_host ? "each of the two device staging buffers holds the largest bucket's slot"
+               : "less for the bucket buffers beside the residuals") +
+      "), or zero_quantized_gradients_error_feedback: false" +
+      (on_host ? ", or free host memory on that node, or fewer ranks per node" : ""));
 }
 
 }  // namespace
@@ -116,14 +196,7 @@ QuantizedReduceScatter::QuantizedReduceScatter(comm::Group& group, const Setting
     inter_ = group.split(local, node, base + "/across nodes, local rank " + std::to_string(local));
     for (int64_t n : slots) residuals.push_back(n / group.size() * nodes);
   }
-  if (s.error_feedback) {
-    if (s.feedback_residence == Residence::kHost && !device.is_cpu()) {
-      check_host_room(group, residuals, s, device);
-    }
-    feedback_ = std::make_unique<ErrorFeedback>(residuals, s.bits, s.block,
-                                                at::TensorOptions().device(device),
-                                                s.feedback_store, s.feedback_residence);
-  }
+  if (s.error_feedback) feedback_ = make_feedback(group, residuals, s, device);
 }
 
 comm::Work QuantizedReduceScatter::reduce_scatter(size_t slot, at::Tensor out, const at::Tensor& in,

@@ -51,6 +51,11 @@ struct Settings {
   // Where the residuals live between steps: on the gradients' device, or in host memory with
   // each reduction's slot staged (ZeRO stage 3 on an accelerator, error_feedback.hpp).
   Residence feedback_residence = Residence::kDevice;
+  // Residence::kHost: host bytes this rank allocates after the residuals (optimizer offload's
+  // states, host gradient shard and landing ring), which the host-memory check counts too, and
+  // what they are, for its error (host_room.hpp).
+  int64_t host_later = 0;
+  std::string host_later_what;
 };
 
 // Bytes one rank hands the all-to-all for a reduce-scatter of world x n elements: each of the
@@ -77,8 +82,10 @@ class QuantizedReduceScatter {
   // splits `group` into the node's group and the group across nodes (a collective: every rank
   // constructs it together). Residence::kHost on a device: before allocating, every rank checks
   // that its node can page-lock the residuals of its ranks (host_room.hpp) and the ranks agree
-  // (one all-reduce), so that when one cannot, every rank throws std::runtime_error naming the
-  // keys to change, and none goes on to wait for it.
+  // (comm::Agreement), so that when one cannot, every rank throws std::runtime_error naming the
+  // keys to change, and none goes on to wait for it. On a device the allocation itself is agreed
+  // on too: a rank whose page-locked or device allocation fails makes every rank throw the same
+  // error, naming it, the bytes and the keys (review 2026-12-07c L2).
   QuantizedReduceScatter(comm::Group& group, const Settings& s, const std::vector<int64_t>& slots,
                          const at::Device& device, const std::vector<int>& node_of = {});
 

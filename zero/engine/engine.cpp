@@ -18,6 +18,7 @@
 #include "zero/compress/node_layout.hpp"
 #include "zero/device.hpp"
 #include "zero/engine/engine_impl.hpp"
+#include "zero/memory.hpp"
 #include "zero/step/deepspeed_norm.hpp"
 #include "zero/units/unit_registry.hpp"
 
@@ -311,6 +312,16 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   // would undo that (review 2026-12-07a M2), so its residuals live in host memory, one slot
   // staged per reduction (error_feedback.hpp). On CPU nothing moves.
   if (impl->sharding.stage() == 3) so.compress.feedback_residence = compress::Residence::kHost;
+  // Their host-memory check counts what offload allocates after them (host_room.hpp).
+  if (impl->offload) {
+    const int64_t shard = impl->fp.layout.shard_numel();
+    const int64_t states = 4 * optimizer_state_count(c) * shard;
+    const int64_t grads = host_shard_bytes(shard, impl->fp.layout.chunk_numel(), so);
+    so.compress.host_later = states + grads;
+    so.compress.host_later_what = "offload_optimizer: " + format_bytes(states) +
+                                  " of optimizer states, " + format_bytes(grads) +
+                                  " of gradient shard and its landing ring";
+  }
   // The node of each data-parallel rank, from the launcher's ranks per node: the compressed
   // reduction goes within the node first when the group spans nodes (node_layout.hpp).
   if (qg.enabled && qg.hierarchical) {

@@ -107,6 +107,9 @@ std::unique_ptr<GradSink> make_host_shard(int64_t numel, int64_t chunk_numel,
                                           const GradSyncOptions& opts) {
   return std::make_unique<HostShard>(numel, chunk_numel, opts);
 }
+int64_t host_shard_bytes(int64_t numel, int64_t chunk_numel, const GradSyncOptions& opts) {
+  return 4 * numel + GradToHost::ring_bytes(chunk_numel, opts.comm_dtype);
+}
 std::unique_ptr<GradSink> make_shard_sink(const FlatLayout& layout, const GradSyncOptions& opts) {
   if (opts.host_shard) return make_host_shard(layout.shard_numel(), layout.chunk_numel(), opts);
   return make_device_shard(layout.shard_numel(), opts);

@@ -49,6 +49,9 @@ std::unique_ptr<GradSink> make_in_place_sink(const at::Tensor& acc);
 // copy engine as it arrives (GradToHost).
 std::unique_ptr<GradSink> make_host_shard(int64_t numel, int64_t chunk_numel,
                                           const GradSyncOptions& opts);
+// The host bytes make_host_shard allocates (the fp32 shard and GradToHost's landing ring), known
+// before it runs: what the error-feedback host-memory check counts (compress/host_room.hpp).
+int64_t host_shard_bytes(int64_t numel, int64_t chunk_numel, const GradSyncOptions& opts);
 // The sink `opts` asks for: host shard under offload, else a device shard.
 std::unique_ptr<GradSink> make_shard_sink(const FlatLayout& layout, const GradSyncOptions& opts);
 

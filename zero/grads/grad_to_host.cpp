@@ -124,6 +124,10 @@ int64_t GradToHost::pinned_bytes() const {
   return n;
 }
 
+int64_t GradToHost::ring_bytes(int64_t slot_numel, at::ScalarType comm_dtype) {
+  return kSlots * slot_numel * static_cast<int64_t>(c10::elementSize(comm_dtype));
+}
+
 int64_t GradToHost::bytes() const {
   int64_t n = 0;
   for (const auto& s : slots_) n += s.nbytes();

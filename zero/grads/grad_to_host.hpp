@@ -71,6 +71,8 @@ class GradToHost {
   // The page-locked staging ring: its tensors' bytes, and what the pinned allocator holds for them.
   int64_t bytes() const;
   int64_t pinned_bytes() const;
+  // bytes() of a GradToHost made with these arguments, before it is made.
+  static int64_t ring_bytes(int64_t slot_numel, at::ScalarType comm_dtype);
 
  private:
   Ticket send_direct(const at::Tensor& reduced, const at::Tensor& dst, bool add);

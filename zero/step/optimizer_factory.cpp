@@ -88,6 +88,12 @@ std::vector<int> param_group_of(const Config& cfg, const FlatLayout& layout) {
   return of;
 }
 
+int optimizer_state_count(const Config& cfg) {
+  const std::string type = lower(cfg.optimizer.type);
+  if (type == "adamw" || type == "adam") return 2;
+  return type == "sgd" && cfg.optimizer.momentum != 0 ? 1 : 0;
+}
+
 OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int owner,
                                const at::TensorOptions& opts) {
   const std::vector<int> group_of = param_group_of(cfg, layout);

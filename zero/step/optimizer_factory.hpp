@@ -28,6 +28,11 @@ struct OptimizerBundle {
 OptimizerBundle make_optimizer(const Config& cfg, const FlatLayout& layout, int owner,
                                const at::TensorOptions& opts);
 
+// The fp32 state tensors of a shard's size the optimizer keeps (AdamW 2, SGD with momentum 1,
+// else 0), known before it is made: what the error-feedback host-memory check counts under
+// optimizer offload. Unknown types are make_optimizer's to refuse: 0.
+int optimizer_state_count(const Config& cfg);
+
 // Per parameter of `layout`, the index of its optimizer.param_groups entry, -1 for none.
 std::vector<int> param_group_of(const Config& cfg, const FlatLayout& layout);
 
