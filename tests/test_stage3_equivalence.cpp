@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
+#include <cmath>
 #include <mutex>
 
 #include "support/stage3_net.hpp"
@@ -80,6 +82,8 @@ struct RunResult {
   std::vector<at::Tensor> params;   // flat_parameters() per rank
   std::vector<at::Tensor> masters;  // state_dict(master) flattened, per rank
   std::vector<int64_t> applied;     // optimizer steps applied (fp16: not skipped), per rank
+  // Per rank, each micro-step's loss on its micro-batch, in order.
+  std::vector<std::vector<double>> losses;
 };
 
 // Trains on `c.world` ranks at `stage`; at stage 3 also checks, after every step, what each
@@ -91,6 +95,7 @@ RunResult train(const Case& c, int stage) {
   out.params.resize(c.world);
   out.masters.resize(c.world);
   out.applied.resize(c.world);
+  out.losses.resize(c.world);
   run_ranks(c.world, [&](std::shared_ptr<comm::Group> group) {
     auto net = make_net(3, /*mark=*/true);
     auto engine = initialize(net, cfg, group);
@@ -103,7 +108,9 @@ RunResult train(const Case& c, int stage) {
         at::Tensor x = b.x;
         if (c.bf16) x = x.to(at::kBFloat16);
         if (c.fp16) x = x.to(at::kHalf);
-        engine.backward(mse(net->forward(x).to(at::kFloat), b.y));
+        const at::Tensor loss = mse(net->forward(x).to(at::kFloat), b.y);
+        out.losses[r].push_back(loss.item<double>());  // one rank per slot: no lock needed
+        engine.backward(loss);
         // On the CPU step() reports an fp16 skip at once (false at that boundary).
         const bool stepped = engine.step();
         if (c.scale_power <= 8 || m + 1 < c.accumulation) {
@@ -170,6 +177,13 @@ TEST_P(Stage3Equivalence, MatchesSingleProcessTrainingAndStage2) {
       EXPECT_LT(d3, 1e-6) << "rank " << r << " (stage 2: " << d2 << ")";
       EXPECT_LT(max_rel(s3.params[r], ref.params), 1e-6) << "rank " << r;
     }
+    // The losses: stage 3's equal stage 2's micro-step by micro-step on every rank.
+    ASSERT_EQ(s3.losses[r].size(), s2.losses[r].size());
+    for (size_t i = 0; i < s3.losses[r].size(); ++i) {
+      EXPECT_LE(std::abs(s3.losses[r][i] - s2.losses[r][i]),
+                (c.bf16 || c.fp16 ? 1e-3 : 1e-6) * std::abs(s2.losses[r][i]))
+          << "rank " << r << " micro-step " << i;
+    }
     // The compute-dtype parameters as the ranks see them.
     EXPECT_LT(max_rel(s3.params[r], s2.params[r]), c.bf16 || c.fp16 ? 1e-2 : 1e-6)
         << "rank " << r;
@@ -177,6 +191,20 @@ TEST_P(Stage3Equivalence, MatchesSingleProcessTrainingAndStage2) {
               << d3 << " (stage 2: " << d2 << "), vs stage 2 "
               << max_rel(s3.masters[r], s2.masters[r]) << "\n";
   }
+  // Each step's loss on the global batch: the mean of the ranks' micro-batch losses (equal
+  // sizes), against the single process's (fp32: within 1e-6 relative).
+  double worst = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    double sum = 0;
+    for (int r = 0; r < c.world; ++r) {
+      for (int m = 0; m < c.accumulation; ++m) sum += s3.losses[r][s * c.accumulation + m];
+    }
+    const double mean = sum / (c.world * c.accumulation);
+    worst = std::max(worst, std::abs(mean - ref.losses[s]) / std::abs(ref.losses[s]));
+  }
+  std::cerr << "stage3 " << name_of({c, 0}) << ": losses vs reference, max rel diff " << worst
+            << "\n";
+  if (!c.bf16 && !c.fp16) EXPECT_LT(worst, 1e-6);
   // Training moved the parameters, so agreement is not trivial.
   EXPECT_GT((ref.params - flatten(*make_net(3, false))).abs().max().item<double>(), 1e-2);
   if (c.clip > 0) EXPECT_GT(ref.grad_norms.front(), c.clip);
