@@ -151,8 +151,9 @@ TEST(FakeDeviceStage3Checkpointing, OffloadedRecomputedUnitsMatchSingleProcessTr
     Config cfg = test_config(3, kGlobalRows / (world * 2), 2, 0.3);
     cfg.zero_optimization.stage3.param_persistence_threshold = 0;
     auto ref_net = make_stage3_net(3, /*mark=*/false);
-    const ReferenceResult ref = train_reference(
-        cfg, kSteps, kGlobalRows, *ref_net, [&](const at::Tensor& x) { return ref_net->forward(x); });
+    const ReferenceResult ref =
+        train_reference(cfg, kSteps, kGlobalRows, *ref_net,
+                        [&](const at::Tensor& x) { return ref_net->forward(x); });
     const EventDelay delay(std::chrono::microseconds(500));
     std::mutex mu;
     std::vector<at::Tensor> got(world);
@@ -190,10 +191,11 @@ TEST(FakeDeviceStage3Checkpointing, OffloadedRecomputedUnitsMatchSingleProcessTr
     for (int r = 0; r < world; ++r) {
       const double rel =
           ((got[r] - ref.params).abs().max() / ref.params.abs().max()).item<double>();
-      std::printf("checkpointed + offloaded, world %d rank %d: max rel diff vs one process %.3g, "
-                  "%lld block inputs offloaded, %lld fetched\n",
-                  world, r, rel, static_cast<long long>(stats[r].offloaded),
-                  static_cast<long long>(stats[r].fetched));
+      std::printf(
+          "checkpointed + offloaded, world %d rank %d: max rel diff vs one process %.3g, "
+          "%lld block inputs offloaded, %lld fetched\n",
+          world, r, rel, static_cast<long long>(stats[r].offloaded),
+          static_cast<long long>(stats[r].fetched));
       EXPECT_LT(rel, 1e-6) << "world " << world << " rank " << r;
       // Every block's input of every micro-step went to the host and came back.
       EXPECT_EQ(stats[r].offloaded, kSteps * 2 * kStage3Blocks) << "rank " << r;

@@ -166,8 +166,8 @@ TEST_P(Stage3Equivalence, MatchesSingleProcessTrainingAndStage2) {
     EXPECT_EQ(s3.applied[r], kSteps) << "rank " << r;
     EXPECT_EQ(s2.applied[r], kSteps) << "rank " << r;
     if (c.bf16 || c.fp16) {
-      // bf16 / fp16 activations and gradients against an fp32 reference: stage 3 is held to what stage 2
-      // measures against it on the same config.
+      // bf16 / fp16 activations and gradients against an fp32 reference: stage 3 is held to what
+      // stage 2 measures against it on the same config.
       EXPECT_LE(d3, 1.5 * d2 + 1e-6) << "rank " << r << ": stage 2 measured " << d2;
       // bf16 gradients (grad_accum_dtype bf16, DeepSpeed's default) are rounded where buckets
       // end, and stage 3 closes a bucket at every unit; AdamW turns such roundings of ~0
@@ -185,8 +185,7 @@ TEST_P(Stage3Equivalence, MatchesSingleProcessTrainingAndStage2) {
           << "rank " << r << " micro-step " << i;
     }
     // The compute-dtype parameters as the ranks see them.
-    EXPECT_LT(max_rel(s3.params[r], s2.params[r]), c.bf16 || c.fp16 ? 1e-2 : 1e-6)
-        << "rank " << r;
+    EXPECT_LT(max_rel(s3.params[r], s2.params[r]), c.bf16 || c.fp16 ? 1e-2 : 1e-6) << "rank " << r;
     std::cerr << "stage3 " << name_of({c, 0}) << " rank " << r << ": max rel diff vs reference "
               << d3 << " (stage 2: " << d2 << "), vs stage 2 "
               << max_rel(s3.masters[r], s2.masters[r]) << "\n";
