@@ -43,7 +43,7 @@ TEST(Config, StageThreeLoadsAndRefusesWhatItDoesNotSupportYet) {
 
 // ZeRO-3's keys are read with DeepSpeed's defaults, aliases and checks (config.py
 // DeepSpeedZeroConfig), kept for stage 3, and warned about below it, where DeepSpeed ignores
-// them too; stage 3 itself stays refused.
+// them too.
 TEST(Config, StageThreeKeysHaveDeepSpeedsDefaults) {
   const auto z3 = load("zero_optimization: {stage: 2}\n").zero_optimization.stage3;
   EXPECT_EQ(z3.prefetch_bucket_size, 50'000'000);

@@ -23,6 +23,7 @@
 #include "support/thread_group.hpp"
 #include "support/timed.hpp"
 #include "support/tiny_net.hpp"
+#include "zero/activation_checkpointing.hpp"
 #include "zero/engine.hpp"
 #include "zero/memory.hpp"
 #include "zero/sharding.hpp"
@@ -49,6 +50,26 @@ struct Case {
 
 class FakeDeviceStage3 : public ::testing::TestWithParam<Case> {};
 
+// What the fake ranks are held to: the unmarked net trained in one process on the host.
+ReferenceResult one_process(const Config& cfg) {
+  auto ref_net = make_stage3_net(3, /*mark=*/false);
+  return train_reference(cfg, kSteps, kGlobalRows, *ref_net,
+                         [&](const at::Tensor& x) { return ref_net->forward(x); });
+}
+
+// Each rank's final parameters (`got`, on the host) within 1e-6 of `ref` (max abs diff over max
+// abs, printed after `label`), and training moved them, so agreement is not trivial.
+void expect_one_process(const std::vector<at::Tensor>& got, const ReferenceResult& ref,
+                        const std::string& label) {
+  for (size_t r = 0; r < got.size(); ++r) {
+    ASSERT_EQ(got[r].numel(), ref.params.numel());
+    const double rel = ((got[r] - ref.params).abs().max() / ref.params.abs().max()).item<double>();
+    std::printf("%s rank %zu: max rel diff vs one process %.3g\n", label.c_str(), r, rel);
+    EXPECT_LT(rel, 1e-6) << label << " rank " << r;
+  }
+  EXPECT_GT((ref.params - flatten(*make_stage3_net(3, false))).abs().max().item<double>(), 1e-2);
+}
+
 TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
   const Case c = GetParam();
   Config cfg = test_config(3, kGlobalRows / (c.world * c.accumulation), c.accumulation, 0.3);
@@ -61,10 +82,7 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
   cfg.zero_optimization.stage3.param_persistence_threshold = 0;
   cfg.zero_optimization.offload_optimizer.enabled = c.offload;
   cfg.zero_optimization.offload_optimizer.threads = 2;
-  auto ref_net = make_stage3_net(3, /*mark=*/false);
-  const ReferenceResult ref = train_reference(
-      cfg, kSteps, kGlobalRows, *ref_net, [&](const at::Tensor& x) { return ref_net->forward(x); });
-
+  const ReferenceResult ref = one_process(cfg);
   const EventDelay delay(std::chrono::microseconds(500));
   std::mutex mu;
   std::vector<at::Tensor> got(c.world);
@@ -119,14 +137,9 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
         got[r] = flat.cpu();
       },
       std::chrono::seconds(60), fake::device().type());
-  for (int r = 0; r < c.world; ++r) {
-    ASSERT_EQ(got[r].numel(), ref.params.numel());
-    const double rel = ((got[r] - ref.params).abs().max() / ref.params.abs().max()).item<double>();
-    std::printf("world %d %s ga %d%s rank %d: max rel diff vs one process %.3g\n", c.world,
-                c.optimizer, c.accumulation, c.offload ? " offload" : "", r, rel);
-    EXPECT_LT(rel, 1e-6) << "rank " << r;
-  }
-  EXPECT_GT((ref.params - flatten(*make_stage3_net(3, false))).abs().max().item<double>(), 1e-2);
+  expect_one_process(got, ref,
+                     "world " + std::to_string(c.world) + " " + c.optimizer + " ga " +
+                         std::to_string(c.accumulation) + (c.offload ? " offload" : ""));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndOptimizers, FakeDeviceStage3,
@@ -140,6 +153,59 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndOptimizers, FakeDeviceStage3,
                                   i.param.optimizer + "_ga" + std::to_string(i.param.accumulation) +
                                   (i.param.offload ? "_offload" : "");
                          });
+
+// Stage 3 with activation checkpointing and CPU activation offload (cpu_checkpointing) on the
+// fake device: each marked block checkpointed around its run_unit, its saved input copied to
+// host memory through the copy stream (events completing late), recomputed in backward with the
+// unit gathered again. Against single-process training on the host, as the cases above.
+TEST(FakeDeviceStage3Checkpointing, OffloadedRecomputedUnitsMatchSingleProcessTraining) {
+  for (const int world : {2, 4}) {
+    Config cfg = test_config(3, kGlobalRows / (world * 2), 2, 0.3);
+    cfg.zero_optimization.stage3.param_persistence_threshold = 0;
+    const ReferenceResult ref = one_process(cfg);
+    const EventDelay delay(std::chrono::microseconds(500));
+    std::mutex mu;
+    std::vector<at::Tensor> got(world);
+    std::vector<OffloadStats> stats(world);
+    run_ranks(
+        world,
+        [&](std::shared_ptr<comm::Group> group) {
+          const int r = group->rank();
+          const c10::Device d = fake::device(r);
+          auto net = make_stage3_net(3, /*mark=*/true);
+          net->to(d);
+          auto engine = initialize(net, cfg, group);
+          ActivationOffloader offloader;
+          CheckpointOptions ckpt;
+          ckpt.offload = &offloader;
+          for (int s = 0; s < kSteps; ++s) {
+            const Batch global = global_batch(s, kGlobalRows);
+            for (int m = 0; m < 2; ++m) {
+              const Batch b = rank_micro_batch(global, r, world, m, 2);
+              at::Tensor h = at::tanh(net->inp(b.x.to(d)));
+              h = net->body->forward(h, &ckpt);
+              engine.backward(mse(net->head(h), b.y.to(d)));
+              engine.step();
+              EXPECT_EQ(net->body->block_module(0).fc->weight.storage().nbytes(), 0u);
+            }
+          }
+          offloader.synchronize();
+          at::Tensor flat = engine.flat_parameters().cpu();
+          std::lock_guard<std::mutex> lock(mu);
+          got[r] = flat;
+          stats[r] = offloader.stats();
+        },
+        std::chrono::seconds(60), fake::device().type());
+    ASSERT_FALSE(HasFailure());
+    expect_one_process(got, ref, "checkpointed + offloaded, world " + std::to_string(world));
+    for (int r = 0; r < world; ++r) {
+      // Every block's input of every micro-step went to the host and came back.
+      EXPECT_EQ(stats[r].offloaded, kSteps * 2 * kStage3Blocks) << "rank " << r;
+      EXPECT_EQ(stats[r].fetched, kSteps * 2 * kStage3Blocks) << "rank " << r;
+      EXPECT_EQ(stats[r].device_bytes_kept, 0) << "rank " << r;
+    }
+  }
+}
 
 // Memory per phase at N = 4. Six wide marked blocks (256 x 256 + 3 x 256 fp32 each) and a small
 // root unit (the head): the blocks are 99.7 % of the model, so a rank's parameters should come

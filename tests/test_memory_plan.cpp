@@ -148,6 +148,50 @@ TEST(MemoryPlan, StartupPeakIsTheLargerOfFlatteningAndTheStates) {
   EXPECT_GT(plan_startup_peak(in, 2), plan_model_states(in, 2).total());
 }
 
+// The start-up peak is a device figure: what lives in host memory is not in it. Stage 3 keeps
+// its error-feedback residual (Ψ fp32 elements: 4Ψ, the whole gradient) in page-locked host
+// memory; under optimizer offload the master, the states and the gradient shard are there too.
+TEST(MemoryPlan, StartupPeakLeavesHostMemoryOut) {
+  const int64_t psi = kLlama7b, shard = psi / 8;
+  PlanInput q = llama7b(8);  // bf16, AdamW
+  q.quantized_bits = 8;
+  q.error_feedback_store_bytes = 4;
+  const MemoryBreakdown st = plan_model_states(q, 3);
+  const int64_t residual = 4 * psi;
+  ASSERT_EQ(error_feedback_bytes(q, 3), residual);
+  ASSERT_EQ(plan_host_states(q, 3), residual);
+  // The device: the root whole, the bf16 shard, the fp32 master and AdamW's two states (2 + 4 +
+  // 8 bytes per element of the 1/8 shard), and the residual's two device staging buffers.
+  const int64_t params = 2 * stage3_root_params(q) + 2 * shard;
+  ASSERT_EQ(st.params, params);
+  const int64_t device = params + 4 * shard + 8 * shard + error_feedback_staging_bytes(q, 3);
+  EXPECT_EQ(st.total() - residual, device);
+  // Flattening an eager model: the user's fp32 model, the bf16 root and shard, the fp32 master
+  // and one fp32 staging bucket.
+  const int64_t flatten = 4 * psi + params + 4 * shard + 4 * max_bucket_elements(q);
+  EXPECT_EQ(plan_startup_peak(q, 3), std::max(flatten, device));
+  // Before, the residual counted: the figure was the whole model states, host part included.
+  EXPECT_LT(plan_startup_peak(q, 3), st.total());
+  // Without compression nothing changes: the steady states have no host part.
+  PlanInput plain = llama7b(8);
+  const MemoryBreakdown p3 = plan_model_states(plain, 3);
+  EXPECT_EQ(plan_host_states(plain, 3), 0);
+  EXPECT_EQ(plan_startup_peak(plain, 3),
+            std::max(4 * psi + p3.params + p3.master + 4 * max_bucket_elements(plain), p3.total()));
+  // Optimizer offload at stages 1-3: the master is allocated in host memory, not beside the flat
+  // buffer, and the device's steady states are the parameters and the bucket buffers.
+  PlanInput off = llama7b(8);
+  off.offload_optimizer = true;
+  for (int s = 1; s < 4; ++s) {
+    const MemoryBreakdown o = plan_model_states(off, s);
+    const int64_t on_device = o.total() - plan_host_states(off, s);
+    EXPECT_EQ(plan_startup_peak(off, s),
+              std::max(4 * psi + o.params + 4 * max_bucket_elements(off), on_device))
+        << "stage " << s;
+    EXPECT_LT(plan_startup_peak(off, s), 4 * psi + o.params + o.master) << "stage " << s;
+  }
+}
+
 TEST(MemoryPlan, BlockActivationsMatchAHandCount) {
   // b = 2, s = 64, h = 128, a = 4, f = 352: sb = 128, sbh = 16384, sbf = 45056.
   // bf16: 24·sbh = 393216, 8·sbf = 360448, log-sum-exp 4·a·sb = 2048, rsqrt 8·sb = 1024.

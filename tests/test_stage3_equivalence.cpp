@@ -1,7 +1,8 @@
 // ZeRO stage 3 (parameters sharded, each zero::shard-marked block gathered on use) on 2 and 4
 // real gloo ranks (threads) against single-process training on the concatenated batch with
 // torch's own optimizers and clip_grad_norm_, and against stage 2 on the same config: the same
-// parameters after K steps, with accumulation and clipping. Between steps a marked block holds
+// parameters after K steps, with accumulation and clipping; in fp32, bf16 and fp16 (loss scaling,
+// fp32 masters; an overflow skips the same steps as stage 2). Between steps a marked block holds
 // no parameter bytes; the root unit (the input and head layers, and the small parameters kept
 // whole by stage3_param_persistence_threshold) is whole.
 #include <ATen/ATen.h>
@@ -9,6 +10,8 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
+#include <cmath>
 #include <mutex>
 
 #include "support/stage3_net.hpp"
@@ -38,6 +41,10 @@ struct Case {
   bool bf16 = false;
   // zero_optimization.offload_optimizer: {device: cpu}, at stage 3 and at stage 2 alike.
   bool offload = false;
+  // fp16 with dynamic loss scaling and fp32 masters, from 2^scale_power (2^8: no step of these
+  // is skipped).
+  bool fp16 = false;
+  int scale_power = 8;
 };
 
 std::string name_of(const ::testing::TestParamInfo<Case>& info) {
@@ -45,11 +52,13 @@ std::string name_of(const ::testing::TestParamInfo<Case>& info) {
   return "world" + std::to_string(c.world) + (c.sgd ? "_sgd" : "_adamw") + "_ga" +
          std::to_string(c.accumulation) + (c.clip > 0 ? "_clip" : "") +
          (c.persistence > 0 ? "_persist" + std::to_string(c.persistence) : "") +
-         (c.bf16 ? "_bf16" : "") + (c.offload ? "_offload" : "");
+         (c.bf16 ? "_bf16" : "") + (c.offload ? "_offload" : "") + (c.fp16 ? "_fp16" : "");
 }
 
 constexpr int kSteps = 3;
 constexpr int64_t kGlobalRows = 48;
+// fp16's first loss scale, 2^kOverflowPower, overflows these gradients in the first step(s).
+constexpr int kOverflowPower = 18;
 
 Config case_config(const Case& c, int stage) {
   Config cfg = test_config(stage, kGlobalRows / (c.world * c.accumulation), c.accumulation, c.clip);
@@ -61,6 +70,9 @@ Config case_config(const Case& c, int stage) {
   }
   cfg.zero_optimization.stage3.param_persistence_threshold = c.persistence;
   cfg.bf16 = c.bf16;
+  cfg.fp16.enabled = c.fp16;
+  cfg.fp16.initial_scale_power = c.scale_power;
+  cfg.fp16.hysteresis = 1;
   cfg.zero_optimization.offload_optimizer.enabled = c.offload;
   cfg.zero_optimization.offload_optimizer.threads = 2;
   return cfg;
@@ -69,6 +81,9 @@ Config case_config(const Case& c, int stage) {
 struct RunResult {
   std::vector<at::Tensor> params;   // flat_parameters() per rank
   std::vector<at::Tensor> masters;  // state_dict(master) flattened, per rank
+  std::vector<int64_t> applied;     // optimizer steps applied (fp16: not skipped), per rank
+  // Per rank, each micro-step's loss on its micro-batch, in order.
+  std::vector<std::vector<double>> losses;
 };
 
 // Trains on `c.world` ranks at `stage`; at stage 3 also checks, after every step, what each
@@ -79,6 +94,8 @@ RunResult train(const Case& c, int stage) {
   RunResult out;
   out.params.resize(c.world);
   out.masters.resize(c.world);
+  out.applied.resize(c.world);
+  out.losses.resize(c.world);
   run_ranks(c.world, [&](std::shared_ptr<comm::Group> group) {
     auto net = make_net(3, /*mark=*/true);
     auto engine = initialize(net, cfg, group);
@@ -90,8 +107,15 @@ RunResult train(const Case& c, int stage) {
         Batch b = rank_micro_batch(global, r, c.world, m, c.accumulation);
         at::Tensor x = b.x;
         if (c.bf16) x = x.to(at::kBFloat16);
-        engine.backward(mse(net->forward(x).to(at::kFloat), b.y));
-        EXPECT_EQ(engine.step(), m == c.accumulation - 1);
+        if (c.fp16) x = x.to(at::kHalf);
+        const at::Tensor loss = mse(net->forward(x).to(at::kFloat), b.y);
+        out.losses[r].push_back(loss.item<double>());  // one rank per slot: no lock needed
+        engine.backward(loss);
+        // On the CPU step() reports an fp16 skip at once (false at that boundary).
+        const bool stepped = engine.step();
+        if (c.scale_power <= 8 || m + 1 < c.accumulation) {
+          EXPECT_EQ(stepped, m == c.accumulation - 1);
+        }
         if (stage != 3) continue;
         // Between steps (and micro-steps) nothing of a marked block is gathered.
         for (size_t i = 0; i < net->body->size(); ++i) {
@@ -112,6 +136,7 @@ RunResult train(const Case& c, int stage) {
     std::lock_guard<std::mutex> lock(mu);
     out.params[r] = flat;
     out.masters[r] = at::cat(parts).to(at::kFloat);
+    out.applied[r] = engine.settled_stats().optimizer_steps;
   });
   return out;
 }
@@ -136,9 +161,13 @@ TEST_P(Stage3Equivalence, MatchesSingleProcessTrainingAndStage2) {
   for (int r = 0; r < c.world; ++r) {
     ASSERT_EQ(s3.params[r].numel(), ref.params.numel());
     const double d2 = max_rel(s2.masters[r], ref.params), d3 = max_rel(s3.masters[r], ref.params);
-    if (c.bf16) {
-      // bf16 activations and gradients against an fp32 reference: stage 3 is held to what stage 2
-      // measures against it on the same config.
+    // fp16: every step applied at both stages (a skipped step would make the comparison with
+    // the reference, which skips none, meaningless).
+    EXPECT_EQ(s3.applied[r], kSteps) << "rank " << r;
+    EXPECT_EQ(s2.applied[r], kSteps) << "rank " << r;
+    if (c.bf16 || c.fp16) {
+      // bf16 / fp16 activations and gradients against an fp32 reference: stage 3 is held to what
+      // stage 2 measures against it on the same config.
       EXPECT_LE(d3, 1.5 * d2 + 1e-6) << "rank " << r << ": stage 2 measured " << d2;
       // bf16 gradients (grad_accum_dtype bf16, DeepSpeed's default) are rounded where buckets
       // end, and stage 3 closes a bucket at every unit; AdamW turns such roundings of ~0
@@ -148,12 +177,33 @@ TEST_P(Stage3Equivalence, MatchesSingleProcessTrainingAndStage2) {
       EXPECT_LT(d3, 1e-6) << "rank " << r << " (stage 2: " << d2 << ")";
       EXPECT_LT(max_rel(s3.params[r], ref.params), 1e-6) << "rank " << r;
     }
+    // The losses: stage 3's equal stage 2's micro-step by micro-step on every rank.
+    ASSERT_EQ(s3.losses[r].size(), s2.losses[r].size());
+    for (size_t i = 0; i < s3.losses[r].size(); ++i) {
+      EXPECT_LE(std::abs(s3.losses[r][i] - s2.losses[r][i]),
+                (c.bf16 || c.fp16 ? 1e-3 : 1e-6) * std::abs(s2.losses[r][i]))
+          << "rank " << r << " micro-step " << i;
+    }
     // The compute-dtype parameters as the ranks see them.
-    EXPECT_LT(max_rel(s3.params[r], s2.params[r]), c.bf16 ? 1e-2 : 1e-6) << "rank " << r;
+    EXPECT_LT(max_rel(s3.params[r], s2.params[r]), c.bf16 || c.fp16 ? 1e-2 : 1e-6) << "rank " << r;
     std::cerr << "stage3 " << name_of({c, 0}) << " rank " << r << ": max rel diff vs reference "
               << d3 << " (stage 2: " << d2 << "), vs stage 2 "
               << max_rel(s3.masters[r], s2.masters[r]) << "\n";
   }
+  // Each step's loss on the global batch: the mean of the ranks' micro-batch losses (equal
+  // sizes), against the single process's (fp32: within 1e-6 relative).
+  double worst = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    double sum = 0;
+    for (int r = 0; r < c.world; ++r) {
+      for (int m = 0; m < c.accumulation; ++m) sum += s3.losses[r][s * c.accumulation + m];
+    }
+    const double mean = sum / (c.world * c.accumulation);
+    worst = std::max(worst, std::abs(mean - ref.losses[s]) / std::abs(ref.losses[s]));
+  }
+  std::cerr << "stage3 " << name_of({c, 0}) << ": losses vs reference, max rel diff " << worst
+            << "\n";
+  if (!c.bf16 && !c.fp16) EXPECT_LT(worst, 1e-6);
   // Training moved the parameters, so agreement is not trivial.
   EXPECT_GT((ref.params - flatten(*make_net(3, false))).abs().max().item<double>(), 1e-2);
   if (c.clip > 0) EXPECT_GT(ref.grad_norms.front(), c.clip);
@@ -169,7 +219,11 @@ INSTANTIATE_TEST_SUITE_P(
         // uploaded into each unit's compute shard.
         Case{2, false, 2, 0.3, 0, false, true}, Case{4, true, 2, 0.3, 0, false, true},
         Case{2, true, 1, 0, kWidth, false, true}, Case{4, false, 1, 0.3, kWidth, false, true},
-        Case{2, false, 2, 0.3, 0, true, true}, Case{4, true, 1, 0.3, kWidth, true, true}),
+        Case{2, false, 2, 0.3, 0, true, true}, Case{4, true, 1, 0.3, kWidth, true, true},
+        // fp16 with loss scaling, fp32 masters: held to stage 2 as bf16 is.
+        Case{2, false, 2, 0.3, 0, false, false, true},
+        Case{4, true, 1, 0.3, kWidth, false, false, true},
+        Case{4, false, 2, 0.3, 0, false, true, true}),
     name_of);
 
 }  // namespace
@@ -177,6 +231,28 @@ INSTANTIATE_TEST_SUITE_P(
 
 namespace zero::testing {
 namespace {
+
+// fp16 overflow at stage 3: a loss scale too large for the first steps' gradients makes the
+// device verdict skip them; every rank skips the same steps as stage 2 on the same config, and
+// the units' compute shards keep the values of the last applied step (the skipped step's
+// update never reaches the shard the next gather reads).
+TEST(Stage3, Fp16OverflowSkipsTheStepsStage2Skips) {
+  const Case c{2, false, 1, 0.3, 0, false, false, true, /*scale_power=*/kOverflowPower};
+  const RunResult s2 = train(c, 2);
+  const RunResult s3 = train(c, 3);
+  ASSERT_FALSE(HasFailure());
+  for (int r = 0; r < c.world; ++r) {
+    std::cerr << "fp16 from 2^" << kOverflowPower << " rank " << r << ": steps applied stage 2 "
+              << s2.applied[r] << ", stage 3 " << s3.applied[r] << " of " << kSteps << "\n";
+    EXPECT_EQ(s3.applied[r], s2.applied[r]) << "rank " << r;
+    EXPECT_GT(s3.applied[r], 0) << "rank " << r;
+    EXPECT_LT(s3.applied[r], kSteps) << "rank " << r << ": no step overflowed";
+    EXPECT_LT(max_rel(s3.masters[r], s2.masters[r]), 1e-6) << "rank " << r;
+    EXPECT_LT(max_rel(s3.params[r], s2.params[r]), 1e-6) << "rank " << r;
+  }
+  // The applied step moved the parameters, so agreement is not trivial.
+  EXPECT_GT((s3.params[0] - flatten(*make_net(3, false))).abs().max().item<double>(), 1e-4);
+}
 
 // Eval (no grad) releases each unit right after its block. (Stage-3 checkpoints:
 // tests/test_stage3_checkpoint.cpp.)

@@ -239,11 +239,14 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage);
 // in.offload_optimizer at stages 1 to 3, else 0; at stage 3 plus the error-feedback residuals.
 // The device holds the rest.
 int64_t plan_host_states(const PlanInput& in, int stage);
-// The most bytes zero::initialize holds at once per rank, the user's fp32 model included: the
-// larger of the flattening phase (the user's parameters, freed bucket by bucket, beside the
-// flat buffer and master allocated up front and, for 16-bit parameters, one fp32 staging
-// bucket: flat_params.cpp) and the final model states (plan_model_states). In allocator terms
-// (a caching allocator reserves at::empty at once); bench/startup_step.py measures RSS.
+// The most device bytes zero::initialize holds at once per rank, the user's fp32 model
+// included: the larger of the flattening phase (the user's parameters, freed bucket by bucket,
+// beside the flat buffer and master allocated up front and, for 16-bit parameters, one fp32
+// staging bucket: flat_params.cpp) and the final model states on the device
+// (plan_model_states less plan_host_states: stage 3's error-feedback residual and the offloaded
+// master and states are host memory). In allocator terms (a caching allocator reserves
+// at::empty at once); bench/startup_step.py measures RSS. It models the eager start-up; a
+// deferred one (deferred_init.hpp) never holds the whole fp32 model.
 int64_t plan_startup_peak(const PlanInput& in, int stage);
 // The error-feedback residuals of zero_quantized_gradients per rank (0 when off or at stage 0):
 // Ψ elements of error_feedback_store_bytes (int8: plus 4 bytes per quantized_block). Part of

@@ -109,7 +109,9 @@ ReferenceResult train_reference(const Config& cfg, int steps, torch::nn::Module&
   ReferenceResult res;
   for (int s = 0; s < steps; ++s) {
     opt->zero_grad();
-    loss(s).backward();
+    const at::Tensor l = loss(s);
+    res.losses.push_back(l.item<double>());
+    l.backward();
     double norm = 0;
     for (auto& p : net->parameters()) norm += p.grad().square().sum().item<double>();
     res.grad_norms.push_back(std::sqrt(norm));

@@ -43,6 +43,7 @@ at::Tensor mse(const at::Tensor& pred, const at::Tensor& target);
 struct ReferenceResult {
   at::Tensor params;
   std::vector<double> grad_norms;
+  std::vector<double> losses;  // each step's loss on the global batch, before its update
 };
 ReferenceResult train_reference(const Config& cfg, int steps, int64_t global_rows, uint64_t seed);
 // The same for any model mapping global_batch's x (12 features) to its y (5): `forward` runs

@@ -101,7 +101,12 @@ void agree_stage3_units(comm::Group& group, const at::Device& device,
       comm::gather_status(group, status, "all_gather of the check that ranks built the same units");
   if (all.eq(all[0]).all().item<bool>()) return;
   // They differ: each rank compares its list with rank 0's, and every rank reports every
-  // difference.
+  // difference. broadcast_text, not comm::Agreement, is safe here: every rank gets here together
+  // (the verdict is read from the same gathered rows), nothing zero allocates on the device
+  // precedes it in initialize, and each rank allocates the same bytes (rank 0's text, its length
+  // broadcast first), so no rank can fail alone between the two broadcasts as a rank's own
+  // out-of-memory text could (review 2026-12-07a L7). Agreement::errors would also cut rank 0's
+  // list at 4 KiB, about 80 units.
   const std::vector<std::string> mine = lines_of(text);
   const std::vector<std::string> theirs =
       lines_of(comm::broadcast_text(group, text, 0, device, "broadcast of rank 0's stage-3 units"));

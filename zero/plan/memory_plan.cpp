@@ -249,14 +249,21 @@ int64_t plan_host_states(const PlanInput& in, int stage) {
 
 int64_t plan_startup_peak(const PlanInput& in, int stage) {
   const MemoryBreakdown st = plan_model_states(in, stage);
+  // A device figure, as the phases after it are (trainer_loop.cpp's bounds, zero-memory's
+  // device rows): what plan_host_states puts in host memory is left out - stage 3's
+  // error-feedback residual (page-locked host memory, as large as the fp32 gradient: it alone
+  // would have doubled a 7B stage-3 start-up figure) and, under optimizer offload, the master,
+  // the optimizer states and the host gradient shard.
+  const int64_t device_states = st.total() - plan_host_states(in, stage);
+  const bool host_master = in.offload_optimizer && stage > 0;
   // While the flat buffer fills: the user's parameters (built in fp32, each freed once its
-  // bucket is copied), the flat buffer and the master shard (allocated up front), and one fp32
-  // staging bucket under 16-bit parameters. Then the gradient path and the optimizer states:
-  // the steady state. A caching allocator holds all of the first at the first bucket; RSS counts
-  // pages as they are touched and so sees less.
+  // bucket is copied), the flat buffer and the master shard (allocated up front; in host memory
+  // under offload), and one fp32 staging bucket under 16-bit parameters. Then the gradient
+  // path and the optimizer states: the steady state. A caching allocator holds all of the first
+  // at the first bucket; RSS counts pages as they are touched and so sees less.
   const int64_t staging = in.param_bytes == 4 ? 0 : 4 * max_bucket_elements(in);
-  const int64_t flatten = 4 * in.num_params + st.params + st.master + staging;
-  return std::max(flatten, st.total());
+  const int64_t flatten = 4 * in.num_params + st.params + (host_master ? 0 : st.master) + staging;
+  return std::max(flatten, device_states);
 }
 
 std::string model_state_formula(const PlanInput& in, int stage) {

@@ -72,7 +72,13 @@ void OrderCheck::forget(GatherOrder& order) {
 
 void OrderCheck::fail(comm::Group& g, const c10::Device& device, const std::vector<int>& mine,
                       bool late) {
-  // Each rank against rank 0's list; every rank reports every difference.
+  // Each rank against rank 0's list; every rank reports every difference. broadcast_text, not
+  // comm::Agreement, is safe here: every rank calls fail() together (`differ` comes from the
+  // same gathered rows), only after a backward that succeeded and released its units (a rank
+  // whose backward failed drops the comparison in forget() and never gets here), and each rank
+  // allocates the same bytes (rank 0's text, its length broadcast first): no rank can fail
+  // alone between the two broadcasts as a rank's own out-of-memory text could (review
+  // 2026-12-07a L7).
   const std::vector<int> theirs = ids_of(comm::broadcast_text(
       g, ids_text(mine), 0, device, "broadcast of rank 0's unit gather order"));
   const int64_t d = first_difference(mine, theirs);
