@@ -14,6 +14,7 @@
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/errors.hpp"
+#include "zero/host_counting.hpp"
 #include "zero/launcher.hpp"
 #include "zero/memory_plan.hpp"
 #include "zero/parallel_plan.hpp"
@@ -71,6 +72,21 @@ void Trainer::train() {
     check_launcher(rec, log, saved);
     if (log) log_window();
   }
+  print_peak_split();
+}
+
+void Trainer::print_peak_split() const {
+  // Every rank its own line: what its last step's peak was made of (CPU runs; the tags are
+  // zero/host_counting.hpp's), for the stage-3 peak breakdowns of bench/results.
+  if (!phases_ || !device_.is_cpu() || phases_->step_peaks().empty()) return;
+  const HostTagBytes& split = phases_->last_step_split();
+  std::string line = "zero-train: rank " + std::to_string(rank_) + " last-step peak " +
+                     std::to_string(phases_->step_peaks().back()) + " B:";
+  for (int t = 0; t < kHostTags; ++t) {
+    line += std::string(t ? ", " : " ") + host_tag_name(static_cast<HostTag>(t)) + " " +
+            std::to_string(split[t]);
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 StepRecord Trainer::run_step(int64_t step) {
@@ -94,18 +110,28 @@ StepRecord Trainer::run_step(int64_t step) {
     // fp16.auto_cast casts floating-point inputs only: token ids pass unchanged, as in DeepSpeed.
     tokens = engine_->cast_input(tokens.to(device_, /*non_blocking=*/cuda));
     targets = targets.to(device_, cuda);
-    at::Tensor l = loss(tokens, targets);
+    at::Tensor l;
+    {
+      const HostCountingAllocator::Tag tag(HostTag::kActivations);
+      l = loss(tokens, targets);
+    }
     loss_sum += l.detach().to(at::kFloat);
     rec.forward_s += since(t);
     phases_->end(Phase::kForward);
     phases_->begin();
     t = Clock::now();
-    engine_->backward(l);
+    {
+      const HostCountingAllocator::Tag tag(HostTag::kBackward);
+      engine_->backward(l);
+    }
     rec.backward_s += since(t);
     phases_->end(Phase::kBackward);
     phases_->begin();
     t = Clock::now();
-    engine_->step();
+    {
+      const HostCountingAllocator::Tag tag(HostTag::kStep);
+      engine_->step();
+    }
     rec.optimizer_s += since(t);
     phases_->end(Phase::kStep);
   }
