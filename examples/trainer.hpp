@@ -71,7 +71,6 @@ class Trainer {
 
   // One optimizer step: gradient_accumulation_steps micro-steps, timed by phase.
   StepRecord run_step(int64_t step);
-  void print_peak_split() const;
   // Saves when the interval says so; true if it saved.
   bool maybe_save(const StepRecord& rec);
   // Saves this rank's part (save_dir_), agreed over the world (checkpoint_agreement.hpp).

@@ -72,21 +72,6 @@ void Trainer::train() {
     check_launcher(rec, log, saved);
     if (log) log_window();
   }
-  print_peak_split();
-}
-
-void Trainer::print_peak_split() const {
-  // Every rank its own line: what its last step's peak was made of (CPU runs; the tags are
-  // zero/host_counting.hpp's), for the stage-3 peak breakdowns of bench/results.
-  if (!phases_ || !device_.is_cpu() || phases_->step_peaks().empty()) return;
-  const HostTagBytes& split = phases_->last_step_split();
-  std::string line = "zero-train: rank " + std::to_string(rank_) + " last-step peak " +
-                     std::to_string(phases_->step_peaks().back()) + " B:";
-  for (int t = 0; t < kHostTags; ++t) {
-    line += std::string(t ? ", " : " ") + host_tag_name(static_cast<HostTag>(t)) + " " +
-            std::to_string(split[t]);
-  }
-  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 StepRecord Trainer::run_step(int64_t step) {

@@ -41,6 +41,14 @@ std::shared_ptr<DeepNet> make_deep_net(const c10::Device& d) {
   return net;
 }
 
+// Rank r's loss on step s's batch (kWorld ranks), its inputs widened to the blocks' width.
+at::Tensor step_loss(DeepNet& net, int s, int r, int world, const c10::Device& d) {
+  const Batch b = rank_micro_batch(global_batch(s, kRows), r, world, 0, 1);
+  at::Tensor x = at::zeros({b.x.size(0), kWidth});
+  x.narrow(1, 0, b.x.size(1)).copy_(b.x);
+  return mse(net.forward(x.to(d)), b.y.to(d));
+}
+
 // One block's parameters in bytes (fp32).
 constexpr int64_t kUnitBytes = 4 * (kWidth * kWidth + 3 * kWidth);
 
@@ -68,10 +76,7 @@ TEST(Stage3Memory, FirstBackwardHoldsNoMoreUnitsThanLaterOnes) {
         auto engine = initialize(net, cfg, group);
         padded[r] = engine.memory_report().padded_params;
         for (int s = 0; s < 3; ++s) {
-          const Batch b = rank_micro_batch(global_batch(s, kRows), r, kWorld, 0, 1);
-          at::Tensor x = at::zeros({b.x.size(0), kWidth});
-          x.narrow(1, 0, b.x.size(1)).copy_(b.x);
-          const at::Tensor loss = mse(net->forward(x.to(d)), b.y.to(d));
+          const at::Tensor loss = step_loss(*net, s, r, kWorld, d);
           const int64_t before = fake::allocated_bytes(r);
           fake::reset_peak(r);
           engine.backward(loss);
@@ -120,10 +125,7 @@ TEST(Stage3Memory, GradientShardGrowsWithBackward) {
     auto engine = initialize(net, cfg, group);
     padded[r] = engine.memory_report().padded_params;
     for (int s = 0; s < 3; ++s) {
-      const Batch b = rank_micro_batch(global_batch(s, kRows), r, kWorld, 0, 1);
-      at::Tensor x = at::zeros({b.x.size(0), kWidth});
-      x.narrow(1, 0, b.x.size(1)).copy_(b.x);
-      const at::Tensor loss = mse(net->forward(x), b.y);
+      const at::Tensor loss = step_loss(*net, s, r, kWorld, c10::Device(c10::kCPU));
       group->barrier("after forward");
       if (s == 2) {  // every unit is gathered now, kept for its backward (max_reuse_distance)
         gathered_model[r] = host.in_use_by_tag()[static_cast<int>(HostTag::kGathered)];
