@@ -30,12 +30,16 @@ from benchlib import ROOT, mib  # noqa: E402
 
 FRAMEWORKS = ["zero-s0", "zero-s1", "zero-s2", "ddp", "ddp-zero1", "fsdp2", "ds-z1", "ds-z2"]
 # Stage 3 (not in the default set; --stage3 runs them): zero-s3 (zero-train at stage 3, each
-# block a unit),
+# block a unit; DeepSpeed's prefetch and reuse defaults), zero-s3-fsdp (the same with FSDP2's
+# schedule: one unit of prefetch, each unit released after its forward: ZERO_SETS),
 # FSDP2 resharding after forward (fully_shard's default, the ZeRO-3 schedule) and DeepSpeed
 # ZeRO-3. `ref` is the single-process reference of --check-params (one process, the N ranks'
 # batches concatenated), not a table row.
-STAGE3 = ["zero-s3", "fsdp2-z3", "ds-z3"]
+STAGE3 = ["zero-s3", "zero-s3-fsdp", "fsdp2-z3", "ds-z3"]
+ZERO_SETS = {"zero-s3-fsdp": ["zero_optimization.stage3_max_reuse_distance=0",
+                              "zero_optimization.stage3_prefetch_bucket_size=1"]}
 BASELINE_OF = {"zero-s0": "zero", "zero-s1": "zero", "zero-s2": "zero", "zero-s3": "zero",
+               "zero-s3-fsdp": "zero",
                "ddp": "torch", "ddp-zero1": "torch", "fsdp2": "torch", "fsdp2-z3": "torch",
                "ds-z1": "deepspeed", "ds-z2": "deepspeed", "ds-z3": "deepspeed", "ref": "torch"}
 PHASES = ["forward", "backward", "step"]
@@ -291,14 +295,14 @@ def one_run(fw, n, dtype, a, port, tmp):
     if fw.startswith("zero-"):
         argv = [os.path.join(a.build, "examples", "zero-train"),
                 "--config", os.path.join(ROOT, "configs", "zero2.yaml"),
-                "--set", f"zero_optimization.stage={fw[-1]}",
+                "--set", f"zero_optimization.stage={fw.split('-')[1][1:]}",
                 "--set", f"bf16.enabled={'true' if dtype == 'bf16' else 'false'}",
                 "--set", f"trainer.model={a.model}", "--set", f"trainer.steps={a.steps}",
                 "--set", f"trainer.seq_len={a.seq_len}",
                 "--set", f"train_micro_batch_size_per_gpu={a.micro}",
                 "--set", "gradient_accumulation_steps=1", "--set", "steps_per_print=100000",
                 "--set", "no_weight_decay=[]", "--summary-json", out]
-        for kv in getattr(a, "zero_set", None) or []:
+        for kv in ZERO_SETS.get(fw, []) + (getattr(a, "zero_set", None) or []):
             argv[-2:-2] = ["--set", kv]
         rss = run(n, port, argv, env, rss_file)
         s = json.load(open(out))

@@ -46,6 +46,14 @@ std::string MemoryFigures::json_fields() const {
       << ",\n  \"phase_step_peaks\": " << list(step_peaks)
       << ",\n  \"steady_states_bytes\": " << steady_states
       << ",\n  \"phase_bound_bytes\": " << phase_bound;
+  if (!last_step_split.empty()) {
+    out << ",\n  \"phase_last_step_split\": {";
+    for (size_t t = 0; t < last_step_split.size(); ++t) {
+      out << (t ? ", " : "") << "\"" << host_tag_name(static_cast<HostTag>(t))
+          << "\": " << last_step_split[t];
+    }
+    out << "}";
+  }
   return out.str();
 }
 

@@ -29,6 +29,9 @@ struct MemoryFigures {
   std::array<int64_t, kPhases> phase_predicted{-1, -1, -1, -1, -1};
   std::vector<int64_t> step_peaks;  // per training step, the most any rank's allocator reached
   int64_t steady_states = -1, phase_bound = -1;
+  // CPU runs: what the last step's peak was made of on the rank where it was highest, by the
+  // counting allocator's tags (zero/host_counting.hpp); empty elsewhere.
+  std::vector<int64_t> last_step_split;
 
   // {"initialize": {"measured": 1, "predicted": 2}, ...}; null where not measured or predicted.
   std::string phase_json() const;

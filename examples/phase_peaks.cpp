@@ -63,7 +63,10 @@ void PhasePeaks::end(Phase p) {
   int64_t& m = measured_[static_cast<int>(p)];
   m = std::max(m, peak);
   overall_ = std::max(overall_, peak);
-  if (p != Phase::kInitialize && p != Phase::kSave) step_peak_ = std::max(step_peak_, peak);
+  if (p != Phase::kInitialize && p != Phase::kSave && peak > step_peak_) {
+    step_peak_ = peak;
+    if (device_.is_cpu()) step_split_ = HostCountingAllocator::get().peak_by_tag();
+  }
 }
 
 void PhasePeaks::end_phases() {
@@ -76,6 +79,7 @@ void PhasePeaks::end_phases() {
 void PhasePeaks::end_step() {
   if (!available_) return;
   step_peaks_.push_back(step_peak_);
+  last_split_ = step_split_;
   after_step_ = read(device_).allocated;
 }
 

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "zero/host_counting.hpp"
+
 namespace zero::examples {
 
 enum class Phase { kInitialize, kForward, kBackward, kStep, kSave };
@@ -46,6 +48,9 @@ class PhasePeaks {
   void end_step();
   const std::vector<int64_t>& step_peaks() const { return step_peaks_; }
   int64_t after_step() const { return after_step_; }
+  // CPU: the counting allocator's split by tag (zero/host_counting.hpp) at the last step's
+  // peak; zeros elsewhere.
+  const HostTagBytes& last_step_split() const { return last_split_; }
 
  private:
   c10::Device device_;
@@ -55,6 +60,7 @@ class PhasePeaks {
   int64_t step_peak_ = -1;
   std::vector<int64_t> step_peaks_;
   int64_t after_step_ = -1;
+  HostTagBytes step_split_{}, last_split_{};
 };
 
 }  // namespace zero::examples

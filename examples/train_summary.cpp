@@ -161,6 +161,15 @@ void TrainSummary::record_phases(const Engine& engine, const PhasePeaks& phases,
   step_peaks.clear();
   for (int64_t p : phases.step_peaks()) step_peaks.push_back(max_over_ranks(p));
   steady_states = max_over_ranks(phases.after_step());
+  // The split of the rank whose last step peaked highest (every rank takes part: collectives).
+  last_step_split.clear();
+  if (phases.available() && device.is_cpu() && !phases.step_peaks().empty()) {
+    const auto peaks = over_ranks(*this, engine, phases.step_peaks().back());
+    const auto top = std::max_element(peaks.begin(), peaks.end()) - peaks.begin();
+    for (int t = 0; t < kHostTags; ++t) {
+      last_step_split.push_back(over_ranks(*this, engine, phases.last_step_split()[t])[top]);
+    }
+  }
   phase_bound = steady_states >= 0 ? steady_states + 2 * bucket_bytes + activations : -1;
 }
 
@@ -246,6 +255,7 @@ MemoryFigures TrainSummary::memory_figures() const {
   m.step_peaks = step_peaks;
   m.steady_states = steady_states;
   m.phase_bound = phase_bound;
+  m.last_step_split = last_step_split;
   return m;
 }
 

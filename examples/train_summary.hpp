@@ -51,6 +51,7 @@ struct TrainSummary {
   // must meet: those states + two buckets + the planner's activations.
   std::vector<int64_t> step_peaks;
   int64_t steady_states = -1, phase_bound = -1;
+  std::vector<int64_t> last_step_split;  // MemoryFigures::last_step_split
   void record_phases(const Engine& engine, const PhasePeaks& phases,
                      const std::array<int64_t, kPhases>& predicted, int64_t bucket_bytes,
                      int64_t activations);

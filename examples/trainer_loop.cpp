@@ -14,6 +14,7 @@
 #include "zero/checkpoint_io.hpp"
 #include "zero/device.hpp"
 #include "zero/errors.hpp"
+#include "zero/host_counting.hpp"
 #include "zero/launcher.hpp"
 #include "zero/memory_plan.hpp"
 #include "zero/parallel_plan.hpp"
@@ -94,18 +95,28 @@ StepRecord Trainer::run_step(int64_t step) {
     // fp16.auto_cast casts floating-point inputs only: token ids pass unchanged, as in DeepSpeed.
     tokens = engine_->cast_input(tokens.to(device_, /*non_blocking=*/cuda));
     targets = targets.to(device_, cuda);
-    at::Tensor l = loss(tokens, targets);
+    at::Tensor l;
+    {
+      const HostCountingAllocator::Tag tag(HostTag::kActivations);
+      l = loss(tokens, targets);
+    }
     loss_sum += l.detach().to(at::kFloat);
     rec.forward_s += since(t);
     phases_->end(Phase::kForward);
     phases_->begin();
     t = Clock::now();
-    engine_->backward(l);
+    {
+      const HostCountingAllocator::Tag tag(HostTag::kBackward);
+      engine_->backward(l);
+    }
     rec.backward_s += since(t);
     phases_->end(Phase::kBackward);
     phases_->begin();
     t = Clock::now();
-    engine_->step();
+    {
+      const HostCountingAllocator::Tag tag(HostTag::kStep);
+      engine_->step();
+    }
     rec.optimizer_s += since(t);
     phases_->end(Phase::kStep);
   }

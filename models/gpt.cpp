@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "zero/host_counting.hpp"
 #include "zero/models/rope.hpp"
 #include "zero/sharding.hpp"
 
@@ -251,6 +252,12 @@ void apply_activation_checkpointing(Gpt& model, const CheckpointPolicy& policy) 
 
 at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   auto logits = forward(tokens);
+  // On a CPU run that counts its storages, the output and the loss are counted apart from the
+  // activations (what a peak is made of; nothing otherwise).
+  if (logits.is_cpu()) {
+    zero::HostCountingAllocator::retag(logits.storage().data(), zero::HostTag::kLogits);
+  }
+  const zero::HostCountingAllocator::Tag tag(zero::HostTag::kLogits);
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
                                 targets.reshape({-1}));
 }

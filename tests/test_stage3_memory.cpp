@@ -15,6 +15,7 @@
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
+#include "zero/host_counting.hpp"
 #include "zero/sharding.hpp"
 
 namespace zero::testing {
@@ -38,6 +39,14 @@ std::shared_ptr<DeepNet> make_deep_net(const c10::Device& d) {
   for (size_t i = 0; i < net->body->size(); ++i) zero::shard(net->body->block_module(i));
   net->to(d);
   return net;
+}
+
+// Rank r's loss on step s's batch (kWorld ranks), its inputs widened to the blocks' width.
+at::Tensor step_loss(DeepNet& net, int s, int r, int world, const c10::Device& d) {
+  const Batch b = rank_micro_batch(global_batch(s, kRows), r, world, 0, 1);
+  at::Tensor x = at::zeros({b.x.size(0), kWidth});
+  x.narrow(1, 0, b.x.size(1)).copy_(b.x);
+  return mse(net.forward(x.to(d)), b.y.to(d));
 }
 
 // One block's parameters in bytes (fp32).
@@ -67,10 +76,7 @@ TEST(Stage3Memory, FirstBackwardHoldsNoMoreUnitsThanLaterOnes) {
         auto engine = initialize(net, cfg, group);
         padded[r] = engine.memory_report().padded_params;
         for (int s = 0; s < 3; ++s) {
-          const Batch b = rank_micro_batch(global_batch(s, kRows), r, kWorld, 0, 1);
-          at::Tensor x = at::zeros({b.x.size(0), kWidth});
-          x.narrow(1, 0, b.x.size(1)).copy_(b.x);
-          const at::Tensor loss = mse(net->forward(x.to(d)), b.y.to(d));
+          const at::Tensor loss = step_loss(*net, s, r, kWorld, d);
           const int64_t before = fake::allocated_bytes(r);
           fake::reset_peak(r);
           engine.backward(loss);
@@ -94,6 +100,69 @@ TEST(Stage3Memory, FirstBackwardHoldsNoMoreUnitsThanLaterOnes) {
     // The first pass: the same, not kBlocks units.
     EXPECT_LT(peaks[r][0], peaks[r][2] + kUnitBytes / 2) << "rank " << r;
   }
+}
+
+// The gradient shard is one piece per unit, each allocated by the first reduction into it
+// (grad_sink.hpp): at DeepSpeed's defaults every unit stays gathered from its forward into its
+// backward, and the whole shard used to be allocated beside them at backward's first
+// reduction. Now, at any moment of backward, a rank holds at most every unit gathered plus the
+// pieces of the units whose backward has begun, each of which gives back its gathered
+// parameters (N times the piece) once its gradients are in: gathered + shard <= the gathered
+// model + two units' pieces (the unit being reduced and the one whose gradients are still
+// arriving). Read from the host's counting allocator's split at backward's peak (both ranks'
+// threads count into it, so the bound is both ranks'); the pieces add up to the whole shard
+// at backward's end and are freed by the step. On CPU: the tags are the host counter's.
+TEST(Stage3Memory, GradientShardGrowsWithBackward) {
+  constexpr int kWorld = 2;
+  HostCountingAllocator& host = HostCountingAllocator::get();
+  Config cfg = test_config(3, kRows / kWorld, 1, 1.0, /*bucket=*/kWidth * kWidth);
+  cfg.zero_optimization.stage3.param_persistence_threshold = 0;  // DeepSpeed's reuse/prefetch
+  std::vector<int64_t> padded(kWorld), gathered_model(kWorld);
+  HostTagBytes at_peak{}, after_backward{}, after_step{};
+  run_ranks(kWorld, [&](std::shared_ptr<comm::Group> group) {
+    const int r = group->rank();
+    auto net = make_deep_net(c10::Device(c10::kCPU));
+    auto engine = initialize(net, cfg, group);
+    padded[r] = engine.memory_report().padded_params;
+    for (int s = 0; s < 3; ++s) {
+      const at::Tensor loss = step_loss(*net, s, r, kWorld, c10::Device(c10::kCPU));
+      group->barrier("after forward");
+      if (s == 2) {  // every unit is gathered now, kept for its backward (max_reuse_distance)
+        gathered_model[r] = host.in_use_by_tag()[static_cast<int>(HostTag::kGathered)];
+      }
+      group->barrier("before the measured backward");
+      if (r == 0 && s == 2) host.reset_peak();
+      group->barrier("peak reset");
+      engine.backward(loss);
+      group->barrier("after the measured backward");
+      if (r == 0 && s == 2) {
+        at_peak = host.peak_by_tag();
+        after_backward = host.in_use_by_tag();
+      }
+      engine.step();
+      group->barrier("after the step");
+      if (r == 0 && s == 2) after_step = host.in_use_by_tag();
+    }
+  });
+  const auto tag = [](const HostTagBytes& t, HostTag k) { return t[static_cast<int>(k)]; };
+  // Both ranks' gathered model, read once both ranks' last forward ended (the first has no trace to
+  // keep units by); a unit's piece of the shard is 4 bytes per element of its padded buckets over
+  // N, the largest unit one of kBlocks equal blocks beside a small root.
+  const int64_t model = std::max(gathered_model[0], gathered_model[1]);
+  const int64_t shard = 4 * (padded[0] + padded[1]) / kWorld;
+  const int64_t piece = 4 * (padded[0] / kBlocks) / kWorld;
+  const int64_t held = tag(at_peak, HostTag::kGathered) + tag(at_peak, HostTag::kGradShard);
+  std::printf(
+      "backward peak: gathered %lld + gradient shard %lld B (gathered model, both ranks "
+      "%lld B; whole shard %lld B; one unit's piece %lld B)\n",
+      static_cast<long long>(tag(at_peak, HostTag::kGathered)),
+      static_cast<long long>(tag(at_peak, HostTag::kGradShard)), static_cast<long long>(model),
+      static_cast<long long>(shard), static_cast<long long>(piece));
+  EXPECT_GE(model, kWorld * kBlocks * kUnitBytes);
+  EXPECT_LE(held, model + kWorld * 2 * piece);
+  // The pieces are the whole shard once backward ended, and the step freed them.
+  EXPECT_EQ(tag(after_backward, HostTag::kGradShard), shard);
+  EXPECT_EQ(tag(after_step, HostTag::kGradShard), 0);
 }
 
 }  // namespace

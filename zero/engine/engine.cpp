@@ -18,6 +18,7 @@
 #include "zero/compress/node_layout.hpp"
 #include "zero/device.hpp"
 #include "zero/engine/engine_impl.hpp"
+#include "zero/host_counting.hpp"
 #include "zero/memory.hpp"
 #include "zero/step/deepspeed_norm.hpp"
 #include "zero/units/unit_registry.hpp"
@@ -50,6 +51,10 @@ void Engine::Impl::on_grad(int index, const at::Tensor& param) {
               "loss.backward()");
   order->on_grad(index);
   at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
+  // Counted as a gradient the engine holds from here (CPU peaks' split; nothing otherwise).
+  if (grad.defined() && grad.is_cpu()) {
+    HostCountingAllocator::retag(grad.storage().data(), HostTag::kUnitGrads);
+  }
   sync->on_grad(index, grad);
   // The engine owns the gradient now; freeing autograd's copy is what makes stage 2 save memory.
   grad.reset();
@@ -385,10 +390,12 @@ bool Engine::step() {
   // Nothing below reads a value on the host: the norm, the inf check, the clip coefficient and
   // the loss scale stay on the device and reach the fused kernel as grad_scale / found_inf.
   // (torch_adam's op-by-op AdamW cannot mask itself on the device: it reads found_inf once.)
-  at::Tensor& g = m.sync->grad_shard();
+  GradSink& sink = m.sync->sink();
+  // Stage 3 on the device keeps a piece per unit (grad_sink.hpp): read through windows.
+  const at::Tensor g = sink.whole() ? sink.shard() : at::Tensor();
   // Sequence parallelism's partial gradients, reduced over dp like any other, summed over tp:
   // one all-reduce per step (zero/grads/partial_grads.hpp), before anything reads the shard.
-  m.partial_sum.sum_shard(g, m.fp.layout, m.sharding.owner);
+  m.partial_sum.sum_shard(sink, m.fp.layout, m.sharding.owner);
   const at::Tensor sq = m.squared_grad_norm();
   // The shard holds sum_r(grad_r / predivide) x loss_scale; the average gradient is that times
   // predivide / (world x loss_scale), i.e. divided by `divisor`.
@@ -427,7 +434,9 @@ bool Engine::step() {
 
   const double lr = m.schedule->lr_at(m.stats.optimizer_steps);
   // After a skipped step the master is unchanged, so this republishes the same values.
-  m.step_units({g, lr, {grad_scale, skip, grad_mul}});
+  m.step_units({g, lr, {grad_scale, skip, grad_mul}, [&sink](int64_t offset, int64_t numel) {
+                  return sink.window(offset, numel);
+                }});
   m.scaler.update(found_inf);
   m.sync->zero_grad();
   ++m.stats.optimizer_steps;

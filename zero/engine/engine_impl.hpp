@@ -140,6 +140,10 @@ struct Engine::Impl : Topology, StepProtocol {
   // copied (stage 0) or all-gathered (stages 1, 2: each bucket's gather queued after its
   // update, the queue gathered in as few collectives as allgather_bucket_size allows).
   void step_units(const StepContext& ctx);
+  // The gradient shard's windows `ranges` (empty ones left out), and the shard's options: stage
+  // 3 on the device holds it as pieces (GradSink::window).
+  std::vector<at::Tensor> grad_windows(const std::vector<optim::Range>& ranges);
+  at::TensorOptions grad_options();
   // Every unit's master values into the model, without a step (after a checkpoint load).
   void publish_units();
   // Stage 3 (zero/engine/engine_stage3.cpp): one unit per layout unit, the marked modules bound

@@ -22,26 +22,26 @@ namespace {
 // shard is fp32) are the same sums in the same order: bit-identical clip coefficients. (On a GPU
 // the offloaded norm is summed on the device piece by piece as the pieces leave: close, not
 // equal.)
-at::Tensor squared_norm(const at::Tensor& g, const std::vector<optim::Range>& pieces) {
-  if (g.is_cpu()) {
+// `pieces`: the shard's windows (GradSink::window), non-empty; `options`: the result's device.
+at::Tensor squared_norm(const std::vector<at::Tensor>& pieces, const at::TensorOptions& options) {
+  if (options.device().is_cpu()) {
     // ATen's CPU vector_norm accumulates a whole tensor in float lanes (1.3e-3 relative error at
     // 2^24 fp32 elements, 7e-4 in bf16): pieces of 2^16 (~3e-7), summed in double.
     constexpr int64_t kPiece = int64_t{1} << 16;
     double total = 0;
-    for (const optim::Range& r : pieces) {
-      for (int64_t b = r.begin; b < r.end; b += kPiece) {
-        const int64_t n = std::min(r.end, b + kPiece) - b;
+    for (const at::Tensor& p : pieces) {
+      for (int64_t b = 0; b < p.numel(); b += kPiece) {
+        const int64_t n = std::min(p.numel(), b + kPiece) - b;
         const double norm =
-            at::linalg_vector_norm(g.narrow(0, b, n), 2, {}, false, at::kFloat).item<double>();
+            at::linalg_vector_norm(p.narrow(0, b, n), 2, {}, false, at::kFloat).item<double>();
         total += norm * norm;
       }
     }
-    return at::full({1}, static_cast<float>(total), g.options().dtype(at::kFloat));
+    return at::full({1}, static_cast<float>(total), options.dtype(at::kFloat));
   }
-  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kFloat));
-  for (const optim::Range& r : pieces) {
-    sq.add_(at::linalg_vector_norm(g.narrow(0, r.begin, r.end - r.begin), 2, {}, false, at::kFloat)
-                .square());
+  at::Tensor sq = at::zeros({1}, options.dtype(at::kFloat));
+  for (const at::Tensor& p : pieces) {
+    sq.add_(at::linalg_vector_norm(p, 2, {}, false, at::kFloat).square());
   }
   return sq;
 }
@@ -113,14 +113,12 @@ at::Tensor Engine::Impl::uncounted_overflow() {
     any = any || uncounted[i];
   }
   if (!any) return {};
-  const at::Tensor& g = sync->grad_shard();
-  std::vector<at::Tensor> parts;
+  std::vector<optim::Range> ranges;
   for (const auto& u : units) {
-    for (const optim::Range& r : u->norm_pieces(uncounted)) {
-      if (r.end > r.begin) parts.push_back(g.narrow(0, r.begin, r.end - r.begin));
-    }
+    for (const optim::Range& r : u->norm_pieces(uncounted)) ranges.push_back(r);
   }
-  if (parts.empty()) return at::zeros({1}, g.options().dtype(at::kFloat));
+  const std::vector<at::Tensor> parts = grad_windows(ranges);
+  if (parts.empty()) return at::zeros({1}, grad_options().dtype(at::kFloat));
   // max |g| is finite for finite pieces (times 0: 0) and inf or NaN otherwise (times 0: NaN).
   const at::Tensor peak = at::linalg_vector_norm(
       parts.size() == 1 ? parts[0] : at::cat(parts), std::numeric_limits<double>::infinity(), {},
@@ -128,8 +126,24 @@ at::Tensor Engine::Impl::uncounted_overflow() {
   return (peak * 0).reshape({1});
 }
 
+std::vector<at::Tensor> Engine::Impl::grad_windows(const std::vector<optim::Range>& ranges) {
+  std::vector<at::Tensor> out;
+  for (const optim::Range& r : ranges) {
+    if (r.end > r.begin) out.push_back(sync->sink().window(r.begin, r.end - r.begin));
+  }
+  return out;
+}
+
+at::TensorOptions Engine::Impl::grad_options() {
+  GradSink& sink = sync->sink();
+  if (sink.whole()) return sink.shard().options();
+  return at::TensorOptions().dtype(sync_opts.accum_dtype).device(fp.device());
+}
+
 at::Tensor Engine::Impl::squared_grad_norm() {
-  at::Tensor& g = sync->grad_shard();
+  // Stage 3 on the device keeps a piece per unit (grad_sink.hpp): only its windows are read.
+  GradSink& sink = sync->sink();
+  const at::Tensor g = sink.whole() ? sink.shard() : at::Tensor();
   // fp16's overflow verdict is the norm's: an inf or NaN in a piece this rank leaves out of the
   // norm (a replicated norm weight on tensor-parallel rank 1, counted on rank 0) would pass
   // unseen, the step applied with it on this rank only. Megatron and DeepSpeed check every
@@ -150,7 +164,7 @@ at::Tensor Engine::Impl::squared_grad_norm() {
   at::Tensor sq;
   if (deepspeed_clip && sharding.stage() == 3) {
     // DeepSpeed's ZeRO-3 norm is fp64 to the end (deepspeed_norm.hpp); the clip takes it so.
-    sq = deepspeed3_squared_norm(g, counted_pieces());
+    sq = deepspeed3_squared_norm(grad_windows(counted_pieces()), grad_options());
     if (bad.defined()) sq = sq + bad.to(sq.options());
     group->all_reduce_sum(sq, "all_reduce of the gradient norm").wait();
   } else if (deepspeed_clip) {
@@ -177,7 +191,8 @@ at::Tensor Engine::Impl::squared_grad_norm() {
                        : nullptr;
       TORCH_INTERNAL_ASSERT(host || !offload || fp.device().is_cpu(),
                             "zero: optimizer offload without a host optimizer");
-      sq = host ? host->squared_norm(g, pieces) : squared_norm(g, pieces);
+      sq =
+          host ? host->squared_norm(g, pieces) : squared_norm(grad_windows(pieces), grad_options());
       if (offload && fp.device().is_cuda()) {
         sq = sq.pin_memory().to(fp.device(), /*non_blocking=*/true);
       } else if (offload) {

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <utility>
 
+#include "zero/host_counting.hpp"
+
 namespace zero {
 
 std::vector<BucketChunk> bucket_chunks(const BucketSlot& bucket, int64_t chunk_numel) {
@@ -154,6 +156,7 @@ int BucketPipeline::acquire() {
   free_.pop_back();
   if (auto fence = std::exchange(fences_[i], nullptr)) fence();
   if (!buffers_[i].in.defined()) {
+    const HostCountingAllocator::Tag tag(HostTag::kBuckets);  // what a CPU peak is made of
     buffers_[i] = {at::empty({in_numel_}, opts_), at::empty({out_numel_}, opts_)};
   }
   peak_in_use_ = std::max(peak_in_use_, buffers() - static_cast<int>(free_.size()));

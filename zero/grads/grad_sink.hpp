@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "zero/grads/grad_buckets.hpp"
 
@@ -33,15 +35,32 @@ class GradSink {
   virtual void new_window() = 0;
   // After a failed backward: waits for what the sink has in flight and drops it.
   virtual void abort() {}
+  // The whole shard as one tensor; only where whole() (stage 3 on the device keeps one piece per
+  // unit: read it through window()).
   virtual at::Tensor& shard() = 0;
+  virtual bool whole() const { return true; }
+  // Elements [offset, offset + numel) of the shard, inside one unit's part of it (a bucket's
+  // window or a piece of one): a view of shard(), or of the unit's own piece, allocated (zeros)
+  // by its first use in the window.
+  virtual at::Tensor window(int64_t offset, int64_t numel) {
+    return shard().narrow(0, offset, numel);
+  }
   virtual SinkBytes bytes() const = 0;
   // Offload: the squared norm of the host shard, summed on the device as its pieces left;
   // undefined when only the host has it (GradToHost::squared_norm).
   virtual at::Tensor device_squared_norm() const { return {}; }
 };
 
-// The gradient shard on the device, in grad_accum_dtype (stages 1, 2).
-std::unique_ptr<GradSink> make_device_shard(int64_t numel, const GradSyncOptions& opts);
+// The gradient shard on the device, in grad_accum_dtype (stages 1, 2). Under
+// opts.release_between_steps (stage 3) with several units (`units`: each one's [shard_begin,
+// shard_end), in shard order) it is one tensor per unit, each allocated by the first reduction
+// into it and all freed by new_window(): the shard grows as backward reaches the units, which
+// release their gathered parameters (N times its bytes) as it does, instead of the whole shard
+// standing beside every gathered unit from backward's first reduction (FSDP2's sharded
+// gradients appear per unit so too).
+std::unique_ptr<GradSink> make_device_shard(
+    int64_t numel, const GradSyncOptions& opts,
+    const std::vector<std::pair<int64_t, int64_t>>& units = {});
 // Stage 0: the shard is the all-reduced accumulator itself (`acc`, kept by the collector); the
 // reduction wrote into it, there is nothing to take and no bytes of its own.
 std::unique_ptr<GradSink> make_in_place_sink(const at::Tensor& acc);

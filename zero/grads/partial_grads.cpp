@@ -15,7 +15,7 @@ void PartialGradSum::add(int param, const std::shared_ptr<comm::Group>& group) {
   empty_ = false;
 }
 
-void PartialGradSum::sum_shard(at::Tensor& shard, const FlatLayout& layout, int owner) const {
+void PartialGradSum::sum_shard(GradSink& shard, const FlatLayout& layout, int owner) const {
   if (empty_) return;
   const std::vector<OwnedPiece> pieces = layout.owned_pieces(owner);
   for (const auto& g : groups_) {
@@ -24,7 +24,7 @@ void PartialGradSum::sum_shard(at::Tensor& shard, const FlatLayout& layout, int 
     for (const OwnedPiece& p : pieces) {
       const auto& of = groups_of_[p.param];
       if (std::find(of.begin(), of.end(), g) == of.end()) continue;
-      parts.push_back(shard.narrow(0, p.shard_offset, p.numel));
+      parts.push_back(shard.window(p.shard_offset, p.numel));
     }
     // The same on every rank of the group (the same layout and owner): all skip, or none.
     if (parts.empty()) continue;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "zero/grads/grad_sink.hpp"
 #include "zero/params/shard_info.hpp"
 
 namespace zero {
@@ -41,7 +42,7 @@ class PartialGradSum {
   // gathered into one fp32 buffer (a 16-bit shard is rounded once, after the sum) on the
   // group's bound device (an offloaded host shard's pieces travel there and back). Every rank
   // of such a group calls it at the same step; the wait is bounded by the group's comm_timeout.
-  void sum_shard(at::Tensor& shard, const FlatLayout& layout, int owner) const;
+  void sum_shard(GradSink& shard, const FlatLayout& layout, int owner) const;
 
  private:
   std::vector<std::vector<std::shared_ptr<comm::Group>>> groups_of_;  // per layout parameter

@@ -163,7 +163,7 @@ class PartitionedGrads final : public GradSync {
     const int64_t S = bucket.shard.shard_numel();
     const int buf = bucket_buffer_[b];
     reduce(b, slot(b), buf, pipeline_.buffer(buf).in.narrow(0, 0, bucket.shard.padded_numel()),
-           grad_shard().narrow(0, bucket.shard_offset, S), "");
+           sink_->window(bucket.shard_offset, S), "");
     launched(b);
   }
 
@@ -200,8 +200,7 @@ class PartitionedGrads final : public GradSync {
             .add_(late_[param].reshape({-1}).to(in.scalar_type()));
         late_[param].reset();
       }
-      reduce(b, slot(b), buf, in,
-             grad_shard().narrow(0, bucket.shard_offset, bucket.shard.shard_numel()),
+      reduce(b, slot(b), buf, in, sink_->window(bucket.shard_offset, bucket.shard.shard_numel()),
              " (gradients after its first reduction)");
     }
   }
@@ -225,7 +224,7 @@ class PartitionedGrads final : public GradSync {
                    grads[param].reshape({-1}));
       }
       reduce(b, slot(b) + static_cast<int>(k), buf, in,
-             grad_shard().narrow(0, bucket.shard_offset + c.offset, c.numel),
+             sink_->window(bucket.shard_offset + c.offset, c.numel),
              " (chunk " + std::to_string(k) + ")");
     }
     for (int param : bucket.params) grads[param].reset();

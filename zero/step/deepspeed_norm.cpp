@@ -69,11 +69,18 @@ at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatParams& fp,
 }
 
 at::Tensor deepspeed3_squared_norm(const at::Tensor& g, const std::vector<optim::Range>& pieces) {
-  at::Tensor sq = at::zeros({1}, g.options().dtype(at::kDouble));
+  std::vector<at::Tensor> parts;
   for (const optim::Range& r : pieces) {
-    // DeepSpeed's g.to(double).norm(): a piece's fp64 copy, one at a time.
-    if (r.end > r.begin) sq.add_(fp64_square_sum(g.narrow(0, r.begin, r.end - r.begin)));
+    if (r.end > r.begin) parts.push_back(g.narrow(0, r.begin, r.end - r.begin));
   }
+  return deepspeed3_squared_norm(parts, g.options());
+}
+
+at::Tensor deepspeed3_squared_norm(const std::vector<at::Tensor>& pieces,
+                                   const at::TensorOptions& options) {
+  at::Tensor sq = at::zeros({1}, options.dtype(at::kDouble));
+  // DeepSpeed's g.to(double).norm(): a piece's fp64 copy, one at a time.
+  for (const at::Tensor& p : pieces) sq.add_(fp64_square_sum(p));
   return sq;
 }
 

@@ -36,5 +36,9 @@ at::Tensor deepspeed_squared_norm(const at::Tensor& g, const FlatParams& fp,
 // elements a rank holds does not matter. This rank's part over `pieces` of `g`, a one-element
 // fp64 tensor on g's device; the caller all-reduces it over dp.
 at::Tensor deepspeed3_squared_norm(const at::Tensor& g, const std::vector<optim::Range>& pieces);
+// The same over the pieces themselves (stage 3's per-unit gradient pieces); `options`: the
+// result's device.
+at::Tensor deepspeed3_squared_norm(const std::vector<at::Tensor>& pieces,
+                                   const at::TensorOptions& options);
 
 }  // namespace zero

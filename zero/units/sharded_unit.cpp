@@ -11,9 +11,15 @@ namespace {
 // The step's gradient over shard window `w`: the shard itself when it is fp32 (the optimizer
 // reads the window from it), else the window converted to fp32, a temporary of one bucket's
 // shard: a gradient kept in grad_accum_dtype never gets a whole-shard fp32 copy.
-at::Tensor fp32_grad(const at::Tensor& grad, optim::Range w) {
-  if (grad.scalar_type() == at::kFloat) return grad;
-  return grad.narrow(0, w.begin, w.end - w.begin).to(at::kFloat);
+// Without a whole shard (stage 3's pieces), the window's elements alone: update() reads
+// element w.begin at [0] then, and the elements are the same as in the shard's window.
+at::Tensor fp32_grad(const StepContext& ctx, optim::Range w) {
+  if (!ctx.grad.defined()) {
+    at::Tensor g = ctx.window(w.begin, w.end - w.begin);
+    return g.scalar_type() == at::kFloat ? g : g.to(at::kFloat);
+  }
+  if (ctx.grad.scalar_type() == at::kFloat) return ctx.grad;
+  return ctx.grad.narrow(0, w.begin, w.end - w.begin).to(at::kFloat);
 }
 
 optim::Range window_of(const BucketSlot& b) {
@@ -98,7 +104,7 @@ void ShardedUnit::begin_step(const StepContext& ctx) {
     return;
   }
   const BucketSlot& first = fp.layout.buckets()[slot_.first_bucket];
-  if (ctx.grad.scalar_type() == at::kFloat) {
+  if (ctx.grad.defined() && ctx.grad.scalar_type() == at::kFloat) {
     o.begin_step(fp.master_window(first), ctx.grad, ctx.lr);
   } else {
     o.begin_step(fp.master_window(first), ctx.lr);  // update() checks each window
@@ -161,7 +167,7 @@ void ShardedUnit::step(const StepContext& ctx, GatherQueue& q) {
     // elements past whole vectors otherwise, so the same windows keep the two bit-identical.
     for (int i = slot_.first_bucket; i < slot_.end_bucket; ++i) {
       const BucketSlot& b = buckets[i];
-      o.update(fp.master, fp32_grad(grad, window_of(b)), lr, ctx.scalars, window_of(b));
+      o.update(fp.master, fp32_grad(ctx, window_of(b)), lr, ctx.scalars, window_of(b));
     }
     publish_parameters(q, {});
     return;
@@ -171,7 +177,7 @@ void ShardedUnit::step(const StepContext& ctx, GatherQueue& q) {
   // is the flat buffer's own (FlatParams::MasterStorage::kInFlat): updated in place, then gathered.
   publish_parameters(q, [&](const BucketSlot& b) {
     at::Tensor master = fp.master_window(b);
-    o.update(master, fp32_grad(grad, window_of(b)), lr, ctx.scalars, window_of(b));
+    o.update(master, fp32_grad(ctx, window_of(b)), lr, ctx.scalars, window_of(b));
   });
 }
 

@@ -63,9 +63,12 @@ class GatherQueue {
 
 // The step's inputs, the same for every unit.
 struct StepContext {
-  at::Tensor grad;  // the gradient shard (grad_accum_dtype, or fp32 on the host)
+  at::Tensor grad;  // the gradient shard (grad_accum_dtype, or fp32 on the host); undefined
+                    // where it is pieces (stage 3 on the device): read through `window`
   double lr = 0;
   optim::ShardOptimizer::Scalars scalars;
+  // Shard elements [offset, offset + numel) inside one unit (GradSink::window).
+  std::function<at::Tensor(int64_t offset, int64_t numel)> window;
 };
 
 class ShardedUnit {

@@ -7,6 +7,8 @@
 
 #include <utility>
 
+#include "zero/host_counting.hpp"
+
 namespace zero::units {
 
 UnitStorage::UnitStorage(at::Tensor buffer, std::vector<Param> params)
@@ -63,6 +65,7 @@ void UnitStorage::allocate() {
   // device, which need not be the buffer's (rank threads, a model on device 1).
   c10::OptionalDeviceGuard guard;
   if (!buffer_.is_cpu()) guard.reset_device(buffer_.device());
+  const HostCountingAllocator::Tag tag(HostTag::kGathered);  // what a CPU peak is made of
   at::DataPtr bytes = allocator->allocate(static_cast<size_t>(nbytes_));
   TORCH_CHECK(bytes.device() == buffer_.device(), "zero: a unit's buffer on ", buffer_.device(),
               " was refilled on ", bytes.device());
