@@ -157,6 +157,21 @@ std::vector<int> runtime_bounds(const Gpt& model, PartitionMethod m, int stages)
   return s.bounds();
 }
 
+// The planner's input for the example GPT `c` at P stages of T tensor-parallel ranks, D = 1,
+// 8 micro-batches of one kSeq-token sequence.
+PlanInput plan_input(const GptConfig& c, int p, int t = 1) {
+  PlanInput in;
+  in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied, c.kv_heads};
+  in.num_params = c.num_params();
+  in.world_size = t * p;
+  in.tensor_parallel = t;
+  in.pipeline_stages = p;
+  in.micro_batch = 1;
+  in.seq_len = kSeq;
+  in.accumulation = 8;
+  return in;
+}
+
 TEST(PipelinePartitionCompute, TheExampleGptCutsAsMegatronsFormulaSays) {
   const GptConfig c = models::gpt_preset("gpt-25m");
   ASSERT_EQ(c.ffn_dim(), 1024);
@@ -194,14 +209,7 @@ TEST(PipelinePartitionCompute, ThePlannerCutsAsTheRuntimeDoes) {
     const Gpt model(c);
     for (int p : {2, 4}) {
       if (c.layers % p != 0) continue;  // the planner's layout wants P to divide the blocks
-      PlanInput in;
-      in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied, c.kv_heads};
-      in.num_params = c.num_params();
-      in.world_size = p;
-      in.pipeline_stages = p;
-      in.micro_batch = 1;
-      in.seq_len = kSeq;
-      in.accumulation = 8;
+      PlanInput in = plan_input(c, p);
       for (auto [plan, run] :
            {std::pair{PlanInput::Partition::kCompute, PartitionMethod::Compute},
             std::pair{PlanInput::Partition::kParameters, PartitionMethod::Parameters}}) {
@@ -222,6 +230,53 @@ TEST(PipelinePartitionCompute, ThePlannerCutsAsTheRuntimeDoes) {
       }
     }
   }
+}
+
+// The interleaved schedule (v = 2) cuts the same list into P·v chunks, chunk c on stage c % P
+// (StageLayers::bounds() has P·v + 1 entries): the planner's chunks are the runtime's, and each
+// stage's FLOPs the sum of its two chunks'. gpt-25m at P = 2 is 4 chunks, the cut of P = 4 above
+// (0, 4, 8, 12, 14); at P = 4 8 chunks, which 12 blocks do not fill equally (the planner times
+// them as cut; equal chunks would be refused).
+TEST(PipelinePartitionCompute, ThePlannerCutsInterleavedChunksAsTheRuntimeDoes) {
+  const int v = 2;
+  int compared = 0;
+  for (const std::string preset : {"gpt-25m", "small", "tiny"}) {
+    const GptConfig c = models::gpt_preset(preset);
+    const Gpt model(c);
+    for (int p : {2, 4}) {
+      // The planner's layout wants P to divide the blocks; the runtime a layer in every chunk.
+      if (c.layers % p != 0 || c.layers + 2 < p * v) continue;
+      PlanInput in = plan_input(c, p);
+      in.schedule = PlanInput::Schedule::kInterleaved;
+      in.virtual_stages = v;
+      for (auto [plan, run] :
+           {std::pair{PlanInput::Partition::kCompute, PartitionMethod::Compute},
+            std::pair{PlanInput::Partition::kParameters, PartitionMethod::Parameters},
+            std::pair{PlanInput::Partition::kUniform, PartitionMethod::Uniform}}) {
+        in.partition = plan;
+        const std::vector<int> runtime =
+            StageLayers(models::gpt_pipeline_layers(model, kSeq), run, p, 0, 0, v).bounds();
+        ASSERT_EQ(runtime.size(), static_cast<size_t>(p * v + 1));
+        EXPECT_EQ(pipeline_stage_bounds(in), runtime)
+            << preset << " P=" << p << " " << partition_name(plan);
+        ++compared;
+      }
+      in.partition = PlanInput::Partition::kCompute;
+      const std::vector<int> b = pipeline_stage_bounds(in);
+      if (preset == "gpt-25m" && p == 2) EXPECT_EQ(b, (std::vector<int>{0, 4, 8, 12, 14}));
+      const std::vector<LayerCost> costs = layer_costs(models::gpt_pipeline_layers(model, kSeq));
+      const std::vector<double> planned = stage_flops_per_token(in);
+      ASSERT_EQ(planned.size(), static_cast<size_t>(p));
+      for (int s = 0; s < p; ++s) {
+        int64_t sum = 0;
+        for (int chunk = 0; chunk < v; ++chunk)
+          for (int i = b[chunk * p + s]; i < b[chunk * p + s + 1]; ++i)
+            sum += costs[i].flops_per_token;
+        EXPECT_EQ(planned[s], static_cast<double>(sum)) << preset << " P=" << p << " stage " << s;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 4) << "gpt-25m P 2 and 4, small P 2, tiny P 2";
 }
 
 // Under tensor parallelism each rank weighs its own share (attention and the loss ÷ T, the norms
@@ -248,15 +303,7 @@ TEST(PipelinePartitionCompute, ThePlannerCutsAsTheTensorParallelRuntimeDoes) {
   EXPECT_EQ(costs[0][1], 5902848);
   for (size_t i = 0; i < 2; ++i) {
     const int p = i == 0 ? 2 : 4;
-    PlanInput in;
-    in.shape = {c.layers, c.dim, c.heads, c.ffn_dim(), c.vocab, c.tied, c.kv_heads};
-    in.num_params = c.num_params();
-    in.world_size = 2 * p;
-    in.tensor_parallel = 2;
-    in.pipeline_stages = p;
-    in.micro_batch = 1;
-    in.seq_len = kSeq;
-    in.accumulation = 8;
+    PlanInput in = plan_input(c, p, 2);
     in.partition = PlanInput::Partition::kCompute;
     EXPECT_EQ(pipeline_stage_bounds(in), got[0][i]) << "P=" << p;
     const std::vector<int> b = got[0][i];

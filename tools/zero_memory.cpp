@@ -132,12 +132,12 @@ int run(int argc, char** argv) {
       "pipeline schedule over --grad-accum micro-batches: 1f1b "
       "(default), gpipe or interleaved (with --virtual-stages)")(
       "virtual-stages", po::value(&in.virtual_stages)->default_value(1),
-      "interleaved schedule: model chunks per stage v (pipeline.virtual_stages); P x v must "
-      "divide the layers and P the micro-batches")(
+      "interleaved schedule: model chunks per stage v (pipeline.virtual_stages); P must "
+      "divide the micro-batches, and P x v the layers with --partition equal")(
       "partition", po::value(&partition),
-      "how the time model cuts the stages: equal (default: L/P blocks of equal compute), or "
-      "the pipeline runtime's cut of [embedding, blocks, head] by pipeline.partition: "
-      "parameters, compute or uniform")(
+      "how the time model cuts the stages (interleaved: the P x v chunks): equal (default: "
+      "blocks of equal compute), or the pipeline runtime's cut of [embedding, blocks, head] by "
+      "pipeline.partition: parameters, compute or uniform")(
       "parallel-search",
       "also search T and P (done anyway when nothing fits at T = P = 1 "
       "without optimizer offload)")("top", po::value(&top), "layouts the search lists (10)");

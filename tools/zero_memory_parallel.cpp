@@ -110,6 +110,9 @@ void print_parallel_report(const PlanInput& in, const std::string& name, const P
   trow("tensor-parallel collectives", "%.4g", [](const ParallelTime& e) { return e.tp_comm_s; });
   trow("stage-boundary sends", "%.4g", [](const ParallelTime& e) { return e.p2p_s; });
   trow("pipeline bubble", "%.4g", [](const ParallelTime& e) { return e.bubble_s; });
+  if (l.pp > 1)
+    trow("  bubble fraction (of the pipelined part)", "%.4f",
+         [](const ParallelTime& e) { return e.bubble_fraction; });
   trow("data-parallel gradients, exposed", "%.4g",
        [](const ParallelTime& e) { return e.grad_comm_exposed_s; });
   trow("parameter all-gather", "%.4g", [](const ParallelTime& e) { return e.param_gather_s; });

@@ -135,12 +135,13 @@ struct PlanInput {
   bool sequence_parallel = false;
   enum class Schedule { kOneFOneB, kGPipe, kInterleaved } schedule = Schedule::kOneFOneB;
   // kInterleaved: v model chunks per stage (pipeline.virtual_stages, Megatron's interleaved
-  // 1F1B): P·v must divide the layers and P the micro-batches.
+  // 1F1B): P must divide the micro-batches, and P·v the layers with kEqual (with another
+  // partition every one of the P·v chunks needs a layer of [embedding, L blocks, head]).
   int virtual_stages = 1;
   // How the time model cuts the model into stages (parallel_plan.hpp): kEqual, L/P blocks of
   // equal compute (the embedding and head ignored); kUniform, kParameters and kCompute, the
   // runtime's cut of [embedding, L blocks, head] by that pipeline.partition method, each stage
-  // timed by its own layers.
+  // (interleaved: each of its chunks) timed by its own layers.
   enum class Partition { kEqual, kUniform, kParameters, kCompute } partition = Partition::kEqual;
 };
 

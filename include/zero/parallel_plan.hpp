@@ -171,8 +171,13 @@ TpCommStep tp_comm_per_step(const PlanInput& in, Recompute r, int stage);
 // schedule is simulated with those stage times (zero/pipeline/simulate.hpp, stage_scale): the
 // slowest stage paces the step, which is the simulated makespan. The compute, tensor-parallel
 // and bubble terms are then the slowest stage's (its idle time is bubble_s), and the data-
-// parallel terms use the stage holding the most parameters under that cut. Memory is still
-// planned for L/P blocks per stage.
+// parallel terms use the stage holding the most parameters under that cut. Interleaved (v > 1):
+// the layers are cut into P·v chunks as StageLayers cuts them (chunk c on stage c % P), each
+// chunk timed by its own layers (the block collectives scaled to its blocks, the embedding's on
+// chunk 0, the head's and the loss's on the last; one send each way per chunk), and the
+// schedule simulated with those chunk times (OpTimes::chunk_forward / chunk_backward); a stage's
+// figures are its chunks' sums. P·v then needs not divide L (the runtime's rule: every chunk a
+// layer). Memory is still planned for L/P blocks per stage.
 struct ParallelHardware {
   Hardware tp;   // the tensor-parallel group's link
   Hardware dp;   // the data-parallel group's
@@ -184,11 +189,14 @@ struct ParallelHardware {
 ParallelHardware parallel_hardware(const std::string& device, const std::string& inter_link,
                                    const ParallelLayout& layout, int per_node = 8);
 
-// Per-token FLOPs of each stage's layers under in.partition (see above); empty with kEqual,
-// without a shape or with P = 1. One tensor-parallel rank's.
+// Per-token FLOPs of each stage's layers under in.partition (see above; interleaved, the sum
+// of its v chunks); empty with kEqual, without a shape or with P = 1. One tensor-parallel
+// rank's.
 std::vector<double> stage_flops_per_token(const PlanInput& in);
-// The cut itself: stage s holds layers bounds[s] .. bounds[s + 1] - 1 of [embedding, L blocks,
-// head], as PipelineEngine cuts the example GPT's layers; empty when stage_flops_per_token is.
+// The cut itself: virtual stage c holds layers bounds[c] .. bounds[c + 1] - 1 of [embedding, L
+// blocks, head] (P·v + 1 entries; v = 1 but for the interleaved schedule, so stage s is c = s),
+// as PipelineEngine cuts the example GPT's layers (StageLayers::bounds()); empty when
+// stage_flops_per_token is.
 std::vector<int> pipeline_stage_bounds(const PlanInput& in);
 
 struct ParallelTime {

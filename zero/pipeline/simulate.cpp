@@ -112,7 +112,7 @@ class Simulator {
                               missing_input(s, vs - 1, "RecvActivation", "Forward", mb));
         st.forwarded.set(mb, c);
         st.result.peak_in_flight = std::max(st.result.peak_in_flight, ++st.in_flight);
-        busy(st, times_.forward * scale(s));
+        busy(st, forward_time(s, c));
         break;
       }
       case Op::Backward: {
@@ -124,7 +124,7 @@ class Simulator {
                               missing_input(s, vs + 1, "RecvGrad", "Backward", mb));
         st.backwarded.set(mb, c);
         --st.in_flight;
-        busy(st, times_.backward * scale(s));
+        busy(st, backward_time(s, c));
         break;
       }
       case Op::SendActivation:
@@ -195,6 +195,14 @@ class Simulator {
   }
 
   double scale(int s) const { return times_.stage_scale.empty() ? 1.0 : times_.stage_scale[s]; }
+  double forward_time(int s, int c) const {
+    return times_.chunk_forward.empty() ? times_.forward * scale(s)
+                                        : times_.chunk_forward[c * p_ + s];
+  }
+  double backward_time(int s, int c) const {
+    return times_.chunk_backward.empty() ? times_.backward * scale(s)
+                                         : times_.chunk_backward[c * p_ + s];
+  }
 
   void busy(StageState& st, double seconds) {
     st.clock += seconds;
@@ -287,6 +295,22 @@ SimulationResult simulate(const Schedule& schedule, const OpTimes& times) {
                                 " stage scales for " + std::to_string(schedule.stages) + " stages");
   for (double x : times.stage_scale)
     if (!(x >= 0)) throw std::invalid_argument("pipeline simulation: stage scales must be >= 0");
+  if (!times.chunk_forward.empty() || !times.chunk_backward.empty()) {
+    const size_t chunks = static_cast<size_t>(schedule.stages) * schedule.virtual_stages;
+    if (times.chunk_forward.size() != chunks || times.chunk_backward.size() != chunks)
+      throw std::invalid_argument(
+          "pipeline simulation: " + std::to_string(times.chunk_forward.size()) +
+          " chunk forward and " + std::to_string(times.chunk_backward.size()) +
+          " chunk backward times for " + std::to_string(chunks) +
+          " chunks (stages x virtual stages); give one of each per chunk");
+    if (!times.stage_scale.empty())
+      throw std::invalid_argument(
+          "pipeline simulation: chunk times and stage scales together; scale the chunk times "
+          "instead");
+    for (const auto* v : {&times.chunk_forward, &times.chunk_backward})
+      for (double t : *v)
+        if (!(t >= 0)) throw std::invalid_argument("pipeline simulation: durations must be >= 0");
+  }
   return Simulator(schedule, times).run();
 }
 

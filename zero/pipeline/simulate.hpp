@@ -30,6 +30,12 @@ struct OpTimes {
   // Stage s's Forward and Backward take stage_scale[s] times the above: unequal stages (a
   // partition by parameter count that cannot split a layer). Empty: all 1.
   std::vector<double> stage_scale;
+  // Per virtual stage, P·v entries each (chunk c of stage s is virtual stage c·P + s): that
+  // chunk's Forward and Backward, in place of forward / backward (and stage_scale, which must
+  // then be empty). Chunks of unequal cost: the interleaved schedule over a partition by compute
+  // or parameters, whose P·v chunks differ within a stage as well as between stages. Empty:
+  // forward / backward × stage_scale, as before.
+  std::vector<double> chunk_forward, chunk_backward;
 };
 
 // A schedule that cannot run: a receive that meets another message, a wait that never ends, an

@@ -32,11 +32,22 @@ ParallelLayout parallel_layout(const PlanInput& in) {
   const int v = chunks_per_stage(in);
   if (p > 1 && in.schedule == PlanInput::Schedule::kInterleaved) {
     if (v < 1) throw std::invalid_argument("pipeline.virtual_stages must be >= 1");
-    if (in.shape.known() && in.shape.layers % (p * v) != 0) {
+    // Equal chunks need P·v to divide the blocks; the runtime's partitions (uniform,
+    // parameters, compute) cut [embedding, L blocks, head] into any P·v non-empty chunks.
+    const bool equal = in.partition == PlanInput::Partition::kEqual;
+    if (in.shape.known() && equal && in.shape.layers % (p * v) != 0) {
       throw std::invalid_argument(
           "the interleaved schedule cuts the " + std::to_string(in.shape.layers) +
           " layers into P x v = " + std::to_string(p) + " x " + std::to_string(v) +
-          " chunks: they must divide them; pick pipeline.virtual_stages accordingly");
+          " equal chunks: they must divide them; pick pipeline.virtual_stages accordingly, or "
+          "a pipeline.partition (--partition) that cuts as the runtime does");
+    }
+    if (in.shape.known() && !equal && in.shape.layers + 2 < p * v) {
+      throw std::invalid_argument(
+          "the interleaved schedule cuts the " + std::to_string(in.shape.layers + 2) +
+          " layers (embedding, blocks, head) into P x v = " + std::to_string(p) + " x " +
+          std::to_string(v) +
+          " chunks: every chunk needs a layer; use fewer pipeline.virtual_stages or stages");
     }
     if (v > 1 && in.accumulation % p != 0) {
       throw std::invalid_argument("the interleaved schedule runs micro-batches in groups of P = " +

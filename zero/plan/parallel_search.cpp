@@ -21,10 +21,15 @@ ParallelSearch search_parallel(const PlanInput& in, const PlanLimits& limits,
     const int64_t layers = m.known() ? m.layers : 1;
     for (int p = 1; p <= layers; ++p) {
       if (layers % p != 0 || in.world_size % (t * p) != 0) continue;
-      // The interleaved schedule needs P·v chunks of whole layers and groups of P micro-batches.
-      if (p > 1 && in.schedule == PlanInput::Schedule::kInterleaved &&
-          (layers % (p * in.virtual_stages) != 0 || in.accumulation % p != 0)) {
-        continue;
+      // The interleaved schedule needs groups of P micro-batches and P·v chunks: equal ones
+      // (whole blocks each), or with a runtime partition a layer at least in each of [embedding,
+      // blocks, head]'s P·v parts (parallel_layout's rules).
+      if (p > 1 && in.schedule == PlanInput::Schedule::kInterleaved) {
+        const int64_t chunks = static_cast<int64_t>(p) * in.virtual_stages;
+        const bool cut = in.partition == PlanInput::Partition::kEqual || !m.known()
+                             ? layers % chunks == 0
+                             : layers + 2 >= chunks;
+        if (!cut || in.accumulation % p != 0) continue;
       }
       PlanInput x = in;
       x.tensor_parallel = t;

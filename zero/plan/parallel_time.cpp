@@ -54,7 +54,8 @@ bool unequal_stages(const PlanInput& in) {
   return in.partition != PlanInput::Partition::kEqual && in.shape.known() && in.pipeline_stages > 1;
 }
 
-// Stage s holds layers bounds[s] .. bounds[s + 1] - 1 of layer_costs.
+// Virtual stage c holds layers bounds[c] .. bounds[c + 1] - 1 of layer_costs: P·v chunks cut
+// as StageLayers cuts them (v = 1 but for the interleaved schedule), chunk c on stage c % P.
 std::vector<int> stage_bounds(const PlanInput& in, const std::vector<LayerCost>& layers) {
   std::vector<int64_t> weights;
   pipeline::PartitionMethod method = pipeline::PartitionMethod::Parameters;
@@ -65,7 +66,7 @@ std::vector<int> stage_bounds(const PlanInput& in, const std::vector<LayerCost>&
     if (in.partition == PlanInput::Partition::kUniform) method = pipeline::PartitionMethod::Uniform;
     for (const LayerCost& l : layers) weights.push_back(l.params);
   }
-  return pipeline::partition_layers(method, weights, in.pipeline_stages);
+  return pipeline::partition_layers(method, weights, in.pipeline_stages * chunks_per_stage(in));
 }
 
 }  // namespace
@@ -81,8 +82,8 @@ std::vector<double> stage_flops_per_token(const PlanInput& in) {
   const std::vector<LayerCost> layers = layer_costs(in, l.tp);
   const std::vector<int> b = stage_bounds(in, layers);
   std::vector<double> out(l.pp, 0.0);
-  for (int s = 0; s < l.pp; ++s)
-    for (int i = b[s]; i < b[s + 1]; ++i) out[s] += layers[i].flops();
+  for (size_t c = 0; c + 1 < b.size(); ++c)
+    for (int i = b[c]; i < b[c + 1]; ++i) out[c % l.pp] += layers[i].flops();
   return out;
 }
 
@@ -162,43 +163,57 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
   double overlap_window = tb + trc;  // the backward the last gradient buckets hide behind
   const auto kind = schedule_kind(in);
   const int v = chunks_per_stage(in);
-  if (unequal_stages(in) && v > 1) {
-    throw std::invalid_argument(
-        "the time model runs the interleaved schedule with equal chunks only: use "
-        "pipeline.partition equal (--partition equal) with it");
-  }
   if (unequal_stages(in)) {
-    // Each stage timed by its own layers; the simulated schedule's makespan is the pipeline's
-    // part of the step, and the slowest stage's idle time in it the bubble.
+    // Each chunk (virtual stage) timed by its own layers, each stage by the sum of its chunks;
+    // the simulated schedule's makespan is the pipeline's part of the step, and the slowest
+    // stage's idle time in it the bubble.
     const double equal_blocks = static_cast<double>(in.shape.layers / l.pp);
     const std::vector<LayerCost> layers = layer_costs(in, l.tp);
     const std::vector<int> bounds = stage_bounds(in, layers);
-    std::vector<double> f(l.pp), b(l.pp), comp(l.pp), tf_s(l.pp), trc_s(l.pp), tp_s(l.pp);
-    for (int s = 0; s < l.pp; ++s) {
+    const int chunks = l.pp * v;
+    std::vector<std::vector<TpCollective>> stage_tp(l.pp);
+    for (int s = 0; s < l.pp; ++s) stage_tp[s] = tp_collectives(in, r, s);
+    // One send each way per chunk boundary: p2p is the stage's v of them.
+    const double send = p2p / v;
+    std::vector<double> cf(chunks), cb(chunks);
+    std::vector<double> f(l.pp, 0.0), b(l.pp, 0.0), comp(l.pp), tf_s(l.pp, 0.0), trc_s(l.pp, 0.0),
+        tp_s(l.pp, 0.0);
+    std::vector<int64_t> params(l.pp, 0);
+    for (int vs = 0; vs < chunks; ++vs) {
+      const int s = vs % l.pp, c = vs / l.pp;
       double flops = 0, re = 0, blocks = 0;
-      int64_t params = 0;
-      for (int i = bounds[s]; i < bounds[s + 1]; ++i) {
+      for (int i = bounds[vs]; i < bounds[vs + 1]; ++i) {
         flops += layers[i].flops();
         re += layers[i].recompute_flops;
         blocks += layers[i].block ? 1 : 0;
-        params += layers[i].rank_params;
+        params[s] += layers[i].rank_params;
       }
-      most = std::max(most, params);
-      tf_s[s] = tokens * flops / 3 / rate;
-      trc_s[s] = recompute ? tokens * re / rate : 0.0;
+      const double tf_c = tokens * flops / 3 / rate;
+      const double trc_c = recompute ? tokens * re / rate : 0.0;
       // tp_collectives of stage s, its block terms scaled from the equal share (L / P blocks)
-      // to the blocks this cut gives it; the embedding's and the head's terms as they are.
+      // to the blocks this chunk holds; the embedding's terms (stage 0's others) on the chunk
+      // holding layer 0, the head's and the loss's (the last stage's) on the one holding the
+      // last layer: chunk 0 of stage 0 and chunk v - 1 of stage P - 1 (P > 1 here).
+      const bool ends = (s == 0 && c == 0) || (s == l.pp - 1 && c == v - 1);
       double tpf = 0, tpb = 0;
-      for (const TpCollective& c : tp_collectives(in, r, s)) {
-        if (c.phase == TpCollective::Phase::kStep) continue;  // once per step: tp_step
-        const bool block = std::string_view(c.what).find("block") != std::string_view::npos;
+      for (const TpCollective& x : stage_tp[s]) {
+        if (x.phase == TpCollective::Phase::kStep) continue;  // once per step: tp_step
+        const bool block = std::string_view(x.what).find("block") != std::string_view::npos;
+        if (!block && !ends) continue;
         const double scale = block && equal_blocks > 0 ? blocks / equal_blocks : 1.0;
-        const double sec = tp_call_s(c) * static_cast<double>(c.calls) * scale;
-        (c.phase == TpCollective::Phase::kForward ? tpf : tpb) += sec;
+        const double sec = tp_call_s(x) * static_cast<double>(x.calls) * scale;
+        (x.phase == TpCollective::Phase::kForward ? tpf : tpb) += sec;
       }
-      tp_s[s] = tpf + tpb;
-      f[s] = tf_s[s] + tpf + p2p;
-      b[s] = 2 * tf_s[s] + trc_s[s] + tpb + p2p;
+      cf[vs] = tf_c + tpf + send;
+      cb[vs] = 2 * tf_c + trc_c + tpb + send;
+      f[s] += cf[vs];
+      b[s] += cb[vs];
+      tf_s[s] += tf_c;
+      trc_s[s] += trc_c;
+      tp_s[s] += tpf + tpb;
+    }
+    for (int s = 0; s < l.pp; ++s) {
+      most = std::max(most, params[s]);
       comp[s] = m * (3 * tf_s[s] + trc_s[s]);
     }
     int k = 0;
@@ -206,14 +221,22 @@ ParallelTime predict_parallel_step_time(const PlanInput& in, int stage, Recomput
       if (f[s] + b[s] > f[k] + b[k]) k = s;
     double mean_f = 0, mean_b = 0;
     for (int s = 0; s < l.pp; ++s) mean_f += f[s] / l.pp, mean_b += b[s] / l.pp;
-    // stage_scale scales a stage's forward and backward alike: the stages' backward / forward
-    // ratios differ only by the sends and collectives added to both.
     pipeline::OpTimes times;
-    times.forward = mean_f;
-    times.backward = mean_b;
-    for (int s = 0; s < l.pp; ++s) times.stage_scale.push_back((f[s] + b[s]) / (mean_f + mean_b));
+    if (v == 1) {
+      // GPipe and 1F1B as planned before chunk times: stage_scale scales a stage's forward and
+      // backward alike (the stages' backward / forward ratios differ only by the sends and
+      // collectives added to both).
+      times.forward = mean_f;
+      times.backward = mean_b;
+      for (int s = 0; s < l.pp; ++s) times.stage_scale.push_back((f[s] + b[s]) / (mean_f + mean_b));
+    } else {
+      // Interleaved: a stage's chunks differ (the embedding on its first, the head on the last
+      // stage's last, and a partition's uneven cut), so each runs its own times.
+      times.chunk_forward = cf;
+      times.chunk_backward = cb;
+    }
     const double makespan =
-        pipeline::simulate(pipeline::make_schedule(kind, l.pp, static_cast<int>(m)), times)
+        pipeline::simulate(pipeline::make_schedule(kind, l.pp, static_cast<int>(m), v), times)
             .makespan;
     t.forward_s = m * tf_s[k];
     t.backward_s = m * 2 * tf_s[k];
