@@ -160,8 +160,6 @@ constexpr int64_t kRows = 8;
 constexpr int64_t kBlockNumel = kWidth * kWidth + 3 * kWidth;
 constexpr int64_t kRootNumel = kWidth * 5 + 5;
 
-using DeepNet = Stage3DeepNetImpl;
-
 struct Phases {
   int64_t model = 0;     // the model's parameters before initialize
   int64_t held = 0;      // after initialize and between steps: what the engine keeps
@@ -192,18 +190,14 @@ TEST(FakeDeviceStage3Memory, FourRanksHoldAQuarterOfTheModelPerPhase) {
         const c10::Device d = fake::device(r);
         Phases& p = ph[r];
         const int64_t base = fake::allocated_bytes(r);
-        auto net = std::make_shared<DeepNet>();
-        for (size_t i = 0; i < net->body->size(); ++i) zero::shard(net->body->block_module(i));
-        net->to(d);
+        auto net = make_marked_deep_net(d);
         p.model = fake::allocated_bytes(r) - base;
         auto engine = initialize(net, cfg, group);
         p.held = fake::allocated_bytes(r) - base;
         p.report = engine.memory_report();
         for (int s = 0; s < 3; ++s) {
           const Batch b = rank_micro_batch(global_batch(s, kRows), r, kWorld, 0, 1);
-          at::Tensor x = at::zeros({b.x.size(0), kWidth});
-          x.narrow(1, 0, b.x.size(1)).copy_(b.x);
-          x = x.to(d);
+          const at::Tensor x = deep_input(b.x).to(d);
           const at::Tensor y = b.y.to(d);
           const int64_t before_forward = fake::allocated_bytes(r);
           int64_t at0 = before_forward;

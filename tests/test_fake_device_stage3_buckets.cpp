@@ -18,7 +18,6 @@
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
 #include "zero/memory.hpp"
-#include "zero/sharding.hpp"
 
 namespace zero::testing {
 namespace {
@@ -59,9 +58,7 @@ TEST(FakeDeviceStage3Buckets, AllocatedOncePerAccumulationWindowAndFreedByTheSte
       [&](std::shared_ptr<comm::Group> group) {
         const int r = group->rank();
         const c10::Device d = fake::device(r);
-        auto net = std::make_shared<Stage3DeepNetImpl>();
-        for (size_t i = 0; i < net->body->size(); ++i) zero::shard(net->body->block_module(i));
-        net->to(d);
+        auto net = make_marked_deep_net(d);
         auto engine = initialize(net, cfg, group);
         states[r] = engine.memory_report().measured.total();
         shard[r] = 4 * engine.memory_report().padded_params / kWorld;
@@ -76,8 +73,7 @@ TEST(FakeDeviceStage3Buckets, AllocatedOncePerAccumulationWindowAndFreedByTheSte
             // From step 1 on, the allocator says it retried r + 1 times (the fake never does;
             // a CUDA allocator near capacity would).
             if (s == 1 && m == 0) fake::add_alloc_retries(r, r + 1);
-            at::Tensor x = at::zeros({b.x.size(0), kWidth});
-            x.narrow(1, 0, b.x.size(1)).copy_(b.x);
+            const at::Tensor x = deep_input(b.x);
             Micro mi;
             const int64_t in0 = fake::allocations(r, kInBytes);
             const int64_t out0 = fake::allocations(r, kOutBytes);
@@ -142,9 +138,8 @@ TEST(FakeDeviceStage3Buckets, AllocatedOncePerAccumulationWindowAndFreedByTheSte
         std::printf(
             "rank 0 step %d (accumulation %d): %lld bucket buffers and %lld shard buffers "
             "allocated, peak +%lld B above the model states (%lld B)\n",
-            s, kAccumulation, static_cast<long long>(in_allocs),
-            static_cast<long long>(out_allocs), static_cast<long long>(peak),
-            static_cast<long long>(states[r]));
+            s, kAccumulation, static_cast<long long>(in_allocs), static_cast<long long>(out_allocs),
+            static_cast<long long>(peak), static_cast<long long>(states[r]));
       }
       EXPECT_EQ(in_allocs, buffers[r]);
       EXPECT_EQ(out_allocs, buffers[r]);

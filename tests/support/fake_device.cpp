@@ -152,7 +152,7 @@ class CountingAllocator final : public c10::DeviceAllocator {
     int64_t peak = 0;
     int64_t allocations = 0;
     std::unordered_map<int64_t, int64_t> by_size;  // allocations per size in bytes
-    int64_t alloc_retries = 0;                      // see add_alloc_retries
+    int64_t alloc_retries = 0;                     // see add_alloc_retries
   };
   std::mutex mu_;
   std::unordered_map<void*, Block> live_;
