@@ -35,6 +35,7 @@ DeviceMemory registered_allocator_memory(c10::Device device) {
   m.allocated = stats.allocated_bytes[agg].current;
   m.reserved = stats.reserved_bytes[agg].current;
   m.peak_allocated = stats.allocated_bytes[agg].peak;
+  m.alloc_retries = stats.num_alloc_retries;
   return m;
 }
 

@@ -291,6 +291,7 @@ void TrainSummary::write_json(const std::string& path, const Engine& engine,
       << ",\n  \"data_wait_s\": " << Num{data_wait_s}
       << ",\n  \"comm_wait_seconds\": " << Num{engine.stats().comm_wait_seconds}
       << ",\n  \"skipped_steps\": " << engine.settled_stats().skipped_steps
+      << ",\n  \"allocator_retries\": " << engine.stats().allocator_retries
       << ",\n  \"bf16\": " << b(c.bf16) << ",\n  \"activation_checkpointing\": " << b(checkpointing)
       << ",\n  \"cpu_offload\": " << b(cpu_offload)
       << ",\n  \"optimizer_offload\": " << b(c.zero_optimization.offload_optimizer.enabled)

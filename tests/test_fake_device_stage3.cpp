@@ -107,25 +107,34 @@ TEST_P(FakeDeviceStage3, MatchesSingleProcessTraining) {
         const int64_t shard = 4 * rep.padded_params / c.world;
         EXPECT_EQ(rep.measured.grads, c.offload ? shard : 0);
         const int64_t device_shard = c.offload ? 0 : shard;
+        int64_t pool = -1;  // the bucket buffers' bytes, from the first backward's report
         for (int s = 0; s < kSteps; ++s) {
           const Batch global = global_batch(s, kGlobalRows);
           for (int m = 0; m < c.accumulation; ++m) {
             const Batch b = rank_micro_batch(global, r, c.world, m, c.accumulation);
             engine.backward(mse(net->forward(b.x.to(d)), b.y.to(d)));
-            // The shard is back from the window's first reduction, and survives the window's
-            // micro-steps (their gradients accumulate in it); the buckets are gone again.
+            // The shard and the bucket buffers are back from the window's first reduction and
+            // survive the window's micro-steps (their gradients accumulate in the shard): the
+            // same bytes after every backward (review 2026-12-07c L1).
             EXPECT_EQ(engine.memory_report().measured.grads, shard) << "step " << s << "." << m;
-            EXPECT_EQ(engine.memory_report().measured.comm_buffers, rep.measured.comm_buffers);
+            const int64_t comm =
+                engine.memory_report().measured.comm_buffers - rep.measured.comm_buffers;
+            if (pool < 0) pool = comm;
+            EXPECT_GT(comm, 0) << "step " << s << "." << m;
+            EXPECT_EQ(comm, pool) << "step " << s << "." << m;
             engine.step();
             const bool boundary = m + 1 == c.accumulation;
             // Between steps only the states of initialize (and the step's 8-byte gather-order
-            // flag, kept until the next backward reads it); inside a window also the shard.
-            // Under offload the window's squared norm, summed on the device as the pieces left
-            // for the host (GradToHost, one fp32), stays inside the window instead.
-            const int64_t in_window = c.offload ? 4 : device_shard;
+            // flag, kept until the next backward reads it); inside a window also the shard and
+            // the bucket buffers, as the report declares them. Under offload the window's
+            // squared norm, summed on the device as the pieces left for the host (GradToHost,
+            // one fp32), stays inside the window instead of the shard.
+            const int64_t in_window = (c.offload ? 4 : device_shard) + pool;
             EXPECT_EQ(fake::allocated_bytes(r) - held, 8 + (boundary ? 0 : in_window))
                 << "step " << s << "." << m;
             EXPECT_EQ(engine.memory_report().measured.grads, boundary ? rep.measured.grads : shard);
+            EXPECT_EQ(engine.memory_report().measured.comm_buffers,
+                      rep.measured.comm_buffers + (boundary ? 0 : pool));
             // Between steps a marked block holds no device bytes.
             EXPECT_EQ(net->body->block_module(0).fc->weight.storage().nbytes(), 0u);
           }
@@ -147,7 +156,8 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndOptimizers, FakeDeviceStage3,
                                            Case{4, "AdamW", 2}, Case{4, "SGD", 1},
                                            Case{2, "AdamW", 2}, Case{2, "SGD", 1},
                                            Case{4, "AdamW", 1}, Case{4, "SGD", 2},
-                                           Case{2, "AdamW", 2, true}, Case{4, "SGD", 1, true}),
+                                           Case{2, "AdamW", 2, true}, Case{4, "SGD", 1, true},
+                                           Case{2, "SGD", 4}, Case{4, "AdamW", 4, true}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return "world" + std::to_string(i.param.world) + "_" +
                                   i.param.optimizer + "_ga" + std::to_string(i.param.accumulation) +
@@ -216,8 +226,6 @@ constexpr int64_t kRows = 8;
 constexpr int64_t kBlockNumel = kWidth * kWidth + 3 * kWidth;
 constexpr int64_t kRootNumel = kWidth * 5 + 5;
 
-using DeepNet = Stage3DeepNetImpl;
-
 struct Phases {
   int64_t model = 0;     // the model's parameters before initialize
   int64_t held = 0;      // after initialize and between steps: what the engine keeps
@@ -248,18 +256,14 @@ TEST(FakeDeviceStage3Memory, FourRanksHoldAQuarterOfTheModelPerPhase) {
         const c10::Device d = fake::device(r);
         Phases& p = ph[r];
         const int64_t base = fake::allocated_bytes(r);
-        auto net = std::make_shared<DeepNet>();
-        for (size_t i = 0; i < net->body->size(); ++i) zero::shard(net->body->block_module(i));
-        net->to(d);
+        auto net = make_marked_deep_net(d);
         p.model = fake::allocated_bytes(r) - base;
         auto engine = initialize(net, cfg, group);
         p.held = fake::allocated_bytes(r) - base;
         p.report = engine.memory_report();
         for (int s = 0; s < 3; ++s) {
           const Batch b = rank_micro_batch(global_batch(s, kRows), r, kWorld, 0, 1);
-          at::Tensor x = at::zeros({b.x.size(0), kWidth});
-          x.narrow(1, 0, b.x.size(1)).copy_(b.x);
-          x = x.to(d);
+          const at::Tensor x = deep_input(b.x).to(d);
           const at::Tensor y = b.y.to(d);
           const int64_t before_forward = fake::allocated_bytes(r);
           int64_t at0 = before_forward;
@@ -316,10 +320,12 @@ TEST(FakeDeviceStage3Memory, FourRanksHoldAQuarterOfTheModelPerPhase) {
     EXPECT_EQ(rep.predicted.grads, 0);
     EXPECT_EQ(rep.predicted.comm_buffers, 0);
     EXPECT_EQ(p.held, m.params + shard + 2 * shard + 4) << "rank " << r;
-    // After a backward the gradient shard is back (the step reads it), with the step's
-    // gather-order flag (8 B) and the 4-byte loss; its bucket buffers are gone again. After
-    // the step the shard is gone too. (The 8-byte flag of the step before was replaced.)
-    EXPECT_EQ(p.after_backward, shard + 4) << "rank " << r;
+    // After a backward the gradient shard and the two bucket buffers are back (65,536
+    // elements and their quarter each, fp32), with the step's gather-order flag (8 B) and the
+    // 4-byte loss: kept to the step (a window's later micro-steps would reuse them). After the
+    // step both are gone. (The 8-byte flag of the step before was replaced.)
+    const int64_t buckets = 2 * 4 * (kWidth * kWidth + kWidth * kWidth / kWorld);
+    EXPECT_EQ(p.after_backward, shard + buckets + 4) << "rank " << r;
     EXPECT_EQ(p.after_step, 4) << "rank " << r;
     // After a step, plus the last backward's gather-order comparison (one int64 on the device),
     // kept until the next backward reads it: the step skips on it (review 2026-12-07a L1).
@@ -336,9 +342,7 @@ TEST(FakeDeviceStage3Memory, FourRanksHoldAQuarterOfTheModelPerPhase) {
     EXPECT_LE(p.forward, p.kept + 4 * kBlockNumel * 11 / 10) << "rank " << r;
     EXPECT_GE(p.forward, p.kept + 4 * kBlockNumel) << "rank " << r;
     // A backward: one block gathered, its gradients on the way to the pool buffers; and now
-    // the gradient shard and the two bucket buffers (65,536 elements and their quarter each,
-    // fp32), which it allocates.
-    const int64_t buckets = 2 * 4 * (kWidth * kWidth + kWidth * kWidth / kWorld);
+    // the gradient shard and the two bucket buffers, which it allocates.
     EXPECT_LE(p.backward, 3 * 4 * kBlockNumel + shard + buckets) << "rank " << r;
     EXPECT_GE(p.backward, shard + buckets) << "rank " << r;
   }

@@ -264,9 +264,7 @@ int64_t forward_peak(double prefetch, double live, double reuse) {
       [&](std::shared_ptr<comm::Group> group) {
         const int r = group->rank();
         const c10::Device d = fake::device(r);
-        auto net = std::make_shared<Stage3DeepNetImpl>();
-        for (size_t i = 0; i < net->body->size(); ++i) zero::shard(net->body->block_module(i));
-        net->to(d);
+        auto net = make_marked_deep_net(d);
         auto engine = initialize(net, cfg, group);
         for (int s = 0; s < 3; ++s) {
           const at::Tensor x = at::randn({4, kDeepWidth}).to(d);

@@ -29,6 +29,7 @@ DeviceMemory device_memory(c10::Device device) {
   m.allocated = stats.allocated_bytes[agg].current;
   m.reserved = stats.reserved_bytes[agg].current;
   m.peak_allocated = stats.allocated_bytes[agg].peak;
+  m.alloc_retries = stats.num_alloc_retries;
   const c10::cuda::CUDAGuard guard(index);  // cudaMemGetInfo reads the current device
   size_t free = 0, total = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -40,6 +41,13 @@ DeviceMemory device_memory(c10::Device device) {
 int64_t allocated_bytes(c10::Device device) {
   if (device.is_cpu()) return host_allocated_bytes();
   return device_memory(device).allocated;
+}
+
+int64_t alloc_retries(c10::Device device) {
+  if (device.is_cpu()) return 0;
+  if (!device.is_cuda()) return detail::registered_allocator_memory(device).alloc_retries;
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index).num_alloc_retries;
 }
 
 void set_current_device(c10::Device device) {

@@ -13,6 +13,9 @@ int64_t allocated_bytes(c10::Device device) {
   if (device.is_cpu()) return host_allocated_bytes();
   return detail::registered_allocator_memory(device).allocated;
 }
+int64_t alloc_retries(c10::Device device) {
+  return device.is_cpu() ? 0 : detail::registered_allocator_memory(device).alloc_retries;
+}
 void reset_peak_memory(c10::Device device) {
   if (!device.is_cpu()) detail::reset_registered_allocator_peak(device);
 }

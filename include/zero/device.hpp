@@ -19,6 +19,10 @@ struct DeviceMemory {
   int64_t peak_allocated = 0;
   int64_t free = 0;   // the driver's free bytes on the device (all processes' use counted)
   int64_t total = 0;  // the device's capacity
+  // Allocations the caching allocator served only after freeing its cached blocks and asking
+  // the driver again (CUDA's num_alloc_retries; each one synchronizes the device), since the
+  // process started.
+  int64_t alloc_retries = 0;
 };
 
 // "NVIDIA H200", or "cpu".
@@ -37,6 +41,8 @@ void reset_peak_memory(c10::Device device);
 // the engine's own list of tensors.
 int64_t allocated_bytes(c10::Device device);
 int64_t host_allocated_bytes();
+// DeviceMemory::alloc_retries alone (no driver call: cheap enough for every step); 0 on CPU.
+int64_t alloc_retries(c10::Device device);
 // Dense bf16 peak FLOP/s of known accelerators (A100 312 T, H100/H200 989 T); 0 if unknown.
 double known_peak_flops(const std::string& name);
 

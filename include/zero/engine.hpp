@@ -53,6 +53,12 @@ struct EngineStats {
   // further ahead wait in autograd's tensor instead of growing it) and the most in use at once.
   int64_t bucket_buffers = 0;
   int64_t bucket_buffers_in_use_peak = 0;
+  // The device's caching allocator: allocations it served only after freeing its cache and
+  // retrying (CUDA's num_alloc_retries, each a device sync with cudaFree/cudaMalloc), for the
+  // whole device since the process started; read after each backward and step, 0 on CPU. A
+  // count that keeps growing means the allocator thrashes near capacity: see
+  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in docs/zero-stages.md.
+  int64_t allocator_retries = 0;
 };
 
 // What Engine::state_dict returns and where.

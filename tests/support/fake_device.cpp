@@ -82,6 +82,8 @@ class CountingAllocator final : public c10::DeviceAllocator {
       auto& s = stats_[d];
       s.current += static_cast<int64_t>(n);
       s.peak = std::max(s.peak, s.current);
+      ++s.allocations;
+      ++s.by_size[static_cast<int64_t>(n)];
     }
     return {p, p, &release, c10::Device(kType, d)};
   }
@@ -102,6 +104,7 @@ class CountingAllocator final : public c10::DeviceAllocator {
       agg.current = s.current;
       agg.peak = s.peak;
     }
+    out.num_alloc_retries = s.alloc_retries;
     return out;
   }
   void resetAccumulatedStats(DeviceIndex) override {}
@@ -113,6 +116,17 @@ class CountingAllocator final : public c10::DeviceAllocator {
   static CountingAllocator& get() {
     static CountingAllocator a;
     return a;
+  }
+  int64_t allocations(DeviceIndex d, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Counter& s = stats_.at(d);
+    if (bytes < 0) return s.allocations;
+    const auto it = s.by_size.find(bytes);
+    return it == s.by_size.end() ? 0 : it->second;
+  }
+  void add_alloc_retries(DeviceIndex d, int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.at(d).alloc_retries += n;
   }
 
  private:
@@ -136,6 +150,9 @@ class CountingAllocator final : public c10::DeviceAllocator {
   struct Counter {
     int64_t current = 0;
     int64_t peak = 0;
+    int64_t allocations = 0;
+    std::unordered_map<int64_t, int64_t> by_size;  // allocations per size in bytes
+    int64_t alloc_retries = 0;                     // see add_alloc_retries
   };
   std::mutex mu_;
   std::unordered_map<void*, Block> live_;
@@ -531,6 +548,14 @@ int64_t peak_bytes(int index) {
 
 void reset_peak(int index) {
   CountingAllocator::get().resetPeakStats(static_cast<DeviceIndex>(index));
+}
+
+int64_t allocations(int index, int64_t bytes) {
+  return CountingAllocator::get().allocations(static_cast<DeviceIndex>(index), bytes);
+}
+
+void add_alloc_retries(int index, int64_t n) {
+  CountingAllocator::get().add_alloc_retries(static_cast<DeviceIndex>(index), n);
 }
 
 int64_t pinned_bytes() { return PinnedAllocator::get().reserved(); }

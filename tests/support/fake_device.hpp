@@ -32,6 +32,13 @@ constexpr int kDevices = 8;
 int64_t allocated_bytes(int index);
 int64_t peak_bytes(int index);
 void reset_peak(int index);
+// Allocations on fake:`index` so far (take differences): all of them, or (bytes >= 0) those of
+// exactly `bytes` bytes. What a CUDA run would ask the caching allocator for, block by block.
+int64_t allocations(int index, int64_t bytes = -1);
+// The fake never frees a cache and retries (nothing is cached), so its num_alloc_retries
+// (DeviceStats, CUDA's "cudaMalloc retries") is whatever a test adds here: to check that the
+// engine reports the allocator's figure.
+void add_alloc_retries(int index, int64_t n);
 // Page-locked host memory, modelled on CUDA's: the caching allocator behind
 // at::empty(..., pinned_memory(true)) (PrivateUse1HooksInterface::getPinnedMemoryAllocator)
 // rounds each block up to a power of two and keeps it when freed, as CachingHostAllocator does;

@@ -58,4 +58,20 @@ struct Stage3DeepNetImpl : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 
+// The deep net (default initialisation) with every block marked, moved to `d`.
+inline std::shared_ptr<Stage3DeepNetImpl> make_marked_deep_net(const c10::Device& d) {
+  auto net = std::make_shared<Stage3DeepNetImpl>();
+  for (size_t i = 0; i < net->body->size(); ++i) zero::shard(net->body->block_module(i));
+  net->to(d);
+  return net;
+}
+
+// A batch's features (global_batch's 12 columns) as the deep net's input: zero-padded to
+// kStage3DeepWidth columns, on the host.
+inline at::Tensor deep_input(const at::Tensor& x) {
+  at::Tensor padded = at::zeros({x.size(0), kStage3DeepWidth});
+  padded.narrow(1, 0, x.size(1)).copy_(x);
+  return padded;
+}
+
 }  // namespace zero::testing

@@ -440,6 +440,7 @@ bool Engine::step() {
   m.scaler.update(found_inf);
   m.sync->zero_grad();
   ++m.stats.optimizer_steps;
+  m.stats.allocator_retries = alloc_retries(m.fp.device());
 
   const at::Tensor scale_after = m.scaler.active() ? m.scaler.scale_tensor() : divisor;
   // How many more overflows in a row the scale tolerates before it drops (fp16.hysteresis).

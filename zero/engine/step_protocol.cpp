@@ -8,6 +8,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "zero/device.hpp"
 #include "zero/engine/engine_impl.hpp"
 
 namespace zero {
@@ -76,6 +77,7 @@ void Engine::Impl::run_backward(const std::vector<at::Tensor>& roots,
   const GradPathBytes bytes = sync->bytes();
   stats.bucket_buffers = bytes.buffers;
   stats.bucket_buffers_in_use_peak = bytes.buffers_peak;
+  stats.allocator_retries = alloc_retries(fp.device());
 }
 
 void Engine::backward(const at::Tensor& loss) {

@@ -96,7 +96,8 @@ class BucketPipeline {
   // front (the declared bucket buffers: two let one bucket fill while the previous one is in
   // flight) and never grow; 0 when the stage needs none. `on_demand` (stage 3, which holds no
   // gradient path between steps): each buffer is allocated when it is first acquired, and
-  // free_buffers() gives them all back once nothing is in flight.
+  // free_buffers() gives them all back once nothing is in flight (stage 3 calls it once per
+  // accumulation window, from zero_grad).
   BucketPipeline(int64_t in_numel, int64_t out_numel, const at::TensorOptions& opts, int buffers,
                  bool on_demand = false);
 

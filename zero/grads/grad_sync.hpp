@@ -40,10 +40,13 @@ struct GradSyncOptions {
   // Stage 3 (FSDP2's zero_grad(set_to_none=True)): nothing of the gradient path is held between
   // steps. The device gradient shard is allocated (zeros) when the window's first reduction
   // needs it, accumulates the window's micro-steps, and is freed by zero_grad() after the step
-  // read it; the bucket buffers are allocated as backward first takes them and freed when it
-  // ends. Under optimizer offload the host shard and its landing ring stay (page-locked host
-  // memory, whose allocation and release cost more than a step's copies); the device's bucket
-  // buffers go all the same.
+  // read it; the bucket buffers are allocated as the window's first backward takes them, kept
+  // for its later micro-steps and freed by zero_grad() with the shard (once per window: on CUDA
+  // a block freed every micro-step can be split by the next forward's activations, and the
+  // next backward's allocation then makes the caching allocator free its cache and retry,
+  // review 2026-12-07c L1). Under optimizer offload the host shard and its landing ring stay
+  // (page-locked host memory, whose allocation and release cost more than a step's copies);
+  // the device's bucket buffers go all the same.
   bool release_between_steps = false;
   // zero_quantized_gradients (stages 1, 2): buckets are reduced by a quantized all-to-all
   // (zero/compress/quantized_reduce.hpp) instead of reduce_scatter / all_reduce; the bucket

@@ -90,9 +90,10 @@ class PartitionedGrads final : public GradSync {
     if (agree_late_) launch_late();
     counters_.wait_seconds += pipeline_.drain();
     sink_->finish();
-    // Stage 3: the buffers' bytes go back until the next backward (finish() waited for the
-    // copies to the host that read them under offload).
-    if (opts_.release_between_steps) pipeline_.free_buffers();
+    // Stage 3 keeps the buffers for the window's next micro-step, as it keeps the shard, and
+    // frees both in zero_grad(): once per window, not once per backward, where on CUDA the next
+    // forward's activations could split the freed blocks and the next backward's first acquire()
+    // make the caching allocator free its cache and retry (review 2026-12-07c L1).
   }
 
   void set_release_order(const std::vector<int>& order) override { tracker_.set_order(order); }
@@ -108,7 +109,13 @@ class PartitionedGrads final : public GradSync {
     if (opts_.release_between_steps) pipeline_.free_buffers();  // sink_->abort() waited
   }
 
-  void zero_grad() override { sink_->new_window(); }
+  // Stage 3: after the step read the shard, nothing of the gradient path stays (FSDP2's
+  // set_to_none). end_backward drained every reduction and finish() waited for the copies to
+  // the host that read the buffers under offload, so none is in flight.
+  void zero_grad() override {
+    sink_->new_window();
+    if (opts_.release_between_steps) pipeline_.free_buffers();
+  }
   GradPathBytes bytes() const override { return path_bytes(pipeline_, 0); }
 
   void launch_ready() override {
