@@ -4,7 +4,9 @@
 # falls on both), each run's step-time median from its --summary-json, and one markdown row: the
 # median of the runs' medians on and off, the median of the pairs' ratios (on / off; below 1:
 # the overlap hides communication), and the exposed communication zero-train reports where it
-# has one.
+# has one, and whether each pair ended with the same final loss and parameter checksum (it should
+# on the CPU: the overlaps reorder waits, not arithmetic; on a GPU cuBLAS may pick other kernels
+# for the TP weight gradient, so the last bits may differ there).
 #
 #   layout     what         switch
 #   p2-1f1b-m8 P2 x D1, 1F1B, 8 micro-batches  pipeline.overlap_p2p_comm (receives posted early)
@@ -90,13 +92,14 @@ print(f"{device}, {model}, seq {seq}, {steps} steps per run, {pairs} on/off pair
       f"load average (1, 5, 15 min) {l0} at the start, {l1} at the end")
 print()
 print("| layout | switch | median step on (s) | median step off (s) | on/off (median of pairs) | "
-      "exposed comm on / off (s per step) |")
-print("|---|---|---|---|---|---|")
+      "exposed comm on / off (s per step) | final loss, checksum on = off |")
+print("|---|---|---|---|---|---|---|")
 for layout in layouts:
     key = "pipeline.overlap_p2p_comm" if layout.startswith("p2") else "tensor_parallel.overlap_comm"
     t = {"on": [], "off": []}
     comm = {"on": [], "off": []}
     ratios = []
+    same = []  # each pair: the final loss and the parameter checksum equal on and off
     for i in range(pairs):
         s = {m: load(f"ab-{layout}-{m}-{i}") for m in ("on", "off")}
         for m in ("on", "off"):
@@ -105,6 +108,8 @@ for layout in layouts:
                 st = s[m].get("stages")
                 if st:
                     comm[m].append([x.get("pipeline_comm_s_mean", float("nan")) for x in st])
+        if s["on"] and s["off"]:
+            same.append(all(s["on"].get(k) == s["off"].get(k) for k in ("final_loss", "param_checksum")))
         if all(s[m] and s[m].get("step_seconds_median") for m in ("on", "off")):
             ratios.append(s["on"]["step_seconds_median"] / s["off"]["step_seconds_median"])
     def exposed(m):
@@ -116,6 +121,6 @@ for layout in layouts:
           f"stages {exposed('on')} / {exposed('off')}")
     rng = f" ({min(ratios):.3f}-{max(ratios):.3f})" if ratios else ""
     print(f"| {layout} | {key} | {med(t['on']):.4f} | {med(t['off']):.4f} | "
-          f"{med(ratios):.3f}{rng} | {ex} |")
+          f"{med(ratios):.3f}{rng} | {ex} | {sum(same)} of {len(same)} pairs |")
 PY
 exit $failed

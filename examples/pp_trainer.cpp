@@ -224,8 +224,9 @@ int train_pipeline(const PipelineTrainerArgs& a) {
         a.preset.c_str(), (long long)a.model.num_params(), world_size,
         (grid.describe() +
          (tp > 1 && cfg.tensor_parallel.sequence_parallel ? ", sequence parallel" : "") +
-         // Said only when off (the A/B runs of scripts/gpu-check.sh read it in the log).
-         (tp > 1 && !tensor_parallel_overlap_comm(cfg) ? ", tensor_parallel.overlap_comm off" : "") +
+         // Said only when off: the log of an A/B run (bench/overlap_ab.sh) says which side it is.
+         (tp > 1 && !tensor_parallel_overlap_comm(cfg) ? ", tensor_parallel.overlap_comm off"
+                                                       : "") +
          (!overlap_p2p_comm(cfg) ? ", pipeline.overlap_p2p_comm off" : ""))
             .c_str(),
         a.device.str().c_str(), engine.stage(),

@@ -324,11 +324,12 @@ void Trainer::build() {
   if (peak_flops_ <= 0) peak_flops_ = known_peak_flops(dev_name);
   if (rank_ == 0) {
     const std::string layout_text =
-        tp_model_ ? " (" + layout_.describe() +
-                        (cfg_.tensor_parallel.sequence_parallel ? ", sequence parallel" : "") +
-                        (tensor_parallel_overlap_comm(cfg_) ? "" : ", tensor_parallel.overlap_comm off") +
-                        ")"
-                  : "";
+        tp_model_
+            ? " (" + layout_.describe() +
+                  (cfg_.tensor_parallel.sequence_parallel ? ", sequence parallel" : "") +
+                  (tensor_parallel_overlap_comm(cfg_) ? "" : ", tensor_parallel.overlap_comm off") +
+                  ")"
+            : "";
     std::printf(
         "zero-train: %s (%lld parameters), %d ranks%s on %s, ZeRO stage %d%s, %s%s, micro-batch "
         "%lld x accumulation %lld x %d %sranks = %lld sequences of %lld tokens, data: %s\n",

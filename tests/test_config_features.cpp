@@ -333,8 +333,9 @@ TEST(Config, OverlapSwitches) {
   c = load("pipeline: {stages: 2, overlap_p2p_comm: true}\ntensor_parallel: {autotp_size: 2}\n");
   EXPECT_TRUE(overlap_p2p_comm(c));
   EXPECT_TRUE(tensor_parallel_overlap_comm(c));
-  c = load("pipeline: {stages: 2, overlap_p2p_comm: false}\n"
-                  "tensor_parallel: {autotp_size: 2, overlap_comm: false}\n");
+  c = load(
+      "pipeline: {stages: 2, overlap_p2p_comm: false}\n"
+      "tensor_parallel: {autotp_size: 2, overlap_comm: false}\n");
   EXPECT_FALSE(overlap_p2p_comm(c));
   EXPECT_FALSE(tensor_parallel_overlap_comm(c));
   c = Config::from_string(

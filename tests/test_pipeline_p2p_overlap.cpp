@@ -29,11 +29,11 @@
 #include "comm/mesh.hpp"
 #include "support/forwarding_group.hpp"
 #include "support/thread_group.hpp"
+#include "zero/comm_overlap.hpp"
 #include "zero/models/gpt.hpp"
 #include "zero/models/gpt_layers.hpp"
 #include "zero/pipeline/runtime/early_recvs.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
-#include "zero/comm_overlap.hpp"
 #include "zero/pipeline_engine.hpp"
 
 namespace zero::pipeline {

@@ -258,8 +258,8 @@ TEST(TensorParallelOverlap, ConfigKeySwitchesTheModelsBackward) {
                              std::string(sp ? "true" : "false");
       const ModelRun on = run_model(g, sp, tp + "}\n");
       const ModelRun off = run_model(g, sp, tp + ", overlap_comm: false}\n");
-      const std::string what = std::string(sp ? "SP" : "no SP") + " rank " +
-                               std::to_string(g->rank());
+      const std::string what =
+          std::string(sp ? "SP" : "no SP") + " rank " + std::to_string(g->rank());
       // One overlapped collective per column-parallel layer's backward at least (under SP its
       // all-gather and reduce-scatter both); none without the overlap.
       EXPECT_GE(overlapped(on.events), 2 * models::gpt_preset("tiny").layers) << what;
