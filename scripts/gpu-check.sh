@@ -330,7 +330,7 @@ if on and off and off.get("step_seconds_median") and off.get("device_peak_alloca
 PY
 # The overlap A/B's table (or the line saying why it was skipped), after the benchmarks'.
 if [[ -f $out/overlap-ab/overlap_ab.md ]]; then
-  { echo; echo "Overlap A/B, 2 processes on NCCL:"; cat "$out/overlap-ab/overlap_ab.md"; } \
+  { echo; echo "Overlap A/B (bench/overlap_ab.sh, 2 processes on NCCL):"; cat "$out/overlap-ab/overlap_ab.md"; } \
     | tee -a "$out/gpu_check.md"
 fi
 stamp "done"
