@@ -21,6 +21,7 @@
 #include "startup_agreement.hpp"
 #include "train_summary.hpp"
 #include "zero/checkpoint_io.hpp"
+#include "zero/comm_overlap.hpp"
 #include "zero/device.hpp"
 #include "zero/engine.hpp"
 #include "zero/errors.hpp"
@@ -31,6 +32,7 @@
 #include "zero/models/tp_gpt.hpp"
 #include "zero/models/tp_gpt_layers.hpp"
 #include "zero/pipeline_engine.hpp"
+#include "zero/tensor_parallel/overlap.hpp"
 
 namespace zero::examples {
 namespace {
@@ -168,6 +170,7 @@ int train_pipeline(const PipelineTrainerArgs& a) {
   pipeline::LossFn loss_fn = models::gpt_loss;
   if (tp > 1) {
     tp_model = models::TpGpt(grid.tp, a.model, cfg.tensor_parallel.sequence_parallel);
+    tensor_parallel::set_overlap_comm(*tp_model, tensor_parallel_overlap_comm(cfg));
     if (model) {
       tp_model->load_full(*model);
       model = models::Gpt(nullptr);
@@ -220,7 +223,11 @@ int train_pipeline(const PipelineTrainerArgs& a) {
         "of %lld tokens, data: %s\n",
         a.preset.c_str(), (long long)a.model.num_params(), world_size,
         (grid.describe() +
-         (tp > 1 && cfg.tensor_parallel.sequence_parallel ? ", sequence parallel" : ""))
+         (tp > 1 && cfg.tensor_parallel.sequence_parallel ? ", sequence parallel" : "") +
+         // Said only when off: the log of an A/B run (bench/overlap_ab.sh) says which side it is.
+         (tp > 1 && !tensor_parallel_overlap_comm(cfg) ? ", tensor_parallel.overlap_comm off"
+                                                       : "") +
+         (!overlap_p2p_comm(cfg) ? ", pipeline.overlap_p2p_comm off" : ""))
             .c_str(),
         a.device.str().c_str(), engine.stage(),
         c.bf16 ? "bf16" : (c.fp16.enabled ? "fp16" : "fp32"), c.pipeline.schedule.c_str(),

@@ -19,11 +19,13 @@
 #include "tp_trainer.hpp"
 #include "zero/auto_strategy.hpp"
 #include "zero/checkpoint_io.hpp"
+#include "zero/comm_overlap.hpp"
 #include "zero/device.hpp"
 #include "zero/errors.hpp"
 #include "zero/host_counting.hpp"
 #include "zero/models/hf_llama.hpp"
 #include "zero/tensor_parallel.hpp"
+#include "zero/tensor_parallel/overlap.hpp"
 #include "zero/zero.hpp"
 
 namespace zero::examples {
@@ -250,6 +252,7 @@ void Trainer::build() {
   if (tp_size > 1) {
     layout_ = tensor_parallel_layout(cfg_, world_, mc_, seq_, config_path);
     tp_model_ = models::TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel);
+    tensor_parallel::set_overlap_comm(*tp_model_, tensor_parallel_overlap_comm(cfg_));
     // open_dataset checked every token against the vocabulary: no per-micro-batch check (an
     // all-gather and a host read each in the embedding and the loss) on the hot path.
     tp_model_->set_check_inputs(false);
@@ -321,9 +324,12 @@ void Trainer::build() {
   if (peak_flops_ <= 0) peak_flops_ = known_peak_flops(dev_name);
   if (rank_ == 0) {
     const std::string layout_text =
-        tp_model_ ? " (" + layout_.describe() +
-                        (cfg_.tensor_parallel.sequence_parallel ? ", sequence parallel" : "") + ")"
-                  : "";
+        tp_model_
+            ? " (" + layout_.describe() +
+                  (cfg_.tensor_parallel.sequence_parallel ? ", sequence parallel" : "") +
+                  (tensor_parallel_overlap_comm(cfg_) ? "" : ", tensor_parallel.overlap_comm off") +
+                  ")"
+            : "";
     std::printf(
         "zero-train: %s (%lld parameters), %d ranks%s on %s, ZeRO stage %d%s, %s%s, micro-batch "
         "%lld x accumulation %lld x %d %sranks = %lld sequences of %lld tokens, data: %s\n",

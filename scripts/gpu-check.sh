@@ -9,7 +9,8 @@
 #      sync: collectives are waited on by the stream, tests/test_cuda.cpp), and with 2+ GPUs
 #      2-process NCCL runs of the trainer through torchrun (stages 1 and 2, a 2-stage pipeline
 #      on 1F1B and interleaved, tensor parallelism without and with sequence parallelism; the
-#      last three compared with their references' losses in nccl-compare.log),
+#      last three compared with their references' losses in nccl-compare.log) and each
+#      communication overlap on and off (bench/overlap_ab.sh: step times, on/off ratios),
 #   4. benchmarks the example GPT at ~1.3 B parameters, bf16, sequence 2048, world size 1:
 #      ZeRO stage 0 and 2, each with and without activation checkpointing, next to the same
 #      model in PyTorch eager Python on the same GPU in the same run,
@@ -157,8 +158,25 @@ PY
   compare_losses nccl-2proc-pipeline nccl-2proc-pipeline-interleaved 1e-2
   compare_losses tp-reference-1gpu nccl-2proc-tp2 1e-4
   compare_losses tp-reference-1gpu nccl-2proc-tp2-sp 1e-4
+  # Exposed communication with and without each overlap (issue 34, N3c), switched from the
+  # config: pipeline.overlap_p2p_comm (receives posted early) on P2 1F1B with 8 micro-batches,
+  # tensor_parallel.overlap_comm (the column-parallel backward) on T2 without and with SP;
+  # gpt-100m, bf16, sequence 1024, on/off runs in pairs. Each run's step-time median and the
+  # median on/off ratio per layout, the pipeline stages' communication time (host time: on a GPU
+  # read the step times) go to overlap-ab/overlap_ab.md and the end of gpu_check.md.
+  ab_steps=12 ab_pairs=3
+  ((quick)) && ab_steps=8 ab_pairs=2
+  AB_DEVICE=cuda AB_MODEL=gpt-100m AB_SEQ=1024 AB_STEPS=$ab_steps AB_PAIRS=$ab_pairs \
+    AB_TORCHRUN="python3 -m torch.distributed.run" \
+    bench/overlap_ab.sh build-gpu/examples/zero-train "$out/overlap-ab" --set bf16.enabled=true \
+    > "$out/overlap-ab.log" 2>&1 || echo "gpu-check: overlap A/B: a run failed (see overlap-ab.log)" \
+    | tee -a "$out/progress.log"
+  stamp "overlap A/B"
 else
   echo "gpu-check: $ngpu GPU: the 2-process NCCL runs (data parallel, pipeline, interleaved pipeline, tensor parallel) need 2" | tee -a "$out/progress.log"
+  mkdir -p "$out/overlap-ab"
+  echo "gpu-check: $ngpu GPU: overlap A/B (pipeline.overlap_p2p_comm, tensor_parallel.overlap_comm) skipped: it needs 2 GPUs (NCCL refuses two ranks on one device)" \
+    | tee -a "$out/progress.log" > "$out/overlap-ab/overlap_ab.md"
 fi
 
 # 4. Benchmarks: gpt-1.3b, bf16, seq 2048, micro-batch 1, world size 1.
@@ -310,4 +328,9 @@ if on and off and off.get("step_seconds_median") and off.get("device_peak_alloca
     print(f"\noffload/device: step time {on['step_seconds_median'] / off['step_seconds_median']:.2f}x, "
           f"device peak {on['device_peak_allocated_bytes'] / off['device_peak_allocated_bytes']:.2f}x")
 PY
+# The overlap A/B's table (or the line saying why it was skipped), after the benchmarks'.
+if [[ -f $out/overlap-ab/overlap_ab.md ]]; then
+  { echo; echo "Overlap A/B (bench/overlap_ab.sh, 2 processes on NCCL):"; cat "$out/overlap-ab/overlap_ab.md"; } \
+    | tee -a "$out/gpu_check.md"
+fi
 stamp "done"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "support/config_helpers.hpp"
+#include "zero/comm_overlap.hpp"
 #include "zero/config.hpp"
 
 using zero::Config;
@@ -318,6 +319,39 @@ TEST(Config, TensorParallelSizeAndAlias) {
   EXPECT_EQ(
       Config::from_string("", "t", {"tensor_parallel.size=2"}, &ext).tensor_parallel.autotp_size,
       2);
+}
+
+// The two overlap switches (Megatron-LM's overlap_p2p_comm; the column-parallel backward's
+// overlap): on by default, off from YAML, DeepSpeed JSON and --set; anything but a boolean is
+// refused naming the key. test_pipeline_p2p_overlap and test_tensor_parallel_overlap check that
+// the value reaches the runtime and the layers.
+TEST(Config, OverlapSwitches) {
+  const auto ext = trainer_ext();
+  Config c;
+  EXPECT_TRUE(overlap_p2p_comm(Config()));
+  EXPECT_TRUE(tensor_parallel_overlap_comm(Config()));
+  c = load("pipeline: {stages: 2, overlap_p2p_comm: true}\ntensor_parallel: {autotp_size: 2}\n");
+  EXPECT_TRUE(overlap_p2p_comm(c));
+  EXPECT_TRUE(tensor_parallel_overlap_comm(c));
+  c = load(
+      "pipeline: {stages: 2, overlap_p2p_comm: false}\n"
+      "tensor_parallel: {autotp_size: 2, overlap_comm: false}\n");
+  EXPECT_FALSE(overlap_p2p_comm(c));
+  EXPECT_FALSE(tensor_parallel_overlap_comm(c));
+  c = Config::from_string(
+      "{\"pipeline\": {\"stages\": 2, \"overlap_p2p_comm\": false}, "
+      "\"tensor_parallel\": {\"autotp_size\": 2, \"overlap_comm\": false}}",
+      "ds.json", {}, &ext);
+  EXPECT_FALSE(overlap_p2p_comm(c));
+  EXPECT_FALSE(tensor_parallel_overlap_comm(c));
+  c = load("", {"pipeline.overlap_p2p_comm=false", "tensor_parallel.overlap_comm=false"});
+  EXPECT_FALSE(overlap_p2p_comm(c));
+  EXPECT_FALSE(tensor_parallel_overlap_comm(c));
+  EXPECT_HAS(load_error("pipeline: {overlap_p2p_comm: sometimes}\n"),
+             "'pipeline.overlap_p2p_comm' must be true or false");
+  EXPECT_HAS(load_error("tensor_parallel: {overlap_comm: 2}\n"),
+             "'tensor_parallel.overlap_comm' must be true or false");
+  EXPECT_HAS(load_error("tensor_parallel: {overlap_com: false}\n"), "overlap_comm");
 }
 
 TEST(Config, TensorParallelBadValuesNameTheKey) {

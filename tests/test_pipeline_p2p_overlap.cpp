@@ -8,7 +8,10 @@
 //    its gradient receives and runs its forwards, recorded by a group wrapper and the layers:
 //    from the second step on (the shapes known), micro-batch j's gradient receive is posted
 //    before micro-batch j + 1's forward, where the runtime without early receives posted it
-//    after; and the losses and parameters of both runs are the same bits.
+//    after; and the losses and parameters of both runs are the same bits;
+//  - the same through PipelineEngine from a parsed config: pipeline.overlap_p2p_comm false
+//    (zero-train's switch for the A/B) posts them late, as the runtime without early receives
+//    does, true (the default) early, and both train to the same bits.
 // The equivalence with one process and the per-group order of the messages stay with
 // test_pipeline_runtime (it runs with early receives, the default).
 #include <gtest/gtest.h>
@@ -23,12 +26,15 @@
 #include <vector>
 
 #include "comm/group.hpp"
+#include "comm/mesh.hpp"
 #include "support/forwarding_group.hpp"
 #include "support/thread_group.hpp"
+#include "zero/comm_overlap.hpp"
 #include "zero/models/gpt.hpp"
 #include "zero/models/gpt_layers.hpp"
 #include "zero/pipeline/runtime/early_recvs.hpp"
 #include "zero/pipeline/runtime/runtime.hpp"
+#include "zero/pipeline_engine.hpp"
 
 namespace zero::pipeline {
 namespace {
@@ -125,7 +131,9 @@ struct Trial {
 
 constexpr int kMicroBatches = 4, kSteps = 2;
 
-Trial train(bool early) {
+// Trains the tiny GPT in 2 stages, 1F1B, kMicroBatches per step, SGD with momentum: through
+// PipelineRuntime with `early` receives, or (cfg given) through PipelineEngine from that config.
+Trial train(bool early, const Config* cfg = nullptr) {
   GptConfig c = models::gpt_preset("tiny");
   c.layers = 2;
   at::manual_seed(5);
@@ -136,6 +144,12 @@ Trial train(bool early) {
   Trial run;
   std::mutex mu;
   testing::run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+    std::shared_ptr<comm::Group> dp;
+    if (cfg) {
+      comm::Mesh mesh = comm::Mesh::megatron(g, /*tp=*/1, /*pp=*/2);
+      g = mesh["pp"];
+      dp = mesh["dp"];
+    }
     auto pp = std::make_shared<PostingLog>(g, run.events);
     const int stage = pp->rank();
     Gpt model(c);
@@ -152,23 +166,36 @@ Trial train(bool early) {
         return f(x);
       };
     }
-    StageLayers layers(std::move(all), PartitionMethod::Uniform, 2, stage);
-    auto opt = std::make_unique<TorchStageOptimizer>(std::make_unique<torch::optim::SGD>(
-        layers.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)));
-    RuntimeOptions opts{ScheduleKind::OneFOneB, kMicroBatches};
-    opts.early_receives = early;
-    PipelineRuntime rt(std::move(layers), models::gpt_loss, pp, std::move(opt), opts);
+    std::unique_ptr<PipelineRuntime> rt;
+    std::unique_ptr<PipelineEngine> pipe;
+    if (cfg) {
+      pipe = std::make_unique<PipelineEngine>(all, models::gpt_loss, *cfg, pp, dp);
+    } else {
+      StageLayers layers(all, PartitionMethod::Uniform, 2, stage);
+      auto opt = std::make_unique<TorchStageOptimizer>(std::make_unique<torch::optim::SGD>(
+          layers.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)));
+      RuntimeOptions opts{ScheduleKind::OneFOneB, kMicroBatches};
+      opts.early_receives = early;
+      rt = std::make_unique<PipelineRuntime>(std::move(layers), models::gpt_loss, pp,
+                                             std::move(opt), opts);
+    }
     for (const auto& t : tokens) {
       auto in = t.narrow(1, 0, 16).contiguous().chunk(kMicroBatches, 0);
       auto tg = t.narrow(1, 1, 16).contiguous().chunk(kMicroBatches, 0);
-      const float loss = rt.train_batch(in, tg).item<float>();
+      const float loss = (rt ? rt->train_batch(in, tg) : pipe->train_batch(in, tg)).item<float>();
       if (stage == 0) run.losses.push_back(loss);
       pp->barrier("step done");  // the event logs' steps do not overlap
       run.events->add(stage, "step end");
     }
     std::lock_guard<std::mutex> lock(mu);
-    for (const auto& p : rt.layers().module()->named_parameters())
-      run.params[std::to_string(stage) + "/" + p.key()] = p.value().detach().clone();
+    if (rt) {
+      for (const auto& p : rt->layers().module()->named_parameters())
+        run.params[std::to_string(stage) + "/" + p.key()] = p.value().detach().clone();
+    } else {  // the engine trains the model's own parameters: this stage's layers'
+      for (int i = pipe->bounds()[stage]; i < pipe->bounds()[stage + 1]; ++i)
+        for (const auto& p : all[i].module->named_parameters())
+          run.params[all[i].name + "/" + p.key()] = p.value().detach().clone();
+    }
   });
   return run;
 }
@@ -205,6 +232,33 @@ TEST(PipelineEarlyReceives, GradientReceivesArePostedBeforeThePreviousForward) {
             (std::vector<int>{1, 2, 3, 4}));
   // The same computation: the same bits.
   EXPECT_EQ(early.losses, late.losses);
+  ASSERT_EQ(early.params.size(), late.params.size());
+  for (const auto& [name, t] : early.params)
+    EXPECT_TRUE(at::equal(t, late.params.at(name))) << name;
+}
+
+// zero-train's switch: the config key reaches the runtime. The engine clips and steps by its
+// own optimizer, so its runs are compared with each other, not with the runtime's above.
+TEST(PipelineEarlyReceives, ConfigKeySwitchesThemThroughTheEngine) {
+  const auto config = [](const std::string& overlap) {
+    return Config::from_string(
+        "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 4\n"
+        "optimizer: {type: SGD, params: {lr: 0.1, momentum: 0.9}}\n"
+        "pipeline: {stages: 2, schedule: 1f1b" +
+            overlap + "}\n",
+        "test.yaml");
+  };
+  const Config on = config(""), off = config(", overlap_p2p_comm: false");
+  ASSERT_TRUE(overlap_p2p_comm(on));
+  ASSERT_FALSE(overlap_p2p_comm(off));
+  const Trial early = train(true, &on), late = train(false, &off);
+  EXPECT_EQ(forwards_before_gradient_posts(late.events->by_rank[0]),
+            (std::vector<int>{2, 3, 4, 4}));
+  EXPECT_EQ(forwards_before_gradient_posts(early.events->by_rank[0]),
+            (std::vector<int>{1, 2, 3, 4}));
+  ASSERT_EQ(early.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(early.losses, late.losses);
+  ASSERT_FALSE(early.params.empty());
   ASSERT_EQ(early.params.size(), late.params.size());
   for (const auto& [name, t] : early.params)
     EXPECT_TRUE(at::equal(t, late.params.at(name))) << name;

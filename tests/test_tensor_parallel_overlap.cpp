@@ -7,12 +7,18 @@
 // gradient's reduce-scatter both start before either is waited for; and without it the weight
 // gradients' products (aten::mm, seen by a RecordFunction callback) run between the start of the
 // input gradient's all-reduce and its wait, where the unoverlapped order runs them after it.
+// zero-train's switch: tensor_parallel.overlap_comm, parsed and applied to the example TP GPT by
+// set_overlap_comm as the trainers do, decides that order in the whole model's backward (off:
+// every collective waited before anything else runs), with and without SP, and the loss and
+// gradients are the same bits either way.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -21,8 +27,12 @@
 #include "comm/group.hpp"
 #include "support/forwarding_group.hpp"
 #include "support/thread_group.hpp"
+#include "zero/comm_overlap.hpp"
+#include "zero/config.hpp"
+#include "zero/models/tp_gpt.hpp"
 #include "zero/tensor_parallel.hpp"
 #include "zero/tensor_parallel/column_parallel_linears.hpp"
+#include "zero/tensor_parallel/overlap.hpp"
 #include "zero/tensor_parallel/sequence_parallel_linear.hpp"
 
 namespace zero::testing {
@@ -189,6 +199,77 @@ TEST(TensorParallelOverlap, InputGradientAllReduceRunsDuringTheWeightGradients) 
                                            "mm", "mm"};
     for (int r = 0; r < 2; ++r)
       EXPECT_EQ(events[r], want) << "rank " << r << " overlap " << overlap;
+  }
+}
+
+// The example TP GPT's backward, its collectives and products in order, with
+// tensor_parallel.overlap_comm from `yaml`; the loss and every gradient by name.
+struct ModelRun {
+  std::vector<std::string> events;
+  at::Tensor loss;
+  std::map<std::string, at::Tensor> grads;
+};
+
+ModelRun run_model(const std::shared_ptr<comm::Group>& g, bool sp, const std::string& yaml) {
+  const Config cfg = Config::from_string(yaml, "test.yaml");
+  models::GptConfig c = models::gpt_preset("tiny");
+  auto rec = std::make_shared<RecordingGroup>(g);
+  models::TpGpt model(rec, c, sp);
+  // What zero-train does with the key (examples/trainer.cpp, pp_trainer.cpp): the attention's
+  // fused q/k/v and the MLP's first layer in each block at least.
+  EXPECT_GE(tensor_parallel::set_overlap_comm(*model, tensor_parallel_overlap_comm(cfg)),
+            2 * c.layers);
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  const at::Tensor tokens = at::randint(c.vocab, {2, 16}, gen);
+  const at::Tensor targets = (tokens * 3 + 1) % c.vocab;
+  const auto callback = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(record_mm).scopes({at::RecordScope::FUNCTION}));
+  ModelRun out;
+  out.loss = model->loss(tokens, targets);
+  rec->events.clear();  // forward's
+  mm_events = &rec->events;
+  out.loss.backward();
+  mm_events = nullptr;
+  at::removeCallback(callback);
+  out.events = rec->events;
+  for (const auto& p : model->named_parameters()) out.grads[p.key()] = p.value().grad().clone();
+  return out;
+}
+
+// How many collectives had anything (a product, another collective) between their start and
+// their wait; -1 if a start has no wait.
+int overlapped(const std::vector<std::string>& events) {
+  int n = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i].rfind("start ", 0) != 0) continue;
+    const std::string wait = "wait " + events[i].substr(6);
+    size_t j = i + 1;
+    while (j < events.size() && events[j] != wait) ++j;
+    if (j == events.size()) return -1;
+    if (j != i + 1) ++n;
+  }
+  return n;
+}
+
+TEST(TensorParallelOverlap, ConfigKeySwitchesTheModelsBackward) {
+  for (bool sp : {false, true}) {
+    run_ranks(2, [&](std::shared_ptr<comm::Group> g) {
+      const std::string tp = "tensor_parallel: {autotp_size: 2, sequence_parallel: " +
+                             std::string(sp ? "true" : "false");
+      const ModelRun on = run_model(g, sp, tp + "}\n");
+      const ModelRun off = run_model(g, sp, tp + ", overlap_comm: false}\n");
+      const std::string what =
+          std::string(sp ? "SP" : "no SP") + " rank " + std::to_string(g->rank());
+      // One overlapped collective per column-parallel layer's backward at least (under SP its
+      // all-gather and reduce-scatter both); none without the overlap.
+      EXPECT_GE(overlapped(on.events), 2 * models::gpt_preset("tiny").layers) << what;
+      EXPECT_EQ(overlapped(off.events), 0) << what;
+      EXPECT_GT(std::count(off.events.begin(), off.events.end(), "mm"), 0) << what;
+      EXPECT_TRUE(at::equal(on.loss, off.loss)) << what;
+      ASSERT_EQ(on.grads.size(), off.grads.size());
+      for (const auto& [name, t] : on.grads)
+        EXPECT_TRUE(at::equal(t, off.grads.at(name))) << what << ": " << name;
+    });
   }
 }
 

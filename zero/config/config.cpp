@@ -91,7 +91,7 @@ void load(Loader& l, const YAML::Node& root, const Config::Extension* ext, Confi
       {"zero_optimization", [&](const Entry& e) { load_zero(l, e, c.zero_optimization); }},
       {"optimizer", [&](const Entry& e) { load_optimizer(l, e, c.optimizer); }},
       {"scheduler", [&](const Entry& e) { load_scheduler(l, e, c.scheduler); }},
-      {"tensor_parallel", [&](const Entry& e) { load_tensor_parallel(l, e, c.tensor_parallel); }},
+      {"tensor_parallel", [&](const Entry& e) { load_tensor_parallel(l, e, c); }},
       {"pipeline", [&](const Entry& e) { load_pipeline(l, e, c); }},
       {"communication_data_type", dtype(c.communication_data_type)},
       {"data_types",

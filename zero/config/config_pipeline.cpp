@@ -61,6 +61,10 @@ void load_pipeline(Loader& l, const Entry& s, Config& c) {
           // virtual_pipeline_model_parallel_size), for the interleaved schedule.
           {"virtual_stages",
            [&](const Entry& e) { p.virtual_stages = static_cast<int>(count(l, e, 1)); }},
+          // Megatron-LM's overlap_p2p_comm: receives posted early (RuntimeOptions::early_receives),
+          // in Config::extra (zero/comm_overlap.hpp).
+          {"overlap_p2p_comm",
+           [&](const Entry& e) { c.extra[e.path] = l.boolean(e) ? "true" : "false"; }},
           // Seeds each layer from its index when DeepSpeed builds it; here the application builds
           // the layers (and seeds them).
           l.no_effect("seed_layers", "the application builds and seeds the layers"),

@@ -31,8 +31,7 @@ void load_zero(Loader& l, const Entry& s, ZeroOptimizationConfig& z);
 void load_activation_checkpointing(Loader& l, const Entry& s, Config& c);
 void load_optimizer(Loader& l, const Entry& s, OptimizerConfig& o);
 void load_scheduler(Loader& l, const Entry& s, SchedulerConfig& sc);
-void load_tensor_parallel(Loader& l, const Entry& s,
-                          TensorParallelConfig& t);  // config_tensor_parallel.cpp
+void load_tensor_parallel(Loader& l, const Entry& s, Config& c);  // config_tensor_parallel.cpp
 void load_pipeline(Loader& l, const Entry& s, Config& c);  // config_pipeline.cpp
 // Across sections: what a pipeline refuses (ZeRO-2, ...), called after the walk.
 void check_pipeline(Loader& l, const Config& c);

@@ -8,16 +8,22 @@
 
 namespace zero::config_detail {
 
-void load_tensor_parallel(Loader& l, const Entry& s, TensorParallelConfig& t) {
+void load_tensor_parallel(Loader& l, const Entry& s, Config& c) {
+  TensorParallelConfig& t = c.tensor_parallel;
   const auto size = [&](const Entry& e) {
     const int64_t v = l.integer(e);
     l.require(e, v >= 0 && v <= 65536,
               "the number of ranks per tensor-parallel group (1 or 0: no tensor parallelism)");
     t.autotp_size = static_cast<int>(std::max<int64_t>(1, v));
   };
-  l.walk(s, {{"autotp_size", size}, {"size", size}, {"sequence_parallel", [&](const Entry& e) {
-                                                       t.sequence_parallel = l.boolean(e);
-                                                     }}});
+  l.walk(s, {{"autotp_size", size},
+             {"size", size},
+             {"sequence_parallel", [&](const Entry& e) { t.sequence_parallel = l.boolean(e); }},
+             // zero's key (not DeepSpeed's): the column-parallel backward overlap, in
+             // Config::extra (zero/comm_overlap.hpp). Megatron's tp_comm_overlap is another
+             // thing (Transformer Engine's userbuffers splitting the GEMMs): not borrowed.
+             {"overlap_comm",
+              [&](const Entry& e) { c.extra[e.path] = l.boolean(e) ? "true" : "false"; }}});
   if (l.seen(s.path + ".autotp_size") && l.seen(s.path + ".size")) {
     l.fail_at_key(*l.seen(s.path + ".size"), "'" + s.path + ".size' is the YAML alias of '" +
                                                  s.path + ".autotp_size'; give one");

@@ -1,4 +1,5 @@
 #include "zero/tensor_parallel/linear.hpp"
+#include "zero/tensor_parallel/overlap.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -168,6 +169,17 @@ Placement RowParallelLinearImpl::placement(const std::string& param_name) const 
   if (param_name == "weight") return {.sharded = true, .partition_dim = 1};
   // The bias is added to this rank's part of the sequence only under sequence parallelism.
   return {.grad_needs_all_reduce = options_.sequence_parallel()};
+}
+
+int set_overlap_comm(torch::nn::Module& model, bool on) {
+  int n = 0;
+  for (const auto& m : model.modules()) {  // the model itself included
+    if (auto* c = dynamic_cast<ColumnParallelLinearImpl*>(m.get())) {
+      c->set_overlap_comm(on);
+      ++n;
+    }
+  }
+  return n;
 }
 
 }  // namespace zero::tensor_parallel

@@ -12,6 +12,7 @@
 #include "comm/agree.hpp"
 #include "comm/group.hpp"
 #include "zero/checkpoint_io.hpp"
+#include "zero/comm_overlap.hpp"
 #include "zero/pipeline/engine/engine_stage.hpp"
 #include "zero/pipeline/engine/save_layout.hpp"
 #include "zero/pipeline/engine/stage_groups.hpp"
@@ -142,6 +143,7 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   // is replicated across the stages.
   // Read before cfg goes to the stage's engine.
   const bool cfg_sp = cfg.tensor_parallel.sequence_parallel;
+  const bool overlap_p2p = overlap_p2p_comm(cfg);
   const bool pipe_partitioned = pipeline_partitioned(cfg, "pipeline.pipe_partitioned");
   const bool grad_partitioned = pipeline_partitioned(cfg, "pipeline.grad_partitioned");
   // A stage's own layers decide whether they can run (a sequence-parallel norm left unmarked
@@ -171,6 +173,7 @@ PipelineEngine::PipelineEngine(std::vector<Layer> layers, LossFn loss, Config cf
   m.engine = engine.get();
   RuntimeOptions opts{schedule, m.micro_batches};
   opts.virtual_stages = v;
+  opts.early_receives = overlap_p2p;  // pipeline.overlap_p2p_comm
   // On NCCL a receive posted ahead of a send that its message depends on (GPipe: every
   // gradient waits for the last activation; 1F1B with fewer micro-batches than stages;
   // interleaved warm-up) hangs if anything syncs the whole device in between (the caching
