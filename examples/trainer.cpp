@@ -225,6 +225,7 @@ void Trainer::build() {
     // stages 0-2 the flat buffer once, in the compute dtype on the device - from the seed's
     // draws or from the HF files' slices. Bit for bit the eager build's weights.
     model_ = models::Gpt(mc_, Deferred{device_});
+    started_deferred_ = true;
     initial_values_ =
         hf_dir_.empty() ? model_->initial_values() : models::hf_llama_values(*model_, hf_dir_);
   } else if (!hf_dir_.empty()) {
