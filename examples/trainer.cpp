@@ -250,7 +250,16 @@ void Trainer::build() {
   Groups groups{world_};
   if (tp_size > 1) {
     layout_ = tensor_parallel_layout(cfg_, world_, mc_, seq_, config_path);
-    tp_model_ = models::TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel);
+    // From the seed: deferred as at tp 1, each rank filling only what it keeps of its part (at
+    // stage 3 its dp shard) from init_like_gpt's draws. From HF files: the full model read above.
+    if (model_) {
+      tp_model_ = models::TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel);
+    } else {
+      tp_model_ =
+          models::TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel, Deferred{device_});
+      initial_values_ = models::initial_values_like_gpt(*tp_model_, init_gen);
+      started_deferred_ = true;
+    }
     // open_dataset checked every token against the vocabulary: no per-micro-batch check (an
     // all-gather and a host read each in the embedding and the loss) on the hot path.
     tp_model_->set_check_inputs(false);
@@ -258,10 +267,8 @@ void Trainer::build() {
     if (model_) {
       tp_model_->load_full(*model_);
       model_ = models::Gpt(nullptr);
-    } else {
-      models::init_like_gpt(*tp_model_, init_gen);
+      tp_model_->to(device_);
     }
-    tp_model_->to(device_);
   }
   AutoTarget target;
   target.shape = {mc_.layers, mc_.dim, mc_.heads, mc_.ffn_dim(), mc_.vocab, mc_.tied, mc_.kv_heads};

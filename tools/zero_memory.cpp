@@ -82,8 +82,8 @@ int run(int argc, char** argv) {
       "offload-optimizer", "zero_optimization.offload_optimizer is on: plan with it only")(
       "startup", po::value(&startup),
       "how the model reaches zero::initialize, for the start-up peak: deferred (default, as "
-      "zero-train builds it at --tp 1: each rank fills only its part) or eager (built whole in "
-      "fp32 and moved to the device, as zero-train's tensor-parallel model is)")(
+      "zero-train builds it: each rank fills only its part) or eager (built whole in fp32 and "
+      "moved to the device, as zero-train's tensor-parallel model from HF files is)")(
       "max-micro-batch", po::value(&lim.max_micro_batch)->default_value(64),
       "largest micro-batch the search tries")("bucket-size", po::value(&bucket),
                                               "reduce_bucket_size in elements (default 5e8)")(
