@@ -227,6 +227,7 @@ void Trainer::build() {
     // stages 0-2 the flat buffer once, in the compute dtype on the device - from the seed's
     // draws or from the HF files' slices. Bit for bit the eager build's weights.
     model_ = models::Gpt(mc_, Deferred{device_});
+    started_deferred_ = true;
     initial_values_ =
         hf_dir_.empty() ? model_->initial_values() : models::hf_llama_values(*model_, hf_dir_);
   } else if (!hf_dir_.empty()) {
@@ -251,7 +252,16 @@ void Trainer::build() {
   Groups groups{world_};
   if (tp_size > 1) {
     layout_ = tensor_parallel_layout(cfg_, world_, mc_, seq_, config_path);
-    tp_model_ = models::TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel);
+    // From the seed: deferred as at tp 1, each rank filling only what it keeps of its part (at
+    // stage 3 its dp shard) from init_like_gpt's draws. From HF files: the full model read above.
+    if (model_) {
+      tp_model_ = models::TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel);
+    } else {
+      tp_model_ =
+          models::TpGpt(layout_.tp, mc_, cfg_.tensor_parallel.sequence_parallel, Deferred{device_});
+      initial_values_ = models::initial_values_like_gpt(*tp_model_, init_gen);
+      started_deferred_ = true;
+    }
     tensor_parallel::set_overlap_comm(*tp_model_, tensor_parallel_overlap_comm(cfg_));
     // open_dataset checked every token against the vocabulary: no per-micro-batch check (an
     // all-gather and a host read each in the embedding and the loss) on the hot path.
@@ -260,10 +270,8 @@ void Trainer::build() {
     if (model_) {
       tp_model_->load_full(*model_);
       model_ = models::Gpt(nullptr);
-    } else {
-      models::init_like_gpt(*tp_model_, init_gen);
+      tp_model_->to(device_);
     }
-    tp_model_->to(device_);
   }
   AutoTarget target;
   target.shape = {mc_.layers, mc_.dim, mc_.heads, mc_.ffn_dim(), mc_.vocab, mc_.tied, mc_.kv_heads};

@@ -101,6 +101,9 @@ class Trainer {
   models::Gpt model_{nullptr};
   // The deferred model's source of initial values, until initialize has used it.
   zero::InitialValues initial_values_;
+  // Whether build() made the model deferred (all but tp > 1 from HF files): the planner's start-up
+  // figure follows it.
+  bool started_deferred_ = false;
   models::TpGpt tp_model_{nullptr};
   tensor_parallel::Groups layout_;
   std::shared_ptr<Group> world_;

@@ -253,6 +253,8 @@ void Trainer::finish() {
     pp.micro_batch = micro_;
     pp.tensor_parallel = tp_model_ ? layout_.tp->size() : 1;
     pp.sequence_parallel = tp_model_ && tp_model_->sequence_parallel;
+    // A deferred start-up never holds the fp32 model on the device (plan_startup_peak).
+    pp.deferred_start = started_deferred_;
     const PlanInput rank = rank_states_input(pp, 0);
     const int stage = engine_->stage();
     const int64_t states = plan_model_states(rank, stage).total() - plan_host_states(rank, stage);

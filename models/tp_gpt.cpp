@@ -94,6 +94,12 @@ at::Tensor TpBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, cons
 }
 
 TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
+    : TpGptImpl(std::move(g), c, sp, nullptr) {}
+
+TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp, const zero::Deferred& deferred)
+    : TpGptImpl(std::move(g), c, sp, &deferred) {}
+
+TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp, const zero::Deferred* deferred)
     : cfg(c), group(std::move(g)), sequence_parallel(sp) {
   TORCH_CHECK(group, "zero: TpGpt needs the tensor-parallel process group");
   if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0) {
@@ -103,18 +109,29 @@ TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
     throw std::invalid_argument("kv_heads must divide heads");
   }
   check_tensor_parallel_shape(c, group->size());
+  // Deferred: a child's constructor draws as it would eagerly, then its parameters become
+  // placeholders before the next is built (GptImpl's rule): one block's part held at a time.
+  const auto built = [deferred](torch::nn::Module& m) {
+    if (deferred != nullptr) zero::defer_parameters(m, deferred->device);
+  };
   embed = register_module(
       "embed", tp::VocabParallelEmbedding(
                    group, tp::VocabParallelEmbeddingOptions(c.vocab, c.dim).sequence_parallel(sp)));
+  built(*embed);
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(TpBlock(group, c, sp));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    blocks->push_back(TpBlock(group, c, sp));
+    built(*(*blocks)[i]);
+  }
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
+  built(*norm);
   if (!c.tied) {
     head = register_module(
         "head", tp::ColumnParallelLinear(group, tp::ColumnParallelLinearOptions(c.dim, c.vocab)
                                                     .bias(false)
                                                     .gather_output(false)
                                                     .sequence_parallel(sp)));
+    built(*head);
   }
   // As Gpt's: the embedding, each block, the final norm and the head a unit of its own at ZeRO
   // stage 3, holding the data-parallel shard of this tensor-parallel rank's part; a tied head
@@ -124,8 +141,9 @@ TpGptImpl::TpGptImpl(tp::GroupPtr g, const GptConfig& c, bool sp)
   zero::shard(*norm);
   if (head) zero::shard(*head);
   auto [cos, sin] = rope_tables(c);
-  rope_cos = register_buffer("rope_cos", cos);
-  rope_sin = register_buffer("rope_sin", sin);
+  const c10::Device home = deferred != nullptr ? deferred->device : c10::Device(c10::kCPU);
+  rope_cos = register_buffer("rope_cos", cos.to(home));
+  rope_sin = register_buffer("rope_sin", sin.to(home));
 }
 
 at::Tensor TpGptImpl::forward(const at::Tensor& tokens) {
@@ -201,52 +219,110 @@ std::vector<std::pair<std::string, at::Tensor>> TpGptImpl::gather_full() const {
   return tp::gather_full(placements(), *group);
 }
 
-void init_like_gpt(TpGptImpl& model, at::Generator gen) {
-  const GptConfig& c = model.cfg;
-  const int64_t kv_dim = c.kv_heads_count() * c.head_dim();
-  torch::NoGradGuard no_grad;
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  // 1. What GptImpl's submodules draw when constructed (then overwritten below, but the
-  //    generator moves past them): nn::Embedding's normal_, each nn::Linear's
-  //    kaiming_uniform_(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)) and its bias's uniform_.
-  auto linear_draws = [&](int64_t in, int64_t out, bool bias) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    at::empty({out, in}, f32).uniform_(-bound, bound, gen);
-    if (bias) at::empty({out}, f32).uniform_(-bound, bound, gen);
-  };
-  at::empty({c.vocab, c.dim}, f32).normal_(0.0, 1.0, gen);
-  for (int64_t i = 0; i < c.layers; ++i) {
-    linear_draws(c.dim, c.dim, c.qkv_bias);
-    linear_draws(c.dim, kv_dim, c.qkv_bias);
-    linear_draws(c.dim, kv_dim, c.qkv_bias);
-    linear_draws(c.dim, c.dim, c.o_bias);
-    linear_draws(c.dim, c.ffn_dim(), false);
-    linear_draws(c.dim, c.ffn_dim(), false);
-    linear_draws(c.ffn_dim(), c.dim, false);
+namespace {
+
+// GptImpl's draws, in its order, from `gen`: first what its submodules' constructors draw
+// (overwritten there, but the generator moves past them), then each parameter's full tensor.
+class LikeGptDraws {
+ public:
+  LikeGptDraws(const TpGptImpl& model, at::Generator gen)
+      : cfg_(model.cfg), tp_(model.group->size()), gen_(std::move(gen)) {
+    const GptConfig& c = cfg_;
+    const int64_t kv_dim = c.kv_heads_count() * c.head_dim();
+    torch::NoGradGuard no_grad;
+    // nn::Embedding's normal_, each nn::Linear's kaiming_uniform_(a = sqrt(5)) =
+    // U(-1/sqrt(in), 1/sqrt(in)) and its bias's uniform_.
+    auto linear_draws = [&](int64_t in, int64_t out, bool bias) {
+      const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+      at::empty({out, in}, f32_).uniform_(-bound, bound, gen_);
+      if (bias) at::empty({out}, f32_).uniform_(-bound, bound, gen_);
+    };
+    at::empty({c.vocab, c.dim}, f32_).normal_(0.0, 1.0, gen_);
+    for (int64_t i = 0; i < c.layers; ++i) {
+      linear_draws(c.dim, c.dim, c.qkv_bias);
+      linear_draws(c.dim, kv_dim, c.qkv_bias);
+      linear_draws(c.dim, kv_dim, c.qkv_bias);
+      linear_draws(c.dim, c.dim, c.o_bias);
+      linear_draws(c.dim, c.ffn_dim(), false);
+      linear_draws(c.dim, c.ffn_dim(), false);
+      linear_draws(c.ffn_dim(), c.dim, false);
+    }
+    if (!c.tied) linear_draws(c.dim, c.vocab, false);
   }
-  if (!c.tied) linear_draws(c.dim, c.vocab, false);
-  // 2. GptImpl's own init over named_parameters(), which lists the same names in the same order
-  //    here: matrices ~ N(0, 0.02), residual projections scaled by depth; norms 1, biases 0.
-  const double std = 0.02, resid = 0.02 / std::sqrt(2.0 * c.layers);
+
+  // GptImpl's own init of the parameter `p` (named_parameters order, the same names here):
+  // matrices ~ N(0, 0.02), residual projections scaled by depth; norms 1, biases 0. Full shape.
+  at::Tensor full(const NamedPlacement& p) {
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> shape = p.param.sizes().vec();
+    if (p.placement.sharded) shape[p.placement.partition_dim] *= tp_;
+    if (shape.size() < 2) {
+      return p.name.find(".bias") != std::string::npos ? at::zeros(shape, f32_)
+                                                       : at::ones(shape, f32_);
+    }
+    const double std = 0.02, resid = 0.02 / std::sqrt(2.0 * cfg_.layers);
+    const bool residual =
+        p.name.find("wo.") != std::string::npos || p.name.find("w_down.") != std::string::npos;
+    return at::empty(shape, f32_).normal_(0.0, residual ? resid : std, gen_);
+  }
+
+ private:
+  GptConfig cfg_;
+  int tp_;
+  at::Generator gen_;
+  at::TensorOptions f32_ = at::TensorOptions().dtype(at::kFloat);
+};
+
+}  // namespace
+
+void init_like_gpt(TpGptImpl& model, at::Generator gen) {
+  LikeGptDraws draws(model, std::move(gen));
   const auto params = model.placements();
   tensor_parallel::load_full(
       params,
       [&](const std::string& name) {
-        const NamedPlacement* p = nullptr;
         for (const auto& q : params) {
-          if (q.name == name) p = &q;
+          if (q.name == name) return draws.full(q);
         }
-        std::vector<int64_t> full = p->param.sizes().vec();
-        if (p->placement.sharded) full[p->placement.partition_dim] *= model.group->size();
-        if (full.size() < 2) {
-          return name.find(".bias") != std::string::npos ? at::zeros(full, f32)
-                                                         : at::ones(full, f32);
-        }
-        const bool residual =
-            name.find("wo.") != std::string::npos || name.find("w_down.") != std::string::npos;
-        return at::empty(full, f32).normal_(0.0, residual ? resid : std, gen);
+        return at::Tensor();
       },
       *model.group);
+}
+
+zero::InitialValues initial_values_like_gpt(const TpGptImpl& model, at::Generator gen) {
+  struct Source {
+    LikeGptDraws draws;
+    std::vector<NamedPlacement> params;
+    size_t next = 0;
+    int rank = 0;
+  };
+  auto s = std::make_shared<Source>(
+      Source{LikeGptDraws(model, gen.clone()), model.placements(), 0, model.group->rank()});
+  return [s](const std::string& name, at::IntArrayRef shape,
+             const std::vector<zero::ParamPiece>& pieces) {
+    at::NoGradGuard g;
+    // Every parameter is drawn in turn, asked for or not: the later draws depend on it.
+    while (s->next < s->params.size() && s->params[s->next].name != name) {
+      s->draws.full(s->params[s->next++]);
+    }
+    TORCH_CHECK(s->next < s->params.size(), "zero::models::TpGpt: initial values asked for '", name,
+                "', which is not a parameter of the model or was asked for out of "
+                "registration order; a source serves one zero::initialize, in named_parameters() "
+                "order");
+    const NamedPlacement& p = s->params[s->next++];
+    TORCH_CHECK(shape == p.param.sizes(), "zero::models::TpGpt: '", name, "' asked for with shape ",
+                shape, ", this rank's part is ", p.param.sizes());
+    const at::Tensor whole = s->draws.full(p);
+    // tensor_parallel::load_full's part: equal blocks along the partition dimension, in rank
+    // order (shard_of).
+    const int64_t dim = p.placement.partition_dim, n = p.param.size(dim < 0 ? 0 : dim);
+    const at::Tensor part = (p.placement.sharded ? whole.narrow(dim, s->rank * n, n) : whole)
+                                .contiguous()
+                                .reshape({-1});
+    for (const zero::ParamPiece& piece : pieces) {
+      piece.out.copy_(part.narrow(0, piece.begin, piece.out.numel()));
+    }
+  };
 }
 
 }  // namespace zero::models

@@ -166,18 +166,24 @@ TEST(MemoryPlan, StartupPeakLeavesHostMemoryOut) {
   ASSERT_EQ(st.params, params);
   const int64_t device = params + 4 * shard + 8 * shard + error_feedback_staging_bytes(q, 3);
   EXPECT_EQ(st.total() - residual, device);
-  // Flattening an eager model: the user's fp32 model, the bf16 root and shard, the fp32 master
-  // and one fp32 staging bucket.
-  const int64_t flatten = 4 * psi + params + 4 * shard + 4 * max_bucket_elements(q);
+  // Flattening an eager model: the user's fp32 model, every unit's bf16 buffer whole (the
+  // root's among them), the bf16 shard, the fp32 master and one fp32 staging bucket.
+  const int64_t units = 2 * (psi - stage3_root_params(q));
+  const int64_t flatten = 4 * psi + params + units + 4 * shard + 4 * max_bucket_elements(q);
   EXPECT_EQ(plan_startup_peak(q, 3), std::max(flatten, device));
-  // Before, the residual counted: the figure was the whole model states, host part included.
-  EXPECT_LT(plan_startup_peak(q, 3), st.total());
+  // Before, the residual counted: the figure was the whole model states, host part included. A
+  // deferred start-up (no fp32 model beside) peaks at the device states, below that.
+  PlanInput dq = q;
+  dq.deferred_start = true;
+  EXPECT_EQ(plan_startup_peak(dq, 3), device);
+  EXPECT_LT(plan_startup_peak(dq, 3), st.total());
   // Without compression nothing changes: the steady states have no host part.
   PlanInput plain = llama7b(8);
   const MemoryBreakdown p3 = plan_model_states(plain, 3);
   EXPECT_EQ(plan_host_states(plain, 3), 0);
   EXPECT_EQ(plan_startup_peak(plain, 3),
-            std::max(4 * psi + p3.params + p3.master + 4 * max_bucket_elements(plain), p3.total()));
+            std::max(4 * psi + p3.params + units + p3.master + 4 * max_bucket_elements(plain),
+                     p3.total()));
   // Optimizer offload at stages 1-3: the master is allocated in host memory, not beside the flat
   // buffer, and the device's steady states are the parameters and the bucket buffers.
   PlanInput off = llama7b(8);
@@ -185,11 +191,62 @@ TEST(MemoryPlan, StartupPeakLeavesHostMemoryOut) {
   for (int s = 1; s < 4; ++s) {
     const MemoryBreakdown o = plan_model_states(off, s);
     const int64_t on_device = o.total() - plan_host_states(off, s);
+    const int64_t all_units = s == 3 ? units : 0;
     EXPECT_EQ(plan_startup_peak(off, s),
-              std::max(4 * psi + o.params + 4 * max_bucket_elements(off), on_device))
+              std::max(4 * psi + o.params + all_units + 4 * max_bucket_elements(off), on_device))
         << "stage " << s;
-    EXPECT_LT(plan_startup_peak(off, s), 4 * psi + o.params + o.master) << "stage " << s;
+    EXPECT_LT(plan_startup_peak(off, s), 4 * psi + o.params + all_units + o.master)
+        << "stage " << s;
   }
+}
+
+// A deferred model (deferred_init.hpp) never has its fp32 copy on the device: flattening
+// allocates the compute-dtype parameters and the master and fills them from the host; a
+// parameter held whole goes up through one 16 MiB fp32 slot, cast on the device into bf16.
+TEST(MemoryPlan, DeferredStartupHoldsNoCopyOfTheModel) {
+  PlanInput in = llama7b(8);  // bf16, AdamW
+  in.deferred_start = true;
+  const int64_t psi = kLlama7b, shard = psi / 8;
+  const int64_t slot = int64_t{16} << 20;
+  // The largest parameter, the 32000 x 4096 embedding, exceeds a slot; at stage 3 the root's
+  // largest is a norm (stage3_param_persistence_threshold 1e5 keeps the 4096-element norms whole).
+  EXPECT_EQ(deferred_cast_bytes(in, 2), slot);
+  EXPECT_EQ(deferred_cast_bytes(in, 3), 4 * 4096);
+  for (int s = 0; s < 4; ++s) {
+    const MemoryBreakdown st = plan_model_states(in, s);
+    const int64_t flatten = st.params + st.master + deferred_cast_bytes(in, s);
+    EXPECT_EQ(plan_startup_peak(in, s), std::max(flatten, st.total())) << "stage " << s;
+    // With AdamW the states allocated after flattening are the peak: the steady state.
+    EXPECT_EQ(plan_startup_peak(in, s), st.total()) << "stage " << s;
+  }
+  // Stage 3 at 8 ranks: 2Ψ_root + 14Ψ/8 by hand, against the eager figure's 4Ψ + 2Ψ + ...: the
+  // deferred start-up saves more than the whole fp32 model.
+  const int64_t root = stage3_root_params(in);
+  EXPECT_EQ(plan_startup_peak(in, 3), 2 * root + 2 * shard + 4 * shard + 8 * shard);
+  PlanInput eager = in;
+  eager.deferred_start = false;
+  EXPECT_GT(plan_startup_peak(eager, 3) - plan_startup_peak(in, 3), 4 * psi);
+  // Without optimizer states (plain SGD) flattening is the peak, and the slot shows.
+  PlanInput sgd = in;
+  sgd.optimizer_states = 0;
+  EXPECT_EQ(plan_startup_peak(sgd, 3), 2 * root + 2 * shard + 4 * shard + 4 * 4096);
+  // fp32 parameters take the slot as it is: no cast, nothing beyond the states.
+  PlanInput f = in;
+  f.param_bytes = f.comm_bytes = f.grad_accum_bytes = 4;
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(deferred_cast_bytes(f, s), 0);
+    EXPECT_EQ(plan_startup_peak(f, s), plan_model_states(f, s).total() - plan_host_states(f, s))
+        << "stage " << s;
+  }
+  // Optimizer offload at stage 3: the master is in host memory, and each rank's piece of a
+  // parameter goes up into the bf16 shard: at most a bucket's shard, here a slot.
+  PlanInput off = in;
+  off.offload_optimizer = true;
+  EXPECT_EQ(deferred_cast_bytes(off, 3),
+            4 * std::min<int64_t>(slot / 4, bucket_buffer_elements(off, 3) / 8));
+  const MemoryBreakdown o = plan_model_states(off, 3);
+  EXPECT_EQ(plan_startup_peak(off, 3),
+            std::max(o.params + deferred_cast_bytes(off, 3), o.total() - plan_host_states(off, 3)));
 }
 
 TEST(MemoryPlan, BlockActivationsMatchAHandCount) {

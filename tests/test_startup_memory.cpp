@@ -64,12 +64,9 @@ int64_t largest_unit(const PlanInput& in) {
   return unit;
 }
 
-// The model states initialize leaves (own shard of master, gradients and optimizer states; the
-// root unit whole at stage 3, every parameter below it; the declared bucket buffers; at stage 3
-// no gradient shard and no bucket buffer, which backward allocates), the padding (at most 64
-// elements per rank and bucket), and at stage 3 one unit more.
-int64_t bound_bytes(const models::GptConfig& c, int world, int param_bytes, int states,
-                    int stage) {
+// The per-bucket padding: at most 64 elements per rank and bucket, in each of the parameters,
+// the master, the optimizer states and the gradient shard.
+int64_t pad_bytes(const models::GptConfig& c, int world, int param_bytes, int states) {
   const PlanInput in = plan_of(c, world, param_bytes, states);
   int64_t buckets = 0;
   for (const auto& u : stage3_units(in)) {
@@ -77,9 +74,51 @@ int64_t bound_bytes(const models::GptConfig& c, int world, int param_bytes, int 
     for (int64_t p : u) n += p;
     buckets += n / kBucket + 1;
   }
-  const int64_t pad = buckets * 64 * world * (param_bytes + 4 + 4 * states + 4);
+  return buckets * 64 * world * (param_bytes + 4 + 4 * states + 4);
+}
+
+// The model states initialize leaves (own shard of master, gradients and optimizer states; the
+// root unit whole at stage 3, every parameter below it; the declared bucket buffers; at stage 3
+// no gradient shard and no bucket buffer, which backward allocates), the padding (at most 64
+// elements per rank and bucket), and at stage 3 one unit more.
+int64_t bound_bytes(const models::GptConfig& c, int world, int param_bytes, int states, int stage) {
+  const PlanInput in = plan_of(c, world, param_bytes, states);
+  const int64_t pad = pad_bytes(c, world, param_bytes, states);
   const int64_t unit = stage == 3 ? largest_unit(in) * param_bytes : 0;
   return plan_model_states(in, stage).total() + unit + pad;
+}
+
+std::string mib(int64_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f MiB", static_cast<double>(b) / (1 << 20));
+  return s;
+}
+
+// The planner's start-up figure (plan_startup_peak) is the measured peak of each rank, within
+// what it leaves out: the padding above, the model's buffers (RoPE tables, on the device in both
+// builds) and the engine's scalars (a one-element placeholder per dtype and per released
+// parameter, the loss scaler), a few KiB.
+void expect_planned(const models::GptConfig& c, int world, int param_bytes, int states, int stage,
+                    bool deferred, const std::vector<int64_t>& measured) {
+  PlanInput in = plan_of(c, world, param_bytes, states);
+  in.deferred_start = deferred;
+  const int64_t planned = plan_startup_peak(in, stage);
+  int64_t buffers = 0;
+  for (const auto& b : models::GptImpl(c).buffers()) buffers += static_cast<int64_t>(b.nbytes());
+  const int64_t scalars = 16 * 1024;
+  const int64_t pad = pad_bytes(c, world, param_bytes, states);
+  // The eager figure counts the largest fp32 staging bucket; the peak comes at the first bucket,
+  // which may be smaller.
+  const int64_t staging = deferred || param_bytes == 4 ? 0 : 4 * max_bucket_elements(in);
+  for (size_t r = 0; r < measured.size(); ++r) {
+    std::printf("stage %d %s N=%d rank %zu: measured %s, planned %s (%+lld B)\n", stage,
+                deferred ? "deferred" : "eager", world, r, mib(measured[r]).c_str(),
+                mib(planned).c_str(), static_cast<long long>(measured[r] - planned));
+    EXPECT_GE(measured[r], planned - staging - scalars)
+        << (deferred ? "deferred" : "eager") << " rank " << r;
+    EXPECT_LE(measured[r], planned + pad + buffers + scalars)
+        << (deferred ? "deferred" : "eager") << " rank " << r;
+  }
 }
 
 struct StartupRun {
@@ -143,12 +182,6 @@ StartupRun start(int world, int stage, bool bf16, bool sgd, bool deferred, bool 
   return run;
 }
 
-std::string mib(int64_t b) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f MiB", static_cast<double>(b) / (1 << 20));
-  return s;
-}
-
 TEST(StartupMemory, Stage3DevicePeakIsOwnShardPlusOneUnit) {
   const models::GptConfig c = model();
   for (int world : {2, 4}) {
@@ -165,6 +198,8 @@ TEST(StartupMemory, Stage3DevicePeakIsOwnShardPlusOneUnit) {
       EXPECT_GT(eager.peak[r], bound) << "N=" << world << " rank " << r;
       EXPECT_EQ(deferred.first_loss[r], eager.first_loss[r]);
     }
+    expect_planned(c, world, 4, 2, 3, true, deferred.peak);
+    expect_planned(c, world, 4, 2, 3, false, eager.peak);
   }
 }
 
@@ -185,6 +220,8 @@ TEST(StartupMemory, Stage2Bf16WritesTheFlatBufferOnceInTheComputeDtype) {
     EXPECT_GT(eager.peak[r], bound) << "rank " << r;
     EXPECT_EQ(deferred.first_loss[r], eager.first_loss[r]);
   }
+  expect_planned(c, world, 2, 0, 2, true, deferred.peak);
+  expect_planned(c, world, 2, 0, 2, false, eager.peak);
 }
 
 TEST(StartupMemory, Stage3HostPeakIsOwnShardPlusOneUnitPerRank) {

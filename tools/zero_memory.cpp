@@ -53,6 +53,7 @@ int run(int argc, char** argv) {
   int per_node = 8, top = 10;
   std::string schedule = "1f1b", partition = "equal";
   std::string error_feedback = "auto";
+  std::string startup = "deferred";
   double peak_tflops = 0, efficiency = 0, memory_bw = 0, bus_bw = 0, ar_bw = 0, rs_bw = 0,
          ag_bw = 0, latency_us = -1, host_bw = 0;
   PlanInput in;
@@ -79,6 +80,10 @@ int run(int argc, char** argv) {
       "host-memory", po::value(&host_memory),
       "host memory per node, for optimizer and activation offload (default 1TB; 0: not checked)")(
       "offload-optimizer", "zero_optimization.offload_optimizer is on: plan with it only")(
+      "startup", po::value(&startup),
+      "how the model reaches zero::initialize, for the start-up peak: deferred (default, as "
+      "zero-train builds it: each rank fills only its part) or eager (built whole in fp32 and "
+      "moved to the device, as zero-train's tensor-parallel model from HF files is)")(
       "max-micro-batch", po::value(&lim.max_micro_batch)->default_value(64),
       "largest micro-batch the search tries")("bucket-size", po::value(&bucket),
                                               "reduce_bucket_size in elements (default 5e8)")(
@@ -193,6 +198,9 @@ int run(int argc, char** argv) {
   lim.device_bytes = parse_byte_size(device);
   lim.host_bytes = parse_byte_size(host_memory);
   in.offload_optimizer = vm.count("offload-optimizer") > 0;
+  if (startup != "deferred" && startup != "eager")
+    throw std::invalid_argument("--startup '" + startup + "': deferred or eager");
+  in.deferred_start = startup == "deferred";
   lim.reserve = reserve.back() == '%' ? std::stod(reserve) / 100.0 : std::stod(reserve);
   if (in.world_size < 1 || in.micro_batch < 1 || in.seq_len < 1 || in.num_params < 1 ||
       lim.reserve < 0 || lim.reserve >= 1) {

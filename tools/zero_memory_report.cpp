@@ -75,7 +75,9 @@ void print_report(const PlanInput& in, const std::string& name, const std::strin
   for (int s = 0; s < 4; ++s) host_part = host_part || plan_host_states(in, s) > 0;
   if (host_part) row("  of which in host memory", [&](int s) { return plan_host_states(in, s); });
   row("= model states on the device", [&](int s) { return device_model_states(in, s); });
-  row("start-up peak (initialize, with the model)",
+  // --startup: a deferred model never holds its fp32 copy on the device; an eager one does.
+  row(in.deferred_start ? "start-up peak (initialize, deferred)"
+                        : "start-up peak (initialize, eager model)",
       [&](int s) { return plan_startup_peak(in, s); });
   // Stage 3 also allocates its gradient shard and bucket buffers for backward and the step only.
   row("in a step: gathered units, gradient path",

@@ -126,6 +126,10 @@ struct PlanInput {
   // model states is in host memory. plan_memory considers offload either way; set, it only
   // considers offload.
   bool offload_optimizer = false;
+  // The model reaches zero::initialize deferred (deferred_init.hpp: zero-train builds it so at
+  // tensor-parallel size 1): no copy of it on the device, each rank fills only what it keeps.
+  // Read by plan_startup_peak alone; false: an eager model, built whole and moved to the device.
+  bool deferred_start = false;
   // Megatron-style model parallelism, planned by parallel_plan.hpp: T tensor-parallel ranks, P
   // pipeline stages, sequence parallelism, and the pipeline schedule over `accumulation`
   // micro-batches; the data-parallel size is world_size / (T·P). The functions of this header
@@ -240,15 +244,27 @@ MemoryBreakdown plan_model_states(const PlanInput& in, int stage);
 // in.offload_optimizer at stages 1 to 3, else 0; at stage 3 plus the error-feedback residuals.
 // The device holds the rest.
 int64_t plan_host_states(const PlanInput& in, int stage);
-// The most device bytes zero::initialize holds at once per rank, the user's fp32 model
-// included: the larger of the flattening phase (the user's parameters, freed bucket by bucket,
-// beside the flat buffer and master allocated up front and, for 16-bit parameters, one fp32
-// staging bucket: flat_params.cpp) and the final model states on the device
-// (plan_model_states less plan_host_states: stage 3's error-feedback residual and the offloaded
-// master and states are host memory). In allocator terms (a caching allocator reserves
-// at::empty at once); bench/startup_step.py measures RSS. It models the eager start-up; a
-// deferred one (deferred_init.hpp) never holds the whole fp32 model.
+// The most device bytes zero::initialize holds at once per rank: the larger of the flattening
+// phase and the final model states on the device (plan_model_states less plan_host_states:
+// stage 3's error-feedback residual and the offloaded master and states are host memory).
+// Flattening allocates the compute-dtype parameters (stage 3: the root unit and the shard) and
+// the master (on the device unless offloaded) up front (flat_params.cpp), and then:
+//   eager (in.deferred_start false): the user's fp32 model 4Ψ is still there, freed bucket by
+//     bucket, and for 16-bit parameters one fp32 staging bucket; at stage 3 every unit's buffer
+//     is allocated whole, pΨ, until the engine releases the units gathered on use;
+//   deferred: nothing of the model is on the device; a parameter held whole (stages 0-2: every
+//     one; stage 3: the root's) goes up through a 16 MiB page-locked slot, which for 16-bit
+//     parameters is cast on the device, one fp32 slot there for the moment
+//     (deferred_cast_bytes).
+// In allocator terms (a caching allocator reserves at::empty at once); bench/startup_step.py
+// measures RSS. Host transients of a deferred start-up (one parameter drawn in fp32, a block
+// while it is built, the two 16 MiB slots) are not device bytes and not counted.
 int64_t plan_startup_peak(const PlanInput& in, int stage);
+// The deferred start-up's device transient above: 4 bytes per element of the largest piece
+// uploaded whole into 16-bit parameters (the largest parameter at stages 0-2, the root's largest
+// at stage 3, and under optimizer offload a stage-3 shard piece), at most one 16 MiB slot; 0 for
+// fp32 parameters (no cast). Without a shape: one slot, or the whole model if smaller.
+int64_t deferred_cast_bytes(const PlanInput& in, int stage);
 // The error-feedback residuals of zero_quantized_gradients per rank (0 when off or at stage 0):
 // Ψ elements of error_feedback_store_bytes (int8: plus 4 bytes per quantized_block). Part of
 // plan_model_states' comm_buffers; at stage 3 in host memory (plan_host_states), not on the

@@ -247,6 +247,33 @@ int64_t plan_host_states(const PlanInput& in, int stage) {
          residuals;
 }
 
+int64_t deferred_cast_bytes(const PlanInput& in, int stage) {
+  if (in.param_bytes == 4) return 0;  // the slot goes into fp32 as it is
+  // flat_params.cpp's StagingRing::kSlotBytes of fp32: what one upload moves (and casts) at once.
+  constexpr int64_t kSlotElements = (int64_t{16} << 20) / 4;
+  int64_t largest = in.num_params;  // without a shape: the slot bounds it
+  if (shape_is_model(in)) {
+    largest = 0;
+    if (stage == 3) {
+      const auto units = stage3_units(in);
+      if (!units.empty()) {
+        for (int64_t n : units[0]) largest = std::max(largest, n);  // the root, whole
+      }
+      if (in.offload_optimizer) {
+        // The master is in host memory: this rank's piece of each parameter goes up into the
+        // compute shard from the host, at most one bucket's shard.
+        int64_t param = 0;
+        for (int64_t n : in.shape.parameter_sizes()) param = std::max(param, n);
+        const int64_t piece = bucket_buffer_elements(in, stage) / in.world_size;
+        largest = std::max(largest, std::min(param, piece));
+      }
+    } else {
+      for (int64_t n : in.shape.parameter_sizes()) largest = std::max(largest, n);
+    }
+  }
+  return 4 * std::min(kSlotElements, largest);
+}
+
 int64_t plan_startup_peak(const PlanInput& in, int stage) {
   const MemoryBreakdown st = plan_model_states(in, stage);
   // A device figure, as the phases after it are (trainer_loop.cpp's bounds, zero-memory's
@@ -256,13 +283,18 @@ int64_t plan_startup_peak(const PlanInput& in, int stage) {
   // the optimizer states and the host gradient shard.
   const int64_t device_states = st.total() - plan_host_states(in, stage);
   const bool host_master = in.offload_optimizer && stage > 0;
-  // While the flat buffer fills: the user's parameters (built in fp32, each freed once its
-  // bucket is copied), the flat buffer and the master shard (allocated up front; in host memory
-  // under offload), and one fp32 staging bucket under 16-bit parameters. Then the gradient
-  // path and the optimizer states: the steady state. A caching allocator holds all of the first
-  // at the first bucket; RSS counts pages as they are touched and so sees less.
+  // Allocated up front by flattening, eager or deferred: the compute-dtype parameters (stage 3:
+  // the root unit and the shard) and the master, on the device unless offloaded. Then the
+  // gradient path and the optimizer states: the steady state.
+  const int64_t buffers = st.params + (host_master ? 0 : st.master);
+  if (in.deferred_start) return std::max(buffers + deferred_cast_bytes(in, stage), device_states);
+  // Eager: the user's parameters (built in fp32, each freed once its bucket is copied) and one
+  // fp32 staging bucket under 16-bit parameters; at stage 3 every unit's buffer whole
+  // (allocate_flat_and_master), of which st.params counted only the root. A caching allocator
+  // holds all of it at the first bucket; RSS counts pages as they are touched and so sees less.
   const int64_t staging = in.param_bytes == 4 ? 0 : 4 * max_bucket_elements(in);
-  const int64_t flatten = 4 * in.num_params + st.params + (host_master ? 0 : st.master) + staging;
+  const int64_t units = stage == 3 ? in.param_bytes * (in.num_params - stage3_root_params(in)) : 0;
+  const int64_t flatten = 4 * in.num_params + buffers + units + staging;
   return std::max(flatten, device_states);
 }
 

@@ -56,6 +56,11 @@ struct TpGptImpl : torch::nn::Module, tensor_parallel::SequenceParallelModule {
   // Weights: the layers' own draws (tensor_parallel::init_full_*); load_full gives a plain
   // model's. Built on the CPU in fp32; move it with ->to().
   TpGptImpl(tensor_parallel::GroupPtr tp, const GptConfig& c, bool sequence_parallel = false);
+  // Deferred (zero/deferred_init.hpp), as Gpt's: each child built as above (the generator passes
+  // through the same draws), its parameters placeholders on deferred.device before the next is
+  // built, the buffers there. Its values: initial_values_like_gpt.
+  TpGptImpl(tensor_parallel::GroupPtr tp, const GptConfig& c, bool sequence_parallel,
+            const zero::Deferred& deferred);
 
   // tokens [batch, seq] -> this rank's logits [batch, seq, vocab / T].
   at::Tensor forward(const at::Tensor& tokens);
@@ -92,6 +97,8 @@ struct TpGptImpl : torch::nn::Module, tensor_parallel::SequenceParallelModule {
   CheckpointPolicy checkpointing;  // recompute blocks in backward (collectives included)
 
  private:
+  TpGptImpl(tensor_parallel::GroupPtr tp, const GptConfig& c, bool sequence_parallel,
+            const zero::Deferred* deferred);
   bool check_inputs_ = true;
 };
 TORCH_MODULE(TpGpt);
@@ -103,5 +110,9 @@ TORCH_MODULE(TpGpt);
 // advances it. zero-train calls it with the default generator after at::manual_seed(seed), so a
 // tensor-parallel run starts from the weights of the tp 1 run of the same seed.
 void init_like_gpt(TpGptImpl& model, at::Generator gen);
+// The same draws as a deferred model's source (zero::initialize's InitialValues): each full
+// tensor drawn in turn from `gen` (a copy), this rank's part served. For a TpGpt built with
+// zero::Deferred; the transient host memory is one full tensor and its part.
+zero::InitialValues initial_values_like_gpt(const TpGptImpl& model, at::Generator gen);
 
 }  // namespace zero::models
