@@ -37,26 +37,15 @@ def deepspeed_worker(d, tag="ds"):
     y = torch.from_numpy(np.fromfile(d / "y.bin", dtype="<f4")).view(steps, acc, world, mb, OUT)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     dtype = next(engine.module.parameters()).dtype
-    losses = []
-    for s in range(steps):
-        total = 0.0
-        for m in range(acc):
-            xs = x[s, m, rank * k:(rank + 1) * k].reshape(-1, IN)
-            ys = y[s, m, rank * k:(rank + 1) * k].reshape(-1, OUT)
-            out = engine(xs.to(dtype))
-            loss = ((out.float() - ys) ** 2).mean()
-            t = loss.detach().clone().double()
-            dist.all_reduce(t)
-            total += t.item() / run_world
-            engine.backward(loss)
-            engine.step()
-        losses.append(total / acc)
-    with whole_params(engine):
-        if rank == 0:
-            (d / f"{tag}_losses.txt").write_text("".join(f"{v:.17g}\n" for v in losses))
-            flat = torch.cat([p.detach().float().reshape(-1) for p in engine.module.parameters()])
-            flat.numpy().astype("<f4").tofile(d / f"{tag}_params.bin")
-    dist.barrier()
+
+    def loss_of(s, m):
+        xs = x[s, m, rank * k:(rank + 1) * k].reshape(-1, IN)
+        ys = y[s, m, rank * k:(rank + 1) * k].reshape(-1, OUT)
+        out = engine(xs.to(dtype))
+        return ((out.float() - ys) ** 2).mean()
+
+    losses = train(engine, steps, acc, run_world, loss_of)
+    dump(d, tag, rank, engine, losses, lambda: list(engine.module.parameters()))
 
 
 def whole_params(engine):
@@ -85,7 +74,6 @@ def deepspeed_llama(d, cfg, rank, tag, steps, acc, world, mb, seq, vocab):
     import torch
     import torch.nn.functional as F
     import deepspeed
-    import torch.distributed as dist
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(d / "hf", dtype=torch.float32)
@@ -93,24 +81,42 @@ def deepspeed_llama(d, cfg, rank, tag, steps, acc, world, mb, seq, vocab):
                                                                            seq + 1)
     k, run_world = ranks_per_process(world, cfg, mb)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+
+    def loss_of(s, m):
+        t = tok[s, m, rank * k:(rank + 1) * k].reshape(-1, seq + 1)
+        logits = engine(input_ids=t[:, :-1]).logits
+        return F.cross_entropy(logits.float().reshape(-1, vocab), t[:, 1:].reshape(-1))
+
+    losses = train(engine, steps, acc, run_world, loss_of)
+    names = (d / "names.txt").read_text().split()
+    dump(d, tag, rank, engine, losses,
+         lambda: [dict(engine.module.named_parameters())[n] for n in names])
+
+
+def train(engine, steps, acc, run_world, loss_of):
+    """Each step's loss, the mean over every rank's micro-batches (`loss_of(step, micro)`)."""
+    import torch.distributed as dist
     losses = []
     for s in range(steps):
         total = 0.0
         for m in range(acc):
-            t = tok[s, m, rank * k:(rank + 1) * k].reshape(-1, seq + 1)
-            logits = engine(input_ids=t[:, :-1]).logits
-            loss = F.cross_entropy(logits.float().reshape(-1, vocab), t[:, 1:].reshape(-1))
+            loss = loss_of(s, m)
             v = loss.detach().clone().double()
             dist.all_reduce(v)
             total += v.item() / run_world
             engine.backward(loss)
             engine.step()
         losses.append(total / acc)
+    return losses
+
+
+def dump(d, tag, rank, engine, losses, params):
+    """Rank 0 writes the losses and the parameters (`params()`, in the inputs' order) whole."""
+    import torch
+    import torch.distributed as dist
     with whole_params(engine):
         if rank == 0:
             (d / f"{tag}_losses.txt").write_text("".join(f"{v:.17g}\n" for v in losses))
-            params = dict(engine.module.named_parameters())
-            names = (d / "names.txt").read_text().split()
-            flat = torch.cat([params[n].detach().float().reshape(-1) for n in names])
+            flat = torch.cat([p.detach().float().reshape(-1) for p in params()])
             flat.numpy().astype("<f4").tofile(d / f"{tag}_params.bin")
     dist.barrier()
