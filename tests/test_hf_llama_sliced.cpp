@@ -120,10 +120,10 @@ void expect_sliced_matches_load(at::ScalarType file_dtype, int stage, bool bf16,
     auto bytes = std::make_shared<std::atomic<int64_t>>(0);
     auto engine = initialize(gpt, cfg, group, models::hf_llama_values(*gpt, dir.str(), bytes));
     read[r] = *bytes;
-    // What this rank holds: its shard of the blocks, the root unit whole (fp32: the shard is
-    // the master; bf16: the parameters count the compute-dtype shard).
+    // What this rank holds: its shard of the blocks (the fp32 master: no compute-dtype copy
+    // under bf16 either), the root unit whole in the compute dtype.
     const MemoryBreakdown m = engine.memory_report().measured;
-    kept[r] = bf16 ? m.params / 2 : (m.params + m.master) / 4;
+    kept[r] = m.params / (bf16 ? 2 : 4) + m.master / 4;
     masters[r] = engine.state_dict({/*master=*/true});
   });
   const auto want = ref->named_parameters();

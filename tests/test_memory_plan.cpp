@@ -160,14 +160,15 @@ TEST(MemoryPlan, StartupPeakLeavesHostMemoryOut) {
   const int64_t residual = 4 * psi;
   ASSERT_EQ(error_feedback_bytes(q, 3), residual);
   ASSERT_EQ(plan_host_states(q, 3), residual);
-  // The device: the root whole, the bf16 shard, the fp32 master and AdamW's two states (2 + 4 +
-  // 8 bytes per element of the 1/8 shard), and the residual's two device staging buffers.
-  const int64_t params = 2 * stage3_root_params(q) + 2 * shard;
+  // The device: the root whole, the fp32 master and AdamW's two states (4 + 8 bytes per element
+  // of the 1/8 shard; no bf16 copy of the shard: each gather rounds the master), and the
+  // residual's two device staging buffers.
+  const int64_t params = 2 * stage3_root_params(q);
   ASSERT_EQ(st.params, params);
   const int64_t device = params + 4 * shard + 8 * shard + error_feedback_staging_bytes(q, 3);
   EXPECT_EQ(st.total() - residual, device);
   // Flattening an eager model: the user's fp32 model, every unit's bf16 buffer whole (the
-  // root's among them), the bf16 shard, the fp32 master and one fp32 staging bucket.
+  // root's among them), the bf16 root, the fp32 master and one fp32 staging bucket.
   const int64_t units = 2 * (psi - stage3_root_params(q));
   const int64_t flatten = 4 * psi + params + units + 4 * shard + 4 * max_bucket_elements(q);
   EXPECT_EQ(plan_startup_peak(q, 3), std::max(flatten, device));

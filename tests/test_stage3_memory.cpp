@@ -16,6 +16,7 @@
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
 #include "zero/host_counting.hpp"
+#include "zero/memory.hpp"
 #include "zero/sharding.hpp"
 
 namespace zero::testing {
@@ -41,12 +42,14 @@ std::shared_ptr<DeepNet> make_deep_net(const c10::Device& d) {
   return net;
 }
 
-// Rank r's loss on step s's batch (kWorld ranks), its inputs widened to the blocks' width.
-at::Tensor step_loss(DeepNet& net, int s, int r, int world, const c10::Device& d) {
+// Rank r's loss on step s's batch (kWorld ranks), its inputs widened to the blocks' width and
+// in the parameters' dtype.
+at::Tensor step_loss(DeepNet& net, int s, int r, int world, const c10::Device& d,
+                     at::ScalarType dtype = at::kFloat) {
   const Batch b = rank_micro_batch(global_batch(s, kRows), r, world, 0, 1);
   at::Tensor x = at::zeros({b.x.size(0), kWidth});
   x.narrow(1, 0, b.x.size(1)).copy_(b.x);
-  return mse(net.forward(x.to(d)), b.y.to(d));
+  return mse(net.forward(x.to(d, dtype)).to(at::kFloat), b.y.to(d));
 }
 
 // One block's parameters in bytes (fp32).
@@ -163,6 +166,77 @@ TEST(Stage3Memory, GradientShardGrowsWithBackward) {
   // The pieces are the whole shard once backward ended, and the step freed them.
   EXPECT_EQ(tag(after_backward, HostTag::kGradShard), shard);
   EXPECT_EQ(tag(after_step, HostTag::kGradShard), 0);
+}
+
+// bf16 at stage 3 keeps no compute-dtype copy of the shard (issue 33): each gather rounds the
+// fp32 master into its output, as FSDP2's MixedPrecisionPolicy casts the sharded parameter at
+// each all-gather. Between steps a rank holds the fp32 master and AdamW's two states, 12 bytes
+// per element of its shard (12Ψ/N, where it held 14Ψ/N with the copy), the root unit whole in
+// bf16 and no gradient path: counted by the fake allocator (every device byte), stated by the
+// memory report and predicted by the formula (include/zero/memory.hpp).
+TEST(Stage3Memory, Bf16ModelStatesAreTheMasterAndStatesAlone) {
+  constexpr int kWorld = 2;
+  for (const bool bf16 : {true, false}) {  // fp32: the master is the shard the gathers send
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    const int64_t pb = bf16 ? 2 : 4;
+    Config cfg = test_config(3, kRows / kWorld, 1, 0.0, /*bucket=*/kWidth * kWidth);
+    cfg.zero_optimization.stage3.param_persistence_threshold = 0;
+    cfg.bf16 = bf16;
+    std::vector<int64_t> before(kWorld), between(kWorld);
+    std::vector<MemoryReport> reports(kWorld);
+    run_ranks(
+        kWorld,
+        [&](std::shared_ptr<comm::Group> group) {
+          const int r = group->rank();
+          const c10::Device d = fake::device(r);
+          auto net = make_deep_net(d);
+          before[r] = fake::allocated_bytes(r);
+          auto engine = initialize(net, cfg, group);
+          for (int s = 0; s < 3; ++s) {  // AdamW's states exist from the first step
+            engine.backward(step_loss(*net, s, r, kWorld, d, bf16 ? at::kBFloat16 : at::kFloat));
+            engine.step();
+          }
+          between[r] = fake::allocated_bytes(r);
+          reports[r] = engine.memory_report();
+        },
+        std::chrono::seconds(60), fake::device().type());
+    // The root unit: the head, whole on every rank.
+    const int64_t root = kWidth * 5 + 5;
+    for (int r = 0; r < kWorld; ++r) {
+      const MemoryReport& rep = reports[r];
+      const MemoryBreakdown& m = rep.measured;
+      const int64_t shard = rep.padded_params / kWorld;  // elements, padding included
+      const int64_t held = between[r] - (before[r] - rep.replaced_param_bytes);
+      std::printf(
+          "%s rank %d: between steps %lld B on the device (report: params %lld, master %lld, "
+          "optimizer %lld, gradients %lld, buffers %lld; predicted %lld); shard %lld elements, "
+          "12 B each %lld B, the copy it no longer keeps %lld B\n",
+          bf16 ? "bf16" : "fp32", r, static_cast<long long>(held), static_cast<long long>(m.params),
+          static_cast<long long>(m.master), static_cast<long long>(m.optimizer),
+          static_cast<long long>(m.grads), static_cast<long long>(m.comm_buffers),
+          static_cast<long long>(rep.predicted.total()), static_cast<long long>(shard),
+          static_cast<long long>(12 * shard), static_cast<long long>(2 * shard));
+      // The allocator: the report's bytes, the fused AdamW's fp32 step count (optim/adamw.cpp)
+      // and 8 bytes of device scalars stage 3 keeps beside them, the same in fp32 and bf16 (not
+      // in the report; found with this test, not yet traced to their owner).
+      EXPECT_EQ(held, m.total() + 4 + 8) << "rank " << r;
+      // The report: 12 bytes per shard element and the root in p bytes (its unit's padding
+      // included), nothing of the blocks' parameters, no gradient path.
+      EXPECT_EQ(m.master + m.optimizer, 12 * shard) << "rank " << r;
+      EXPECT_GE(m.params, pb * root) << "rank " << r;
+      EXPECT_LT(m.params, pb * (root + 64 * kWorld)) << "rank " << r;
+      EXPECT_EQ(m.grads, 0) << "rank " << r;
+      EXPECT_EQ(m.comm_buffers, 0) << "rank " << r;
+      // The formula, on the unpadded count: 12Ψ/N + pΨ_root.
+      const MemoryBreakdown& p = rep.predicted;
+      EXPECT_EQ(p.master + p.optimizer, 12 * rep.num_params / kWorld) << "rank " << r;
+      EXPECT_EQ(p.params, pb * root) << "rank " << r;
+      EXPECT_EQ(p.grads + p.comm_buffers, 0) << "rank " << r;
+      // Each bucket (at most two per block, and the root's) pads its shard by under 64 elements.
+      EXPECT_LE(m.total() - p.total(), 12 * 64 * (2 * kBlocks + 1) + pb * 64 * kWorld)
+          << "rank " << r << ": padding only";
+    }
+  }
 }
 
 }  // namespace

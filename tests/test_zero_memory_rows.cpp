@@ -93,9 +93,10 @@ TEST(ZeroMemoryRows, Stage3ErrorFeedbackResidualIsHostMemory) {
     const double staging = 2 * k.per_element * kBucket;  // two bucket-sized device buffers
     // In host memory: the residual alone.
     EXPECT_NEAR(static_cast<double>(plan_host_states(in, 3)), residual, block + 4.0);
-    // On the device: the root whole, the p-byte shard, the fp32 master and the AdamW states'
-    // shards (no gradient shard or bucket buffers between steps), and the staging buffers.
-    const double device = 2 * root + (2 + 4 + 8) * psi / n;
+    // On the device: the root whole, the fp32 master and the AdamW states' shards (no bf16 copy
+    // of the shard: each gather rounds the master; no gradient shard or bucket buffers between
+    // steps), and the staging buffers.
+    const double device = 2 * root + (4 + 8) * psi / n;
     EXPECT_NEAR(static_cast<double>(tools::device_model_states(plain, 3)), device, kSlack);
     EXPECT_NEAR(static_cast<double>(tools::device_model_states(in, 3)), device + staging,
                 kSlack + 2 * 4.0);

@@ -31,8 +31,8 @@ struct MemoryModelInput {
   int64_t accumulation = 1;  // gradient_accumulation_steps
   bool overlap_comm = true;
   bool offload = false;  // optimizer offload: a separate (host) master even at N = 1 with p = 4
-  // Stage 3: the elements of the root unit, whole on every rank (the rest is held as 1/N
-  // shards: the compute-dtype shard under bf16/fp16, the fp32 master itself under fp32).
+  // Stage 3: the elements of the root unit, whole on every rank (the rest is held as the 1/N
+  // fp32 master shard alone; under optimizer offload also a compute-dtype shard on the device).
   int64_t root_params = 0;
 };
 
@@ -49,7 +49,7 @@ bool keeps_full_gradient(int stage, int64_t accumulation, bool overlap_comm);
 //   stage 1: params Ψp + grads gΨ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N,
 //            plus a full gΨ accumulator under gradient accumulation (keeps_full_gradient)
 //   stage 2: params Ψp + grads gΨ/N + master (4Ψ/N unless p = 4) + states 4KΨ/N
-//   stage 3: params pΨ_root (+ pΨ/N of compute shard unless p = 4) + master 4Ψ/N + states
+//   stage 3: params pΨ_root (+ pΨ/N of compute shard under offload only) + master 4Ψ/N + states
 //            4KΨ/N, held between steps; the gradient shard gΨ/N and the bucket buffers are
 //            allocated by the window's first reduction and freed after the step, so they are
 //            not model states here (the planner counts them in stage3_transient_bytes)

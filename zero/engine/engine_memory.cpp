@@ -16,8 +16,9 @@ MemoryReport Engine::memory_report() const {
   r.num_params = m.fp.layout.num_elements();
   r.padded_params = m.fp.layout.total_numel();
   for (const auto& u : m.units) r.measured.params += u->bytes().resident;
-  // Stage 3 under bf16/fp16: the compute-dtype shard the units' gathers send (fp32: the master,
-  // counted there).
+  // Stage 3 under optimizer offload: the compute-dtype shard on the device the units' gathers
+  // send (otherwise none: fp32 gathers the master, counted there; bf16/fp16 round it into each
+  // gather's output).
   if (m.fp.shard.defined() && !m.fp.shard.is_same(m.fp.master)) {
     r.measured.params += static_cast<int64_t>(m.fp.shard.nbytes());
   }

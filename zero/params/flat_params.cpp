@@ -157,8 +157,12 @@ std::vector<int> allocate_flat_and_master(FlatParams& fp, const at::Device& devi
   if (opts.unit_buffers) {
     // Under optimizer offload the master is in host memory, and the gather source stays on the
     // device: a compute-dtype shard of its own, fp32 included (DeepSpeed's stage 3 keeps the
-    // fp16 partition on the device and the fp32 one on the host alike).
-    fp.shard = fp.storage == Storage::kShard ? fp.master : make(fp.layout.shard_numel(), compute);
+    // fp16 partition on the device and the fp32 one on the host alike). fp32 on the device: the
+    // master is the shard. bf16/fp16 on the device: none; each gather rounds the master into
+    // its output (ShardedUnit::gather), as FSDP2's MixedPrecisionPolicy casts the sharded fp32
+    // parameter at each all-gather: 12Ψ/N of model states, not 14Ψ/N (issue 33).
+    if (fp.storage == Storage::kShard) fp.shard = fp.master;
+    if (fp.storage == Storage::kHost) fp.shard = make(fp.layout.shard_numel(), compute);
   }
   return unit_of_bucket;
 }

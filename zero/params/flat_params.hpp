@@ -27,7 +27,9 @@ struct FlatParams {
   // freed alone (units::UnitStorage). Indexed like layout.units().
   std::vector<at::Tensor> unit_buffers;
   // Stage 3: this rank's shard in the compute dtype (layout.shard_numel() elements, addressed
-  // like the master): what a unit's all-gather sends. fp32: the master itself (kShard).
+  // like the master): what a unit's all-gather sends. fp32: the master itself (kShard); under
+  // optimizer offload a tensor of its own; bf16/fp16 with the master on the device: undefined
+  // (each gather rounds the master into its output, ShardedUnit::gather).
   at::Tensor shard;
   // The parameters' compute dtype and device (`flat`'s options). Kept apart from `flat` so that
   // what only needs the device or dtype does not read the buffer: at stage 3 there is no one

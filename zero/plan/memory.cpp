@@ -31,12 +31,13 @@ MemoryBreakdown predict_model_states(const MemoryModelInput& in) {
   b.master = (in.param_bytes == 4 && !in.offload) ? 0 : static_cast<int64_t>(4.0 * part);
   if (in.stage == 3) {
     // The root unit whole; every other parameter a 1/N shard between uses (the gathered unit
-    // of the moment is an activation-time cost, not a model state). An fp32 shard is the master,
-    // except under optimizer offload (the master on the host, the shard on the device).
+    // of the moment is an activation-time cost, not a model state). With the master on the
+    // device the gathers send it (fp32) or round it into their output (bf16/fp16, as FSDP2's
+    // MixedPrecisionPolicy): no compute shard. Under optimizer offload (the master on the host)
+    // the device keeps a compute-dtype shard for the gathers.
     const double root = static_cast<double>(in.root_params);
-    const bool shard_is_master = in.param_bytes == 4 && !in.offload;
-    b.params = static_cast<int64_t>(root * in.param_bytes +
-                                    (shard_is_master ? 0.0 : psi / n * in.param_bytes));
+    b.params =
+        static_cast<int64_t>(root * in.param_bytes + (in.offload ? psi / n * in.param_bytes : 0.0));
     b.master = static_cast<int64_t>(4.0 * part);
     // The gradient shard exists only from the window's first reduction to the step (FSDP2's
     // zero_grad(set_to_none=True)); under optimizer offload its fp32 host copy stays.

@@ -77,8 +77,12 @@ ShardedUnit::ShardedUnit(ShardStore& store, comm::Group& dp, const UnitSlot& slo
               name_, ": a unit gathered on use publishes into its compute shard");
   if (residency_ == Residency::kOnUse) {
     const FlatParams& fp = store_.fp;
-    TORCH_CHECK(!fp.flat.defined() && fp.shard.defined(), "zero: unit ", name_,
-                " is gathered on use without stage 3's storage");
+    TORCH_CHECK(!fp.flat.defined() && (fp.shard.defined() || fp.master.defined()), "zero: unit ",
+                name_, " is gathered on use without stage 3's storage");
+    // The gathers place this rank's shard at its rank's slot of their own group.
+    TORCH_CHECK(gathers_.rank() == fp.shard_rank, "zero: unit ", name_,
+                ": its gather group's rank ", gathers_.rank(), " differs from the shard's ",
+                fp.shard_rank);
     std::vector<units::UnitStorage::Param> params;
     for (int li : slot_.params) {
       params.push_back({fp.params[li], fp.layout.params()[li].flat_offset - slot_.flat_begin});
@@ -122,7 +126,18 @@ void ShardedUnit::gather() {
     const BucketSlot& bucket = buckets[b];
     at::Tensor out = storage_->buffer().narrow(0, bucket.flat_offset - slot_.flat_begin,
                                                bucket.shard.padded_numel());
-    at::Tensor in = fp.shard.narrow(0, bucket.shard_offset, bucket.shard.shard_numel());
+    const int64_t S = bucket.shard.shard_numel();
+    at::Tensor in;
+    if (fp.shard.defined()) {
+      in = fp.shard.narrow(0, bucket.shard_offset, S);
+    } else {
+      // bf16/fp16 with the master on the device: no compute shard is kept (FSDP2's
+      // MixedPrecisionPolicy alike); the master is rounded straight into this rank's slot of the
+      // output, and the gather runs in place (as under offload, own_part). The same
+      // round-to-nearest-even the step's rounding into a kept shard applied: the same bits.
+      in = out.narrow(0, fp.shard_rank * S, S);
+      in.copy_(fp.master.narrow(0, bucket.shard_offset, S));
+    }
     pending_.push_back(gathers_.all_gather(
         out, in, "all_gather of unit " + name_ + " (parameter bucket " + std::to_string(b) + ")"));
   }
@@ -242,9 +257,10 @@ void ShardedUnit::publish_from(GatherQueue& q,
       for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) source(buckets[b]);
       return;
     }
-    // fp32: the shard is the master, already current. Otherwise the master rounded into it,
-    // bucket by bucket (the next gather sends it).
-    if (fp.shard.is_same(fp.master)) return;
+    // fp32: the shard is the master, already current; bf16/fp16 on the device: no compute
+    // shard, each gather rounds the master (gather). Under offload only, a compute shard: the
+    // master rounded into it, bucket by bucket (the next gather sends it).
+    if (!fp.shard.defined() || fp.shard.is_same(fp.master)) return;
     for (int b = slot_.first_bucket; b < slot_.end_bucket; ++b) {
       const BucketSlot& bucket = buckets[b];
       const int64_t S = bucket.shard.shard_numel();

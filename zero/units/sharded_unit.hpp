@@ -25,9 +25,10 @@ enum class Publish {
   kNone,       // the master is the flat buffer (stage 0 fp32, one rank fp32)
   kCopy,       // stage 0 otherwise: one flat.copy_(master) after all updates
   kAllGather,  // stages 1, 2, stage 3's root: bucket b updated just before its all-gather
-  kCastShard,  // stage 3's gathered units: the master rounded into the compute shard (bf16/fp16;
-               // fp32: nothing, the shard is the master; under optimizer offload the CPU
-               // step's compute-dtype copy uploaded into it); the next gather reads it
+  kCastShard,  // stage 3's gathered units: nothing after the step; the next gather reads the
+               // master (fp32), rounds it into its output (bf16/fp16, no compute shard kept),
+               // or, under optimizer offload, sends the compute shard the CPU step's
+               // compute-dtype copy was uploaded into
 };
 // Whether the unit's parameters are always there (stages 0-2, stage 3's root) or gathered on
 // use and released after it (stage 3's units).
@@ -119,8 +120,10 @@ class ShardedUnit {
   Bytes bytes() const;
 
   // kOnUse only (stage 3). gather: fresh bytes for the unit's buffer and one all-gather per
-  // bucket from the compute shard into it; wait: those done, the parameters views of the
-  // buffer; release: a gather in flight waited for, the bytes freed (parameters 0-element).
+  // bucket into it, from the compute shard (offload) or the master rounded into this rank's
+  // slot of the output (in place; fp32: the master is the shard); wait: those done, the parameters
+  // views of the buffer; release: a gather in flight waited for, the bytes freed (parameters
+  // 0-element).
   void gather();
   void wait();
   void release();
