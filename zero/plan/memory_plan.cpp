@@ -284,7 +284,7 @@ int64_t plan_startup_peak(const PlanInput& in, int stage) {
   const int64_t device_states = st.total() - plan_host_states(in, stage);
   const bool host_master = in.offload_optimizer && stage > 0;
   // Allocated up front by flattening, eager or deferred: the compute-dtype parameters (stage 3:
-  // the root unit and the shard) and the master, on the device unless offloaded. Then the
+  // the root unit, and the shard only under optimizer offload) and the master, on the device unless offloaded. Then the
   // gradient path and the optimizer states: the steady state.
   const int64_t buffers = st.params + (host_master ? 0 : st.master);
   if (in.deferred_start) return std::max(buffers + deferred_cast_bytes(in, stage), device_states);
