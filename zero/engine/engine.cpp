@@ -51,8 +51,9 @@ void Engine::Impl::on_grad(int index, const at::Tensor& param) {
               "loss.backward()");
   order->on_grad(index);
   at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
-  // Counted as a gradient the engine holds from here (CPU peaks' split; nothing otherwise).
-  if (grad.defined() && grad.is_cpu()) {
+  // Counted as a gradient the engine holds from here (CPU peaks' split; nothing otherwise). The
+  // counter is checked first: a storage-less gradient (sparse, mkldnn) must reach sync's own check.
+  if (HostCountingAllocator::installed() && grad.defined() && grad.is_cpu() && grad.has_storage()) {
     HostCountingAllocator::retag(grad.storage().data(), HostTag::kUnitGrads);
   }
   sync->on_grad(index, grad);
