@@ -178,6 +178,7 @@ struct Rank {
   int64_t available = 0;
   int64_t device_fails_from = 0;  // fake::fail_allocations_from on its device
   int64_t pinned_fails_from = 0;  // fake::fail_pinned_from on its thread
+  int64_t device_fails_after = -1;  // fake::fail_allocations_after on its device
 };
 
 // Builds the compressed reduction with host-resident residuals on every rank; returns what each
@@ -202,6 +203,7 @@ std::vector<Outcome> build(const std::vector<Rank>& ranks, at::ScalarType store)
         try {
           fake::fail_allocations_from(r, ranks[r].device_fails_from);
           fake::fail_pinned_from(ranks[r].pinned_fails_from);
+          fake::fail_allocations_after(r, ranks[r].device_fails_after);
           QuantizedReduceScatter q(*group, s, {world * int64_t{1000}, world * int64_t{500}},
                                    fake::device(r));
           o.device_added = fake::allocated_bytes(r) - before;
@@ -212,6 +214,7 @@ std::vector<Outcome> build(const std::vector<Rank>& ranks, at::ScalarType store)
         o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         fake::fail_allocations_from(r, 0);
         fake::fail_pinned_from(0);
+        fake::fail_allocations_after(r, -1);
         set_host_available_for_testing(0);
         const std::lock_guard<std::mutex> lock(mu);
         out[r] = o;
@@ -339,6 +342,24 @@ TEST(ErrorFeedbackHost, AllocationFailingOnOneRankFailsOnEveryRankAtOnce) {
     EXPECT_NE(o[0].error.find("reduce_bucket_size"), std::string::npos) << o[0].error;
   }
   EXPECT_EQ(fake::pinned_in_use_bytes(), pinned);
+}
+
+// Review 2026-12-07d L1: rank 1's device is full right after the agreement took its buffers
+// (3: this rank's length, every rank's, the text chunk), so any device allocation between the
+// agreement and its first errors() throws there alone. The host-room check allocated its host-id
+// gather on the device: rank 1 left make_feedback and rank 0 waited in that gather for the 60 s
+// comm timeout. Now the ids go through the agreement's buffers, rank 1's device fails in the
+// allocation the ranks agree on, and both ranks throw the same text within seconds.
+TEST(ErrorFeedbackHost, DeviceFullAfterTheAgreementFailsEveryRankAtOnce) {
+  const testing::ScopedEnv one("LOCAL_WORLD_SIZE", "1");
+  const int64_t room = int64_t{1} << 30;
+  Rank full{room};
+  full.device_fails_after = 3;
+  const std::vector<Outcome> o = build({{room}, full}, at::kFloat);
+  expect_every_rank_fails_alike_naming_rank_1(o);
+  EXPECT_NE(o[0].error.find("could not be allocated on every rank"), std::string::npos)
+      << o[0].error;
+  EXPECT_NE(o[0].error.find("out of memory"), std::string::npos) << o[0].error;
 }
 
 TEST(ErrorFeedbackHost, PlannerCountsResidualOnTheHostAndStagingOnTheDevice) {
