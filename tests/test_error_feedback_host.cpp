@@ -362,6 +362,75 @@ TEST(ErrorFeedbackHost, DeviceFullAfterTheAgreementFailsEveryRankAtOnce) {
   EXPECT_NE(o[0].error.find("out of memory"), std::string::npos) << o[0].error;
 }
 
+// Review 2026-12-07d M1: a tp2 x dp2 mesh in Megatron's order (tp groups {0, 1} and {2, 3}, dp
+// groups {0, 2} and {1, 3}). World rank 1 alone refuses or fails; its dp group agrees, and the
+// verdict is passed over tp (Settings::agree_also, as the engine passes Groups::norm), so the
+// other dp group's ranks throw the same text too instead of going on to wait for their peers.
+std::vector<Outcome> build_mesh(const std::vector<Rank>& ranks) {
+  constexpr int kWorld = 4, kDp = 2;
+  std::vector<Outcome> out(kWorld);
+  std::mutex mu;
+  testing::run_ranks(
+      kWorld,
+      [&](std::shared_ptr<comm::Group> world) {
+        const int r = world->rank();
+        auto tp = world->split(r / 2, r % 2, "tp");
+        auto dp = world->split(r % 2, r / 2, "dp");
+        set_host_available_for_testing(ranks[r].available);
+        Settings s;
+        s.enabled = true;
+        s.block = kBlock;
+        s.feedback_residence = Residence::kHost;
+        s.agree_also = {tp};
+        Outcome o;
+        const int64_t before = fake::allocated_bytes(r);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          fake::fail_allocations_from(r, ranks[r].device_fails_from);
+          QuantizedReduceScatter q(*dp, s, {kDp * int64_t{1000}, kDp * int64_t{500}},
+                                   fake::device(r));
+          o.device_added = fake::allocated_bytes(r) - before;
+        } catch (const std::runtime_error& e) {
+          o.error = e.what();
+          o.device_added = fake::allocated_bytes(r) - before;
+        }
+        o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        fake::fail_allocations_from(r, 0);
+        set_host_available_for_testing(0);
+        const std::lock_guard<std::mutex> lock(mu);
+        out[r] = o;
+      },
+      std::chrono::seconds(60), fake::device().type());
+  return out;
+}
+
+TEST(ErrorFeedbackHost, ARefusalOrFailureInOneDataParallelGroupFailsTheWholeMesh) {
+  const testing::ScopedEnv one("LOCAL_WORLD_SIZE", "1");
+  const int64_t room = int64_t{1} << 30, need = 2 * 1500 * 4, staging = 2 * 1000 * 4;
+  const auto expect_mesh_fails_alike = [](const std::vector<Outcome>& o, const char* cause) {
+    for (size_t r = 0; r < o.size(); ++r) {
+      SCOPED_TRACE("world rank " + std::to_string(r));
+      std::printf("rank %zu failed after %.3f s: %s\n", r, o[r].seconds, o[r].error.c_str());
+      EXPECT_EQ(o[r].error, o[0].error) << "the same text on every rank of the mesh";
+      EXPECT_NE(o[r].error.find(cause), std::string::npos) << o[r].error;
+      EXPECT_NE(o[r].error.find("by rank of tp"), std::string::npos) << o[r].error;
+      EXPECT_LT(o[r].seconds, 10.0) << "not the 60 s comm timeout";
+      EXPECT_EQ(o[r].device_added, 0) << "nothing left on the device";
+      expect_names_the_fix(o[r].error);
+    }
+  };
+  // World rank 1's node is short of host memory: refused before any rank allocates.
+  expect_mesh_fails_alike(build_mesh({{room}, {need - 1}, {room}, {room}}),
+                          "do not fit in the page-locked host memory");
+  // World rank 1's staging buffer does not fit its device.
+  expect_mesh_fails_alike(build_mesh({{room}, {room, staging}, {room}, {room}}), "out of memory");
+  // Nothing fails: every rank goes on (the relay adds no verdict of its own).
+  for (const Outcome& o : build_mesh({{room}, {room}, {room}, {room}})) {
+    EXPECT_EQ(o.error, "");
+    EXPECT_EQ(o.device_added, 2 * staging) << "the two staging buffers";
+  }
+}
+
 TEST(ErrorFeedbackHost, PlannerCountsResidualOnTheHostAndStagingOnTheDevice) {
   PlanInput in;
   in.num_params = 1'000'000;

@@ -138,15 +138,30 @@ std::unique_ptr<ErrorFeedback> make_feedback(comm::Group& group,
   const bool on_host = s.feedback_residence == Residence::kHost;
   const std::string ranks = " (group " + group.name() + ": ";
   comm::Agreement agreement(group, device);
+  // The other groups of the mesh, their buffers taken up front too. A dp group's message ("" =
+  // fine) is passed over each in turn: after dp then tp every rank of a dp x tp mesh holds the
+  // same text, and one more group per further dimension (review 2026-12-07d M1).
+  std::vector<std::unique_ptr<comm::Agreement>> relays;
+  for (const auto& g : s.agree_also) relays.push_back(std::make_unique<comm::Agreement>(*g, device));
+  const auto over_mesh = [&](std::string message, const std::string& what) {
+    for (size_t i = 0; i < relays.size(); ++i) {
+      const std::string& by = s.agree_also[i]->name();
+      const std::string all = relays[i]->errors(message, what + " over " + by);
+      message = all.empty() ? "" : "zero: " + what + " failed in the mesh (by rank of " + by +
+                                       ", after each data-parallel group agreed): " + all;
+    }
+    return message;
+  };
   if (on_host) {
     const std::string all = agreement.errors(host_room_refusal(agreement, group, residuals, s),
                                              "the error-feedback host-memory check");
-    if (!all.empty()) {
-      throw std::runtime_error(
-          "zero: the error-feedback residuals of ZeRO stage 3 do not fit in the page-locked host "
-          "memory of every node; no rank allocated them" +
-          ranks + all + ")");
-    }
+    const std::string message = over_mesh(
+        all.empty() ? ""
+                    : "zero: the error-feedback residuals of ZeRO stage 3 do not fit in the "
+                      "page-locked host memory of every node; no rank allocated them" +
+                          ranks + all + ")",
+        "the error-feedback host-memory check");
+    if (!message.empty()) throw std::runtime_error(message);
   }
   int64_t host = 0;
   for (int64_t n : residuals) host += residual_bytes(n, s.feedback_store, s.block);
@@ -162,9 +177,9 @@ std::unique_ptr<ErrorFeedback> make_feedback(comm::Group& group,
     error += without_backtrace(e);
   }
   const std::string all = agreement.errors(error, "the error-feedback allocation");
-  if (all.empty()) return made;
-  made.reset();
-  throw std::runtime_error(
+  std::string message;
+  if (!all.empty()) {
+    message =
       "zero: the error-feedback residuals (" + residual_store_name(s.feedback_store) +
       ", zero_quantized_gradients_error_feedback_dtype) could not be allocated on every rank; "
       "every rank let go of its own" +
@@ -174,7 +189,12 @@ std::unique_ptr<ErrorFeedback> make_feedback(comm::Group& group,
       (on_host ? "each of the two device staging buffers holds the largest bucket's slot"
                : "less for the bucket buffers beside the residuals") +
       "), or zero_quantized_gradients_error_feedback: false" +
-      (on_host ? ", or free host memory on that node, or fewer ranks per node" : ""));
+      (on_host ? ", or free host memory on that node, or fewer ranks per node" : "");
+  }
+  message = over_mesh(message, "the error-feedback allocation");
+  if (message.empty()) return made;
+  made.reset();
+  throw std::runtime_error(message);
 }
 
 }  // namespace

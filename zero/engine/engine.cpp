@@ -318,6 +318,8 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   // would undo that (review 2026-12-07a M2), so its residuals live in host memory, one slot
   // staged per reduction (error_feedback.hpp). On CPU nothing moves.
   if (impl->sharding.stage() == 3) so.compress.feedback_residence = compress::Residence::kHost;
+  // A verdict on the residuals reaches the whole mesh, not one dp group (review 07d M1).
+  for (const auto& n : impl->groups.norm) so.compress.agree_also.push_back(comm::of(n.group));
   // Their host-memory check counts what offload allocates after them (host_room.hpp).
   if (impl->offload) {
     const int64_t shard = impl->fp.layout.shard_numel();
