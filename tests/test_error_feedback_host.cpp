@@ -181,8 +181,43 @@ struct Rank {
   int64_t device_fails_after = -1;  // fake::fail_allocations_after on its device
 };
 
-// Builds the compressed reduction with host-resident residuals on every rank; returns what each
-// rank saw. The group's comm timeout is 60 s: a rank left waiting for a peer would take that.
+// Builds the compressed reduction with host-resident residuals on `group` as world rank `r`
+// (its fake device) with that rank's room and failures; returns what it saw.
+Outcome build_rank(comm::Group& group, int r, const Rank& rank, const Settings& s) {
+  set_host_available_for_testing(rank.available);
+  Outcome o;
+  const int64_t before = fake::allocated_bytes(r);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    fake::fail_allocations_from(r, rank.device_fails_from);
+    fake::fail_pinned_from(rank.pinned_fails_from);
+    fake::fail_allocations_after(r, rank.device_fails_after);
+    const int64_t n = group.size();
+    QuantizedReduceScatter q(group, s, {n * 1000, n * 500}, fake::device(r));
+    o.device_added = fake::allocated_bytes(r) - before;
+  } catch (const std::runtime_error& e) {
+    o.error = e.what();
+    o.device_added = fake::allocated_bytes(r) - before;
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fake::fail_allocations_from(r, 0);
+  fake::fail_pinned_from(0);
+  fake::fail_allocations_after(r, -1);
+  set_host_available_for_testing(0);
+  return o;
+}
+
+Settings host_settings(at::ScalarType store) {
+  Settings s;
+  s.enabled = true;
+  s.block = kBlock;
+  s.feedback_store = store;
+  s.feedback_residence = Residence::kHost;
+  return s;
+}
+
+// Every rank of one group builds; what each rank saw. The group's comm timeout is 60 s: a rank
+// left waiting for a peer would take that.
 std::vector<Outcome> build(const std::vector<Rank>& ranks, at::ScalarType store) {
   const int world = static_cast<int>(ranks.size());
   std::vector<Outcome> out(world);
@@ -191,31 +226,7 @@ std::vector<Outcome> build(const std::vector<Rank>& ranks, at::ScalarType store)
       world,
       [&](std::shared_ptr<comm::Group> group) {
         const int r = group->rank();
-        set_host_available_for_testing(ranks[r].available);
-        Settings s;
-        s.enabled = true;
-        s.block = kBlock;
-        s.feedback_store = store;
-        s.feedback_residence = Residence::kHost;
-        Outcome o;
-        const int64_t before = fake::allocated_bytes(r);
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-          fake::fail_allocations_from(r, ranks[r].device_fails_from);
-          fake::fail_pinned_from(ranks[r].pinned_fails_from);
-          fake::fail_allocations_after(r, ranks[r].device_fails_after);
-          QuantizedReduceScatter q(*group, s, {world * int64_t{1000}, world * int64_t{500}},
-                                   fake::device(r));
-          o.device_added = fake::allocated_bytes(r) - before;
-        } catch (const std::runtime_error& e) {
-          o.error = e.what();
-          o.device_added = fake::allocated_bytes(r) - before;
-        }
-        o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        fake::fail_allocations_from(r, 0);
-        fake::fail_pinned_from(0);
-        fake::fail_allocations_after(r, -1);
-        set_host_available_for_testing(0);
+        const Outcome o = build_rank(*group, r, ranks[r], host_settings(store));
         const std::lock_guard<std::mutex> lock(mu);
         out[r] = o;
       },
@@ -367,7 +378,7 @@ TEST(ErrorFeedbackHost, DeviceFullAfterTheAgreementFailsEveryRankAtOnce) {
 // verdict is passed over tp (Settings::agree_also, as the engine passes Groups::norm), so the
 // other dp group's ranks throw the same text too instead of going on to wait for their peers.
 std::vector<Outcome> build_mesh(const std::vector<Rank>& ranks) {
-  constexpr int kWorld = 4, kDp = 2;
+  constexpr int kWorld = 4;
   std::vector<Outcome> out(kWorld);
   std::mutex mu;
   testing::run_ranks(
@@ -376,27 +387,9 @@ std::vector<Outcome> build_mesh(const std::vector<Rank>& ranks) {
         const int r = world->rank();
         auto tp = world->split(r / 2, r % 2, "tp");
         auto dp = world->split(r % 2, r / 2, "dp");
-        set_host_available_for_testing(ranks[r].available);
-        Settings s;
-        s.enabled = true;
-        s.block = kBlock;
-        s.feedback_residence = Residence::kHost;
+        Settings s = host_settings(at::kFloat);
         s.agree_also = {tp};
-        Outcome o;
-        const int64_t before = fake::allocated_bytes(r);
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-          fake::fail_allocations_from(r, ranks[r].device_fails_from);
-          QuantizedReduceScatter q(*dp, s, {kDp * int64_t{1000}, kDp * int64_t{500}},
-                                   fake::device(r));
-          o.device_added = fake::allocated_bytes(r) - before;
-        } catch (const std::runtime_error& e) {
-          o.error = e.what();
-          o.device_added = fake::allocated_bytes(r) - before;
-        }
-        o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        fake::fail_allocations_from(r, 0);
-        set_host_available_for_testing(0);
+        const Outcome o = build_rank(*dp, r, ranks[r], s);
         const std::lock_guard<std::mutex> lock(mu);
         out[r] = o;
       },

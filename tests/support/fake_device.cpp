@@ -66,7 +66,8 @@ void count_read(DeviceIndex d) {
 // Device memory: host memory, every byte counted per device index. A DeviceAllocator, so that
 // generic code reads it as it reads CUDA's (c10::getDeviceAllocator(type)->getDeviceStats).
 std::array<std::atomic<int64_t>, kDevices> g_fail_from{};  // see fail_allocations_from
-std::array<std::atomic<int64_t>, kDevices> g_fail_after{};  // allowed + 1; see fail_allocations_after
+// Allocations still allowed + 1 (0: no limit); see fail_allocations_after.
+std::array<std::atomic<int64_t>, kDevices> g_fail_after{};
 
 class CountingAllocator final : public c10::DeviceAllocator {
  public:
@@ -77,8 +78,8 @@ class CountingAllocator final : public c10::DeviceAllocator {
                      "fake device: fake:", static_cast<int>(d), " is out of memory (", n,
                      " bytes asked; the test fails allocations from ", limit, ")");
     std::atomic<int64_t>& after = g_fail_after.at(static_cast<size_t>(d));
-    TORCH_CHECK_WITH(OutOfMemoryError, after.load() != 1, "fake device: fake:",
-                     static_cast<int>(d), " is out of memory (", n,
+    TORCH_CHECK_WITH(OutOfMemoryError, after.load() != 1, "fake device: fake:", static_cast<int>(d),
+                     " is out of memory (", n,
                      " bytes asked; the test fails its allocations from now on)");
     if (after.load() > 1) after.fetch_sub(1);
     void* p = n == 0 ? nullptr : c10::alloc_cpu(n);

@@ -142,13 +142,16 @@ std::unique_ptr<ErrorFeedback> make_feedback(comm::Group& group,
   // fine) is passed over each in turn: after dp then tp every rank of a dp x tp mesh holds the
   // same text, and one more group per further dimension (review 2026-12-07d M1).
   std::vector<std::unique_ptr<comm::Agreement>> relays;
-  for (const auto& g : s.agree_also) relays.push_back(std::make_unique<comm::Agreement>(*g, device));
+  for (const auto& g : s.agree_also) {
+    relays.push_back(std::make_unique<comm::Agreement>(*g, device));
+  }
   const auto over_mesh = [&](std::string message, const std::string& what) {
     for (size_t i = 0; i < relays.size(); ++i) {
       const std::string& by = s.agree_also[i]->name();
       const std::string all = relays[i]->errors(message, what + " over " + by);
-      message = all.empty() ? "" : "zero: " + what + " failed in the mesh (by rank of " + by +
-                                       ", after each data-parallel group agreed): " + all;
+      message = all.empty() ? ""
+                            : "zero: " + what + " failed in the mesh (by rank of " + by +
+                                  ", after each data-parallel group agreed): " + all;
     }
     return message;
   };
@@ -180,16 +183,16 @@ std::unique_ptr<ErrorFeedback> make_feedback(comm::Group& group,
   std::string message;
   if (!all.empty()) {
     message =
-      "zero: the error-feedback residuals (" + residual_store_name(s.feedback_store) +
-      ", zero_quantized_gradients_error_feedback_dtype) could not be allocated on every rank; "
-      "every rank let go of its own" +
-      ranks + all +
-      "). Fix: set zero_optimization.zero_quantized_gradients_error_feedback_dtype: int8 (about "
-      "1 byte per element), or a smaller zero_optimization.reduce_bucket_size (" +
-      (on_host ? "each of the two device staging buffers holds the largest bucket's slot"
-               : "less for the bucket buffers beside the residuals") +
-      "), or zero_quantized_gradients_error_feedback: false" +
-      (on_host ? ", or free host memory on that node, or fewer ranks per node" : "");
+        "zero: the error-feedback residuals (" + residual_store_name(s.feedback_store) +
+        ", zero_quantized_gradients_error_feedback_dtype) could not be allocated on every rank; "
+        "every rank let go of its own" +
+        ranks + all +
+        "). Fix: set zero_optimization.zero_quantized_gradients_error_feedback_dtype: int8 (about "
+        "1 byte per element), or a smaller zero_optimization.reduce_bucket_size (" +
+        (on_host ? "each of the two device staging buffers holds the largest bucket's slot"
+                 : "less for the bucket buffers beside the residuals") +
+        "), or zero_quantized_gradients_error_feedback: false" +
+        (on_host ? ", or free host memory on that node, or fewer ranks per node" : "");
   }
   message = over_mesh(message, "the error-feedback allocation");
   if (message.empty()) return made;
