@@ -44,6 +44,16 @@ Agreement::Agreement(Group& g, const c10::Device& device) : g_(g) {
   chunk_ = at::empty({kChunkBytes}, longs.dtype(at::kByte));
 }
 
+std::vector<int64_t> Agreement::gather(int64_t value, const std::string& what) {
+  if (g_.size() == 1) return {value};
+  mine_.copy_(at::full({1}, value, at::kLong));
+  g_.all_gather(all_, mine_, "all_gather of " + what).wait();
+  // The host read orders after the gather on a device (NCCL's wait() only orders the stream).
+  const at::Tensor all = all_.cpu().contiguous();
+  const int64_t* v = all.data_ptr<int64_t>();
+  return {v, v + g_.size()};
+}
+
 std::string Agreement::errors(const std::string& error, const std::string& what) {
   if (g_.size() == 1) return error.empty() ? "" : "rank 0: " + error;
   std::string text = error;

@@ -9,7 +9,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace zero::comm {
 
@@ -49,6 +51,10 @@ class Agreement {
   // all_gather (+ a broadcast per kChunkBytes of each text sent); a group of size 1 has no
   // collective. `what` names the collectives in errors.
   std::string errors(const std::string& error, const std::string& what);
+  // Every rank's `value`, in rank order, through the same buffers (no allocation on the device):
+  // for a figure a verdict needs from the peers, gathered between the constructor and errors()
+  // without a throw point that would leave the peers waiting (review 2026-12-07d L1).
+  std::vector<int64_t> gather(int64_t value, const std::string& what);
 
  private:
   Group& g_;

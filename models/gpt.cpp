@@ -254,7 +254,7 @@ at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   auto logits = forward(tokens);
   // On a CPU run that counts its storages, the output and the loss are counted apart from the
   // activations (what a peak is made of; nothing otherwise).
-  if (logits.is_cpu()) {
+  if (zero::HostCountingAllocator::installed() && logits.is_cpu() && logits.has_storage()) {
     zero::HostCountingAllocator::retag(logits.storage().data(), zero::HostTag::kLogits);
   }
   const zero::HostCountingAllocator::Tag tag(zero::HostTag::kLogits);

@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
@@ -19,6 +20,7 @@
 #include "support/thread_group.hpp"
 #include "support/tiny_net.hpp"
 #include "zero/engine.hpp"
+#include "zero/host_counting.hpp"
 #include "zero/tensor_parallel/mappings.hpp"
 
 namespace zero::testing {
@@ -410,6 +412,26 @@ TEST(EngineGroups, BackwardOutputsChecksItsArguments) {
   EXPECT_THROW(engine.backward({pred.detach()}, {at::ones_like(pred)}), c10::Error);
   engine.backward({pred}, {at::ones_like(pred)});
   EXPECT_TRUE(engine.step());
+}
+
+// Review 07d L5: with no host counter installed, on_grad must not touch the gradient's storage.
+// A sparse gradient has none; before the fix the retag read threw "Cannot access storage of
+// SparseTensorImpl" before the gradient reached the engine's own handling.
+TEST(EngineGroups, StoragelessGradientIsNotReadWhenNothingCounts) {
+  ASSERT_FALSE(HostCountingAllocator::installed());
+  run_ranks(1, [&](std::shared_ptr<comm::Group> world) {
+    auto emb = torch::nn::Embedding(torch::nn::EmbeddingOptions(8, 4).sparse(true));
+    auto engine = initialize(emb.ptr(), test_config(0, 4, 1, 0), Groups{world, {}});
+    const at::Tensor out = emb->forward(at::arange(4, at::kLong));
+    try {
+      engine.backward(out.pow(2).sum());
+    } catch (const std::exception& e) {
+      // Whatever the engine says about a sparse gradient, it is not the storage read's error.
+      EXPECT_EQ(std::string(e.what()).find("Cannot access storage"), std::string::npos) << e.what();
+      return;
+    }
+    SUCCEED() << "the sparse gradient was taken without a storage read";
+  });
 }
 
 }  // namespace

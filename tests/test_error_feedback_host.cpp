@@ -178,10 +178,46 @@ struct Rank {
   int64_t available = 0;
   int64_t device_fails_from = 0;  // fake::fail_allocations_from on its device
   int64_t pinned_fails_from = 0;  // fake::fail_pinned_from on its thread
+  int64_t device_fails_after = -1;  // fake::fail_allocations_after on its device
 };
 
-// Builds the compressed reduction with host-resident residuals on every rank; returns what each
-// rank saw. The group's comm timeout is 60 s: a rank left waiting for a peer would take that.
+// Builds the compressed reduction with host-resident residuals on `group` as world rank `r`
+// (its fake device) with that rank's room and failures; returns what it saw.
+Outcome build_rank(comm::Group& group, int r, const Rank& rank, const Settings& s) {
+  set_host_available_for_testing(rank.available);
+  Outcome o;
+  const int64_t before = fake::allocated_bytes(r);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    fake::fail_allocations_from(r, rank.device_fails_from);
+    fake::fail_pinned_from(rank.pinned_fails_from);
+    fake::fail_allocations_after(r, rank.device_fails_after);
+    const int64_t n = group.size();
+    QuantizedReduceScatter q(group, s, {n * 1000, n * 500}, fake::device(r));
+    o.device_added = fake::allocated_bytes(r) - before;
+  } catch (const std::runtime_error& e) {
+    o.error = e.what();
+    o.device_added = fake::allocated_bytes(r) - before;
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fake::fail_allocations_from(r, 0);
+  fake::fail_pinned_from(0);
+  fake::fail_allocations_after(r, -1);
+  set_host_available_for_testing(0);
+  return o;
+}
+
+Settings host_settings(at::ScalarType store) {
+  Settings s;
+  s.enabled = true;
+  s.block = kBlock;
+  s.feedback_store = store;
+  s.feedback_residence = Residence::kHost;
+  return s;
+}
+
+// Every rank of one group builds; what each rank saw. The group's comm timeout is 60 s: a rank
+// left waiting for a peer would take that.
 std::vector<Outcome> build(const std::vector<Rank>& ranks, at::ScalarType store) {
   const int world = static_cast<int>(ranks.size());
   std::vector<Outcome> out(world);
@@ -190,29 +226,7 @@ std::vector<Outcome> build(const std::vector<Rank>& ranks, at::ScalarType store)
       world,
       [&](std::shared_ptr<comm::Group> group) {
         const int r = group->rank();
-        set_host_available_for_testing(ranks[r].available);
-        Settings s;
-        s.enabled = true;
-        s.block = kBlock;
-        s.feedback_store = store;
-        s.feedback_residence = Residence::kHost;
-        Outcome o;
-        const int64_t before = fake::allocated_bytes(r);
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-          fake::fail_allocations_from(r, ranks[r].device_fails_from);
-          fake::fail_pinned_from(ranks[r].pinned_fails_from);
-          QuantizedReduceScatter q(*group, s, {world * int64_t{1000}, world * int64_t{500}},
-                                   fake::device(r));
-          o.device_added = fake::allocated_bytes(r) - before;
-        } catch (const std::runtime_error& e) {
-          o.error = e.what();
-          o.device_added = fake::allocated_bytes(r) - before;
-        }
-        o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        fake::fail_allocations_from(r, 0);
-        fake::fail_pinned_from(0);
-        set_host_available_for_testing(0);
+        const Outcome o = build_rank(*group, r, ranks[r], host_settings(store));
         const std::lock_guard<std::mutex> lock(mu);
         out[r] = o;
       },
@@ -339,6 +353,75 @@ TEST(ErrorFeedbackHost, AllocationFailingOnOneRankFailsOnEveryRankAtOnce) {
     EXPECT_NE(o[0].error.find("reduce_bucket_size"), std::string::npos) << o[0].error;
   }
   EXPECT_EQ(fake::pinned_in_use_bytes(), pinned);
+}
+
+// Review 2026-12-07d L1: rank 1's device is full right after the agreement took its buffers
+// (3: this rank's length, every rank's, the text chunk), so any device allocation between the
+// agreement and its first errors() throws there alone. The host-room check allocated its host-id
+// gather on the device: rank 1 left make_feedback and rank 0 waited in that gather for the 60 s
+// comm timeout. Now the ids go through the agreement's buffers, rank 1's device fails in the
+// allocation the ranks agree on, and both ranks throw the same text within seconds.
+TEST(ErrorFeedbackHost, DeviceFullAfterTheAgreementFailsEveryRankAtOnce) {
+  const testing::ScopedEnv one("LOCAL_WORLD_SIZE", "1");
+  const int64_t room = int64_t{1} << 30;
+  Rank full{room};
+  full.device_fails_after = 3;
+  const std::vector<Outcome> o = build({{room}, full}, at::kFloat);
+  expect_every_rank_fails_alike_naming_rank_1(o);
+  EXPECT_NE(o[0].error.find("could not be allocated on every rank"), std::string::npos)
+      << o[0].error;
+  EXPECT_NE(o[0].error.find("out of memory"), std::string::npos) << o[0].error;
+}
+
+// Review 2026-12-07d M1: a tp2 x dp2 mesh in Megatron's order (tp groups {0, 1} and {2, 3}, dp
+// groups {0, 2} and {1, 3}). World rank 1 alone refuses or fails; its dp group agrees, and the
+// verdict is passed over tp (Settings::agree_also, as the engine passes Groups::norm), so the
+// other dp group's ranks throw the same text too instead of going on to wait for their peers.
+std::vector<Outcome> build_mesh(const std::vector<Rank>& ranks) {
+  constexpr int kWorld = 4;
+  std::vector<Outcome> out(kWorld);
+  std::mutex mu;
+  testing::run_ranks(
+      kWorld,
+      [&](std::shared_ptr<comm::Group> world) {
+        const int r = world->rank();
+        auto tp = world->split(r / 2, r % 2, "tp");
+        auto dp = world->split(r % 2, r / 2, "dp");
+        Settings s = host_settings(at::kFloat);
+        s.agree_also = {tp};
+        const Outcome o = build_rank(*dp, r, ranks[r], s);
+        const std::lock_guard<std::mutex> lock(mu);
+        out[r] = o;
+      },
+      std::chrono::seconds(60), fake::device().type());
+  return out;
+}
+
+TEST(ErrorFeedbackHost, ARefusalOrFailureInOneDataParallelGroupFailsTheWholeMesh) {
+  const testing::ScopedEnv one("LOCAL_WORLD_SIZE", "1");
+  const int64_t room = int64_t{1} << 30, need = 2 * 1500 * 4, staging = 2 * 1000 * 4;
+  const auto expect_mesh_fails_alike = [](const std::vector<Outcome>& o, const char* cause) {
+    for (size_t r = 0; r < o.size(); ++r) {
+      SCOPED_TRACE("world rank " + std::to_string(r));
+      std::printf("rank %zu failed after %.3f s: %s\n", r, o[r].seconds, o[r].error.c_str());
+      EXPECT_EQ(o[r].error, o[0].error) << "the same text on every rank of the mesh";
+      EXPECT_NE(o[r].error.find(cause), std::string::npos) << o[r].error;
+      EXPECT_NE(o[r].error.find("by rank of tp"), std::string::npos) << o[r].error;
+      EXPECT_LT(o[r].seconds, 10.0) << "not the 60 s comm timeout";
+      EXPECT_EQ(o[r].device_added, 0) << "nothing left on the device";
+      expect_names_the_fix(o[r].error);
+    }
+  };
+  // World rank 1's node is short of host memory: refused before any rank allocates.
+  expect_mesh_fails_alike(build_mesh({{room}, {need - 1}, {room}, {room}}),
+                          "do not fit in the page-locked host memory");
+  // World rank 1's staging buffer does not fit its device.
+  expect_mesh_fails_alike(build_mesh({{room}, {room, staging}, {room}, {room}}), "out of memory");
+  // Nothing fails: every rank goes on (the relay adds no verdict of its own).
+  for (const Outcome& o : build_mesh({{room}, {room}, {room}, {room}})) {
+    EXPECT_EQ(o.error, "");
+    EXPECT_EQ(o.device_added, 2 * staging) << "the two staging buffers";
+  }
 }
 
 TEST(ErrorFeedbackHost, PlannerCountsResidualOnTheHostAndStagingOnTheDevice) {

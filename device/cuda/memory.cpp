@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+
 #include "device/registered_allocator.hpp"
 #include "zero/device.hpp"
 
@@ -46,8 +48,24 @@ int64_t allocated_bytes(c10::Device device) {
 int64_t alloc_retries(c10::Device device) {
   if (device.is_cpu()) return 0;
   if (!device.is_cuda()) return detail::registered_allocator_memory(device).alloc_retries;
+  // -1 = not counted: a CUDAPluggableAllocator's getDeviceStats throws, and cudaMallocAsync's
+  // never counts retries (always 0, after four pool-attribute reads). Decided once, as this is
+  // read after every backward and step (review 2026-12-07d L2).
+  static std::atomic<int> counted{-1};  // -1 undecided, 0 no, 1 yes
+  if (counted.load() == 0) return -1;
   const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(index).num_alloc_retries;
+  if (counted.load() < 0 && c10::cuda::CUDACachingAllocator::get()->name() != "native") {
+    counted.store(0);
+    return -1;
+  }
+  try {
+    const int64_t n = c10::cuda::CUDACachingAllocator::getDeviceStats(index).num_alloc_retries;
+    counted.store(1);
+    return n;
+  } catch (const std::exception&) {
+    counted.store(0);
+    return -1;
+  }
 }
 
 void set_current_device(c10::Device device) {

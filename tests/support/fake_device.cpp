@@ -66,6 +66,8 @@ void count_read(DeviceIndex d) {
 // Device memory: host memory, every byte counted per device index. A DeviceAllocator, so that
 // generic code reads it as it reads CUDA's (c10::getDeviceAllocator(type)->getDeviceStats).
 std::array<std::atomic<int64_t>, kDevices> g_fail_from{};  // see fail_allocations_from
+// Allocations still allowed + 1 (0: no limit); see fail_allocations_after.
+std::array<std::atomic<int64_t>, kDevices> g_fail_after{};
 
 class CountingAllocator final : public c10::DeviceAllocator {
  public:
@@ -75,6 +77,11 @@ class CountingAllocator final : public c10::DeviceAllocator {
     TORCH_CHECK_WITH(OutOfMemoryError, limit == 0 || static_cast<int64_t>(n) < limit,
                      "fake device: fake:", static_cast<int>(d), " is out of memory (", n,
                      " bytes asked; the test fails allocations from ", limit, ")");
+    std::atomic<int64_t>& after = g_fail_after.at(static_cast<size_t>(d));
+    TORCH_CHECK_WITH(OutOfMemoryError, after.load() != 1, "fake device: fake:", static_cast<int>(d),
+                     " is out of memory (", n,
+                     " bytes asked; the test fails its allocations from now on)");
+    if (after.load() > 1) after.fetch_sub(1);
     void* p = n == 0 ? nullptr : c10::alloc_cpu(n);
     if (p) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -564,6 +571,10 @@ int64_t pinned_allocations() { return PinnedAllocator::get().allocations(); }
 
 void fail_allocations_from(int index, int64_t bytes) {
   g_fail_from.at(static_cast<size_t>(index)).store(bytes);
+}
+
+void fail_allocations_after(int index, int64_t count) {
+  g_fail_after.at(static_cast<size_t>(index)).store(count < 0 ? 0 : count + 1);
 }
 
 void fail_pinned_from(int64_t bytes) { t_pinned_fail_from = bytes; }

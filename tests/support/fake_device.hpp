@@ -63,6 +63,9 @@ int64_t async_host_copies(int index);
 // From now on, an allocation of `bytes` or more on fake:`index` throws c10::OutOfMemoryError,
 // as a GPU's allocator does when it cannot serve one (0: no limit).
 void fail_allocations_from(int index, int64_t bytes);
+// From now on, fake:`index` serves `count` more allocations, then every one throws
+// c10::OutOfMemoryError, whatever its size (a device that fills up at a given point; -1: off).
+void fail_allocations_after(int index, int64_t count);
 // From now on, on the calling thread, a page-locked host allocation (either kind above) of
 // `bytes` or more throws c10::Error, as cudaHostAlloc fails when the host cannot lock that much
 // (0: no limit). Per thread: one rank of ranks run as threads fails alone.

@@ -68,42 +68,56 @@ int64_t host_id() {
   return static_cast<int64_t>(std::hash<std::string>{}(name)&INT64_MAX);
 }
 
-// This rank's verdict on its node's room for the page-locked residuals ("" when they fit). Every
-// rank runs its gather whatever its environment says, so the collectives pair; and every rank
-// reads the host's room before the gather, so before any rank of the node allocates.
-std::string host_room_refusal(comm::Group& group, const std::vector<int64_t>& residuals,
-                              const Settings& s, const at::Device& device) {
-  HostRoom room;
-  int64_t int8 = 0;
-  for (int64_t n : residuals) {
-    room.per_rank += residual_bytes(n, s.feedback_store, s.block);
-    int8 += residual_bytes(n, at::kChar, s.block);
-  }
-  room.later = s.host_later;
-  room.later_what = s.host_later_what;
-  room.host = host_memory();
-  const int64_t mine = host_id();
-  const at::Tensor ids = comm::gather_status(
-      group, at::full({1}, mine, at::TensorOptions().dtype(at::kLong).device(device)),
-      "the error-feedback host-memory check's host names");
-  const NodeRanks said = ranks_on_this_node();
-  if (said.count > 0) {
-    room.local_ranks = said.count;
-    room.local_from = said.source;
-  } else {
-    // Not a silent 1: the ranks of this group that share the host name, which misses only ranks
-    // of other groups on the node (tensor or pipeline peers), as the error says.
-    room.local_ranks = static_cast<int>(ids.eq(mine).sum().item<int64_t>());
-    room.local_from = "ranks of " + group.name() +
-                      " on this host: no LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE or "
-                      "SLURM_NTASKS_PER_NODE says more, ranks of other groups here are not counted";
-  }
-  return host_room_error(room, residual_store_name(s.feedback_store), int8);
-}
-
 std::string without_backtrace(const std::exception& e) {
   if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
   return e.what();
+}
+
+// This rank's verdict on its node's room for the page-locked residuals ("" when they fit). Every
+// rank runs its gather whatever its environment says, so the collectives pair; and every rank
+// reads the host's room before the gather, so before any rank of the node allocates. Nothing
+// here throws or allocates on the device (review 2026-12-07d L1): the host ids go through the
+// agreement's buffers, and a failed read becomes this rank's verdict, so that a rank that fails
+// here still reaches the agreement's errors() with its peers.
+std::string host_room_refusal(comm::Agreement& agreement, comm::Group& group,
+                              const std::vector<int64_t>& residuals, const Settings& s) {
+  HostRoom room;
+  int64_t int8 = 0;
+  int64_t mine = 0;
+  std::string failed;
+  try {
+    for (int64_t n : residuals) {
+      room.per_rank += residual_bytes(n, s.feedback_store, s.block);
+      int8 += residual_bytes(n, at::kChar, s.block);
+    }
+    room.later = s.host_later;
+    room.later_what = s.host_later_what;
+    room.host = host_memory();
+    mine = host_id();
+  } catch (const std::exception& e) {
+    failed = "reading this host's memory: " + without_backtrace(e);
+  }
+  const std::vector<int64_t> ids =
+      agreement.gather(mine, "the error-feedback host-memory check's host names");
+  if (!failed.empty()) return failed;
+  try {
+    const NodeRanks said = ranks_on_this_node();
+    if (said.count > 0) {
+      room.local_ranks = said.count;
+      room.local_from = said.source;
+    } else {
+      // Not a silent 1: the ranks of this group that share the host name, which misses only
+      // ranks of other groups on the node (tensor or pipeline peers), as the error says.
+      room.local_ranks = static_cast<int>(std::count(ids.begin(), ids.end(), mine));
+      room.local_from = "ranks of " + group.name() +
+                        " on this host: no LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE or "
+                        "SLURM_NTASKS_PER_NODE says more, ranks of other groups here are not "
+                        "counted";
+    }
+    return host_room_error(room, residual_store_name(s.feedback_store), int8);
+  } catch (const std::exception& e) {
+    return "counting the ranks on this node: " + without_backtrace(e);
+  }
 }
 
 // The residuals, allocated by every rank or by none. On a device the allocation can fail on one
@@ -124,15 +138,33 @@ std::unique_ptr<ErrorFeedback> make_feedback(comm::Group& group,
   const bool on_host = s.feedback_residence == Residence::kHost;
   const std::string ranks = " (group " + group.name() + ": ";
   comm::Agreement agreement(group, device);
-  if (on_host) {
-    const std::string all = agreement.errors(host_room_refusal(group, residuals, s, device),
-                                             "the error-feedback host-memory check");
-    if (!all.empty()) {
-      throw std::runtime_error(
-          "zero: the error-feedback residuals of ZeRO stage 3 do not fit in the page-locked host "
-          "memory of every node; no rank allocated them" +
-          ranks + all + ")");
+  // The other groups of the mesh, their buffers taken up front too. A dp group's message ("" =
+  // fine) is passed over each in turn: after dp then tp every rank of a dp x tp mesh holds the
+  // same text, and one more group per further dimension (review 2026-12-07d M1).
+  std::vector<std::unique_ptr<comm::Agreement>> relays;
+  for (const auto& g : s.agree_also) {
+    relays.push_back(std::make_unique<comm::Agreement>(*g, device));
+  }
+  const auto over_mesh = [&](std::string message, const std::string& what) {
+    for (size_t i = 0; i < relays.size(); ++i) {
+      const std::string& by = s.agree_also[i]->name();
+      const std::string all = relays[i]->errors(message, what + " over " + by);
+      message = all.empty() ? ""
+                            : "zero: " + what + " failed in the mesh (by rank of " + by +
+                                  ", after each data-parallel group agreed): " + all;
     }
+    return message;
+  };
+  if (on_host) {
+    const std::string all = agreement.errors(host_room_refusal(agreement, group, residuals, s),
+                                             "the error-feedback host-memory check");
+    const std::string message = over_mesh(
+        all.empty() ? ""
+                    : "zero: the error-feedback residuals of ZeRO stage 3 do not fit in the "
+                      "page-locked host memory of every node; no rank allocated them" +
+                          ranks + all + ")",
+        "the error-feedback host-memory check");
+    if (!message.empty()) throw std::runtime_error(message);
   }
   int64_t host = 0;
   for (int64_t n : residuals) host += residual_bytes(n, s.feedback_store, s.block);
@@ -148,19 +180,24 @@ std::unique_ptr<ErrorFeedback> make_feedback(comm::Group& group,
     error += without_backtrace(e);
   }
   const std::string all = agreement.errors(error, "the error-feedback allocation");
-  if (all.empty()) return made;
+  std::string message;
+  if (!all.empty()) {
+    message =
+        "zero: the error-feedback residuals (" + residual_store_name(s.feedback_store) +
+        ", zero_quantized_gradients_error_feedback_dtype) could not be allocated on every rank; "
+        "every rank let go of its own" +
+        ranks + all +
+        "). Fix: set zero_optimization.zero_quantized_gradients_error_feedback_dtype: int8 (about "
+        "1 byte per element), or a smaller zero_optimization.reduce_bucket_size (" +
+        (on_host ? "each of the two device staging buffers holds the largest bucket's slot"
+                 : "less for the bucket buffers beside the residuals") +
+        "), or zero_quantized_gradients_error_feedback: false" +
+        (on_host ? ", or free host memory on that node, or fewer ranks per node" : "");
+  }
+  message = over_mesh(message, "the error-feedback allocation");
+  if (message.empty()) return made;
   made.reset();
-  throw std::runtime_error(
-      "zero: the error-feedback residuals (" + residual_store_name(s.feedback_store) +
-      ", zero_quantized_gradients_error_feedback_dtype) could not be allocated on every rank; "
-      "every rank let go of its own" +
-      ranks + all +
-      "). Fix: set zero_optimization.zero_quantized_gradients_error_feedback_dtype: int8 (about "
-      "1 byte per element), or a smaller zero_optimization.reduce_bucket_size (" +
-      (on_host ? "each of the two device staging buffers holds the largest bucket's slot"
-               : "less for the bucket buffers beside the residuals") +
-      "), or zero_quantized_gradients_error_feedback: false" +
-      (on_host ? ", or free host memory on that node, or fewer ranks per node" : ""));
+  throw std::runtime_error(message);
 }
 
 }  // namespace

@@ -56,6 +56,11 @@ struct Settings {
   // what they are, for its error (host_room.hpp).
   int64_t host_later = 0;
   std::string host_later_what;
+  // The mesh's other groups (tensor, pipeline: Groups::norm, in order) that a verdict on the
+  // residuals is passed over after the data-parallel group's agreement, so that a refusal or a
+  // failed allocation in one dp group fails every rank of the mesh with the same text, and the
+  // host-room check is a mesh-wide barrier before any rank allocates (review 2026-12-07d M1).
+  std::vector<std::shared_ptr<comm::Group>> agree_also;
 };
 
 // Bytes one rank hands the all-to-all for a reduce-scatter of world x n elements: each of the

@@ -51,8 +51,9 @@ void Engine::Impl::on_grad(int index, const at::Tensor& param) {
               "loss.backward()");
   order->on_grad(index);
   at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
-  // Counted as a gradient the engine holds from here (CPU peaks' split; nothing otherwise).
-  if (grad.defined() && grad.is_cpu()) {
+  // Counted as a gradient the engine holds from here (CPU peaks' split; nothing otherwise). The
+  // counter is checked first: a storage-less gradient (sparse, mkldnn) must reach sync's own check.
+  if (HostCountingAllocator::installed() && grad.defined() && grad.is_cpu() && grad.has_storage()) {
     HostCountingAllocator::retag(grad.storage().data(), HostTag::kUnitGrads);
   }
   sync->on_grad(index, grad);
@@ -317,6 +318,8 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, Config cfg, Groups g
   // would undo that (review 2026-12-07a M2), so its residuals live in host memory, one slot
   // staged per reduction (error_feedback.hpp). On CPU nothing moves.
   if (impl->sharding.stage() == 3) so.compress.feedback_residence = compress::Residence::kHost;
+  // A verdict on the residuals reaches the whole mesh, not one dp group (review 07d M1).
+  for (const auto& n : impl->groups.norm) so.compress.agree_also.push_back(comm::of(n.group));
   // Their host-memory check counts what offload allocates after them (host_room.hpp).
   if (impl->offload) {
     const int64_t shard = impl->fp.layout.shard_numel();
