@@ -90,7 +90,9 @@ class QuantizedReduceScatter {
   // (comm::Agreement), so that when one cannot, every rank throws std::runtime_error naming the
   // keys to change, and none goes on to wait for it. On a device the allocation itself is agreed
   // on too: a rank whose page-locked or device allocation fails makes every rank throw the same
-  // error, naming it, the bytes and the keys (review 2026-12-07c L2).
+  // error, naming it, the bytes and the keys (review 2026-12-07c L2). Every rank of `group`,
+  // and with s.agree_also every rank of those groups too (the tensor-parallel groups: the whole
+  // mesh, review 2026-12-07d M1).
   QuantizedReduceScatter(comm::Group& group, const Settings& s, const std::vector<int64_t>& slots,
                          const at::Device& device, const std::vector<int>& node_of = {});
 
